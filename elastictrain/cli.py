@@ -1,0 +1,91 @@
+"""``elastictrain <command>``: the operator's and researcher's entry point.
+
+Commands:
+    coordinator   run the coordinator service
+    status        show a job's generation and datasets
+    version       print the package version
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Optional, Sequence
+
+from . import __version__
+from .errors import ElasticTrainError
+
+__all__ = ["main", "get_parser"]
+
+
+def _env(name: str, default):
+    return os.environ.get(name, default)
+
+
+def get_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="elastictrain", description="elastic training coordinator and tools")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("coordinator", help="run the coordinator service")
+    c.add_argument("--host", default=_env("ET_HOST", "127.0.0.1"), help="address to listen on [ET_HOST]")
+    c.add_argument("--port", type=int, default=int(_env("ET_PORT", 7707)),
+                   help="port to listen on; 0 picks a free one [ET_PORT]")
+    c.add_argument("--db", default=_env("ET_DB", "elastictrain.db"),
+                   help="SQLite file or sqlite:///PATH holding all state [ET_DB]")
+    c.add_argument("--token-file", default=_env("ET_TOKEN_FILE", None),
+                   help="bearer token file (created with a random token if missing); or set ET_TOKEN")
+    c.add_argument("--sync", choices=("normal", "full"), default=_env("ET_DB_SYNC", "normal"),
+                   help="normal: survives a killed process; full: also a power loss [ET_DB_SYNC]")
+    c.add_argument("--ready-file", default=None, help="write {url, pid} as JSON here once listening")
+    c.add_argument("--log-level", default=_env("ET_LOG_LEVEL", "warning"))
+
+    s = sub.add_parser("status", help="show a job's generation and its datasets")
+    s.add_argument("job")
+    s.add_argument("--coordinator", default=_env("ET_COORDINATOR", "http://127.0.0.1:7707"))
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    sub.add_parser("version", help="print the version")
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = get_parser().parse_args(argv)
+    try:
+        if args.command == "coordinator":
+            from .coordinator.server import ServerConfig, serve
+
+            logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            serve(ServerConfig(host=args.host, port=args.port, db=args.db, token_file=args.token_file,
+                               sync=args.sync, ready_file=args.ready_file, log_level=args.log_level))
+        elif args.command == "status":
+            _status(args)
+        elif args.command == "version":
+            print(__version__)
+    except ElasticTrainError as exc:
+        print(f"elastictrain: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _status(args) -> None:
+    import msgspec
+
+    from .runtime.client import CoordinatorClient
+
+    client = CoordinatorClient(args.coordinator, token=None, timeout=5.0, retry_for=5.0)
+    job = client.job(args.job)
+    datasets = [client.dataset(args.job, name) for name in job.datasets]
+    if args.json:
+        print(msgspec.json.encode({"job": job, "datasets": datasets}).decode())
+        return
+    print(f"job {job.job}: generation {job.generation}, world size {job.world_size} "
+          f"(min {job.min_workers}, max {job.max_workers})")
+    rows = [("dataset", "epochs", "todo", "doing", "done", "total", "finished", "last commit")]
+    for d in datasets:
+        rows.append((d.spec.name, str(d.spec.epochs), str(d.todo), str(d.doing), str(d.done), str(d.total),
+                     "yes" if d.finished else "no", d.last_commit or "-"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)))

@@ -1,0 +1,304 @@
+"""Durable coordinator state behind a small interface, with SQLite as the embedded default.
+
+The coordinator keeps its working state in memory and writes every change through a
+:class:`Store` transaction *before* it changes memory or answers: a reply is only ever
+sent for state that is already committed. After ``kill -9`` the coordinator reloads
+everything with :meth:`Store.load`.
+
+SQLite runs in WAL mode. ``synchronous=NORMAL`` (the default here) keeps every committed
+transaction across a crash of the coordinator *process* (``kill -9``, OOM); use
+``sync="full"`` to also survive a power loss or kernel crash, at the cost of an fsync
+per change.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import sqlite3
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Protocol
+
+import msgspec
+
+from ..errors import ConfigError
+
+__all__ = ["Store", "Tx", "SQLiteStore", "LoadedState", "JobRow", "DatasetRow", "LiveRow", "PartRow",
+           "CommitRow", "open_store"]
+
+
+@dataclass
+class JobRow:
+    job: str
+    generation: int
+    world_size: int
+    min_workers: int
+    max_workers: int
+    reason: str
+
+
+@dataclass
+class DatasetRow:
+    job: str
+    name: str
+    spec: bytes
+    fresh: int
+    lease_seq: int
+    base_checkpoint: Optional[str]
+    restored_from: Optional[str]
+    restored_generation: int
+
+
+@dataclass
+class LiveRow:
+    job: str
+    ds: str
+    shard_id: int
+    state: str
+    offset: int
+    lease_id: int
+    worker: int
+    generation: int
+    request_id: str
+
+
+@dataclass
+class PartRow:
+    job: str
+    ds: str
+    checkpoint: str
+    worker: int
+    step: int
+    generation: int
+    world_size: int
+    updates: bytes
+
+
+@dataclass
+class CommitRow:
+    job: str
+    ds: str
+    checkpoint: str
+    seq: int
+    step: int
+    generation: int
+    frontier: int
+    partial: bytes
+    time: float
+
+
+@dataclass
+class LoadedState:
+    jobs: list[JobRow] = field(default_factory=list)
+    datasets: list[DatasetRow] = field(default_factory=list)
+    live: list[LiveRow] = field(default_factory=list)
+    parts: list[PartRow] = field(default_factory=list)
+    commits: list[CommitRow] = field(default_factory=list)
+
+
+class Tx(Protocol):
+    """The writes one coordinator state change is made of; all or nothing."""
+
+    def put_job(self, row: JobRow) -> None: ...
+    def put_dataset(self, row: DatasetRow) -> None: ...
+    def put_live(self, row: LiveRow) -> None: ...
+    def delete_live(self, job: str, ds: str, shard_id: int) -> None: ...
+    def delete_all_live(self, job: str, ds: str) -> None: ...
+    def put_part(self, row: PartRow) -> None: ...
+    def delete_part(self, job: str, ds: str, checkpoint: str, worker: int) -> None: ...
+    def delete_all_parts(self, job: str, ds: str) -> None: ...
+    def put_commit(self, row: CommitRow) -> None: ...
+    def delete_commits_after(self, job: str, ds: str, seq: int) -> None: ...
+    def prune_commits(self, job: str, ds: str, keep: int) -> None: ...
+
+
+class Store(Protocol):
+    """A durable home for coordinator state. Implementations: :class:`SQLiteStore`."""
+
+    kind: str
+
+    def load(self) -> LoadedState: ...
+    def transaction(self) -> contextlib.AbstractContextManager[Tx]: ...
+    def load_commit(self, job: str, ds: str, checkpoint: str) -> Optional[CommitRow]: ...
+    def close(self) -> None: ...
+
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS jobs (
+  job TEXT PRIMARY KEY, generation INTEGER NOT NULL, world_size INTEGER NOT NULL,
+  min_workers INTEGER NOT NULL, max_workers INTEGER NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS datasets (
+  job TEXT NOT NULL, name TEXT NOT NULL, spec BLOB NOT NULL, fresh INTEGER NOT NULL,
+  lease_seq INTEGER NOT NULL, base_checkpoint TEXT, restored_from TEXT,
+  restored_generation INTEGER NOT NULL, PRIMARY KEY (job, name));
+CREATE TABLE IF NOT EXISTS live (
+  job TEXT NOT NULL, ds TEXT NOT NULL, shard_id INTEGER NOT NULL, state TEXT NOT NULL,
+  offset INTEGER NOT NULL, lease_id INTEGER NOT NULL, worker INTEGER NOT NULL,
+  generation INTEGER NOT NULL, request_id TEXT NOT NULL, PRIMARY KEY (job, ds, shard_id));
+CREATE TABLE IF NOT EXISTS parts (
+  job TEXT NOT NULL, ds TEXT NOT NULL, checkpoint TEXT NOT NULL, worker INTEGER NOT NULL,
+  step INTEGER NOT NULL, generation INTEGER NOT NULL, world_size INTEGER NOT NULL,
+  updates BLOB NOT NULL, PRIMARY KEY (job, ds, checkpoint, worker));
+CREATE TABLE IF NOT EXISTS commits (
+  job TEXT NOT NULL, ds TEXT NOT NULL, checkpoint TEXT NOT NULL, seq INTEGER NOT NULL,
+  step INTEGER NOT NULL, generation INTEGER NOT NULL, frontier INTEGER NOT NULL,
+  partial BLOB NOT NULL, time REAL NOT NULL, PRIMARY KEY (job, ds, checkpoint));
+"""
+_SCHEMA_VERSION = "1"
+
+
+class _SQLiteTx:
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._c = conn
+
+    def put_job(self, r: JobRow) -> None:
+        self._c.execute("INSERT OR REPLACE INTO jobs VALUES (?,?,?,?,?,?)",
+                        (r.job, r.generation, r.world_size, r.min_workers, r.max_workers, r.reason))
+
+    def put_dataset(self, r: DatasetRow) -> None:
+        self._c.execute("INSERT OR REPLACE INTO datasets VALUES (?,?,?,?,?,?,?,?)",
+                        (r.job, r.name, r.spec, r.fresh, r.lease_seq, r.base_checkpoint,
+                         r.restored_from, r.restored_generation))
+
+    def put_live(self, r: LiveRow) -> None:
+        self._c.execute("INSERT OR REPLACE INTO live VALUES (?,?,?,?,?,?,?,?,?)",
+                        (r.job, r.ds, r.shard_id, r.state, r.offset, r.lease_id, r.worker,
+                         r.generation, r.request_id))
+
+    def delete_live(self, job: str, ds: str, shard_id: int) -> None:
+        self._c.execute("DELETE FROM live WHERE job=? AND ds=? AND shard_id=?", (job, ds, shard_id))
+
+    def delete_all_live(self, job: str, ds: str) -> None:
+        self._c.execute("DELETE FROM live WHERE job=? AND ds=?", (job, ds))
+
+    def put_part(self, r: PartRow) -> None:
+        self._c.execute("INSERT OR REPLACE INTO parts VALUES (?,?,?,?,?,?,?,?)",
+                        (r.job, r.ds, r.checkpoint, r.worker, r.step, r.generation, r.world_size,
+                         r.updates))
+
+    def delete_part(self, job: str, ds: str, checkpoint: str, worker: int) -> None:
+        self._c.execute("DELETE FROM parts WHERE job=? AND ds=? AND checkpoint=? AND worker=?",
+                        (job, ds, checkpoint, worker))
+
+    def delete_all_parts(self, job: str, ds: str) -> None:
+        self._c.execute("DELETE FROM parts WHERE job=? AND ds=?", (job, ds))
+
+    def put_commit(self, r: CommitRow) -> None:
+        self._c.execute("INSERT OR REPLACE INTO commits VALUES (?,?,?,?,?,?,?,?,?)",
+                        (r.job, r.ds, r.checkpoint, r.seq, r.step, r.generation, r.frontier,
+                         r.partial, r.time))
+
+    def delete_commits_after(self, job: str, ds: str, seq: int) -> None:
+        self._c.execute("DELETE FROM commits WHERE job=? AND ds=? AND seq>?", (job, ds, seq))
+
+    def prune_commits(self, job: str, ds: str, keep: int) -> None:
+        self._c.execute(
+            "DELETE FROM commits WHERE job=? AND ds=? AND seq <= "
+            "(SELECT COALESCE(MAX(seq), 0) FROM commits WHERE job=? AND ds=?) - ?",
+            (job, ds, job, ds, keep))
+
+
+class SQLiteStore:
+    """SQLite in WAL mode; one coordinator process per file (enforced with a lock file).
+
+    Raises:
+        ConfigError: the file is already used by another running coordinator, or
+            cannot be opened.
+    """
+
+    kind = "sqlite"
+
+    def __init__(self, path: str, sync: str = "normal") -> None:
+        if sync not in ("normal", "full"):
+            raise ConfigError(f"sqlite sync mode must be 'normal' or 'full', got {sync!r}")
+        self.path = os.path.abspath(path)
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        self._lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(self._lock_fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(self._lock_fd)
+            raise ConfigError(
+                f"database {self.path} is in use by another coordinator (pid {owner}); "
+                "stop that coordinator or pass a different --db"
+            ) from None
+        os.ftruncate(self._lock_fd, 0)
+        os.pwrite(self._lock_fd, str(os.getpid()).encode(), 0)
+        try:
+            self._conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute(f"PRAGMA synchronous={sync.upper()}")
+            self._conn.execute("PRAGMA busy_timeout=5000")
+            self._conn.executescript(_SCHEMA)
+            row = self._conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        except sqlite3.DatabaseError as exc:
+            self.close()
+            raise ConfigError(f"cannot open database {self.path}: {exc}; pass a different --db "
+                              "or move the broken file away") from exc
+        if row is None:
+            self._conn.execute("INSERT INTO meta VALUES ('schema', ?)", (_SCHEMA_VERSION,))
+        elif row[0] != _SCHEMA_VERSION:
+            self.close()
+            raise ConfigError(f"database {self.path} has schema version {row[0]}, this coordinator "
+                              f"reads version {_SCHEMA_VERSION}; use a matching elastictrain release")
+
+    def load(self) -> LoadedState:
+        c = self._conn
+        return LoadedState(
+            jobs=[JobRow(*r) for r in c.execute("SELECT * FROM jobs")],
+            datasets=[DatasetRow(*r) for r in c.execute("SELECT * FROM datasets")],
+            live=[LiveRow(*r) for r in c.execute("SELECT * FROM live")],
+            parts=[PartRow(*r) for r in c.execute("SELECT * FROM parts")],
+            commits=[CommitRow(*r) for r in c.execute(
+                "SELECT job, ds, checkpoint, seq, step, generation, frontier, x'', time "
+                "FROM commits ORDER BY seq")],
+        )
+
+    def load_commit(self, job: str, ds: str, checkpoint: str) -> Optional[CommitRow]:
+        r = self._conn.execute("SELECT * FROM commits WHERE job=? AND ds=? AND checkpoint=?",
+                               (job, ds, checkpoint)).fetchone()
+        return CommitRow(*r) if r else None
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Tx]:
+        c = self._conn
+        c.execute("BEGIN IMMEDIATE")
+        try:
+            yield _SQLiteTx(c)
+        except BaseException:
+            c.execute("ROLLBACK")
+            raise
+        c.execute("COMMIT")
+
+    def close(self) -> None:
+        conn = getattr(self, "_conn", None)
+        if conn is not None:
+            conn.close()
+            self._conn = None
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+
+def open_store(url: str, sync: str = "normal") -> Store:
+    """Open a store from a path or URL: ``PATH`` or ``sqlite:///PATH``.
+
+    Raises:
+        ConfigError: the scheme is not supported.
+    """
+    if url.startswith("sqlite:///"):
+        return SQLiteStore(url[len("sqlite:///"):], sync=sync)
+    if "://" in url:
+        raise ConfigError(f"store {url!r}: only sqlite:///PATH (or a plain path) is supported")
+    return SQLiteStore(url, sync=sync)
+
+
+def encode_blob(obj: object) -> bytes:
+    return msgspec.msgpack.encode(obj)
+
+
+def decode_blob(data: bytes, type: type = object):  # noqa: A002 - mirrors msgspec's name
+    return msgspec.msgpack.decode(data, type=type)

@@ -1,0 +1,84 @@
+"""Frozen value types shared by the runtime, the coordinator and (later) the policies.
+
+These are plain dataclasses: they validate themselves in ``__post_init__`` and travel
+on the wire through :mod:`elastictrain.wire` unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+__all__ = ["DatasetSpec", "NAME_PATTERN", "check_name"]
+
+#: Job and dataset names: safe in URLs, file names and SQL parameters.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_name(kind: str, value: str) -> str:
+    """Return ``value`` if it is a valid job or dataset name.
+
+    Raises:
+        ConfigError: the name is empty, too long or has characters outside ``[A-Za-z0-9._-]``.
+    """
+    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+        raise ConfigError(
+            f"{kind} name {value!r} is invalid: use 1-128 characters from [A-Za-z0-9._-], "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    """A dataset as the coordinator shards it.
+
+    Each epoch is a deterministic permutation of ``range(num_samples)`` (see
+    :mod:`elastictrain.sharding`) cut into shards of ``shard_size`` consecutive
+    positions. Shard ids run epoch-major: ``shard_id = epoch * shards_per_epoch + i``.
+    """
+
+    name: str
+    num_samples: int
+    shard_size: int
+    epochs: int = 1
+    seed: int = 0
+    shuffle: bool = True
+    #: seconds a lease lives without a heartbeat before its remainder returns to TODO
+    lease_ttl: float = 30.0
+
+    def __post_init__(self) -> None:
+        check_name("dataset", self.name)
+        if self.num_samples < 1:
+            raise ConfigError(f"dataset {self.name!r}: num_samples must be >= 1, got {self.num_samples}")
+        if not 1 <= self.shard_size <= 10_000_000:
+            raise ConfigError(
+                f"dataset {self.name!r}: shard_size must be in [1, 10000000], got {self.shard_size}"
+            )
+        if not 1 <= self.epochs <= 1_000_000:
+            raise ConfigError(f"dataset {self.name!r}: epochs must be in [1, 1000000], got {self.epochs}")
+        if not 0 <= self.seed < 2**63:
+            raise ConfigError(f"dataset {self.name!r}: seed must be in [0, 2**63), got {self.seed}")
+        if not 0.1 <= self.lease_ttl <= 86_400:
+            raise ConfigError(
+                f"dataset {self.name!r}: lease_ttl must be in [0.1, 86400] seconds, got {self.lease_ttl}"
+            )
+        if self.num_samples > 2**48:
+            raise ConfigError(f"dataset {self.name!r}: num_samples must be <= 2**48, got {self.num_samples}")
+
+    @property
+    def shards_per_epoch(self) -> int:
+        return math.ceil(self.num_samples / self.shard_size)
+
+    @property
+    def total_shards(self) -> int:
+        return self.shards_per_epoch * self.epochs
+
+    def shard_bounds(self, shard_id: int) -> tuple[int, int, int]:
+        """``(epoch, start, end)`` of a shard in permutation positions ``[start, end)``."""
+        epoch, i = divmod(shard_id, self.shards_per_epoch)
+        start = i * self.shard_size
+        return epoch, start, min(start + self.shard_size, self.num_samples)

@@ -1,0 +1,157 @@
+"""The coordinator client: one keep-alive ``requests.Session``, typed messages, retries.
+
+Every call the client makes is safe to repeat (leases carry a request id, progress and
+commits carry absolute offsets, restores and generations are compare-and-set), so the
+client retries connection errors, timeouts and 5xx answers with exponential backoff and
+full jitter until ``retry_for`` seconds have passed; then it raises
+:class:`CoordinatorUnavailableError` naming the address. A 4xx is never retried: it is
+raised as the matching :mod:`elastictrain.errors` class.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Optional, TypeVar
+
+import msgspec
+import requests
+
+from ..errors import ConfigError, CoordinatorUnavailableError, error_from_status
+from ..model import DatasetSpec
+from ..wire import (
+    CommitList, CommitReply, CommitRequest, DatasetInfo, Error, GenerationCreate, GenerationInfo, Health,
+    JobCreate, JobInfo, LeaseReply, LeaseRequest, ProgressReply, ProgressRequest, ReleaseReply,
+    ReleaseRequest, RestoreReply, RestoreRequest, ShardUpdate, Version,
+)
+
+__all__ = ["CoordinatorClient", "read_token"]
+
+T = TypeVar("T")
+_ENC = msgspec.msgpack.Encoder()
+_RETRY_STATUS = {500, 502, 503, 504}
+
+
+def read_token() -> Optional[str]:
+    """The token handed to workers: the file named by ``ET_TOKEN_FILE``, else ``ET_TOKEN``."""
+    path = os.environ.get("ET_TOKEN_FILE")
+    if path:
+        try:
+            with open(path) as f:
+                return f.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read the token file ET_TOKEN_FILE={path}: {exc.strerror}") from exc
+    return os.environ.get("ET_TOKEN") or None
+
+
+class CoordinatorClient:
+    """Typed calls to a coordinator at ``url`` (e.g. ``http://127.0.0.1:7707``).
+
+    Args:
+        token: bearer token for mutating calls; default: :func:`read_token`.
+        timeout: seconds one HTTP attempt may take.
+        retry_for: seconds to keep retrying an unreachable or failing coordinator.
+    """
+
+    def __init__(self, url: str, token: Optional[str] = "", *, timeout: float = 10.0,
+                 retry_for: Optional[float] = None) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"coordinator address {url!r} must start with http:// or https://")
+        self.url = url.rstrip("/")
+        self.token = read_token() if token == "" else token
+        self.timeout = timeout
+        self.retry_for = float(os.environ.get("ET_RETRY_FOR", 60.0)) if retry_for is None else retry_for
+        self._session = requests.Session()
+        self._headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
+        if self.token:
+            self._headers["Authorization"] = f"Bearer {self.token}"
+        self._decoders: dict[type, msgspec.msgpack.Decoder] = {}
+
+    # ------------------------------------------------------------------ transport
+    def _call(self, method: str, path: str, reply: type[T], body: object = None) -> T:
+        data = None if body is None else _ENC.encode(body)
+        url = self.url + path
+        deadline = time.monotonic() + self.retry_for
+        attempt, last = 0, ""
+        while True:
+            try:
+                r = self._session.request(method, url, data=data, headers=self._headers,
+                                          timeout=(min(2.0, self.timeout), self.timeout))
+                if r.status_code == 200:
+                    dec = self._decoders.get(reply)
+                    if dec is None:
+                        dec = self._decoders[reply] = msgspec.msgpack.Decoder(reply)
+                    return dec.decode(r.content)
+                if r.status_code not in _RETRY_STATUS:
+                    try:
+                        err = msgspec.msgpack.decode(r.content, type=Error)
+                        raise error_from_status(r.status_code, err.error, err.reason)
+                    except (msgspec.DecodeError, msgspec.ValidationError):
+                        raise error_from_status(r.status_code, "", r.text[:200]) from None
+                last = f"HTTP {r.status_code}"
+            except (requests.ConnectionError, requests.Timeout) as exc:
+                last = type(exc).__name__
+                self._session.close()  # drop a half-dead keep-alive connection
+            attempt += 1
+            delay = random.uniform(0, min(2.0, 0.05 * 2 ** min(attempt, 10)))
+            if time.monotonic() + delay > deadline:
+                raise CoordinatorUnavailableError(
+                    f"coordinator at {self.url} did not answer {method} {path} for {self.retry_for:.0f} s "
+                    f"({attempt} attempts, last: {last}); check that `elastictrain coordinator` is running "
+                    "there, that ET_COORDINATOR points at it, and that the port is reachable")
+            time.sleep(delay)
+
+    def close(self) -> None:
+        self._session.close()
+
+    # ------------------------------------------------------------------ service
+    def health(self) -> Health:
+        return self._call("GET", "/v1/health", Health)
+
+    def version(self) -> Version:
+        return self._call("GET", "/v1/version", Version)
+
+    # ------------------------------------------------------------------ jobs
+    def create_job(self, job: str, min_workers: int = 1, max_workers: int = 1) -> JobInfo:
+        return self._call("POST", "/v1/jobs", JobInfo, JobCreate(job, min_workers, max_workers))
+
+    def job(self, job: str) -> JobInfo:
+        return self._call("GET", f"/v1/jobs/{job}", JobInfo)
+
+    def open_generation(self, job: str, expected: int, world_size: int, reason: str = "start") -> GenerationInfo:
+        return self._call("POST", f"/v1/jobs/{job}/generations", GenerationInfo,
+                          GenerationCreate(expected, world_size, reason))
+
+    # ------------------------------------------------------------------ datasets
+    def register_dataset(self, job: str, spec: DatasetSpec) -> DatasetInfo:
+        return self._call("POST", f"/v1/jobs/{job}/datasets", DatasetInfo, spec)
+
+    def dataset(self, job: str, name: str) -> DatasetInfo:
+        return self._call("GET", f"/v1/jobs/{job}/datasets/{name}", DatasetInfo)
+
+    def commits(self, job: str, name: str) -> CommitList:
+        return self._call("GET", f"/v1/jobs/{job}/datasets/{name}/commits", CommitList)
+
+    def lease(self, job: str, name: str, generation: int, worker: int, request_id: str,
+              max_epoch: Optional[int] = None) -> LeaseReply:
+        return self._call("POST", f"/v1/jobs/{job}/datasets/{name}/lease", LeaseReply,
+                          LeaseRequest(generation, worker, request_id, max_epoch))
+
+    def progress(self, job: str, name: str, generation: int, worker: int,
+                 updates: list[ShardUpdate]) -> ProgressReply:
+        return self._call("POST", f"/v1/jobs/{job}/datasets/{name}/progress", ProgressReply,
+                          ProgressRequest(generation, worker, updates))
+
+    def commit(self, job: str, name: str, generation: int, worker: int, world_size: int, checkpoint: str,
+               step: int, updates: list[ShardUpdate]) -> CommitReply:
+        return self._call("POST", f"/v1/jobs/{job}/datasets/{name}/commit", CommitReply,
+                          CommitRequest(generation, worker, world_size, checkpoint, step, updates))
+
+    def restore(self, job: str, name: str, generation: int, checkpoint: Optional[str]) -> RestoreReply:
+        return self._call("POST", f"/v1/jobs/{job}/datasets/{name}/restore", RestoreReply,
+                          RestoreRequest(generation, checkpoint))
+
+    def release(self, job: str, name: str, generation: int, worker: int) -> ReleaseReply:
+        return self._call("POST", f"/v1/jobs/{job}/datasets/{name}/release", ReleaseReply,
+                          ReleaseRequest(generation, worker))

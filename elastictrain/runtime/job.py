@@ -1,0 +1,91 @@
+"""``et.init()``: the worker's view of its job, read from the environment ``etrun`` sets."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import ConfigError
+from ..model import DatasetSpec, check_name
+from .client import CoordinatorClient
+from .shards import ShardIterator
+
+__all__ = ["Job", "init"]
+
+
+@dataclass
+class Job:
+    """One worker of an elastic job.
+
+    Attributes:
+        rank, world_size, local_rank: as torchrun defines them.
+        generation: the membership round this worker belongs to (``ET_GENERATION``).
+        restart_count: how many times the group was restarted (``TORCHELASTIC_RESTART_COUNT``).
+        restart_reason: why this generation started (``ET_RESTART_REASON``), e.g. ``failure``.
+    """
+
+    client: CoordinatorClient
+    job_id: str
+    generation: int
+    rank: int
+    world_size: int
+    local_rank: int = 0
+    restart_count: int = 0
+    restart_reason: str = "start"
+    prev_world_size: Optional[int] = None
+
+    def shards(self, spec: DatasetSpec, **kwargs) -> ShardIterator:
+        """A :class:`ShardIterator` over ``spec`` for this worker (registers the dataset)."""
+        return ShardIterator(self.client, self.job_id, spec, generation=self.generation, worker=self.rank,
+                             **kwargs)
+
+    def latest_commit(self, dataset: str) -> Optional[str]:
+        """The newest checkpoint whose data cursor is committed for ``dataset`` (None if none)."""
+        commits = self.client.commits(self.job_id, dataset).commits
+        return commits[-1].checkpoint if commits else None
+
+    def restore(self, dataset: str, checkpoint: Optional[str]) -> None:
+        """Reset ``dataset`` to the cursor committed with ``checkpoint`` (once per generation)."""
+        self.client.restore(self.job_id, dataset, self.generation, checkpoint)
+
+
+def _int_env(name: str, default: Optional[int] = None) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        if default is None:
+            raise ConfigError(f"{name} is not set: start this script with `etrun` (or set {name})")
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+
+
+def init(coordinator: Optional[str] = None, job_id: Optional[str] = None) -> Job:
+    """Connect this worker to its coordinator, from arguments or the environment.
+
+    Reads ``ET_COORDINATOR``, ``ET_JOB_ID``, ``ET_GENERATION``, ``ET_TOKEN_FILE``, ``RANK``,
+    ``WORLD_SIZE``, ``LOCAL_RANK``, ``TORCHELASTIC_RESTART_COUNT``, ``ET_RESTART_REASON``
+    and ``ET_PREV_WORLD_SIZE``.
+
+    Raises:
+        ConfigError: a required variable is missing (the message says which).
+    """
+    url = coordinator or os.environ.get("ET_COORDINATOR")
+    if not url:
+        raise ConfigError("no coordinator: start this script with `etrun`, or set ET_COORDINATOR="
+                          "http://HOST:PORT of a running `elastictrain coordinator`")
+    job_id = check_name("job", job_id or os.environ.get("ET_JOB_ID", "default"))
+    prev = os.environ.get("ET_PREV_WORLD_SIZE")
+    return Job(
+        client=CoordinatorClient(url),
+        job_id=job_id,
+        generation=_int_env("ET_GENERATION", 1),
+        rank=_int_env("RANK", 0),
+        world_size=_int_env("WORLD_SIZE", 1),
+        local_rank=_int_env("LOCAL_RANK", 0),
+        restart_count=_int_env("TORCHELASTIC_RESTART_COUNT", 0),
+        restart_reason=os.environ.get("ET_RESTART_REASON", "start"),
+        prev_world_size=int(prev) if prev else None,
+    )

@@ -1,0 +1,282 @@
+"""The worker side of dynamic data sharding: an iterator over leased sample indices.
+
+A background thread keeps ``prefetch`` leases ready and reports progress (which is also
+the heartbeat that keeps this worker's leases alive), so in the steady state the training
+loop never waits on the coordinator. The iterator tracks what was *consumed* (by default:
+what it yielded; a DataLoader adapter that prefetches marks consumption itself with
+:meth:`ShardIterator.mark_consumed`), and :meth:`ShardIterator.commit` sends this worker's
+part of a checkpoint's data cursor.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+from ..errors import ElasticTrainError, LeaseLostError
+from ..model import DatasetSpec
+from ..sharding import permuted_indices
+from ..wire import CommitReply, Lease, ShardUpdate
+from .client import CoordinatorClient
+
+__all__ = ["ShardIterator", "CursorPart"]
+
+log = logging.getLogger(__name__)
+_END = object()
+
+
+@dataclass(frozen=True)
+class CursorPart:
+    """This worker's consumed offsets at one step, ready to be committed with a checkpoint."""
+
+    step: int
+    updates: tuple[ShardUpdate, ...]
+
+
+class ShardIterator:
+    """Yields the sample indices of the shards this worker leases, epoch after epoch.
+
+    Args:
+        client: a client for the coordinator (the background thread opens its own session).
+        job: the job id.
+        spec: the dataset; registered with the coordinator (idempotent).
+        generation, worker: this worker's generation and rank.
+        max_epoch: only lease shards of epochs ``<= max_epoch`` (see :meth:`set_max_epoch`).
+        prefetch: leases kept ready ahead of the one being consumed.
+        report_interval: seconds between progress reports / heartbeats (keep it well under
+            the dataset's ``lease_ttl``).
+        auto_consume: count a sample as consumed when it is yielded. Set False when a
+            consumer prefetches (a DataLoader) and call :meth:`mark_consumed` instead.
+
+    Raises (while iterating): LeaseLostError when a lease was taken back, StaleGenerationError
+    when the job moved to a newer generation, CoordinatorUnavailableError.
+    """
+
+    def __init__(self, client: CoordinatorClient, job: str, spec: DatasetSpec, *, generation: int,
+                 worker: int, max_epoch: Optional[int] = None, prefetch: int = 2,
+                 report_interval: float = 1.0, auto_consume: bool = True, register: bool = True) -> None:
+        self.job, self.spec = job, spec
+        self.generation, self.worker = generation, worker
+        self.auto_consume = auto_consume
+        self._client = client
+        self._bg = CoordinatorClient(client.url, client.token, timeout=client.timeout,
+                                     retry_for=client.retry_for)
+        if register:
+            client.register_dataset(job, spec)
+        self._prefetch = max(1, prefetch)
+        self._interval = report_interval
+        self._lock = threading.Condition()
+        self._ready: deque = deque()  # Lease objects, or _END
+        self._max_epoch = max_epoch
+        self._ended = False  # the coordinator said "exhausted" for the current max_epoch
+        self._finished = False  # ... and every epoch is done
+        self._error: Optional[BaseException] = None
+        self._closed = False
+        # consumption accounting
+        self._pending: deque[list] = deque()  # segments being yielded / consumed, see samples()
+        self._consumed: dict[int, tuple[int, int]] = {}  # finished, not yet reported: id -> (lease, offset)
+        self._reported: dict[int, int] = {}
+        self._touched: dict[int, tuple[int, int]] = {}  # since the last acknowledged commit
+        self.epoch: Optional[int] = None  # epoch of the sample yielded last
+        self._thread = threading.Thread(target=self._run, name=f"et-shards-{spec.name}", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ iteration
+    def set_max_epoch(self, max_epoch: Optional[int]) -> None:
+        """Allow shards up to ``max_epoch`` (None: all) and resume after an exhausted epoch."""
+        with self._lock:
+            if max_epoch != self._max_epoch:
+                self._max_epoch = max_epoch
+                if self._ready and self._ready[-1] is _END:
+                    self._ready.pop()
+                self._ended = False
+                self._lock.notify_all()
+
+    @property
+    def finished(self) -> bool:
+        """True once the coordinator reported every sample of every epoch consumed."""
+        return self._finished
+
+    def __iter__(self) -> Iterator[int]:
+        for _epoch, index in self.samples():
+            yield index
+
+    def samples(self) -> Iterator[tuple[int, int]]:
+        """Yield ``(epoch, index)`` pairs until no shard of an allowed epoch is left."""
+        while True:
+            lease = self._next_lease()
+            if lease is None:
+                return
+            indices = permuted_indices(self.spec.num_samples, self.spec.seed, lease.epoch, lease.offset,
+                                       lease.end, self.spec.shuffle).tolist()
+            self.epoch = lease.epoch
+            # [shard_id, lease_id, consumed offset, yielded-but-unconsumed count, first offset]
+            seg = [lease.shard_id, lease.lease_id, lease.offset, 0, lease.offset]
+            with self._lock:
+                self._pending.append(seg)
+            epoch, auto, pos = lease.epoch, self.auto_consume, lease.offset
+            for index in indices:
+                if self._error is not None:
+                    self._raise()
+                pos += 1
+                if auto:
+                    seg[2] = pos  # one store: the reporter thread reads it under the GIL
+                else:
+                    seg[3] += 1
+                yield epoch, index
+            if auto:
+                with self._lock:
+                    self._retire(seg)
+
+    def _retire(self, seg: list) -> None:
+        """A segment was consumed to its end (caller holds the lock)."""
+        self._pending.remove(seg)
+        self._consumed[seg[0]] = (seg[1], seg[2])
+        self._touched[seg[0]] = (seg[1], seg[2])
+
+    def _view(self, done: dict[int, tuple[int, int]]) -> dict[int, tuple[int, int]]:
+        """``done`` plus the shards in progress that saw consumption (caller holds the lock)."""
+        view = dict(done)
+        for seg in self._pending:
+            if seg[2] > seg[4]:
+                view[seg[0]] = (seg[1], seg[2])
+        return view
+
+    def mark_consumed(self, n: int) -> None:
+        """Count the next ``n`` yielded samples as consumed (with ``auto_consume=False``)."""
+        with self._lock:
+            for seg in list(self._pending):
+                if n == 0:
+                    break
+                take = min(n, seg[3])
+                seg[2] += take
+                seg[3] -= take
+                n -= take
+                if seg[2] == self.spec.shard_bounds(seg[0])[2]:
+                    self._retire(seg)
+                elif seg[3] == 0:
+                    break
+            if n:
+                raise ElasticTrainError(f"mark_consumed: {n} more samples than were yielded")
+
+    def _next_lease(self) -> Optional[Lease]:
+        with self._lock:
+            while not self._ready and self._error is None:
+                self._lock.notify_all()
+                self._lock.wait(0.5)
+            if self._error is not None:
+                self._raise()
+            item = self._ready[0]
+            if item is _END:
+                return None
+            self._ready.popleft()
+            self._lock.notify_all()
+            return item
+
+    def _raise(self) -> None:
+        err = self._error
+        raise err  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ cursor and commit
+    def cursor(self, step: int) -> CursorPart:
+        """Snapshot this worker's consumed offsets now (call it at the checkpointed step)."""
+        with self._lock:
+            return CursorPart(step, tuple(ShardUpdate(sid, lid, off) for sid, (lid, off) in
+                                          sorted(self._view(self._touched).items())))
+
+    def commit(self, checkpoint: str, step: int, world_size: int,
+               part: Optional[CursorPart] = None) -> CommitReply:
+        """Send this worker's part of ``checkpoint``; call it once the checkpoint is durable.
+
+        Raises:
+            LeaseLostError: a shard in the part is no longer held by this worker.
+        """
+        part = part or self.cursor(step)
+        reply = self._client.commit(self.job, self.spec.name, self.generation, self.worker, world_size,
+                                    checkpoint, part.step, list(part.updates))
+        with self._lock:  # finished shards in an acknowledged part need not be sent again
+            for u in part.updates:
+                if self._touched.get(u.shard_id) == (u.lease_id, u.offset) and \
+                        u.offset == self.spec.shard_bounds(u.shard_id)[2]:
+                    del self._touched[u.shard_id]
+        return reply
+
+    # ------------------------------------------------------------------ background
+    def _run(self) -> None:
+        try:
+            import time
+            next_report = time.monotonic() + self._interval
+            while True:
+                with self._lock:
+                    while not self._closed:
+                        want = (not self._ended and
+                                sum(1 for x in self._ready if x is not _END) < self._prefetch)
+                        if want or time.monotonic() >= next_report:
+                            break
+                        self._lock.wait(max(0.0, next_report - time.monotonic()))
+                    if self._closed:
+                        return
+                    max_epoch = self._max_epoch
+                if want:
+                    reply = self._bg.lease(self.job, self.spec.name, self.generation, self.worker,
+                                           uuid.uuid4().hex, max_epoch)
+                    with self._lock:
+                        if reply.lease is not None:
+                            self._ready.append(reply.lease)
+                        elif max_epoch == self._max_epoch:
+                            self._ended = True
+                            self._finished = reply.finished
+                            self._ready.append(_END)
+                        self._lock.notify_all()
+                if time.monotonic() >= next_report:
+                    self._report()
+                    next_report = time.monotonic() + self._interval
+        except BaseException as exc:  # handed to the training thread, raised on its next sample
+            with self._lock:
+                self._error = exc
+                self._lock.notify_all()
+
+    def _report(self) -> None:
+        with self._lock:
+            updates = [ShardUpdate(sid, lid, off) for sid, (lid, off) in self._view(self._consumed).items()
+                       if self._reported.get(sid) != off]
+        reply = self._bg.progress(self.job, self.spec.name, self.generation, self.worker, updates)
+        with self._lock:
+            for u in updates:
+                self._reported[u.shard_id] = u.offset
+                if u.offset == self.spec.shard_bounds(u.shard_id)[2]:
+                    self._consumed.pop(u.shard_id, None)
+                    self._reported.pop(u.shard_id, None)
+        if reply.lost:
+            raise LeaseLostError(f"worker {self.worker} lost its lease on shard(s) {reply.lost[:10]} of "
+                                 f"{self.spec.name!r}; restart from the last committed checkpoint")
+
+    def flush(self) -> None:
+        """Report consumption now (also a heartbeat)."""
+        self._report()
+
+    def close(self, release: bool = True) -> None:
+        """Stop the background thread; report progress and return unconsumed remainders."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._lock.notify_all()
+        self._thread.join(timeout=30)
+        if release and self._error is None:
+            try:
+                self._report()
+                self._bg.release(self.job, self.spec.name, self.generation, self.worker)
+            except ElasticTrainError as exc:
+                log.warning("could not return leases of worker %d on close: %s", self.worker, exc)
+        self._bg.close()
+
+    def __enter__(self) -> "ShardIterator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

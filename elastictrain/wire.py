@@ -1,0 +1,198 @@
+"""The coordinator's wire format, API version 1.
+
+Every request and response body is one of these types, encoded as msgpack
+(``application/msgpack``, the default) or JSON (``application/json``, handy with curl).
+Decoding checks the schema: unknown fields, missing fields and wrong types are
+rejected with a message that names the field (for example
+``Expected `int`, got `str` - at `$.offset```).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import msgspec
+
+from .model import DatasetSpec
+
+API_VERSION = 1
+
+__all__ = [
+    "API_VERSION", "Error", "Health", "Version", "JobCreate", "JobInfo", "GenerationCreate",
+    "GenerationInfo", "DatasetInfo", "LeaseRequest", "Lease", "LeaseReply", "ShardUpdate",
+    "ProgressRequest", "ProgressReply", "CommitRequest", "CommitReply", "RestoreRequest",
+    "RestoreReply", "ReleaseRequest", "ReleaseReply", "CommitInfo", "CommitList",
+]
+
+
+class _Msg(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=False):
+    pass
+
+
+class Error(_Msg):
+    error: str
+    reason: str
+
+
+class Health(_Msg):
+    status: str
+
+
+class Version(_Msg):
+    api: int
+    version: str
+    store: str
+
+
+# ---------------------------------------------------------------- jobs and generations
+class JobCreate(_Msg):
+    job: str
+    min_workers: int = 1
+    max_workers: int = 1
+
+
+class JobInfo(_Msg):
+    job: str
+    generation: int
+    world_size: int
+    min_workers: int
+    max_workers: int
+    datasets: list[str]
+
+
+class GenerationCreate(_Msg):
+    """Open generation ``expected + 1`` if the job is still at ``expected`` (compare-and-set).
+
+    Retrying the same request is safe: if the job is already at ``expected + 1`` with the
+    same world size, the reply describes that generation.
+    """
+
+    expected: int
+    world_size: int
+    reason: str = "start"
+
+
+class GenerationInfo(_Msg):
+    job: str
+    generation: int
+    world_size: int
+    reason: str
+
+
+# ---------------------------------------------------------------- datasets and shards
+class DatasetInfo(_Msg):
+    spec: DatasetSpec
+    todo: int
+    doing: int
+    done: int
+    total: int
+    finished: bool
+    last_commit: Optional[str]
+    restored_from: Optional[str]
+
+
+class LeaseRequest(_Msg):
+    generation: int
+    worker: int
+    #: idempotency key: a retried request with the same id gets the same lease back
+    request_id: str
+    #: only hand out shards of epochs <= max_epoch (None: any epoch)
+    max_epoch: Optional[int] = None
+
+
+class Lease(_Msg):
+    shard_id: int
+    epoch: int
+    start: int
+    end: int
+    #: first unconsumed position; ``start <= offset < end``
+    offset: int
+    lease_id: int
+    ttl: float
+
+
+class LeaseReply(_Msg):
+    lease: Optional[Lease]
+    #: no shard of an allowed epoch is left to hand out (others may still be in progress)
+    exhausted: bool
+    #: every sample of every epoch has been consumed
+    finished: bool
+
+
+class ShardUpdate(_Msg):
+    shard_id: int
+    lease_id: int
+    #: absolute position: everything in ``[start, offset)`` has been consumed
+    offset: int
+
+
+class ProgressRequest(_Msg):
+    """Report consumption and extend every lease this worker holds (a heartbeat)."""
+
+    generation: int
+    worker: int
+    updates: list[ShardUpdate] = []
+
+
+class ProgressReply(_Msg):
+    #: shards in ``updates`` whose lease this worker no longer holds
+    lost: list[int]
+
+
+class CommitRequest(_Msg):
+    """One worker's part of checkpoint ``checkpoint`` at training step ``step``.
+
+    ``updates`` lists every shard this worker consumed from since its previous part,
+    with the offset reached at the checkpointed step. The commit is complete, and the
+    checkpoint's data cursor durable, once all ``world_size`` workers sent their part.
+    """
+
+    generation: int
+    worker: int
+    world_size: int
+    checkpoint: str
+    step: int
+    updates: list[ShardUpdate] = []
+
+
+class CommitReply(_Msg):
+    complete: bool
+    parts: int
+
+
+class RestoreRequest(_Msg):
+    """Reset the dataset to the cursor committed with ``checkpoint`` (None: the beginning).
+
+    Done once per generation; repeating it with the same checkpoint is a no-op.
+    """
+
+    generation: int
+    checkpoint: Optional[str]
+
+
+class RestoreReply(_Msg):
+    restored_from: Optional[str]
+    #: False when this generation had already restored (the call was a repeat)
+    reset: bool
+
+
+class ReleaseRequest(_Msg):
+    """A worker leaves: the unconsumed remainder of each shard it holds returns to TODO."""
+
+    generation: int
+    worker: int
+
+
+class ReleaseReply(_Msg):
+    returned: int
+
+
+class CommitInfo(_Msg):
+    checkpoint: str
+    step: int
+    generation: int
+    time: float
+
+
+class CommitList(_Msg):
+    commits: list[CommitInfo]

@@ -196,3 +196,59 @@ class CommitInfo(_Msg):
 
 class CommitList(_Msg):
     commits: list[CommitInfo]
+
+
+# ---------------------------------------------------------------- agents (etrun) and rendezvous
+class AgentJoin(_Msg):
+    """An ``etrun`` agent offers itself for the job's next generation."""
+
+    agent: str
+    host: str
+    nproc: int
+    #: a free port on ``host``; used as MASTER_PORT if this agent becomes node rank 0
+    port: int
+    min_nodes: int = 1
+    max_nodes: int = 1
+    max_restarts: int = 0
+    #: seconds without a poll after which an agent counts as lost
+    agent_timeout: float = 10.0
+    #: a fixed node rank (torchrun's --node-rank), or -1 to let the coordinator assign one
+    node_rank: int = -1
+
+
+class AgentPoll(_Msg):
+    agent: str
+    #: the generation this agent is running (0 while waiting)
+    generation: int
+
+
+class Assignment(_Msg):
+    generation: int
+    node_rank: int
+    nnodes: int
+    #: global rank of this agent's local rank 0
+    rank_offset: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    restart_count: int
+    reason: str
+    prev_world_size: int
+
+
+class AgentAction(_Msg):
+    #: wait: keep polling; run: run (or keep running) ``assignment``; restart: stop the workers
+    #: and join again; exit: the job is over (``status`` says how)
+    action: str
+    assignment: Optional[Assignment] = None
+    status: str = "running"
+    detail: str = ""
+
+
+class AgentReport(_Msg):
+    """What an agent's workers did: ``failed`` (counts as a restart), ``succeeded``, ``preempted``."""
+
+    agent: str
+    generation: int
+    event: str
+    detail: str = ""

@@ -25,10 +25,11 @@ from ..clock import Clock, WallClock
 from ..errors import AuthError, BadRequestError, ElasticTrainError, NotFoundError, PayloadTooLargeError
 from ..model import DatasetSpec
 from ..wire import (
-    API_VERSION, CommitList, CommitRequest, Error, GenerationCreate, GenerationInfo, Health, JobCreate,
+    API_VERSION, AgentJoin, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate, GenerationInfo, Health, JobCreate,
     JobInfo, LeaseRequest, ProgressRequest, ReleaseRequest, RestoreRequest, Version,
 )
 from .membership import Membership
+from .rendezvous import Rendezvous
 from .shards import ShardManager
 from .store import Store
 
@@ -51,6 +52,7 @@ class Coordinator:
         self.members = Membership(store, loaded.jobs)
         self.shards = ShardManager(store, self.members, self.clock)
         self.shards.load(loaded)
+        self.rendezvous = Rendezvous(self.members, self.clock)
 
     def job_info(self, job: str) -> JobInfo:
         r = self.members.get(job)
@@ -108,6 +110,12 @@ class CoordinatorApp:
             "generations": {"POST": _Route("POST", GenerationCreate, self._open_generation, True)},
             "datasets": {"POST": _Route("POST", DatasetSpec, s.register, True)},
         }
+        r = coordinator.rendezvous
+        self._agents = {
+            "join": {"POST": _Route("POST", AgentJoin, r.join, True)},
+            "poll": {"POST": _Route("POST", AgentPoll, r.poll, True)},
+            "report": {"POST": _Route("POST", AgentReport, r.report, True)},
+        }
         self._ds = {"GET": _Route("GET", None, s.info, False)}
         self._ds_verb = {
             "lease": {"POST": _Route("POST", LeaseRequest, s.lease, True)},
@@ -118,7 +126,8 @@ class CoordinatorApp:
             "commits": {"GET": _Route("GET", None, lambda j, d: CommitList(s.commits(j, d)), False)},
         }
         self._codec = _Codec([JobCreate, GenerationCreate, DatasetSpec, LeaseRequest, ProgressRequest,
-                              CommitRequest, RestoreRequest, ReleaseRequest])
+                              CommitRequest, RestoreRequest, ReleaseRequest, AgentJoin, AgentPoll,
+                              AgentReport])
 
     # ------------------------------------------------------------------ handlers with bodies
     def _create_job(self, body: JobCreate):
@@ -142,6 +151,8 @@ class CoordinatorApp:
                 return self._job, (p[3],)
             if n == 5 and p[4] in self._job_sub:
                 return self._job_sub[p[4]], (p[3],)
+            if n == 6 and p[4] == "agents" and p[5] in self._agents:
+                return self._agents[p[5]], (p[3],)
             if n == 6 and p[4] == "datasets" and p[5]:
                 return self._ds, (p[3], p[5])
             if n == 7 and p[4] == "datasets" and p[5] and p[6] in self._ds_verb:

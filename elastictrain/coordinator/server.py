@@ -23,7 +23,7 @@ from ..errors import ConfigError
 from .app import MAX_BODY, Coordinator, CoordinatorApp
 from .store import open_store
 
-__all__ = ["ServerConfig", "serve", "load_or_create_token"]
+__all__ = ["ServerConfig", "serve", "build_server", "load_or_create_token"]
 
 log = logging.getLogger(__name__)
 
@@ -86,21 +86,25 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def build_server(cfg: ServerConfig, coordinator: Coordinator, token: str) -> tuple[uvicorn.Server, socket.socket, str]:
+    """A bound, not yet serving uvicorn server for ``coordinator``; returns (server, socket, url)."""
+    sock = _bind(cfg.host, cfg.port)
+    host, port = sock.getsockname()[:2]
+    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    app = CoordinatorApp(coordinator, token, max_body=cfg.max_body)
+    config = uvicorn.Config(app, loop="uvloop" if _has("uvloop") else "asyncio",
+                            http="httptools" if _has("httptools") else "h11", lifespan="on",
+                            access_log=False, log_level=cfg.log_level, timeout_keep_alive=75,
+                            server_header=False, date_header=False)
+    return uvicorn.Server(config), sock, url
+
+
 def serve(cfg: ServerConfig) -> None:
     """Serve until SIGTERM or SIGINT. Writes ``{"url", "pid"}`` to ``cfg.ready_file`` once listening."""
     token = load_or_create_token(cfg.token_file)
-    store = open_store(cfg.db, sync=cfg.sync)
-    coordinator = Coordinator(store)
+    coordinator = Coordinator(open_store(cfg.db, sync=cfg.sync))
     try:
-        sock = _bind(cfg.host, cfg.port)
-        host, port = sock.getsockname()[:2]
-        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-        app = CoordinatorApp(coordinator, token, max_body=cfg.max_body)
-        config = uvicorn.Config(app, loop="uvloop" if _has("uvloop") else "asyncio",
-                                http="httptools" if _has("httptools") else "h11", lifespan="on",
-                                access_log=False, log_level=cfg.log_level, timeout_keep_alive=75,
-                                server_header=False, date_header=False)
-        server = uvicorn.Server(config)
+        server, sock, url = build_server(cfg, coordinator, token)
 
         async def main() -> None:
             task = asyncio.ensure_future(server.serve(sockets=[sock]))

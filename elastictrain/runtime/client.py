@@ -21,7 +21,7 @@ import requests
 from ..errors import ConfigError, CoordinatorUnavailableError, error_from_status
 from ..model import DatasetSpec
 from ..wire import (
-    CommitList, CommitReply, CommitRequest, DatasetInfo, Error, GenerationCreate, GenerationInfo, Health,
+    AgentAction, AgentJoin, AgentPoll, AgentReport, CommitList, CommitReply, CommitRequest, DatasetInfo, Error, GenerationCreate, GenerationInfo, Health,
     JobCreate, JobInfo, LeaseReply, LeaseRequest, ProgressReply, ProgressRequest, ReleaseReply,
     ReleaseRequest, RestoreReply, RestoreRequest, ShardUpdate, Version,
 )
@@ -155,3 +155,14 @@ class CoordinatorClient:
     def release(self, job: str, name: str, generation: int, worker: int) -> ReleaseReply:
         return self._call("POST", f"/v1/jobs/{job}/datasets/{name}/release", ReleaseReply,
                           ReleaseRequest(generation, worker))
+
+    # ------------------------------------------------------------------ agents (etrun)
+    def agent_join(self, job: str, req: AgentJoin) -> AgentAction:
+        return self._call("POST", f"/v1/jobs/{job}/agents/join", AgentAction, req)
+
+    def agent_poll(self, job: str, agent: str, generation: int) -> AgentAction:
+        return self._call("POST", f"/v1/jobs/{job}/agents/poll", AgentAction, AgentPoll(agent, generation))
+
+    def agent_report(self, job: str, agent: str, generation: int, event: str, detail: str = "") -> AgentAction:
+        return self._call("POST", f"/v1/jobs/{job}/agents/report", AgentAction,
+                          AgentReport(agent, generation, event, detail))

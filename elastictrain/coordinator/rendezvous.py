@@ -1,0 +1,174 @@
+"""Rendezvous of ``etrun`` agents into generations, and the job's life cycle.
+
+Agents *join* a round, then *poll*. A round closes as soon as every live agent has joined
+and at least ``min_nodes`` are present (or ``max_nodes`` are): the coordinator opens the next
+generation (see :class:`Membership`), assigns node ranks (agents keep their previous order,
+new agents go last) and hands every agent its :class:`Assignment`, with a fresh
+``MASTER_PORT`` picked by the node-rank-0 agent, so no worker ever talks to a stale store.
+
+While a generation runs, polls are heartbeats. The coordinator asks every agent to
+*restart* (stop its workers and join again) when a worker failed (reason ``failure``,
+counted against ``max_restarts``), an agent was lost (``scale_down``) or a new agent waits
+to join (``scale_up``); the last two are not counted as restarts.
+
+This state lives in memory: after a coordinator restart, agents that poll are told to join
+again and the next round forms from whoever does. Generations are durable (Membership).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..clock import Clock
+from ..errors import ConfigError
+from ..wire import AgentAction, AgentJoin, AgentPoll, AgentReport, Assignment
+from .membership import Membership
+
+__all__ = ["Rendezvous"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Agent:
+    join: AgentJoin
+    last_seen: float
+    waiting: bool = True  # joined the next round
+    node_rank: int = -1  # in the current generation, -1 if not a member
+    done: bool = False
+
+
+@dataclass
+class _JobRdzv:
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int
+    agents: dict[str, _Agent] = field(default_factory=dict)
+    members: list[str] = field(default_factory=list)  # node-rank order of the current generation
+    assignment: dict[str, Assignment] = field(default_factory=dict)
+    restart_reason: Optional[str] = None  # set while the running generation must restart
+    restarts: int = 0
+    status: str = "running"  # running | succeeded | failed
+    detail: str = ""
+    prev_world: int = 0
+
+
+class Rendezvous:
+    def __init__(self, membership: Membership, clock: Clock) -> None:
+        self._m = membership
+        self._clock = clock
+        self._jobs: dict[str, _JobRdzv] = {}
+
+    def join(self, job: str, req: AgentJoin) -> AgentAction:
+        if req.nproc < 1 or not 1 <= req.min_nodes <= req.max_nodes:
+            raise ConfigError(f"agent {req.agent}: need nproc >= 1 and 1 <= min_nodes <= max_nodes, got "
+                              f"nproc={req.nproc}, nodes {req.min_nodes}:{req.max_nodes}")
+        self._m.create_job(job, req.min_nodes, req.max_nodes)
+        j = self._jobs.get(job)
+        if j is None or j.status != "running":
+            j = self._jobs[job] = _JobRdzv(req.min_nodes, req.max_nodes, req.max_restarts)
+        elif (req.min_nodes, req.max_nodes) != (j.min_nodes, j.max_nodes):
+            raise ConfigError(f"agent {req.agent} asks for {req.min_nodes}:{req.max_nodes} nodes but job "
+                              f"{job!r} runs with {j.min_nodes}:{j.max_nodes}; give every agent the same --nnodes")
+        now = self._clock.now()
+        a = j.agents.get(req.agent)
+        if a is None:
+            a = j.agents[req.agent] = _Agent(req, now)
+        a.join, a.last_seen, a.waiting, a.done = req, now, True, False
+        if j.members and req.agent not in j.members and j.restart_reason is None and \
+                len(j.members) < j.max_nodes:
+            j.restart_reason = "scale_up"
+            log.info("job %s: agent %s waits to join; generation restarts to grow", job, req.agent)
+        return self._poll(job, j, req.agent, 0)
+
+    def poll(self, job: str, req: AgentPoll) -> AgentAction:
+        j = self._jobs.get(job)
+        if j is None or req.agent not in j.agents:
+            return AgentAction("restart", detail="unknown agent (coordinator restarted?): join again")
+        j.agents[req.agent].last_seen = self._clock.now()
+        return self._poll(job, j, req.agent, req.generation)
+
+    def report(self, job: str, req: AgentReport) -> AgentAction:
+        j = self._jobs.get(job)
+        if j is None or req.agent not in j.agents:
+            return AgentAction("restart", detail="unknown agent (coordinator restarted?): join again")
+        a = j.agents[req.agent]
+        a.last_seen = self._clock.now()
+        current = self._m.get(job).generation
+        if req.event not in ("failed", "succeeded", "preempted"):
+            raise ConfigError(f"event must be failed, succeeded or preempted, not {req.event!r}")
+        if req.generation != current or req.agent not in j.members:
+            return self._poll(job, j, req.agent, req.generation)  # a late report of an old generation
+        if req.event == "succeeded":
+            a.done = True
+            if all(j.agents[m].done for m in j.members):
+                j.status = "succeeded"
+        elif req.event == "preempted":
+            j.status, j.detail = "preempted", req.detail
+        elif j.restart_reason is None:
+            if j.restarts >= j.max_restarts:
+                j.status = "failed"
+                j.detail = f"worker failure with no restarts left ({j.restarts}/{j.max_restarts}): {req.detail}"
+            else:
+                j.restarts += 1
+                j.restart_reason = "failure"
+                log.warning("job %s: agent %s reports a worker failure (%s); restart %d/%d", job, req.agent,
+                            req.detail, j.restarts, j.max_restarts)
+        return self._poll(job, j, req.agent, req.generation)
+
+    def _poll(self, job: str, j: _JobRdzv, agent: str, generation: int) -> AgentAction:
+        self._expire(job, j)
+        if j.status != "running":
+            return AgentAction("exit", status=j.status, detail=j.detail)
+        a = j.agents[agent]
+        current = self._m.get(job).generation
+        if not a.waiting:
+            if agent in j.members and generation == current and j.restart_reason is None:
+                return AgentAction("run", j.assignment[agent])
+            return AgentAction("restart", detail=j.restart_reason or "generation changed")
+        # a waiting agent: can the round close?
+        live = [x for x in j.agents.values() if not x.done]
+        waiting = [x for x in live if x.waiting]
+        if (len(waiting) == len(live) and len(waiting) >= j.min_nodes) or len(waiting) >= j.max_nodes:
+            self._form(job, j, waiting[:j.max_nodes])
+        if not a.waiting and agent in j.assignment:
+            return AgentAction("run", j.assignment[agent])
+        return AgentAction("wait", detail=f"{len(waiting)}/{max(j.min_nodes, len(live))} agents ready")
+
+    def _expire(self, job: str, j: _JobRdzv) -> None:
+        now = self._clock.now()
+        for name, a in list(j.agents.items()):
+            if not a.done and now - a.last_seen > a.join.agent_timeout:
+                log.warning("job %s: agent %s lost (no poll for %.1f s)", job, name, now - a.last_seen)
+                del j.agents[name]
+                if name in j.members and j.restart_reason is None and j.status == "running":
+                    j.restart_reason = "scale_down"
+
+    def _form(self, job: str, j: _JobRdzv, agents: list[_Agent]) -> None:
+        order = {name: i for i, name in enumerate(j.members)}
+        fixed = sorted((a for a in agents if a.join.node_rank >= 0), key=lambda a: a.join.node_rank)
+        free = sorted((a for a in agents if a.join.node_rank < 0),
+                      key=lambda a: (order.get(a.join.agent, len(order)), a.join.agent))
+        ranked = fixed + free
+        world = sum(a.join.nproc for a in ranked)
+        prev_members = set(j.members)
+        reason = j.restart_reason or "start"
+        if reason == "start" and prev_members:
+            reason = "failure"
+        cur = self._m.get(job).generation
+        row = self._m.open_generation(job, cur, world, reason)
+        head = ranked[0].join
+        j.members = [a.join.agent for a in ranked]
+        j.assignment.clear()
+        offset = 0
+        for node_rank, a in enumerate(ranked):
+            j.assignment[a.join.agent] = Assignment(row.generation, node_rank, len(ranked), offset, world,
+                                                    head.host, head.port, j.restarts, reason, j.prev_world)
+            offset += a.join.nproc
+            a.waiting, a.node_rank = False, node_rank
+        j.prev_world = world
+        j.restart_reason = None
+        log.info("job %s: generation %d formed with %d agent(s), world size %d (%s)", job, row.generation,
+                 len(ranked), world, reason)

@@ -1,0 +1,217 @@
+"""The ``etrun`` agent: rendezvous through the coordinator, run workers, recover.
+
+One agent runs per node. Its loop: join the next round -> get an assignment -> start the
+local workers -> watch them (an exit wakes the agent at once) while polling the
+coordinator -> on a worker failure report it and stop the survivors; when the coordinator
+says restart (a failure anywhere, a lost or a new agent) stop the workers and join again.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import shutil
+import signal
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from importlib.util import find_spec
+from typing import Optional
+
+from ..errors import ConfigError, ElasticTrainError
+from ..wire import AgentAction, AgentJoin
+from .config import LaunchConfig
+from .workers import PREEMPTED_EXIT_CODE, Failure, SparePool, WorkerGroup, free_port
+
+__all__ = ["Agent"]
+
+log = logging.getLogger("etrun")
+
+
+class Agent:
+    def __init__(self, cfg: LaunchConfig) -> None:
+        self.cfg = cfg
+        self.agent_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self._signal: Optional[int] = None
+        self._embedded = None
+        self._tmp: Optional[str] = None
+        self.attempt = 0
+
+    # ------------------------------------------------------------------ set-up
+    def _state_dir(self) -> str:
+        if self.cfg.log_dir:
+            d = os.path.join(self.cfg.log_dir, self.cfg.run_id)
+            os.makedirs(d, exist_ok=True)
+            return d
+        if self._tmp is None:
+            self._tmp = tempfile.mkdtemp(prefix=f"etrun-{self.cfg.run_id}-")
+        return self._tmp
+
+    def _connect(self):
+        from ..runtime.client import CoordinatorClient
+
+        cfg = self.cfg
+        if cfg.coordinator is None:
+            from .embedded import EmbeddedCoordinator
+
+            self._embedded = EmbeddedCoordinator(self._state_dir())
+            url = self._embedded.start()
+            return CoordinatorClient(url, self._embedded.token, retry_for=30.0), url, self._embedded.token_file
+        token = None
+        if cfg.token_file:
+            try:
+                with open(cfg.token_file) as f:
+                    token = f.read().strip()
+            except OSError as exc:
+                raise ConfigError(f"--token-file {cfg.token_file}: {exc.strerror}") from exc
+        client = CoordinatorClient(cfg.coordinator, token if token is not None else "", retry_for=60.0)
+        return client, cfg.coordinator, cfg.token_file or os.environ.get("ET_TOKEN_FILE")
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._signal = signum
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        cfg = self.cfg
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        pool = None
+        try:
+            client, url, token_file = self._connect()
+            self.client = client
+            spares = cfg.warm_spares if cfg.warm_spares >= 0 else cfg.nproc_per_node
+            if cfg.python_entry and spares > 0:
+                preload = tuple(m for m in cfg.preload if find_spec(m) is not None)
+                env = dict(os.environ)
+                if cfg.nproc_per_node > 1:
+                    env.setdefault("OMP_NUM_THREADS", "1")
+                pool = SparePool(spares, preload, env)
+            while True:
+                action = self._rendezvous()
+                if action.action == "exit":
+                    return self._exit_code(action)
+                if action.action != "run":  # interrupted by a signal while waiting
+                    return 128 + (self._signal or signal.SIGTERM)
+                code = self._run_generation(action.assignment, url, token_file, pool)
+                if code is not None:
+                    return code
+        except ElasticTrainError as exc:
+            print(f"etrun: error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            if pool is not None:
+                pool.close()
+            if self._embedded is not None:
+                self._embedded.stop()
+            if self._tmp is not None:
+                shutil.rmtree(self._tmp, ignore_errors=True)
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _rendezvous(self) -> AgentAction:
+        cfg = self.cfg
+        host = cfg.local_addr or ("127.0.0.1" if cfg.coordinator is None else socket.getfqdn())
+        join = AgentJoin(self.agent_id, host, cfg.nproc_per_node, free_port(), cfg.min_nodes, cfg.max_nodes,
+                         cfg.max_restarts, cfg.agent_timeout, cfg.node_rank)
+        action = self.client.agent_join(cfg.run_id, join)
+        deadline = time.monotonic() + cfg.join_timeout
+        while action.action == "wait":
+            if self._signal is not None:
+                return AgentAction("stopped")
+            if time.monotonic() > deadline:
+                raise ConfigError(f"rendezvous timed out after {cfg.join_timeout:.0f} s ({action.detail}); "
+                                  f"start the other agents, or lower the minimum of --nnodes")
+            time.sleep(min(0.05, cfg.poll_interval))
+            action = self.client.agent_poll(cfg.run_id, self.agent_id, 0)
+            if action.action == "restart":  # the coordinator forgot us (it restarted): join again
+                action = self.client.agent_join(cfg.run_id, join)
+        return action
+
+    def _run_generation(self, a, url: str, token_file: Optional[str], pool: Optional[SparePool]) -> Optional[int]:
+        """Run one generation; None means: join the next round."""
+        cfg = self.cfg
+        attempt_dir = os.path.join(self._state_dir(), f"attempt_{self.attempt}")
+        self.attempt += 1
+        log.info("generation %d: node %d/%d, ranks %d..%d of %d (%s)", a.generation, a.node_rank, a.nnodes,
+                 a.rank_offset, a.rank_offset + cfg.nproc_per_node - 1, a.world_size, a.reason)
+        group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool).start()
+        if pool is not None:
+            pool.fill_later(2.0)
+        next_poll = time.monotonic() + cfg.poll_interval
+        while True:
+            group.changed.wait(max(0.0, min(cfg.monitor_interval, next_poll - time.monotonic())))
+            group.changed.clear()
+            if self._signal is not None:
+                return self._shutdown(group, a)
+            state = group.state()
+            if state == "failed":
+                failure = group.first_failure()
+                group.stop(cfg.restart_grace)
+                action = self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "failed",
+                                                  _one_line(failure))
+                _print_failure(failure, a, cfg, action)
+                return self._exit_code(action) if action.action == "exit" else None
+            if state == "succeeded":
+                action = self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "succeeded")
+                group.stop(0)
+                return 0
+            if state == "preempted":
+                self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "preempted",
+                                         "workers exited with the preempted code")
+                group.stop(0)
+                return PREEMPTED_EXIT_CODE
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + cfg.poll_interval
+                action = self.client.agent_poll(cfg.run_id, self.agent_id, a.generation)
+                if action.action == "restart":
+                    log.warning("generation %d: restart asked by the coordinator (%s)", a.generation,
+                                action.detail)
+                    group.stop(cfg.restart_grace)
+                    return None
+                if action.action == "exit":
+                    group.stop(cfg.restart_grace)
+                    return self._exit_code(action)
+
+    def _shutdown(self, group: WorkerGroup, a) -> int:
+        sig = self._signal or signal.SIGTERM
+        print(f"etrun: got {signal.Signals(sig).name}; forwarding SIGTERM to the workers, "
+              f"{self.cfg.shutdown_grace:.0f} s to checkpoint before SIGKILL", file=sys.stderr)
+        group.stop(self.cfg.shutdown_grace, signal.SIGTERM)
+        if group.state() == "preempted" or all(w.exit_code == PREEMPTED_EXIT_CODE for w in group.workers):
+            try:
+                self.client.agent_report(self.cfg.run_id, self.agent_id, a.generation, "preempted",
+                                         f"etrun got {signal.Signals(sig).name}")
+            except ElasticTrainError:
+                pass
+            return PREEMPTED_EXIT_CODE
+        return 128 + sig
+
+    @staticmethod
+    def _exit_code(action: AgentAction) -> int:
+        if action.status == "succeeded":
+            return 0
+        if action.status == "preempted":
+            return PREEMPTED_EXIT_CODE
+        print(f"etrun: job {action.status}: {action.detail}", file=sys.stderr)
+        return 1
+
+
+def _one_line(f: Optional[Failure]) -> str:
+    if f is None:
+        return "unknown failure"
+    return f"rank {f.rank} on {f.host} exited with code {f.exit_code}: {f.message}"[:500]
+
+
+def _print_failure(f: Optional[Failure], a, cfg: LaunchConfig, action: AgentAction) -> None:
+    if f is None:
+        return
+    when = datetime.datetime.fromtimestamp(f.at).strftime("%Y-%m-%d %H:%M:%S")
+    tb = "\n".join("    " + line for line in f.traceback.strip().splitlines()[-15:])
+    nxt = (f"restart {a.restart_count + 1}/{cfg.max_restarts}" if action.action != "exit"
+           else f"no restarts left ({cfg.max_restarts} allowed)")
+    print(f"etrun: worker failure in generation {a.generation}; {nxt}\n"
+          f"  root cause (first observed failure):\n"
+          f"    rank {f.rank} (local rank {f.local_rank}) on {f.host}, exit code {f.exit_code}, at {when}\n"
+          f"    {f.message}\n{tb}", file=sys.stderr)

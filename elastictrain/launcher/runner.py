@@ -1,0 +1,87 @@
+"""The process every Python worker starts as: ``python -u -m elastictrain.launcher.runner``.
+
+It reads one JSON command from stdin (environment, working directory, entrypoint, args),
+becomes that worker and runs the script or module as ``__main__``. A *warm spare* is the
+same process started ahead of need with ``--preload torch``: it pays the import while
+training runs and waits on stdin, so a restarted worker starts in milliseconds instead of
+the ~1.5 s ``import torch`` takes. An uncaught exception is written to
+``TORCHELASTIC_ERROR_FILE`` in torchelastic's format, so ``etrun`` can report the root cause.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import runpy
+import sys
+import time
+import traceback
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback without the frames of this runner and of runpy."""
+    tb = exc.__traceback__
+    while tb is not None and (tb.tb_frame.f_code.co_filename in (__file__, runpy.__file__)
+                              or tb.tb_frame.f_code.co_filename.startswith("<frozen runpy")):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
+def _write_error(path: str, exc: BaseException, tb: str) -> None:
+    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+                        "extraInfo": {"py_callstack": tb, "timestamp": str(int(time.time()))}}}
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(data, f)
+    except OSError:
+        pass  # the traceback still reaches stderr below
+
+
+def main() -> None:
+    args = sys.argv[1:]
+    if len(args) == 2 and args[0] == "--preload":
+        for name in filter(None, args[1].split(",")):
+            try:
+                __import__(name)
+            except ImportError:
+                pass
+    line = sys.stdin.readline()
+    if not line:
+        return  # the launcher retired this spare
+    cmd = json.loads(line)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    os.environ.clear()
+    os.environ.update(cmd["env"])
+    for p in reversed([p for p in cmd["env"].get("PYTHONPATH", "").split(os.pathsep) if p]):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    os.chdir(cmd["cwd"])
+    torch = sys.modules.get("torch")
+    if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    entry = cmd["entrypoint"]
+    sys.argv = [entry, *cmd["args"]]
+    try:
+        if cmd["module"]:
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(entry, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, os.path.dirname(os.path.abspath(entry)))
+            runpy.run_path(entry, run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        tb = _user_traceback(exc)
+        error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+        if error_file and not os.path.exists(error_file):  # torch's @record may have written it
+            _write_error(error_file, exc, tb)
+        sys.stderr.write(tb)
+        sys.stderr.flush()
+        os._exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,272 @@
+"""One generation's local workers: their environment, processes, output and exit codes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import IO, Optional
+
+from .config import LaunchConfig, Std
+
+__all__ = ["WorkerGroup", "SparePool", "Failure", "worker_env"]
+
+log = logging.getLogger("etrun")
+PREEMPTED_EXIT_CODE = 75  # the same value as elastictrain.PREEMPTED_EXIT_CODE
+_RUNNER = [sys.executable, "-u", "-m", "elastictrain.launcher.runner"]
+_console_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int
+    local_rank: int
+    host: str
+    exit_code: int
+    at: float
+    message: str
+    traceback: str
+
+
+def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_file: Optional[str],
+               error_file: str, base: Optional[dict] = None) -> dict[str, str]:
+    """The environment torchrun gives a worker, plus elastictrain's ``ET_*`` variables."""
+    env = dict(os.environ if base is None else base)
+    env.pop("ET_TOKEN", None)  # the token travels by file only
+    rank = a.rank_offset + local_rank
+    env.update({
+        "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(a.world_size),
+        "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node), "GROUP_RANK": str(a.node_rank),
+        "GROUP_WORLD_SIZE": str(a.nnodes), "ROLE_NAME": cfg.role, "ROLE_RANK": str(rank),
+        "ROLE_WORLD_SIZE": str(a.world_size), "MASTER_ADDR": a.master_addr,
+        "MASTER_PORT": str(cfg.master_port or a.master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(a.restart_count), "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
+        "TORCHELASTIC_RUN_ID": cfg.run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_ERROR_FILE": error_file,
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "ET_COORDINATOR": coordinator, "ET_JOB_ID": cfg.run_id, "ET_GENERATION": str(a.generation),
+        "ET_RESTART_REASON": a.reason, "ET_PREV_WORLD_SIZE": str(a.prev_world_size),
+        "ET_NODE_RANK": str(a.node_rank), "PYTHONUNBUFFERED": "1",
+    })
+    if token_file:
+        env["ET_TOKEN_FILE"] = os.path.abspath(token_file)
+    if cfg.nproc_per_node > 1 and "OMP_NUM_THREADS" not in (base or os.environ):
+        env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def free_port(host: str = "") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class SparePool:
+    """Interpreters started ahead of need that have already imported ``preload`` (e.g. torch)."""
+
+    def __init__(self, size: int, preload: tuple[str, ...], env: dict[str, str]) -> None:
+        self.size, self._env = size, env
+        self._cmd = _RUNNER + (["--preload", ",".join(preload)] if preload else [])
+        self._spares: deque[subprocess.Popen] = deque()
+        self._timer: Optional[threading.Timer] = None
+        self._lock = threading.Lock()
+
+    def take(self) -> Optional[subprocess.Popen]:
+        with self._lock:
+            while self._spares:
+                p = self._spares.popleft()
+                if p.poll() is None:
+                    return p
+        return None
+
+    def fill(self) -> None:
+        with self._lock:
+            while len(self._spares) < self.size:
+                self._spares.append(_spawn(self._cmd, self._env))
+
+    def fill_later(self, delay: float) -> None:
+        """Top up after ``delay`` seconds, so the imports do not compete with workers starting."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = threading.Timer(delay, self.fill)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            for p in self._spares:
+                try:
+                    p.stdin.close()  # EOF: the spare exits by itself
+                except OSError:
+                    pass
+            for p in self._spares:
+                try:
+                    p.wait(2)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            self._spares.clear()
+
+
+def _spawn(cmd: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+@dataclass
+class _Worker:
+    local_rank: int
+    rank: int
+    proc: subprocess.Popen
+    error_file: str
+    tail: deque = field(default_factory=lambda: deque(maxlen=40))
+    exit_code: Optional[int] = None
+    exited_at: float = 0.0
+    threads: list[threading.Thread] = field(default_factory=list)
+    files: list[IO[bytes]] = field(default_factory=list)
+
+
+class WorkerGroup:
+    """Start, watch and stop the local workers of one generation.
+
+    ``changed`` is set whenever a worker exits, so the agent reacts at once rather than at
+    its next poll.
+    """
+
+    def __init__(self, cfg: LaunchConfig, assignment, attempt_dir: str, coordinator: str,
+                 token_file: Optional[str], pool: Optional[SparePool]) -> None:
+        self.cfg, self.a, self.dir = cfg, assignment, attempt_dir
+        self._coordinator, self._token_file, self._pool = coordinator, token_file, pool
+        self.workers: list[_Worker] = []
+        self.changed = threading.Event()
+        self.host = socket.gethostname()
+        self.started_at = 0.0
+
+    def start(self) -> "WorkerGroup":
+        cfg = self.cfg
+        self.started_at = time.time()
+        for lr in range(cfg.nproc_per_node):
+            wdir = os.path.join(self.dir, str(lr))
+            os.makedirs(wdir, exist_ok=True)
+            error_file = os.path.join(wdir, "error.json")
+            env = worker_env(cfg, self.a, lr, self._coordinator, self._token_file, error_file)
+            if cfg.no_python:
+                proc = _spawn([cfg.entrypoint, *cfg.args], env)
+                proc.stdin.close()
+            else:
+                proc = self._pool.take() if self._pool else None
+                if proc is None:
+                    proc = _spawn(_RUNNER, env)
+                cmd = {"env": env, "cwd": os.getcwd(), "entrypoint": cfg.entrypoint, "args": list(cfg.args),
+                       "module": cfg.module}
+                proc.stdin.write(json.dumps(cmd).encode() + b"\n")
+                proc.stdin.close()
+            w = _Worker(lr, self.a.rank_offset + lr, proc, error_file)
+            self._route(w, wdir)
+            waiter = threading.Thread(target=self._wait, args=(w,), daemon=True)
+            waiter.start()
+            self.workers.append(w)
+        return self
+
+    def _route(self, w: _Worker, wdir: str) -> None:
+        cfg = self.cfg
+        red, tee = cfg.redirects.get(w.local_rank, Std.NONE), cfg.tee.get(w.local_rank, Std.NONE)
+        shown = cfg.local_ranks_filter is None or w.local_rank in cfg.local_ranks_filter
+        prefix = f"[{cfg.role}{w.local_rank}]:".encode() if tee else b""
+        for pipe, bit, name, console in ((w.proc.stdout, Std.OUT, "stdout", sys.stdout),
+                                         (w.proc.stderr, Std.ERR, "stderr", sys.stderr)):
+            f = None
+            if (red | tee) & bit:
+                f = open(os.path.join(wdir, f"{name}.log"), "ab")
+                w.files.append(f)
+            to_console = shown and not (red & bit)
+            t = threading.Thread(target=_pump, daemon=True,
+                                 args=(pipe, console.buffer if to_console else None, f, prefix,
+                                       w.tail if bit == Std.ERR else None))
+            t.start()
+            w.threads.append(t)
+
+    def _wait(self, w: _Worker) -> None:
+        code = w.proc.wait()
+        for t in w.threads:
+            t.join(5)
+        w.exit_code, w.exited_at = code, time.time()
+        self.changed.set()
+
+    # ------------------------------------------------------------------ state
+    def state(self) -> str:
+        """``running``, ``succeeded``, ``failed`` or ``preempted``."""
+        codes = [w.exit_code for w in self.workers]
+        if any(c not in (None, 0, PREEMPTED_EXIT_CODE) for c in codes):
+            return "failed"
+        if all(c is not None for c in codes):
+            return "preempted" if PREEMPTED_EXIT_CODE in codes else "succeeded"
+        return "running"
+
+    def first_failure(self) -> Optional[Failure]:
+        failed = [w for w in self.workers if w.exit_code not in (None, 0, PREEMPTED_EXIT_CODE)]
+        if not failed:
+            return None
+        w = min(failed, key=lambda x: x.exited_at)
+        message, tb = "", b"".join(w.tail).decode(errors="replace")
+        try:
+            with open(w.error_file) as f:
+                data = json.load(f)["message"]
+            message = data.get("message", "") if isinstance(data, dict) else str(data)
+            tb = data.get("extraInfo", {}).get("py_callstack", tb) if isinstance(data, dict) else tb
+        except (OSError, ValueError, KeyError, TypeError):
+            code = w.exit_code
+            message = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
+                       f"exited with code {code}") + " (no error file: the worker raised no Python exception)"
+        return Failure(w.rank, w.local_rank, self.host, w.exit_code, w.exited_at, message, tb)
+
+    def stop(self, grace: float, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` to every worker's process group; SIGKILL whatever is left after ``grace``."""
+        for w in self.workers:
+            _killpg(w.proc, sig)
+        deadline = time.monotonic() + grace
+        for w in self.workers:
+            try:
+                w.proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for w in self.workers:
+            _killpg(w.proc, signal.SIGKILL)  # also reaps grandchildren left in the group
+            w.proc.wait()
+        for w in self.workers:
+            for t in w.threads:
+                t.join(5)
+            for f in w.files:
+                f.close()
+
+
+def _killpg(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _pump(pipe: IO[bytes], console: Optional[IO[bytes]], f: Optional[IO[bytes]], prefix: bytes,
+          tail: Optional[deque]) -> None:
+    for line in iter(pipe.readline, b""):
+        if f is not None:
+            f.write(line)
+            f.flush()
+        if console is not None:
+            with _console_lock:
+                console.write(prefix + line)
+                console.flush()
+        if tail is not None:
+            tail.append(line)
+    pipe.close()

@@ -214,6 +214,8 @@ class AgentJoin(_Msg):
     agent_timeout: float = 10.0
     #: a fixed node rank (torchrun's --node-rank), or -1 to let the coordinator assign one
     node_rank: int = -1
+    #: seconds a round with at least min_nodes (but fewer than max_nodes) waits for more agents
+    last_call: float = 1.0
 
 
 class AgentPoll(_Msg):

@@ -1,7 +1,9 @@
 """Rendezvous of ``etrun`` agents into generations, and the job's life cycle.
 
-Agents *join* a round, then *poll*. A round closes as soon as every live agent has joined
-and at least ``min_nodes`` are present (or ``max_nodes`` are): the coordinator opens the next
+Agents *join* a round, then *poll*. A round closes when ``max_nodes`` agents have joined,
+or when every live agent has joined, at least ``min_nodes`` are present and the round has
+been open for ``last_call`` seconds (a chance for agents starting together to make one
+generation rather than two): the coordinator opens the next
 generation (see :class:`Membership`), assigns node ranks (agents keep their previous order,
 new agents go last) and hands every agent its :class:`Assignment`, with a fresh
 ``MASTER_PORT`` picked by the node-rank-0 agent, so no worker ever talks to a stale store.
@@ -53,6 +55,7 @@ class _JobRdzv:
     status: str = "running"  # running | succeeded | failed
     detail: str = ""
     prev_world: int = 0
+    round_started: Optional[float] = None  # when the first agent joined the open round
 
 
 class Rendezvous:
@@ -125,13 +128,18 @@ class Rendezvous:
         a = j.agents[agent]
         current = self._m.get(job).generation
         if not a.waiting:
-            if agent in j.members and generation == current and j.restart_reason is None:
+            # generation 0: the agent was waiting and has not seen its assignment yet
+            if agent in j.members and generation in (0, current) and j.restart_reason is None:
                 return AgentAction("run", j.assignment[agent])
             return AgentAction("restart", detail=j.restart_reason or "generation changed")
         # a waiting agent: can the round close?
         live = [x for x in j.agents.values() if not x.done]
         waiting = [x for x in live if x.waiting]
-        if (len(waiting) == len(live) and len(waiting) >= j.min_nodes) or len(waiting) >= j.max_nodes:
+        if j.round_started is None:
+            j.round_started = self._clock.now()
+        last_call = max(x.join.last_call for x in waiting)
+        everyone = len(waiting) == len(live) and len(waiting) >= j.min_nodes
+        if len(waiting) >= j.max_nodes or (everyone and self._clock.now() - j.round_started >= last_call):
             self._form(job, j, waiting[:j.max_nodes])
         if not a.waiting and agent in j.assignment:
             return AgentAction("run", j.assignment[agent])
@@ -170,5 +178,6 @@ class Rendezvous:
             a.waiting, a.node_rank = False, node_rank
         j.prev_world = world
         j.restart_reason = None
+        j.round_started = None
         log.info("job %s: generation %d formed with %d agent(s), world size %d (%s)", job, row.generation,
                  len(ranked), world, reason)

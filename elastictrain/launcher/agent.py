@@ -112,9 +112,9 @@ class Agent:
 
     def _rendezvous(self) -> AgentAction:
         cfg = self.cfg
-        host = cfg.local_addr or ("127.0.0.1" if cfg.coordinator is None else socket.getfqdn())
+        host = cfg.local_addr or ("127.0.0.1" if cfg.coordinator is None else socket.gethostname())
         join = AgentJoin(self.agent_id, host, cfg.nproc_per_node, free_port(), cfg.min_nodes, cfg.max_nodes,
-                         cfg.max_restarts, cfg.agent_timeout, cfg.node_rank)
+                         cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call)
         action = self.client.agent_join(cfg.run_id, join)
         deadline = time.monotonic() + cfg.join_timeout
         while action.action == "wait":
@@ -138,7 +138,7 @@ class Agent:
                  a.rank_offset, a.rank_offset + cfg.nproc_per_node - 1, a.world_size, a.reason)
         group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool).start()
         if pool is not None:
-            pool.fill_later(2.0)
+            pool.fill_later(1.0)
         next_poll = time.monotonic() + cfg.poll_interval
         while True:
             group.changed.wait(max(0.0, min(cfg.monitor_interval, next_poll - time.monotonic())))

@@ -64,7 +64,7 @@ def get_args_parser() -> argparse.ArgumentParser:
          help="accepted for compatibility; rendezvous always goes through the coordinator")
     _add(p, "rdzv-endpoint", default="", help="HOST:PORT or URL of the coordinator (same as --coordinator)")
     _add(p, "rdzv-id", default=None, help="job id shared by every agent of the job (TORCHELASTIC_RUN_ID)")
-    _add(p, "rdzv-conf", default="", help="key=value,...: agent_timeout, join_timeout, poll_interval")
+    _add(p, "rdzv-conf", default="", help="key=value,...: agent_timeout, join_timeout, last_call_timeout, poll_interval")
     _add(p, "standalone", action="store_true", help="single node with an embedded coordinator")
     _add(p, "max-restarts", type=int, default=0, help="worker-failure restarts before the job fails")
     _add(p, "monitor-interval", type=float, default=0.1, help="seconds between worker checks")
@@ -131,6 +131,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         max_restarts=int(args.max_restarts), monitor_interval=float(args.monitor_interval),
         poll_interval=float(conf.get("poll_interval", 0.2)),
         agent_timeout=float(conf.get("agent_timeout", 10.0)), join_timeout=float(conf.get("join_timeout", 600)),
+        last_call=float(conf.get("last_call_timeout", 1.0)),
         start_method=args.start_method, log_dir=args.log_dir,
         redirects=parse_std_spec(str(args.redirects), nproc, "--redirects"),
         tee=parse_std_spec(str(args.tee), nproc, "--tee"), local_ranks_filter=filt,

@@ -35,6 +35,7 @@ class LaunchConfig:
     poll_interval: float = 0.2
     agent_timeout: float = 10.0
     join_timeout: float = 600.0
+    last_call: float = 1.0
     start_method: str = "spawn"
     log_dir: Optional[str] = None
     redirects: dict[int, int] = field(default_factory=dict)  # local rank -> Std

@@ -38,7 +38,26 @@ def _write_error(path: str, exc: BaseException, tb: str) -> None:
         pass  # the traceback still reaches stderr below
 
 
+def _die_with_launcher(parent: int) -> None:
+    """If etrun dies (even by SIGKILL), take this worker and its children down with it:
+    an orphaned worker would hold its collectives and leases until they time out."""
+    import signal
+    import threading
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != parent:
+                try:
+                    os.killpg(0, signal.SIGKILL)
+                finally:
+                    os._exit(137)
+
+    threading.Thread(target=watch, name="et-launcher-watch", daemon=True).start()
+
+
 def main() -> None:
+    _die_with_launcher(os.getppid())
     args = sys.argv[1:]
     if len(args) == 2 and args[0] == "--preload":
         for name in filter(None, args[1].split(",")):

@@ -1,0 +1,52 @@
+import pytest
+
+from elastictrain.errors import ConfigError
+from elastictrain.launcher.cli import config_from_args, get_args_parser
+
+
+def cfg(argv, monkeypatch=None):
+    return config_from_args(get_args_parser().parse_args(argv))
+
+
+def test_both_spellings_give_the_same_config():
+    a = cfg(["--nproc-per-node", "3", "--max-restarts", "2", "--rdzv-id", "j", "train.py", "--lr", "1"])
+    b = cfg(["--nproc_per_node=3", "--max_restarts=2", "--rdzv_id=j", "train.py", "--lr", "1"])
+    assert a == b
+    assert a.nproc_per_node == 3 and a.args == ("--lr", "1") and a.run_id == "j"
+
+
+def test_every_flag_reads_an_env_variable(monkeypatch):
+    monkeypatch.setenv("ET_NPROC_PER_NODE", "4")
+    monkeypatch.setenv("ET_MAX_RESTARTS", "7")
+    monkeypatch.setenv("ET_STANDALONE", "1")
+    c = cfg(["train.py"])
+    assert (c.nproc_per_node, c.max_restarts, c.coordinator) == (4, 7, None)
+    assert cfg(["--nproc-per-node", "2", "train.py"]).nproc_per_node == 2  # a flag beats the env
+
+
+def test_unknown_flag_names_the_closest(capsys):
+    with pytest.raises(SystemExit) as exc:
+        get_args_parser().parse_args(["--nproc-per-nod", "2", "train.py"])
+    assert exc.value.code == 2
+    assert "did you mean --nproc-per-node" in capsys.readouterr().err
+
+
+def test_nnodes_nproc_and_streams():
+    c = cfg(["--nnodes", "1:4", "--rdzv-endpoint", "host:7707", "--nproc-per-node", "cpu", "-r", "0:1,1:2",
+             "-t", "3", "--local-ranks-filter", "0", "x.py"])
+    assert (c.min_nodes, c.max_nodes, c.coordinator) == (1, 4, "http://host:7707")
+    assert c.redirects == {0: 1, 1: 2} and c.tee[0] == 3 and c.local_ranks_filter == {0}
+    assert cfg(["--standalone", "--rdzv-endpoint", "h:1", "x.py"]).coordinator is None
+
+
+@pytest.mark.parametrize("argv, word", [
+    (["--nnodes", "2:1", "--coordinator", "http://h:1", "x.py"], "MIN <= MAX"),
+    (["--nnodes", "1:2", "x.py"], "shared coordinator"),
+    (["--nproc-per-node", "many", "x.py"], "--nproc-per-node"),
+    (["-r", "9", "x.py"], "--redirects"),
+    (["-m", "--no-python", "x"], "--module and --no-python"),
+    (["--rdzv-conf", "oops", "x.py"], "key=value"),
+])
+def test_bad_values_name_the_flag(argv, word):
+    with pytest.raises(ConfigError, match=word):
+        cfg(argv)

@@ -29,6 +29,8 @@ from .workers import PREEMPTED_EXIT_CODE, Failure, SparePool, WorkerGroup, free_
 __all__ = ["Agent"]
 
 log = logging.getLogger("etrun")
+_SPARE_DELAY_FIRST = 5.0  # seconds after the first generation starts (cold workers import torch)
+_SPARE_DELAY = 2.0  # after a restart (warm workers start at once)
 
 
 class Agent:
@@ -112,7 +114,7 @@ class Agent:
 
     def _rendezvous(self) -> AgentAction:
         cfg = self.cfg
-        host = cfg.local_addr or ("127.0.0.1" if cfg.coordinator is None else socket.gethostname())
+        host = cfg.local_addr or (cfg.master_addr if cfg.coordinator is None else socket.gethostname())
         join = AgentJoin(self.agent_id, host, cfg.nproc_per_node, free_port(), cfg.min_nodes, cfg.max_nodes,
                          cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call)
         action = self.client.agent_join(cfg.run_id, join)
@@ -138,7 +140,9 @@ class Agent:
                  a.rank_offset, a.rank_offset + cfg.nproc_per_node - 1, a.world_size, a.reason)
         group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool).start()
         if pool is not None:
-            pool.fill_later(1.0)
+            # top up the spares once the new workers are past their own start-up: on a small
+            # machine the spares' imports would otherwise slow the workers they are meant to help
+            pool.fill_later(_SPARE_DELAY_FIRST if self.attempt == 1 else _SPARE_DELAY)
         next_poll = time.monotonic() + cfg.poll_interval
         while True:
             group.changed.wait(max(0.0, min(cfg.monitor_interval, next_poll - time.monotonic())))

@@ -98,8 +98,8 @@ class ShardIterator:
 
     @property
     def finished(self) -> bool:
-        """True once the coordinator reported every sample of every epoch consumed."""
-        return self._finished
+        """True once every sample of every epoch has been consumed (by any worker)."""
+        return self._finished or self._client.dataset(self.job, self.spec.name).finished
 
     def __iter__(self) -> Iterator[int]:
         for _epoch, index in self.samples():
@@ -110,6 +110,7 @@ class ShardIterator:
         while True:
             lease = self._next_lease()
             if lease is None:
+                self._report(self._client)  # the end of an epoch: make the coordinator's view exact
                 return
             indices = permuted_indices(self.spec.num_samples, self.spec.seed, lease.epoch, lease.offset,
                                        lease.end, self.spec.shuffle).tolist()
@@ -240,11 +241,11 @@ class ShardIterator:
                 self._error = exc
                 self._lock.notify_all()
 
-    def _report(self) -> None:
+    def _report(self, client: Optional[CoordinatorClient] = None) -> None:
         with self._lock:
             updates = [ShardUpdate(sid, lid, off) for sid, (lid, off) in self._view(self._consumed).items()
                        if self._reported.get(sid) != off]
-        reply = self._bg.progress(self.job, self.spec.name, self.generation, self.worker, updates)
+        reply = (client or self._bg).progress(self.job, self.spec.name, self.generation, self.worker, updates)
         with self._lock:
             for u in updates:
                 self._reported[u.shard_id] = u.offset
@@ -257,7 +258,7 @@ class ShardIterator:
 
     def flush(self) -> None:
         """Report consumption now (also a heartbeat)."""
-        self._report()
+        self._report(self._client)
 
     def close(self, release: bool = True) -> None:
         """Stop the background thread; report progress and return unconsumed remainders."""

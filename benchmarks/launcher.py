@@ -1,0 +1,147 @@
+"""etrun against torchrun, in one run: start-up and recovery from a killed worker.
+
+Runs benchmarks/launcher_toy.py (an unmodified torchrun-style DDP script on gloo, 2 workers,
+``--standalone``) under each launcher, several times, and times from the script's own event
+log: launch -> worker process start, launch -> first completed step, and SIGKILL of rank 1
+-> the next completed step of the restarted group, plus how many recoveries succeeded
+(a recovery that shows no step within ``--recovery-timeout`` seconds failed).
+
+Baselines: ``torchrun`` with default settings, and ``torchrun`` with
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (which avoids stale store addresses on restart).
+Prints ``name: value unit`` lines; ``--quick`` does 2 runs per launcher instead of 5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOY = os.path.join(HERE, "launcher_toy.py")
+BIN = os.path.dirname(sys.executable)
+
+
+def read(path: str) -> list[tuple[float, int, int, int, str]]:
+    rows = []
+    if os.path.exists(path):
+        for line in open(path):
+            p = line.split(None, 4)
+            if len(p) == 5:
+                rows.append((float(p[0]), int(p[1]), int(p[2]), int(p[3]), p[4].strip()))
+    return rows
+
+
+def wait_for(path: str, pred, timeout: float):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        for r in read(path):
+            if pred(r):
+                return r
+        time.sleep(0.01)
+    return None
+
+
+def kill_tree(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+
+
+def one_run(cmd: list[str], env: dict, recovery_timeout: float) -> dict:
+    work = tempfile.mkdtemp(prefix="et-launch-")
+    events = os.path.join(work, "events")
+    env = dict(env, BENCH_EVENTS=events)
+    out = open(os.path.join(work, "launcher.log"), "wb")
+    t0 = time.time()
+    proc = subprocess.Popen(cmd + ["--nproc-per-node", "2", "--max-restarts", "3", "--standalone", TOY],
+                            env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    res: dict = {}
+    try:
+        first = wait_for(events, lambda r: r[4].startswith("step") and r[2] == 0, 60)
+        starts = [r[0] for r in read(events) if r[4] == "start" and r[2] == 0]
+        if first is None or not starts:
+            res["error"] = "no first step"
+            return res
+        res["start"] = min(starts) - t0
+        res["first_step"] = first[0] - t0
+        time.sleep(3.0)  # steady state (etrun's warm spares are ready by now)
+        victim = [r for r in read(events) if r[1] == 1 and r[2] == 0][-1][3]
+        t_kill = time.time()
+        os.kill(victim, signal.SIGKILL)
+        nxt = wait_for(events, lambda r: r[4].startswith("step") and r[2] >= 1 and r[0] > t_kill, recovery_timeout)
+        res["recovered"] = nxt is not None
+        if nxt is not None:
+            res["kill_to_step"] = nxt[0] - t_kill
+        open(events + ".stop", "w").close()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            pass
+        return res
+    finally:
+        kill_tree(proc)
+        out.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="2 runs per launcher")
+    ap.add_argument("--runs", type=int, default=None)
+    ap.add_argument("--recovery-timeout", type=float, default=20.0)
+    args = ap.parse_args()
+    runs = args.runs or (2 if args.quick else 5)
+    base = dict(os.environ)
+    base.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    launchers = {
+        "torchrun": ([os.path.join(BIN, "torchrun")], base),
+        "torchrun_noshare": ([os.path.join(BIN, "torchrun")], dict(base, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")),
+        "etrun": ([os.path.join(BIN, "etrun")], base),
+    }
+    print(f"# toy: {TOY}, 2 workers on gloo, {runs} runs per launcher, recovery timeout "
+          f"{args.recovery_timeout:.0f} s, {os.cpu_count()} CPUs")
+    summary: dict[str, dict[str, list[float]]] = {}
+    for name, (cmd, env) in launchers.items():
+        results = []
+        for i in range(runs):
+            r = one_run(cmd, env, args.recovery_timeout)
+            results.append(r)
+            print(f"# {name} run {i + 1}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
+                                                         for k, v in r.items()), flush=True)
+        s = summary[name] = {k: [r[k] for r in results if k in r] for k in ("start", "first_step", "kill_to_step")}
+        ok = sum(1 for r in results if r.get("recovered"))
+        for key, label in (("start", "launch_to_worker_start"), ("first_step", "launch_to_first_step"),
+                           ("kill_to_step", "kill_to_next_step")):
+            vals = s[key]
+            if vals:
+                print(f"{name}_{label}_min: {min(vals):.3f} s")
+                print(f"{name}_{label}_median: {statistics.median(vals):.3f} s")
+            else:
+                print(f"{name}_{label}_min: nan s")
+                print(f"{name}_{label}_median: nan s")
+        print(f"{name}_recoveries: {ok}/{runs} runs")
+        sys.stdout.flush()
+
+    def ratio(key: str, base_name: str) -> str:
+        a, b = summary["etrun"].get(key), summary[base_name].get(key)
+        if not a or not b:
+            return "nan"
+        return f"{statistics.median(a) / statistics.median(b):.2f}"
+
+    print(f"etrun_vs_torchrun_launch_to_worker_start: {ratio('start', 'torchrun')} ratio")
+    print(f"etrun_vs_torchrun_launch_to_first_step: {ratio('first_step', 'torchrun')} ratio")
+    print(f"etrun_vs_torchrun_noshare_kill_to_next_step: {ratio('kill_to_step', 'torchrun_noshare')} ratio")
+    print(f"etrun_vs_torchrun_kill_to_next_step: {ratio('kill_to_step', 'torchrun')} ratio")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""Client retry behaviour against small real HTTP servers that misbehave on purpose."""
+
+import http.server
+import threading
+
+import msgspec
+import pytest
+
+from elastictrain import CoordinatorClient
+from elastictrain.errors import CoordinatorUnavailableError, NotFoundError
+
+
+class Flaky(http.server.BaseHTTPRequestHandler):
+    plan: list = []
+    seen = 0
+
+    def do_GET(self):
+        Flaky.seen += 1
+        status = Flaky.plan.pop(0) if Flaky.plan else 200
+        body = (msgspec.msgpack.encode({"status": "ok"}) if status == 200 else
+                msgspec.msgpack.encode({"error": "not_found", "reason": "nope"}) if status == 404 else b"oops")
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def flaky():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Flaky)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    Flaky.seen = 0
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_5xx_is_retried_until_it_succeeds(flaky):
+    Flaky.plan = [503, 500, 502]
+    assert CoordinatorClient(flaky, "t", retry_for=10).health().status == "ok"
+    assert Flaky.seen == 4
+
+
+def test_4xx_is_raised_at_once(flaky):
+    Flaky.plan = [404]
+    with pytest.raises(NotFoundError, match="nope"):
+        CoordinatorClient(flaky, "t", retry_for=10).health()
+    assert Flaky.seen == 1
+
+
+def test_persistent_5xx_ends_in_unavailable(flaky):
+    Flaky.plan = [503] * 1000
+    with pytest.raises(CoordinatorUnavailableError, match="last: HTTP 503"):
+        CoordinatorClient(flaky, "t", retry_for=0.5).health()

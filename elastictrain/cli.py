@@ -46,6 +46,25 @@ def get_parser() -> argparse.ArgumentParser:
     s.add_argument("--coordinator", default=_env("ET_COORDINATOR", "http://127.0.0.1:7707"))
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
+    m = sub.add_parser("simulate", help="replay a cluster trace through scheduling policies")
+    m.add_argument("--trace", required=True, help="trace file (Tiresias CSV, Muri CSV, Gavel .trace, native CSV)")
+    m.add_argument("--cluster", required=True, help="cluster spec CSV or a short form like n8g8")
+    m.add_argument("--policy", default="tiresias-l,srsf,fifo",
+                   help="comma-separated: yarn-cs|fifo, fifo-be, srtf, srsf, tiresias-l, tiresias-g, gandiva-ts")
+    m.add_argument("--out", default=None, help="directory for summary.json/csv, per-job CSVs and PNG plots")
+    m.add_argument("--preset", default="default", help="engine settings: default, or muri (the Muri "
+                   "reference simulator's restart and speed model)")
+    m.add_argument("--format", default="auto", help="trace format: auto, tiresias, muri, gavel, native")
+    m.add_argument("--interval", type=float, default=None, help="also decide every N seconds (e.g. 360)")
+    m.add_argument("--restart-cost", default=None, help="'muri' (table by model and GPUs) or seconds")
+    m.add_argument("--placement", default=None, help="count, consolidated, spread or skew (policy default)")
+    m.add_argument("--thresholds", default=None, help="Tiresias queue limits in GPU-seconds, e.g. 3250,7200")
+    m.add_argument("--promote-knob", type=float, default=None, help="Tiresias PROMOTEKNOB (0: off)")
+    m.add_argument("--packlimit", type=float, default=None, help="Tiresias PACKLIMIT for skew placement")
+    m.add_argument("--distribution", default=None, help="job GPU-time samples CSV for tiresias-g")
+    m.add_argument("--quantum", type=float, default=None, help="time slice of gandiva-ts, seconds")
+    m.add_argument("--no-progress", action="store_true")
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -61,6 +80,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                sync=args.sync, ready_file=args.ready_file, log_level=args.log_level))
         elif args.command == "status":
             _status(args)
+        elif args.command == "simulate":
+            _simulate(args)
         elif args.command == "version":
             print(__version__)
     except ElasticTrainError as exc:
@@ -89,3 +110,19 @@ def _status(args) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
+
+
+def _simulate(args) -> None:
+    from .sim.report import comparison_table, summarize, write_outputs
+    from .sim.run import SimConfig, simulate
+
+    opts = {"placement": args.placement, "packlimit": args.packlimit, "promote_knob": args.promote_knob,
+            "distribution": args.distribution, "quantum": args.quantum,
+            "thresholds": tuple(float(x) for x in args.thresholds.split(",")) if args.thresholds else None}
+    cfg = SimConfig(args.trace, args.cluster, [p for p in args.policy.split(",") if p], args.preset, args.format,
+                    args.interval, args.restart_cost, opts)
+    results = simulate(cfg, progress=not args.no_progress)
+    print(comparison_table([summarize(r) for r in results]))
+    if args.out:
+        for p in write_outputs(results, args.out):
+            print(f"wrote {p}")

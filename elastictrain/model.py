@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["DatasetSpec", "NAME_PATTERN", "check_name"]
+__all__ = ["DatasetSpec", "JobSpec", "NAME_PATTERN", "check_name"]
 
 #: Job and dataset names: safe in URLs, file names and SQL parameters.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -82,3 +82,31 @@ class DatasetSpec:
         epoch, i = divmod(shard_id, self.shards_per_epoch)
         start = i * self.shard_size
         return epoch, start, min(start + self.shard_size, self.num_samples)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A training job as a trace describes it (times in seconds).
+
+    ``iteration_time`` is the time of one iteration at full speed with ``num_gpu`` GPUs;
+    ``stage_times`` the per-iteration time of each resource (storage I/O, GPU compute,
+    network...) where the trace has them (Muri's traces do).
+    """
+
+    job_id: int
+    num_gpu: int
+    submit_time: float
+    iterations: float
+    iteration_time: float
+    model: str = ""
+    stage_times: tuple[float, ...] = ()
+    user: str = ""
+
+    def __post_init__(self) -> None:
+        if self.num_gpu < 1 or self.iterations <= 0 or self.iteration_time <= 0 or self.submit_time < 0:
+            raise ConfigError(f"job {self.job_id}: need num_gpu >= 1, iterations > 0, iteration_time > 0 "
+                              f"and submit_time >= 0")
+
+    @property
+    def duration(self) -> float:
+        return self.iterations * self.iteration_time

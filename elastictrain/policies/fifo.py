@@ -1,0 +1,45 @@
+"""FIFO as YARN-CS (strict: the head of the queue blocks the rest) and best-effort FIFO."""
+
+from __future__ import annotations
+
+from .api import ClusterSnapshot, Decision, register
+from .placement import make_placer
+
+__all__ = ["Fifo"]
+
+
+class Fifo:
+    """Non-preemptive FIFO by submit time.
+
+    Args:
+        strict: YARN-CS: stop at the first queued job that does not fit (head-of-line
+            blocking). False: best effort, skip it and try the next.
+        placement: see :mod:`.placement`.
+    """
+
+    def __init__(self, strict: bool = True, placement: str = "consolidated", packlimit: float = 0.5) -> None:
+        self.strict, self.placement, self.packlimit = strict, placement, packlimit
+        self.name = "yarn-cs" if strict else "fifo-be"
+
+    def decide(self, s: ClusterSnapshot) -> Decision:
+        placer = make_placer(s, self.placement, self.packlimit)
+        run = {}
+        for j in s.jobs:  # running jobs keep their GPUs
+            if j.running:
+                placer.take(j.placement)
+                run[j.job_id] = j.placement
+        for j in sorted((j for j in s.jobs if not j.running), key=lambda j: (j.submit_time, j.job_id)):
+            if placer.total_free == 0:
+                break
+            where = placer.place(j.num_gpu, j.skew)
+            if where is None:
+                if self.strict:
+                    break
+                continue
+            run[j.job_id] = where
+        return Decision(run)
+
+
+register("yarn-cs", lambda **kw: Fifo(strict=True, **kw))
+register("fifo", lambda **kw: Fifo(strict=True, **kw))
+register("fifo-be", lambda **kw: Fifo(strict=False, **kw))

@@ -1,0 +1,107 @@
+"""Placement: where a job's GPUs go, shared by every policy.
+
+* ``count``: GPUs are a pool; only the total counts (Tiresias's and Muri's 2D-LAS runs).
+* ``consolidated``: YARN-like first fit: a job of at most one node's GPUs takes the first node
+  with enough free GPUs; a larger one takes whole free nodes plus one node for the remainder,
+  all under one switch (all or nothing); a job larger than a switch takes whole idle nodes
+  across switches (it could never run otherwise).
+* ``spread``: fragmentation-minimizing best fit across nodes: fill the nodes with the fewest
+  free GPUs first, spreading a job over several nodes if needed.
+* ``skew``: Tiresias: consolidate a job whose model skew (largest tensor / total) exceeds
+  ``packlimit``; spread the others.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+from ..errors import ConfigError
+
+__all__ = ["Placer", "make_placer", "PLACEMENTS"]
+
+PLACEMENTS = ("count", "consolidated", "spread", "skew")
+
+
+class Placer:
+    """Free-GPU bookkeeping for one decision. ``place(job)`` returns a placement or None."""
+
+    def __init__(self, gpus_per_node: tuple[int, ...], nodes_per_switch: int, mode: str = "consolidated",
+                 packlimit: float = 0.5) -> None:
+        if mode not in PLACEMENTS:
+            raise ConfigError(f"placement {mode!r} is not one of {', '.join(PLACEMENTS)}")
+        self.free = list(gpus_per_node)
+        self.cap = gpus_per_node
+        self.total_free = sum(gpus_per_node)
+        self.per_switch = max(1, nodes_per_switch)
+        self.mode, self.packlimit = mode, packlimit
+        self.per_node = max(gpus_per_node) if gpus_per_node else 0
+
+    def take(self, placement: tuple) -> None:
+        """Reserve the GPUs of a job that keeps running where it is."""
+        for node, g in placement:
+            if node >= 0:
+                self.free[node] -= g
+            self.total_free -= g
+
+    def place(self, num_gpu: int, skew: float = 0.0) -> Optional[tuple]:
+        if num_gpu > self.total_free:
+            return None
+        mode = self.mode
+        if mode == "count":
+            self.total_free -= num_gpu
+            return ((-1, num_gpu),)
+        if mode == "skew":
+            mode = "consolidated" if skew > self.packlimit else "spread"
+        out = self._consolidated(num_gpu) if mode == "consolidated" else self._spread(num_gpu)
+        if out is not None:
+            for node, g in out:
+                self.free[node] -= g
+            self.total_free -= num_gpu
+        return out
+
+    def _consolidated(self, need: int) -> Optional[tuple]:
+        free, n = self.free, len(self.free)
+        per_node = self.per_node
+        if need <= per_node:
+            for i in range(n):
+                if free[i] >= need:
+                    return ((i, need),)
+            return None
+        for s in range(0, n, self.per_switch):  # whole idle nodes + one for the rest, in one switch
+            nodes = range(s, min(n, s + self.per_switch))
+            full, rest = divmod(need, per_node)
+            idle = [i for i in nodes if free[i] == self.cap[i] == per_node][:full]
+            if len(idle) < full:
+                continue
+            if rest == 0:
+                return tuple((i, per_node) for i in idle)
+            last = next((i for i in nodes if i not in idle and free[i] >= rest), None)
+            if last is not None:
+                return tuple((i, per_node) for i in idle) + ((last, rest),)
+        if need > self.per_switch * per_node:  # bigger than a switch: whole idle nodes anywhere
+            idle = [i for i in range(n) if free[i] == self.cap[i] == per_node]
+            full, rest = divmod(need, per_node)
+            if len(idle) >= full:
+                last = next((i for i in range(n) if i not in idle[:full] and free[i] >= rest), None) if rest else None
+                if not rest or last is not None:
+                    return tuple((i, per_node) for i in idle[:full]) + (((last, rest),) if rest else ())
+        return None
+
+    def _spread(self, need: int) -> Optional[tuple]:
+        order = sorted((i for i in range(len(self.free)) if self.free[i] > 0), key=lambda i: (self.free[i], i))
+        fit = next((i for i in order if self.free[i] >= need), None)
+        if fit is not None:  # best fit on one node if any node can take it
+            return ((fit, need),)
+        out, left = [], need
+        for i in reversed(order):  # else the emptiest nodes first, fewest nodes
+            take = min(left, self.free[i])
+            out.append((i, take))
+            left -= take
+            if left == 0:
+                return tuple(out)
+        return None
+
+
+def make_placer(snapshot, mode: str, packlimit: float = 0.5) -> Placer:
+    return Placer(snapshot.gpus_per_node, snapshot.nodes_per_switch, mode, packlimit)
+

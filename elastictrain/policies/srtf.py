@@ -1,0 +1,37 @@
+"""SRTF and SRSF: preemptive shortest-remaining first, with durations known.
+
+SRTF orders by remaining time, SRSF by remaining *service* (remaining time x GPUs). Every
+decision re-places all runnable jobs in that order and skips those that do not fit.
+"""
+
+from __future__ import annotations
+
+from .api import ClusterSnapshot, Decision, register
+from .placement import make_placer
+
+__all__ = ["ShortestRemaining"]
+
+
+class ShortestRemaining:
+    def __init__(self, service: bool = False, placement: str = "consolidated", packlimit: float = 0.5) -> None:
+        self.service, self.placement, self.packlimit = service, placement, packlimit
+        self.name = "srsf" if service else "srtf"
+
+    def decide(self, s: ClusterSnapshot) -> Decision:
+        if self.service:
+            order = sorted(s.jobs, key=lambda j: j.remaining_iterations * j.iteration_time * j.num_gpu)
+        else:
+            order = sorted(s.jobs, key=lambda j: j.remaining_iterations * j.iteration_time)
+        placer = make_placer(s, self.placement, self.packlimit)
+        run = {}
+        for j in order:
+            where = placer.place(j.num_gpu, j.skew)
+            if where is not None:
+                run[j.job_id] = where
+            elif placer.total_free == 0:
+                break
+        return Decision(run)
+
+
+register("srtf", lambda **kw: ShortestRemaining(service=False, **kw))
+register("srsf", lambda **kw: ShortestRemaining(service=True, **kw))

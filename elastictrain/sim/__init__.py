@@ -1,0 +1,1 @@
+"""Trace-driven simulation that runs the same policy objects as the coordinator."""

@@ -1,0 +1,129 @@
+"""What a simulation run reports: JCT statistics, makespan, queueing, preemptions, utilization,
+Tiresias's small/large x short/long job bins; as JSON, CSV, a text table and PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import Sequence
+
+import numpy as np
+
+from .engine import SimResult
+
+__all__ = ["summarize", "job_bins", "comparison_table", "write_outputs"]
+
+#: Tiresias's job bins: "small" jobs use at most this many GPUs, "short" ones run at most this long
+SMALL_GPUS, SHORT_SECONDS = 8, 4 * 3600
+
+
+def summarize(r: SimResult) -> dict:
+    jct = np.array([j.jct for j in r.jobs], dtype=float)
+    q = np.array([j.queueing_delay for j in r.jobs], dtype=float)
+    busy = 0.0
+    for (t0, used), (t1, _) in zip(r.utilization, r.utilization[1:]):
+        busy += used * (t1 - t0)
+    span = r.makespan - (r.jobs and min(j.submit_time for j in r.jobs) or 0.0)
+    return {
+        "policy": r.policy, "jobs": len(r.jobs),
+        "avg_jct": float(jct.mean()), "median_jct": float(np.median(jct)),
+        "p95_jct": float(np.percentile(jct, 95)), "p99_jct": float(np.percentile(jct, 99)),
+        "makespan": r.makespan,
+        "avg_queueing_delay": float(q.mean()), "avg_pending_time": float(np.mean([j.pending_time for j in r.jobs])),
+        "preemptions": int(sum(j.preemptions for j in r.jobs)), "restart_seconds_lost": r.restart_seconds,
+        "gpu_utilization": busy / (r.total_gpus * span) if span > 0 else 0.0,
+        "events": r.events, "wall_seconds": r.wall_seconds,
+    }
+
+
+def job_bins(r: SimResult) -> dict[str, dict]:
+    """Average JCT and count per Tiresias bin (small/large GPUs x short/long duration)."""
+    bins: dict[str, list[float]] = {}
+    for j in r.jobs:
+        key = f"{'small' if j.num_gpu <= SMALL_GPUS else 'large'}-{'short' if j.duration <= SHORT_SECONDS else 'long'}"
+        bins.setdefault(key, []).append(j.jct)
+    return {k: {"jobs": len(v), "avg_jct": float(np.mean(v))} for k, v in sorted(bins.items())}
+
+
+def comparison_table(summaries: Sequence[dict]) -> str:
+    cols = [("policy", "policy", "{}"), ("avg_jct", "avg JCT (s)", "{:.0f}"), ("median_jct", "median", "{:.0f}"),
+            ("p95_jct", "p95", "{:.0f}"), ("p99_jct", "p99", "{:.0f}"), ("makespan", "makespan", "{:.0f}"),
+            ("avg_queueing_delay", "queueing", "{:.0f}"), ("preemptions", "preempt", "{}"),
+            ("gpu_utilization", "util", "{:.2f}"), ("wall_seconds", "wall (s)", "{:.2f}")]
+    rows = [[h for _, h, _ in cols]] + [[f.format(s[k]) for k, _, f in cols] for s in summaries]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
+    return "\n".join("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
+                     for r in rows)
+
+
+def write_outputs(results: Sequence[SimResult], out_dir: str) -> list[str]:
+    """Write summary.json, summary.csv, jobs_<policy>.csv, jct_cdf.png, utilization.png; return paths."""
+    os.makedirs(out_dir, exist_ok=True)
+    sums = [summarize(r) for r in results]
+    for s, r in zip(sums, results):
+        s["bins"] = job_bins(r)
+    paths = [os.path.join(out_dir, "summary.json"), os.path.join(out_dir, "summary.csv")]
+    with open(paths[0], "w") as f:
+        json.dump(sums, f, indent=2)
+    with open(paths[1], "w", newline="") as f:
+        keys = [k for k in sums[0] if k != "bins"]
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(sums)
+    for r in results:
+        p = os.path.join(out_dir, f"jobs_{r.policy}.csv")
+        with open(p, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["job_id", "num_gpu", "model", "submit_time", "start_time", "end_time", "jct", "duration",
+                        "preemptions", "pending_time"])
+            for j in r.jobs:
+                w.writerow([j.job_id, j.num_gpu, j.model, f"{j.submit_time:.3f}", f"{j.start_time:.3f}",
+                            f"{j.end_time:.3f}", f"{j.jct:.3f}", f"{j.duration:.3f}", j.preemptions,
+                            f"{j.pending_time:.3f}"])
+        paths.append(p)
+    paths += _plots(results, out_dir)
+    return paths
+
+
+def _plots(results: Sequence[SimResult], out_dir: str) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:  # plots are optional; the numbers are all in the JSON/CSV
+        import logging
+
+        logging.getLogger(__name__).warning("matplotlib is not installed: no PNG plots (pip install matplotlib)")
+        return []
+    out = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        jct = np.sort([j.jct for j in r.jobs])
+        ax.plot(jct, np.arange(1, len(jct) + 1) / len(jct), label=r.policy)
+    ax.set_xscale("log")
+    ax.set_xlabel("job completion time (s)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF")
+    ax.grid(alpha=.3)
+    ax.legend()
+    out.append(os.path.join(out_dir, "jct_cdf.png"))
+    fig.tight_layout()
+    fig.savefig(out[-1], dpi=110)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        t = np.array([u[0] for u in r.utilization]) / 3600
+        used = np.array([u[1] for u in r.utilization]) / r.total_gpus
+        ax.step(t, used, where="post", label=r.policy, alpha=.8)
+    ax.set_xlabel("time (h)")
+    ax.set_ylabel("GPUs in use (fraction)")
+    ax.set_title("GPU utilization over time")
+    ax.grid(alpha=.3)
+    ax.legend()
+    out.append(os.path.join(out_dir, "utilization.png"))
+    fig.tight_layout()
+    fig.savefig(out[-1], dpi=110)
+    plt.close(fig)
+    return out

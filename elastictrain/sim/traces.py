@@ -1,0 +1,157 @@
+"""Trace loaders: Tiresias CSV (s), Muri CSV (ms, per-stage times), Gavel ``.trace``, and ours.
+
+Every loader returns ``list[JobSpec]`` sorted by submit time. A bad row raises
+:class:`TraceError` naming the file, line, column and value.
+
+Native format (``.csv`` with this header; seconds): ``job_id,num_gpu,submit_time,iterations,
+iteration_time,model,user,stage_times`` where ``stage_times`` is ``;``-separated (may be empty).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import Callable, Optional
+
+from ..errors import ConfigError
+from ..model import JobSpec
+
+__all__ = ["TraceError", "load_trace", "load_tiresias", "load_muri", "load_gavel", "load_native"]
+
+#: model skew (largest tensor / total), from the Tiresias simulator's model table
+SKEW = {"vgg19": .717, "vgg16": .744, "vgg11": .774, "alexnet": .611, "resnet152": .060, "resnet101": .075,
+        "resnet50": .112, "inception4": .044, "inception3": .138}
+
+
+class TraceError(ConfigError):
+    """A trace file has a bad row; the message names file, line, column and value."""
+
+
+def _num(path: str, line: int, row: dict, col: str, conv: Callable = float):
+    raw = row.get(col)
+    if raw is None or raw == "":
+        raise TraceError(f"{path}:{line}: column {col!r} is missing or empty")
+    try:
+        v = conv(float(raw)) if conv is int else conv(raw)
+    except ValueError:
+        raise TraceError(f"{path}:{line}: column {col!r} has value {raw!r}, which is not a number") from None
+    return v
+
+
+def _check(path: str, line: int, fn: Callable[[], JobSpec]) -> JobSpec:
+    try:
+        return fn()
+    except TraceError:
+        raise
+    except ConfigError as exc:
+        raise TraceError(f"{path}:{line}: {exc}") from None
+
+
+def _rows(path: str, required: tuple[str, ...]):
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in required if c not in (reader.fieldnames or [])]
+        if missing:
+            raise TraceError(f"{path}:1: header lacks column(s) {', '.join(missing)} "
+                             f"(has: {', '.join(reader.fieldnames or [])})")
+        for i, row in enumerate(reader, start=2):
+            yield i, row
+
+
+def load_tiresias(path: str) -> list[JobSpec]:
+    """``job_id,num_gpu,submit_time,iterations,model_name,duration,interval`` in seconds."""
+    out = []
+    for ln, r in _rows(path, ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "duration")):
+        it = _num(path, ln, r, "iterations")
+        out.append(_check(path, ln, lambda: JobSpec(
+            _num(path, ln, r, "job_id", int), _num(path, ln, r, "num_gpu", int), _num(path, ln, r, "submit_time"),
+            it, _num(path, ln, r, "duration") / it if it > 0 else 0.0, r["model_name"])))
+    return sorted(out, key=lambda j: (j.submit_time, j.job_id))
+
+
+def load_muri(path: str) -> list[JobSpec]:
+    """Muri's CSV: times in milliseconds; ``iteration_time`` and ``resource_time_*`` per iteration."""
+    out = []
+    for ln, r in _rows(path, ("job_id", "num_gpu", "submit_time", "iterations", "model_name", "iteration_time")):
+        stages = tuple(_num(path, ln, r, k) / 1000.0 for k in sorted(r) if k.startswith("resource_time_"))
+        out.append(_check(path, ln, lambda: JobSpec(
+            _num(path, ln, r, "job_id", int), _num(path, ln, r, "num_gpu", int),
+            _num(path, ln, r, "submit_time") / 1000.0, _num(path, ln, r, "iterations"),
+            _num(path, ln, r, "iteration_time") / 1000.0, r["model_name"], stages)))
+    return sorted(out, key=lambda j: (j.submit_time, j.job_id))
+
+
+def load_gavel(path: str, throughputs: Optional[str] = None, gpu: str = "v100") -> list[JobSpec]:
+    """Gavel's 7-field TSV: ``job_type, command, num_steps_arg, needs_data_dir, total_steps,
+    arrival_time, scale_factor``. The iteration time comes from Gavel's throughput table
+    (``simulation_throughputs.json`` next to the trace's folder unless given), isolated
+    throughput on ``gpu``; where the table lacks a (type, scale) pair, the single-GPU figure
+    is used (perfect scaling)."""
+    if throughputs is None:
+        throughputs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))),
+                                   "simulation_throughputs.json")
+    try:
+        with open(throughputs) as f:
+            table = json.load(f)[gpu]
+    except (OSError, KeyError, ValueError) as exc:
+        raise TraceError(f"{path}: cannot read the throughput table {throughputs} for {gpu}: {exc}") from None
+    out = []
+    with open(path) as f:
+        for ln, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            cols = line.rstrip("\n").split("\t")
+            if len(cols) != 7:
+                raise TraceError(f"{path}:{ln}: expected 7 tab-separated fields, got {len(cols)}")
+            job_type, _cmd, _arg, _data, steps, arrival, scale = cols
+            key = str((job_type, int(scale))) if scale.isdigit() else None
+            entry = table.get(key) if key else None
+            if entry is None:  # Gavel has no distributed figure for some types: assume linear scaling
+                entry = table.get(str((job_type, 1)))
+            if entry is None or "null" not in entry:
+                raise TraceError(f"{path}:{ln}: column 'job_type' has value {job_type!r} (scale {scale}) with no "
+                                 f"throughput in {throughputs}")
+            try:
+                out.append(JobSpec(ln - 1, int(scale), float(arrival), float(steps), 1.0 / entry["null"],
+                                   job_type.split(" ")[0]))
+            except (ValueError, ConfigError) as exc:
+                raise TraceError(f"{path}:{ln}: {exc}") from None
+    return sorted(out, key=lambda j: (j.submit_time, j.job_id))
+
+
+def load_native(path: str) -> list[JobSpec]:
+    out = []
+    for ln, r in _rows(path, ("job_id", "num_gpu", "submit_time", "iterations", "iteration_time")):
+        stages = tuple(float(x) for x in (r.get("stage_times") or "").split(";") if x)
+        out.append(_check(path, ln, lambda: JobSpec(
+            _num(path, ln, r, "job_id", int), _num(path, ln, r, "num_gpu", int), _num(path, ln, r, "submit_time"),
+            _num(path, ln, r, "iterations"), _num(path, ln, r, "iteration_time"), r.get("model", ""), stages,
+            r.get("user", ""))))
+    return sorted(out, key=lambda j: (j.submit_time, j.job_id))
+
+
+def load_trace(path: str, fmt: str = "auto") -> list[JobSpec]:
+    """Load a trace, detecting its format from the file unless ``fmt`` names one.
+
+    Raises:
+        TraceError: the file is unreadable, of an unknown format, or has a bad row.
+    """
+    if fmt == "auto":
+        if path.endswith(".trace"):
+            fmt = "gavel"
+        else:
+            try:
+                with open(path) as f:
+                    header = f.readline()
+            except OSError as exc:
+                raise TraceError(f"{path}: {exc.strerror}") from None
+            fmt = ("muri" if "iteration_time" in header and "resource_time" in header
+                   else "native" if "iteration_time" in header else "tiresias")
+    loaders = {"tiresias": load_tiresias, "muri": load_muri, "gavel": load_gavel, "native": load_native}
+    if fmt not in loaders:
+        raise TraceError(f"unknown trace format {fmt!r}; use one of {', '.join(loaders)}")
+    try:
+        return loaders[fmt](path)
+    except OSError as exc:
+        raise TraceError(f"{path}: {exc.strerror}") from None

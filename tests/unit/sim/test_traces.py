@@ -1,0 +1,64 @@
+import os
+
+import pytest
+
+from elastictrain.sim.cluster import load_cluster
+from elastictrain.sim.traces import TraceError, load_trace
+
+DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "data")
+SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))), "..", "shared", "traces")
+
+
+def test_tiresias_csv_in_seconds():
+    jobs = load_trace(os.path.join(DATA, "60_job.csv"))
+    assert len(jobs) == 60 and jobs[0].job_id == 0
+    assert abs(jobs[0].duration - 164) < 1e-6  # duration column, seconds
+
+
+def test_muri_csv_in_milliseconds(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("job_id,num_gpu,submit_time,iterations,model_name,batch_size,duration,interval,iteration_time,"
+                 "resource_time_0,resource_time_1,resource_time_2,priority\n"
+                 "7,8,2000,100,vgg16,16,21400,0,214,82,75,66,0\n")
+    (j,) = load_trace(str(p))
+    assert (j.job_id, j.num_gpu, j.submit_time, j.iteration_time) == (7, 8, 2.0, 0.214)
+    assert j.stage_times == (0.082, 0.075, 0.066)
+
+
+def test_native_format(tmp_path):
+    p = tmp_path / "n.csv"
+    p.write_text("job_id,num_gpu,submit_time,iterations,iteration_time,model,user,stage_times\n"
+                 "1,2,5,10,0.5,bert,alice,0.1;0.4\n")
+    (j,) = load_trace(str(p))
+    assert (j.user, j.stage_times, j.duration) == ("alice", (0.1, 0.4), 5.0)
+
+
+@pytest.mark.parametrize("row, words", [
+    ("3,two,0,10,vgg16,5,0", ["x.csv:2", "'num_gpu'", "'two'"]),
+    ("3,1,0,,vgg16,5,0", ["x.csv:2", "'iterations'", "missing"]),
+    ("3,0,0,10,vgg16,5,0", ["x.csv:2", "num_gpu >= 1"]),
+])
+def test_bad_rows_name_file_line_column_value(tmp_path, row, words):
+    p = tmp_path / "x.csv"
+    p.write_text("job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n" + row + "\n")
+    with pytest.raises(TraceError) as exc:
+        load_trace(str(p))
+    for w in words:
+        assert w in str(exc.value)
+
+
+def test_gavel_trace_if_shared_traces_exist():
+    path = os.path.join(SHARED, "gavel", "msr_seed0", "0e4a51.trace")
+    if not os.path.exists(path):
+        pytest.skip("../shared/traces not present")
+    jobs = load_trace(path)
+    assert jobs and all(j.iteration_time > 0 and j.num_gpu >= 1 for j in jobs)
+
+
+def test_cluster_specs(tmp_path):
+    assert load_cluster("n8g8").total_gpus == 64
+    p = tmp_path / "c.csv"
+    p.write_text("num_switch,num_node_p_switch,num_gpu_p_node,num_cpu_p_node,mem_p_node\n2,4,8,92,520\n")
+    c = load_cluster(str(p))
+    assert (c.nodes, c.total_gpus) == (8, 64)

@@ -49,10 +49,22 @@ def wait_for(path: str, pred, timeout: float):
 
 
 def kill_tree(proc: subprocess.Popen) -> None:
+    """Kill the launcher and every process below it (torchrun's workers leave its process group)."""
+    import psutil
+
+    try:
+        procs = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        procs = []
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
     proc.wait()
 
 
@@ -89,6 +101,11 @@ def one_run(cmd: list[str], env: dict, recovery_timeout: float) -> dict:
         return res
     finally:
         kill_tree(proc)
+        for pid in {r[3] for r in read(events)}:  # workers a launcher left behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         out.close()
         shutil.rmtree(work, ignore_errors=True)
 

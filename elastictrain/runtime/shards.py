@@ -82,8 +82,12 @@ class ShardIterator:
         self._reported: dict[int, int] = {}
         self._touched: dict[int, tuple[int, int]] = {}  # since the last acknowledged commit
         self.epoch: Optional[int] = None  # epoch of the sample yielded last
+        # started on first use, so that a restore() between construction and iteration is safe
         self._thread = threading.Thread(target=self._run, name=f"et-shards-{spec.name}", daemon=True)
-        self._thread.start()
+
+    def _ensure_started(self) -> None:
+        if not self._thread.is_alive() and not self._closed and self._thread.ident is None:
+            self._thread.start()
 
     # ------------------------------------------------------------------ iteration
     def set_max_epoch(self, max_epoch: Optional[int]) -> None:
@@ -107,6 +111,7 @@ class ShardIterator:
 
     def samples(self) -> Iterator[tuple[int, int]]:
         """Yield ``(epoch, index)`` pairs until no shard of an allowed epoch is left."""
+        self._ensure_started()
         while True:
             lease = self._next_lease()
             if lease is None:
@@ -267,7 +272,8 @@ class ShardIterator:
                 return
             self._closed = True
             self._lock.notify_all()
-        self._thread.join(timeout=30)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=30)
         if release and self._error is None:
             try:
                 self._report()

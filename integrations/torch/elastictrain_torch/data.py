@@ -88,6 +88,11 @@ class ElasticDataLoader:
 
     def __iter__(self) -> Iterator[Any]:
         self._batches.sizes.clear()
+        # DataLoader draws its workers' base seed from the *global* torch RNG at every iter(),
+        # which would shift the training RNG across a resume; draw it from a generator of
+        # our own, seeded by the dataset seed and the epoch, instead.
+        epoch = self.sampler.epoch or 0
+        self.loader.generator = torch.Generator().manual_seed(self.shards.spec.seed * 1_000_003 + epoch)
         for batch in self.loader:
             # handed to the loop now: counted before any checkpoint of this step can be taken
             self.shards.mark_consumed(self._batches.sizes.popleft())

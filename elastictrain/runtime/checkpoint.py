@@ -1,0 +1,501 @@
+"""Checkpoint/resume hooks: snapshot in memory, persist in the background, atomic and verified.
+
+``save(step)`` has a short blocking part: every array leaf of the state (tensors, numpy
+arrays) is copied into one reusable host buffer (allocated once, with transparent huge
+pages; pinned memory when the torch glue sees CUDA), and the rest of the state (numbers,
+strings, lists, dicts, with their structure) is encoded to JSON. A background thread then
+writes the buffer to ``rank<r>.bin.tmp``, fsyncs, renames it, and writes this rank's
+manifest ``rank<r>.json`` (sizes, CRC-32 per 64 MiB chunk, the tensor table, the structure,
+the data cursor of the same step) the same way. Then, if a shard iterator is attached, the
+data cursor captured at the blocking part is committed with the coordinator under the
+checkpoint's id.
+
+A checkpoint directory ``step-<step>-g<generation>`` is *complete* when the manifest of every
+rank that saves is there and every checksum verifies. ``restore()`` picks the newest
+complete checkpoint (and, with a coordinator, the newest one whose data commit is complete),
+skipping and naming any that is truncated or corrupt; if none is valid it says so and the
+job starts fresh. Older checkpoints beyond ``keep`` are deleted after a save is durable.
+
+A save asked for while the previous one is still persisting is never dropped: with
+``on_busy="wait"`` (default) it waits for the previous one, with ``"raise"`` it raises
+:class:`CheckpointBusyError`; either way ``stats`` counts it (``busy_waits``, ``busy_wait_s``).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import mmap
+import os
+import shutil
+import signal
+import threading
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from ..errors import ConfigError, ElasticTrainError
+
+__all__ = ["Checkpointer", "CheckpointBusyError", "CheckpointInfo", "register_leaf", "SaveStats"]
+
+log = logging.getLogger(__name__)
+_ALIGN = 64
+_CHUNK = 64 << 20
+FORMAT = 1
+
+
+class CheckpointBusyError(ElasticTrainError):
+    """A save was asked for while the previous one was still persisting (``on_busy="raise"``)."""
+
+
+# ---------------------------------------------------------------------------- array leaves
+@dataclass(frozen=True)
+class _LeafKind:
+    """How to move one kind of array between the state and raw bytes (torch registers its own)."""
+
+    match: Callable[[Any], bool]
+    describe: Callable[[Any], tuple[str, tuple[int, ...], int]]  # dtype name, shape, nbytes
+    copy_into: Callable[[Any, memoryview, Any], None]  # (leaf, destination bytes, buffer owner)
+    rebuild: Callable[[str, tuple[int, ...], memoryview, str], Any]  # dtype, shape, bytes, kind tag
+    tag: str
+
+
+_KINDS: list[_LeafKind] = []
+
+
+def register_leaf(kind: _LeafKind) -> None:
+    """Teach the checkpointer a new array type (``elastictrain_torch`` registers torch tensors)."""
+    _KINDS.insert(0, kind)
+
+
+def _np_copy(x: np.ndarray, dst: memoryview, _owner) -> None:
+    np.frombuffer(dst, dtype=np.uint8).reshape(-1)[:] = np.ascontiguousarray(x).reshape(-1).view(np.uint8)
+
+
+_KINDS.append(_LeafKind(
+    match=lambda x: isinstance(x, np.ndarray) and x.dtype != object,
+    describe=lambda x: (x.dtype.str, tuple(x.shape), x.nbytes),
+    copy_into=_np_copy,
+    rebuild=lambda dtype, shape, raw, _tag: np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy(),
+    tag="numpy",
+))
+
+
+def _kind_of(x) -> Optional[_LeafKind]:
+    for k in _KINDS:
+        if k.match(x):
+            return k
+    return None
+
+
+# ---------------------------------------------------------------------------- structure encoding
+def _encode(obj, leaves: list, path: str):
+    """JSON-able structure with array leaves replaced by references (no pickle)."""
+    kind = _kind_of(obj)
+    if kind is not None:
+        leaves.append((path, obj, kind))
+        return {"__leaf": len(leaves) - 1}
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, (int, float)):
+        if isinstance(obj, float) and not np.isfinite(obj):
+            return {"__float": repr(obj)}
+        return obj
+    if isinstance(obj, (np.integer, np.floating, np.bool_)):
+        return {"__np": obj.dtype.str, "v": obj.item() if np.isfinite(obj) else repr(obj.item())}
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and not k.startswith("__") for k in obj):
+            return {k: _encode(v, leaves, f"{path}.{k}") for k, v in obj.items()}
+        return {"__dict": [[_encode(k, leaves, f"{path}[key]"), _encode(v, leaves, f"{path}[{k!r}]")]
+                           for k, v in obj.items()]}
+    if isinstance(obj, list):
+        return [_encode(v, leaves, f"{path}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {"__tuple": [_encode(v, leaves, f"{path}[{i}]") for i, v in enumerate(obj)]}
+    if isinstance(obj, (bytes, bytearray)):
+        return {"__bytes": base64.b64encode(bytes(obj)).decode()}
+    raise ConfigError(f"checkpoint state at {path or 'the root'} has a value of type {type(obj).__name__} that "
+                      "cannot be saved; use arrays/tensors, numbers, strings, lists, tuples and dicts "
+                      "(or convert it in your state_dict())")
+
+
+def _decode(obj, leaves: list):
+    if isinstance(obj, list):
+        return [_decode(v, leaves) for v in obj]
+    if isinstance(obj, dict):
+        if "__leaf" in obj:
+            return leaves[obj["__leaf"]]
+        if "__tuple" in obj:
+            return tuple(_decode(v, leaves) for v in obj["__tuple"])
+        if "__dict" in obj:
+            return {_decode(k, leaves): _decode(v, leaves) for k, v in obj["__dict"]}
+        if "__bytes" in obj:
+            return base64.b64decode(obj["__bytes"])
+        if "__float" in obj:
+            return float(obj["__float"])
+        if "__np" in obj:
+            v = obj["v"]
+            return np.dtype(obj["__np"]).type(float(v) if isinstance(v, str) else v)
+        return {k: _decode(v, leaves) for k, v in obj.items()}
+    return obj
+
+
+# ---------------------------------------------------------------------------- the checkpointer
+@dataclass
+class SaveStats:
+    saves: int = 0
+    last_blocking_s: float = 0.0
+    first_blocking_s: float = 0.0
+    last_persist_s: float = 0.0
+    busy_waits: int = 0
+    busy_wait_s: float = 0.0
+    failures: int = 0
+    events: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    name: str
+    step: int
+    path: str
+    extra: dict
+
+
+class Checkpointer:
+    """Save and restore a training state.
+
+    Args:
+        directory: where ``step-*`` directories go (local or shared filesystem path).
+        state: ``{name: object}``; objects with ``state_dict()``/``load_state_dict()`` are saved
+            through them, anything else (dicts of arrays, numbers...) is saved as is and handed
+            back by :meth:`restore`.
+        rank, world_size, generation: this process's place in the job (default: from the env).
+        sharded: True: every rank saves its own part (states differ, e.g. optimizer shards);
+            False: only rank 0 saves (states are identical, e.g. DDP) and every rank loads it.
+        keep: complete checkpoints kept.
+        shards: a :class:`ShardIterator` whose data cursor is committed with each checkpoint and
+            restored from it.
+        job: the :class:`Job` (from ``et.init()``) to ask which checkpoints are committed.
+        on_busy: ``"wait"`` or ``"raise"`` when a save finds the previous one still persisting.
+        async_persist: False persists inside :meth:`save` (simpler, slower).
+        fsync: fsync files and directories (leave on: without it a power loss may lose a save).
+    """
+
+    def __init__(self, directory: str, state: dict[str, Any], *, rank: Optional[int] = None,
+                 world_size: Optional[int] = None, generation: Optional[int] = None, sharded: bool = False,
+                 keep: int = 3, shards=None, job=None, on_busy: str = "wait", async_persist: bool = True,
+                 fsync: bool = True) -> None:
+        if on_busy not in ("wait", "raise"):
+            raise ConfigError(f"on_busy must be 'wait' or 'raise', got {on_busy!r}")
+        if keep < 1:
+            raise ConfigError(f"keep must be >= 1, got {keep}")
+        self.dir = directory
+        os.makedirs(directory, exist_ok=True)
+        self.state = state
+        self.rank = int(os.environ.get("RANK", 0)) if rank is None else rank
+        self.world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
+        self.generation = int(os.environ.get("ET_GENERATION", 0)) if generation is None else generation
+        self.sharded, self.keep, self.shards, self.job = sharded, keep, shards, job
+        self.on_busy, self.async_persist, self.fsync = on_busy, async_persist, fsync
+        self.stats = SaveStats()
+        self._buf: Optional[mmap.mmap] = None
+        self._pending: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
+        self._preempt = threading.Event()
+        # hooks for framework glue (elastictrain_torch sets them):
+        self.alloc_buffer: Optional[Callable[[int], Any]] = None  # e.g. pinned host memory
+        self.copy_fence: Optional[Callable[[], Callable[[], None]]] = None  # after async device copies
+        self.agree: Optional[Callable[[bool], bool]] = None  # e.g. all-reduce a flag across ranks
+
+    # ------------------------------------------------------------------ saving
+    @property
+    def saves_here(self) -> bool:
+        return self.sharded or self.rank == 0
+
+    def _collect(self) -> dict:
+        return {k: (v.state_dict() if hasattr(v, "state_dict") else v) for k, v in self.state.items()}
+
+    def save(self, step: int, extra: Optional[dict] = None) -> str:
+        """Snapshot now, persist in the background; returns the checkpoint's name.
+
+        Raises:
+            CheckpointBusyError: the previous save is still persisting and ``on_busy="raise"``.
+            ElasticTrainError: the previous background persist failed (its error is re-raised once).
+        """
+        t0 = time.perf_counter()
+        self._wait_previous()
+        name = f"step-{step:09d}-g{self.generation}"
+        part = self.shards.cursor(step) if self.shards is not None else None
+        snapshot = None
+        if self.saves_here:
+            snapshot = self._snapshot(step, name, extra or {}, part)
+        blocking = time.perf_counter() - t0
+        self.stats.saves += 1
+        self.stats.last_blocking_s = blocking
+        if self.stats.saves == 1:
+            self.stats.first_blocking_s = blocking
+        work = lambda: self._persist(name, step, snapshot, part)  # noqa: E731
+        if self.async_persist:
+            self._pending = threading.Thread(target=self._run_bg, args=(work,), name="et-ckpt-persist", daemon=True)
+            self._pending.start()
+        else:
+            work()
+        return name
+
+    def _wait_previous(self) -> None:
+        if self._pending is not None and self._pending.is_alive():
+            if self.on_busy == "raise":
+                raise CheckpointBusyError("the previous checkpoint is still being persisted; save less often, "
+                                          "or use on_busy='wait'")
+            t = time.perf_counter()
+            self._pending.join()
+            waited = time.perf_counter() - t
+            self.stats.busy_waits += 1
+            self.stats.busy_wait_s += waited
+            self.stats.events.append({"event": "save_waited_for_previous", "seconds": waited})
+            (log.warning if waited > 0.05 else log.debug)("checkpoint save waited %.2f s for the previous one to "
+                                                          "persist", waited)
+        self._raise_bg()
+
+    def _raise_bg(self) -> None:
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise ElasticTrainError(f"a background checkpoint persist failed: {err}") from err
+
+    def _run_bg(self, work) -> None:
+        try:
+            work()
+        except BaseException as exc:  # handed to the training thread at its next save() or wait()
+            self.stats.failures += 1
+            self._error = exc
+            log.error("checkpoint persist failed: %s", exc)
+
+    def wait(self) -> None:
+        """Block until the last save is durable (and committed)."""
+        if self._pending is not None:
+            self._pending.join()
+        self._raise_bg()
+
+    def _snapshot(self, step: int, name: str, extra: dict, part) -> dict:
+        leaves: list = []
+        skeleton = _encode(self._collect(), leaves, "")
+        table, offset = [], 0
+        for path, leaf, kind in leaves:
+            dtype, shape, nbytes = kind.describe(leaf)
+            table.append({"path": path, "dtype": dtype, "shape": list(shape), "offset": offset, "nbytes": nbytes,
+                          "kind": kind.tag})
+            offset += (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+        size = max(offset, 1)
+        if self._buf is None or len(self._buf) < size:
+            self._buf = self._allocate(size)
+        view = memoryview(self._buf)
+        for (path, leaf, kind), t in zip(leaves, table):
+            kind.copy_into(leaf, view[t["offset"]:t["offset"] + t["nbytes"]], self._buf)
+        self._fence = self.copy_fence() if self.copy_fence is not None else None
+        return {"format": FORMAT, "name": name, "step": step, "rank": self.rank, "world_size": self.world_size,
+                "sharded": self.sharded, "generation": self.generation, "time": time.time(), "size": offset,
+                "tensors": table, "skeleton": skeleton, "extra": _encode(extra, [], "extra"),
+                "cursor": None if part is None else [[u.shard_id, u.lease_id, u.offset] for u in part.updates]}
+
+    def _allocate(self, size: int):
+        if self.alloc_buffer is not None:
+            return self.alloc_buffer(size)
+        buf = mmap.mmap(-1, size)
+        if hasattr(mmap, "MADV_HUGEPAGE"):
+            try:
+                buf.madvise(mmap.MADV_HUGEPAGE)
+            except OSError:
+                pass
+        return buf
+
+    def _persist(self, name: str, step: int, snap: Optional[dict], part) -> None:
+        t0 = time.perf_counter()
+        d = os.path.join(self.dir, name)
+        if snap is not None:
+            if getattr(self, "_fence", None) is not None:
+                self._fence()  # device-to-host copies issued in save() have landed
+            os.makedirs(d, exist_ok=True)
+            data = memoryview(self._buf)[:snap["size"]]
+            crcs = self._write(os.path.join(d, f"rank{self.rank}.bin"), data)
+            snap["chunks"] = crcs
+            snap["chunk_size"] = _CHUNK
+            self._write(os.path.join(d, f"rank{self.rank}.json"), json.dumps(snap).encode())
+            if self.fsync:
+                _fsync_dir(d)
+                _fsync_dir(self.dir)
+        if part is not None:  # durable first, then the data cursor of the same step
+            self.shards.commit(name, step, self.world_size, part)
+        self.stats.last_persist_s = time.perf_counter() - t0
+        if self.rank == 0:
+            self._prune()
+
+    def _write(self, path: str, data) -> list[int]:
+        tmp = path + ".tmp"
+        crcs = []
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            mv = memoryview(data)
+            for off in range(0, max(len(mv), 1), _CHUNK):
+                chunk = mv[off:off + _CHUNK]
+                crcs.append(zlib.crc32(chunk))
+                while chunk:
+                    n = os.write(fd, chunk)
+                    chunk = chunk[n:]
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        return crcs
+
+    def _prune(self) -> None:
+        """Keep the newest ``keep`` complete checkpoints; drop everything older (incomplete ones too)."""
+        listed = self._list()
+        complete = [c for c in listed if self._verify(c[2], quick=True) is None]
+        if len(complete) < self.keep:
+            return
+        oldest_kept = complete[self.keep - 1][0]
+        for step, _, path in listed:
+            if step < oldest_kept or (step == oldest_kept and (step, _, path) not in complete[:self.keep]):
+                shutil.rmtree(path, ignore_errors=True)
+
+    # ------------------------------------------------------------------ restoring
+    def _list(self) -> list[tuple[int, str, str]]:
+        out = []
+        for entry in os.listdir(self.dir):
+            if entry.startswith("step-") and os.path.isdir(os.path.join(self.dir, entry)):
+                try:
+                    step = int(entry.split("-")[1])
+                except (IndexError, ValueError):
+                    continue
+                out.append((step, entry, os.path.join(self.dir, entry)))
+        return sorted(out, key=lambda c: (c[0], os.path.getmtime(c[2])), reverse=True)
+
+    def _verify(self, path: str, quick: bool = False) -> Optional[str]:
+        """None if the checkpoint at ``path`` is complete and intact, else the reason."""
+        try:
+            with open(os.path.join(path, "rank0.json")) as f:
+                head = json.load(f)
+        except (OSError, ValueError) as exc:
+            return f"rank 0's manifest is missing or unreadable ({exc.__class__.__name__})"
+        ranks = range(head["world_size"]) if head.get("sharded") else [0]
+        for r in ranks:
+            try:
+                with open(os.path.join(path, f"rank{r}.json")) as f:
+                    m = json.load(f)
+            except (OSError, ValueError):
+                return f"rank {r}'s manifest is missing or unreadable"
+            binp = os.path.join(path, f"rank{r}.bin")
+            try:
+                size = os.path.getsize(binp)
+            except OSError:
+                return f"rank {r}'s data file is missing"
+            if size != m["size"]:
+                return f"rank {r}'s data file has {size} bytes, the manifest says {m['size']} (truncated?)"
+            if quick:
+                continue
+            with open(binp, "rb") as f:
+                for i, want in enumerate(m["chunks"]):
+                    if zlib.crc32(f.read(m["chunk_size"])) != want:
+                        return f"rank {r}'s data fails its checksum in chunk {i} (corrupt)"
+        return None
+
+    def latest(self) -> Optional[CheckpointInfo]:
+        """The newest complete, intact (and, with a job, committed) checkpoint, or None."""
+        committed = None
+        if self.job is not None and self.shards is not None:
+            committed = {c.checkpoint for c in self.job.client.commits(self.job.job_id, self.shards.spec.name).commits}
+        for step, name, path in self._list():
+            reason = self._verify(path)
+            if reason is not None:
+                log.warning("skipping checkpoint %s: %s", path, reason)
+                self.stats.events.append({"event": "checkpoint_skipped", "name": name, "reason": reason})
+                continue
+            if committed is not None and name not in committed:
+                log.warning("skipping checkpoint %s: its data cursor was never committed", path)
+                continue
+            with open(os.path.join(path, "rank0.json")) as f:
+                extra = _decode(json.load(f)["extra"], [])
+            return CheckpointInfo(name, step, path, extra)
+        return None
+
+    def restore(self) -> Optional[CheckpointInfo]:
+        """Load the newest valid checkpoint into ``state``; None (and a log line) if there is none.
+
+        Objects with ``load_state_dict`` are loaded in place; other entries of ``state`` are
+        replaced by their saved values. With ``shards``, the coordinator's data cursor is reset to
+        the one committed with this checkpoint.
+        """
+        info = self.latest()
+        if info is None:
+            log.warning("no valid checkpoint in %s: starting fresh", self.dir)
+            if self.shards is not None and self.rank == 0:
+                self.job.restore(self.shards.spec.name, None) if self.job else None
+            return None
+        r = self.rank if self.sharded else 0
+        with open(os.path.join(info.path, f"rank{r}.json")) as f:
+            m = json.load(f)
+        raw = np.fromfile(os.path.join(info.path, f"rank{r}.bin"), dtype=np.uint8)
+        mv = memoryview(raw)
+        kinds = {k.tag: k for k in _KINDS}
+        leaves = []
+        for t in m["tensors"]:
+            kind = kinds.get(t["kind"])
+            if kind is None:
+                raise ConfigError(f"checkpoint {info.name} holds {t['kind']} arrays: import the glue that "
+                                  f"saved them (e.g. `import elastictrain_torch`) before restoring")
+            leaves.append(kind.rebuild(t["dtype"], tuple(t["shape"]), mv[t["offset"]:t["offset"] + t["nbytes"]],
+                                       t["kind"]))
+        saved = _decode(m["skeleton"], leaves)
+        for k, v in list(self.state.items()):
+            if k not in saved:
+                raise ConfigError(f"checkpoint {info.name} has no entry {k!r} (it has {sorted(saved)})")
+            if hasattr(v, "load_state_dict"):
+                v.load_state_dict(saved[k])
+            else:
+                self.state[k] = saved[k]
+        for k in saved:  # entries the caller did not name are handed back as saved
+            self.state.setdefault(k, saved[k])
+        if self.shards is not None and self.job is not None:
+            self.job.restore(self.shards.spec.name, info.name)
+        log.info("restored checkpoint %s (step %d)", info.name, info.step)
+        return info
+
+    # ------------------------------------------------------------------ preemption
+    def install_preemption_handler(self, signals: tuple = (signal.SIGTERM, signal.SIGUSR1)) -> None:
+        """On these signals, ask for a checkpoint at the next step boundary (see :meth:`preempted`)."""
+        for s in signals:
+            signal.signal(s, lambda *_: self._preempt.set())
+
+    def request_preemption(self) -> None:
+        """Ask for a checkpoint-and-stop at the next step boundary (e.g. a coordinator decision)."""
+        self._preempt.set()
+
+    @property
+    def preemption_requested(self) -> bool:
+        return self._preempt.is_set()
+
+    def preempted(self, step: int, extra: Optional[dict] = None) -> bool:
+        """Call at each step boundary. If preemption was asked for (on any rank, with the torch
+        glue): save, wait until durable, and return True; the caller then exits with
+        ``elastictrain.PREEMPTED_EXIT_CODE``."""
+        flag = self._preempt.is_set()
+        if self.agree is not None:
+            flag = self.agree(flag)
+        if not flag:
+            return False
+        self.save(step, extra)
+        self.wait()
+        return True
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,7 +1,8 @@
-"""TensorFlow glue for elastictrain (tf.data over shards, Keras checkpoint callbacks).
+"""TensorFlow glue for elastictrain: a tf.data source over exactly-once shards, Keras state for
+the checkpointer, and a Keras callback that saves every N steps and on preemption and restores
+when ``fit`` starts."""
 
-Not built yet: this package only reserves the name so that the distribution's layout is
-final. See the project's open issues for the checkpoint/resume work that brings it.
-"""
+from .checkpoint import ElasticKerasCallback, KerasState, TFCheckpointer, elastic_fit
+from .data import ElasticTFData
 
-__all__: list[str] = []
+__all__ = ["ElasticTFData", "KerasState", "TFCheckpointer", "ElasticKerasCallback", "elastic_fit"]

@@ -100,8 +100,15 @@ class TorchCheckpointer(Checkpointer):
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             self.agree = self._agree
         self._pinned_tensor = None
+        # fault the host buffer in now, in the background; an optimizer that has not stepped yet
+        # holds no state, so leave room for Adam-like moments (two per parameter)
+        hint = self.state_nbytes()
+        if optimizer is not None and model is not None and not optimizer.state:
+            params = list(model.parameters())
+            hint += 2 * sum(p.numel() * p.element_size() for p in params) + 3 * 64 * len(params)
+        self.reserve(hint + hint // 100 + (1 << 20))  # slack for small state the guess misses
 
-    def _pinned(self, size: int):
+    def _pinned(self, size: int, populate: bool = False):
         self._pinned_tensor = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         return self._pinned_tensor.numpy()
 

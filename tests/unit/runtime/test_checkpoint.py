@@ -48,7 +48,7 @@ def test_keeps_the_last_k(tmp_path):
     for step in range(1, 6):
         box.w += 1
         ck.save(step)
-    ck.wait()
+    ck.close()
     assert sorted(os.listdir(tmp_path)) == ["step-000000004-g0", "step-000000005-g0"]
 
 

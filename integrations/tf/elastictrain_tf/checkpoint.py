@@ -1,0 +1,126 @@
+"""Keras/TensorFlow state for the checkpointer, and a Keras callback around it.
+
+We save the model's and optimizer's variables (Keras 3 tracks every piece of state as a
+variable, the dropout seed generators' states included) through elastictrain's checkpointer
+rather than ``tf.train.Checkpoint``'s own files: the checkpointer's snapshot is taken in
+memory and persisted in the background, its files are atomic and checksummed, and the data
+cursor is committed with them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import keras
+import tensorflow as tf
+
+from elastictrain.runtime.checkpoint import Checkpointer
+
+__all__ = ["KerasState", "TFCheckpointer", "ElasticKerasCallback", "elastic_fit"]
+
+
+class KerasState:
+    """``state_dict()``/``load_state_dict()`` over a Keras model and its optimizer."""
+
+    def __init__(self, model: keras.Model) -> None:
+        self.model = model
+
+    def state_dict(self) -> dict:
+        opt = getattr(self.model, "optimizer", None)
+        return {"model": {v.path: v.numpy() for v in self.model.variables},
+                "optimizer": {v.path: v.numpy() for v in (opt.variables if opt is not None else [])}}
+
+    def load_state_dict(self, s: dict) -> None:
+        variables = {v.path: v for v in self.model.variables}
+        missing = sorted(set(s["model"]) ^ set(variables))
+        if missing:
+            raise ValueError(f"checkpoint and model differ in variables: {missing[:5]}")
+        for path, value in s["model"].items():
+            variables[path].assign(value)
+        opt = getattr(self.model, "optimizer", None)
+        if opt is not None and s["optimizer"]:
+            if not opt.built:
+                opt.build(self.model.trainable_variables)
+            ovars = {v.path: v for v in opt.variables}
+            for path, value in s["optimizer"].items():
+                ovars[path].assign(value)
+
+
+class TFCheckpointer(Checkpointer):
+    """A :class:`Checkpointer` over a (compiled) Keras model, plus any extra ``{name: obj}``."""
+
+    def __init__(self, directory: str, model: keras.Model, *, extra_state: Optional[dict[str, Any]] = None,
+                 **kwargs: Any) -> None:
+        state: dict[str, Any] = {"keras": KerasState(model)}
+        state.update(extra_state or {})
+        super().__init__(directory, state, **kwargs)
+
+
+class ElasticKerasCallback(keras.callbacks.Callback):
+    """Save every ``every_n_steps`` batches, at each epoch's end and on preemption; restore when
+    ``fit`` starts; count consumed batches for :class:`ElasticTFData`.
+
+    Pass ``initial_epoch=callback.initial_epoch`` to ``fit`` so that a resumed run continues the
+    epoch it was in. After ``fit`` returns, ``callback.preempted`` tells whether to exit with
+    ``elastictrain.PREEMPTED_EXIT_CODE``.
+    """
+
+    def __init__(self, checkpointer: TFCheckpointer, data=None, every_n_steps: int = 100) -> None:
+        super().__init__()
+        self.ckpt, self.data, self.every = checkpointer, data, every_n_steps
+        self.step, self.epoch, self.preempted, self.restored = 0, 0, False, None
+        self._began = False
+        latest = checkpointer.latest()
+        self.initial_epoch = int(latest.extra.get("epoch", 0)) if latest else 0
+
+    def on_train_begin(self, logs=None) -> None:
+        if self._began:
+            return
+        self._began = True
+        self.restored = self.ckpt.restore()
+        if self.restored is not None:
+            self.step = int(self.restored.extra.get("step", self.restored.step))
+
+    def on_epoch_begin(self, epoch, logs=None) -> None:
+        self.epoch = epoch
+        if self.data is not None:
+            self.data.set_epoch(epoch)
+
+    def on_train_batch_end(self, batch, logs=None) -> None:
+        if self.data is not None:
+            self.data.batch_done()
+        self.step += 1
+        progress = {"step": self.step, "epoch": self.epoch}
+        if self.ckpt.preempted(self.step, progress):
+            self.preempted = True
+            self.model.stop_training = True
+        elif self.step % self.every == 0:
+            self.ckpt.save(self.step, progress)
+
+    def on_epoch_end(self, epoch, logs=None) -> None:
+        if not self.preempted:
+            self.ckpt.save(self.step, {"step": self.step, "epoch": epoch + 1})
+
+    def on_train_end(self, logs=None) -> None:
+        self.ckpt.wait()
+
+
+def elastic_fit(model: keras.Model, data, *, epochs: int, callback: ElasticKerasCallback, callbacks=(),
+                **fit_kwargs):
+    """``model.fit`` one epoch at a time, from the checkpoint's epoch, until done or preempted.
+
+    Why not one ``fit(epochs=...)``: Keras infers an epoch's length from the first epoch it sees
+    of a dataset of unknown size and stops later epochs there, while elastic epochs differ in
+    length (a resumed epoch is shorter; with dynamic shards each rank's share varies).
+    Returns the last ``History``.
+    """
+    history = None
+    for epoch in range(callback.initial_epoch, epochs):
+        history = model.fit(data.dataset, epochs=epoch + 1, initial_epoch=epoch,
+                            callbacks=[callback, *callbacks], **fit_kwargs)
+        if callback.preempted:
+            break
+    return history
+
+
+tf  # noqa: B018 - imported for users of this module who build tf.data pipelines

@@ -1,0 +1,54 @@
+"""``tf.data`` over the coordinator's shards, with consumption counted at the training step."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Callable, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from elastictrain.runtime.shards import ShardIterator
+
+__all__ = ["ElasticTFData"]
+
+
+class ElasticTFData:
+    """Batches of sample indices leased from the coordinator, as a ``tf.data.Dataset``.
+
+    ``map_fn`` turns a batch of indices (int64 vector) into the model's inputs, for example
+    ``lambda i: (tf.gather(x, i), tf.gather(y, i))``. tf.data runs ahead of training, so a
+    batch counts as consumed only when :meth:`batch_done` is called (the Keras callback does
+    it after every training batch; call it yourself in a custom loop). ``set_epoch(e)`` bounds
+    the next pass to epochs ``<= e``, like ``DistributedSampler.set_epoch``.
+    """
+
+    def __init__(self, shards: ShardIterator, batch_size: int,
+                 map_fn: Optional[Callable] = None, prefetch: int = 2) -> None:
+        shards.auto_consume = False
+        self.shards, self.batch_size = shards, batch_size
+        self._sizes: deque[int] = deque()
+        ds = tf.data.Dataset.from_generator(self._batches, output_signature=tf.TensorSpec((None,), tf.int64))
+        if map_fn is not None:
+            ds = ds.map(map_fn)
+        self.dataset = ds.prefetch(prefetch)
+
+    def _batches(self):
+        self._sizes.clear()
+        batch: list[int] = []
+        for i in self.shards:
+            batch.append(i)
+            if len(batch) == self.batch_size:
+                self._sizes.append(len(batch))
+                yield np.asarray(batch, dtype=np.int64)
+                batch = []
+        if batch:
+            self._sizes.append(len(batch))
+            yield np.asarray(batch, dtype=np.int64)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.shards.set_max_epoch(epoch)
+
+    def batch_done(self) -> None:
+        """The oldest batch handed out has been trained on."""
+        self.shards.mark_consumed(self._sizes.popleft())

@@ -28,7 +28,6 @@ import json
 import logging
 import mmap
 import os
-import shutil
 import signal
 import threading
 import time
@@ -39,12 +38,13 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import ConfigError, ElasticTrainError
+from .storage import CHUNK as _CHUNK
+from .storage import open_storage
 
 __all__ = ["Checkpointer", "CheckpointBusyError", "CheckpointInfo", "register_leaf", "SaveStats"]
 
 log = logging.getLogger(__name__)
 _ALIGN = 64
-_CHUNK = 64 << 20
 FORMAT = 1
 
 
@@ -194,7 +194,7 @@ class Checkpointer:
         if keep < 1:
             raise ConfigError(f"keep must be >= 1, got {keep}")
         self.dir = directory
-        os.makedirs(directory, exist_ok=True)
+        self.store = open_storage(directory)
         self.state = state
         self.rank = int(os.environ.get("RANK", 0)) if rank is None else rank
         self.world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
@@ -354,19 +354,19 @@ class Checkpointer:
 
     def _persist(self, name: str, step: int, snap: Optional[dict], part, durable: threading.Event) -> None:
         t0 = time.perf_counter()
-        d = os.path.join(self.dir, name)
+        st = self.store
+        d = st.join(st.root, name)
         if snap is not None:
             if getattr(self, "_fence", None) is not None:
                 self._fence()  # device-to-host copies issued in save() have landed
-            os.makedirs(d, exist_ok=True)
+            st.makedirs(d)
             data = memoryview(self._buf)[:snap["size"]]
-            crcs = self._write(os.path.join(d, f"rank{self.rank}.bin"), data)
-            snap["chunks"] = crcs
+            snap["chunks"] = st.write(st.join(d, f"rank{self.rank}.bin"), data, self.fsync)
             snap["chunk_size"] = _CHUNK
-            self._write(os.path.join(d, f"rank{self.rank}.json"), json.dumps(snap).encode())
+            st.write(st.join(d, f"rank{self.rank}.json"), json.dumps(snap).encode(), self.fsync)
             if self.fsync:
-                _fsync_dir(d)
-                _fsync_dir(self.dir)
+                st.sync_dir(d)
+                st.sync_dir(st.root)
         if part is not None:  # durable first, then the data cursor of the same step
             self.shards.commit(name, step, self.world_size, part)
         self.stats.last_persist_s = time.perf_counter() - t0
@@ -375,34 +375,6 @@ class Checkpointer:
             with self._prune_lock:  # a persist thread of the next save may prune beside this one
                 self._prune()
 
-    def _write(self, path: str, data) -> list[int]:
-        """Write ``data`` to ``path`` atomically; CRC-32 of each chunk, computed on a second thread
-        while this one writes (both release the GIL)."""
-        tmp = path + ".tmp"
-        mv = memoryview(data)
-        chunks = [mv[off:off + _CHUNK] for off in range(0, max(len(mv), 1), _CHUNK)]
-        crcs: list[int] = [0] * len(chunks)
-
-        def checksum() -> None:
-            for i, c in enumerate(chunks):
-                crcs[i] = zlib.crc32(c)
-
-        summer = threading.Thread(target=checksum, daemon=True)
-        summer.start()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            for chunk in chunks:
-                while chunk:
-                    n = os.write(fd, chunk)
-                    chunk = chunk[n:]
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-            summer.join()
-        os.replace(tmp, path)
-        return crcs
-
     def _prune(self) -> None:
         """Keep the newest ``keep`` complete checkpoints; drop everything older (incomplete ones too)."""
         listed = self._list()
@@ -410,49 +382,46 @@ class Checkpointer:
         if len(complete) < self.keep:
             return
         oldest_kept = complete[self.keep - 1][0]
-        for step, _, path in listed:
-            if step < oldest_kept or (step == oldest_kept and (step, _, path) not in complete[:self.keep]):
-                shutil.rmtree(path, ignore_errors=True)
+        for c in listed:
+            if c[0] < oldest_kept or (c[0] == oldest_kept and c not in complete[:self.keep]):
+                self.store.rmtree(c[2])
 
     # ------------------------------------------------------------------ restoring
     def _list(self) -> list[tuple[int, str, str]]:
+        """``(step, name, path)`` of every ``step-*`` directory, newest first (step, then generation)."""
         out = []
-        for entry in os.listdir(self.dir):
-            if entry.startswith("step-") and os.path.isdir(os.path.join(self.dir, entry)):
-                try:
-                    step = int(entry.split("-")[1])
-                except (IndexError, ValueError):
-                    continue
-                out.append((step, entry, os.path.join(self.dir, entry)))
-        return sorted(out, key=lambda c: (c[0], os.path.getmtime(c[2])), reverse=True)
+        for entry in self.store.subdirs(self.store.root):
+            parts = entry.split("-")
+            if len(parts) == 3 and parts[0] == "step" and parts[1].isdigit() and parts[2][1:].isdigit():
+                out.append((int(parts[1]), int(parts[2][1:]), entry, self.store.join(self.store.root, entry)))
+        out.sort(reverse=True)
+        return [(step, name, path) for step, _gen, name, path in out]
 
     def _verify(self, path: str, quick: bool = False) -> Optional[str]:
         """None if the checkpoint at ``path`` is complete and intact, else the reason."""
+        st = self.store
         try:
-            with open(os.path.join(path, "rank0.json")) as f:
-                head = json.load(f)
+            head = st.read_json(st.join(path, "rank0.json"))
         except (OSError, ValueError) as exc:
             return f"rank 0's manifest is missing or unreadable ({exc.__class__.__name__})"
         ranks = range(head["world_size"]) if head.get("sharded") else [0]
         for r in ranks:
             try:
-                with open(os.path.join(path, f"rank{r}.json")) as f:
-                    m = json.load(f)
+                m = head if r == 0 else st.read_json(st.join(path, f"rank{r}.json"))
             except (OSError, ValueError):
                 return f"rank {r}'s manifest is missing or unreadable"
-            binp = os.path.join(path, f"rank{r}.bin")
+            binp = st.join(path, f"rank{r}.bin")
             try:
-                size = os.path.getsize(binp)
+                size = st.size(binp)
             except OSError:
                 return f"rank {r}'s data file is missing"
             if size != m["size"]:
                 return f"rank {r}'s data file has {size} bytes, the manifest says {m['size']} (truncated?)"
             if quick:
                 continue
-            with open(binp, "rb") as f:
-                for i, want in enumerate(m["chunks"]):
-                    if zlib.crc32(f.read(m["chunk_size"])) != want:
-                        return f"rank {r}'s data fails its checksum in chunk {i} (corrupt)"
+            for i, (chunk, want) in enumerate(zip(st.read_chunks(binp, m["chunk_size"]), m["chunks"])):
+                if zlib.crc32(chunk) != want:
+                    return f"rank {r}'s data fails its checksum in chunk {i} (corrupt)"
         return None
 
     def latest(self) -> Optional[CheckpointInfo]:
@@ -469,8 +438,7 @@ class Checkpointer:
             if committed is not None and name not in committed:
                 log.warning("skipping checkpoint %s: its data cursor was never committed", path)
                 continue
-            with open(os.path.join(path, "rank0.json")) as f:
-                extra = _decode(json.load(f)["extra"], [])
+            extra = _decode(self.store.read_json(self.store.join(path, "rank0.json"))["extra"], [])
             return CheckpointInfo(name, step, path, extra)
         return None
 
@@ -488,10 +456,9 @@ class Checkpointer:
                 self.job.restore(self.shards.spec.name, None) if self.job else None
             return None
         r = self.rank if self.sharded else 0
-        with open(os.path.join(info.path, f"rank{r}.json")) as f:
-            m = json.load(f)
-        raw = np.fromfile(os.path.join(info.path, f"rank{r}.bin"), dtype=np.uint8)
-        mv = memoryview(raw)
+        st = self.store
+        m = st.read_json(st.join(info.path, f"rank{r}.json"))
+        mv = memoryview(st.read_all(st.join(info.path, f"rank{r}.bin")))
         kinds = {k.tag: k for k in _KINDS}
         leaves = []
         for t in m["tensors"]:
@@ -542,11 +509,3 @@ class Checkpointer:
         self.save(step, extra)
         self.wait()
         return True
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -138,3 +138,18 @@ def test_kill_9_during_background_persist_leaves_the_previous_one(tmp_path):
     # before the kill, the new one: either way an intact checkpoint)
     assert info is not None
     assert out["s"]["a"][0] == info.step and (out["s"]["a"] == info.step).all()
+
+
+@pytest.mark.parametrize("scheme", ["memory", "file"])
+def test_fsspec_urls(tmp_path, scheme):
+    pytest.importorskip("fsspec")
+    url = f"memory://ckpt-{os.getpid()}" if scheme == "memory" else f"file://{tmp_path}/remote"
+    a = Box(1)
+    ck = Checkpointer(url, {"box": a}, rank=0, world_size=1, keep=1)
+    ck.save(1)
+    ck.save(2)
+    ck.close()
+    b = Box(2)
+    info = Checkpointer(url, {"box": b}, rank=0, world_size=1).restore()
+    assert info.step == 2 and np.array_equal(a.w, b.w)
+    assert [c[1] for c in Checkpointer(url, {}, rank=0, world_size=1)._list()] == ["step-000000002-g0"]

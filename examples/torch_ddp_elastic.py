@@ -5,8 +5,9 @@ Run it under etrun (the README's demo command does this)::
     etrun --nproc-per-node 2 --max-restarts 3 examples/torch_ddp_elastic.py --crash-at-step 40
 
 Every rank reads its samples from the coordinator's shards through ``ElasticDataLoader``.
-Every ``--ckpt-every`` steps rank 0 saves model + optimizer + step atomically, then every
-rank commits its data cursor with that checkpoint. ``--crash-at-step`` kills rank 1 once,
+Every ``--ckpt-every`` steps a ``TorchCheckpointer`` snapshots model, optimizer, RNG and
+progress (rank 0 persists it in the background, atomically and checksummed) and every rank
+commits its data cursor with that checkpoint. ``--crash-at-step`` kills rank 1 once,
 to show a recovery: etrun restarts the group, rank 0 restores the newest committed
 checkpoint, and the coordinator hands out exactly the samples that checkpoint had not seen.
 The script keeps a ledger (how often each sample was trained on, saved in the checkpoint)
@@ -16,7 +17,6 @@ and checks at the end that every sample was seen exactly once per epoch.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import time
 from datetime import timedelta
@@ -28,7 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import Dataset
 
 import elastictrain as et
-from elastictrain_torch import ElasticDataLoader, even_batches
+from elastictrain_torch import ElasticDataLoader, TorchCheckpointer, even_batches
 
 
 class Synthetic(Dataset):
@@ -45,18 +45,6 @@ class Synthetic(Dataset):
 
     def __getitem__(self, i: int):
         return self.x[i], self.y[i], i
-
-
-def save_checkpoint(path: str, state: dict) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(os.path.dirname(path), os.O_RDONLY)
-    os.fsync(dfd)
-    os.close(dfd)
 
 
 def main() -> None:
@@ -82,45 +70,31 @@ def main() -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     spec = et.DatasetSpec("train", args.samples, args.shard_size, epochs=args.epochs, seed=1)
 
-    # rank 0 picks the newest committed checkpoint and resets the data cursor to it
-    latest = [None]
-    if rank == 0:
-        job.client.register_dataset(job.job_id, spec)
-        latest = [job.latest_commit("train")]
-        job.restore("train", latest[0])
-    dist.broadcast_object_list(latest, src=0)
-    step, epoch0 = 0, 0
     ledger = torch.zeros(args.samples, dtype=torch.int32)  # committed training passes per sample
-    if latest[0] is not None:
-        state = torch.load(os.path.join(args.ckpt_dir, latest[0]), weights_only=False)
-        model.module.load_state_dict(state["model"])
-        opt.load_state_dict(state["optim"])
-        step, epoch0, ledger = state["step"], state["epoch"], state["ledger"]
+    shards = job.shards(spec)
+    ckpt = TorchCheckpointer(args.ckpt_dir, model=model.module, optimizer=opt, shards=shards, job=job,
+                             extra_state={"progress": {"step": 0, "epoch": 0, "ledger": ledger}})
+    info = ckpt.restore()  # the newest intact, committed checkpoint; resets the data cursor to it
+    progress = ckpt.state["progress"]
+    step, epoch0, ledger = progress["step"], progress["epoch"], progress["ledger"]
+    if info is not None:
         say(f"[demo] generation {job.generation} ({job.restart_reason}, world size {world}): resumed from "
-            f"{latest[0]} at step {step}, epoch {epoch0}")
+            f"{info.name} at step {step}, epoch {epoch0}")
     else:
         say(f"[demo] generation {job.generation}: fresh start, world size {world}")
 
-    shards = job.shards(spec, register=False, report_interval=0.5)
     loader = ElasticDataLoader(data, shards, batch_size=args.batch_size)
     seen = torch.zeros(args.samples, dtype=torch.int32)  # this rank, since the last checkpoint
     loss_fn = nn.CrossEntropyLoss(reduction="sum")
 
     def checkpoint(epoch: int) -> None:
         nonlocal ledger
-        part = shards.cursor(step)  # the data cursor at exactly this step
         total = seen.clone()
         dist.all_reduce(total)  # every rank's samples since the last checkpoint
         ledger = ledger + total
         seen.zero_()
-        name = f"ckpt-g{job.generation}-s{step}.pt"
-        if rank == 0:
-            save_checkpoint(os.path.join(args.ckpt_dir, name), {
-                "model": model.module.state_dict(), "optim": opt.state_dict(), "step": step, "epoch": epoch,
-                "ledger": ledger})
-            for old in sorted(glob.glob(os.path.join(args.ckpt_dir, "ckpt-*.pt")), key=os.path.getmtime)[:-3]:
-                os.remove(old)
-        shards.commit(name, step, world, part)  # rank 0's file is durable before its part
+        ckpt.state["progress"] = {"step": step, "epoch": epoch, "ledger": ledger}
+        ckpt.save(step)  # rank 0 persists in the background; every rank commits its data cursor
 
     t0 = time.time()
     for epoch in range(epoch0, args.epochs):
@@ -145,6 +119,7 @@ def main() -> None:
         say(f"[demo] epoch {epoch}: mean loss {total_loss[0] / max(total_loss[1], 1):.4f} over "
             f"{int(total_loss[1])} samples, step {step}, {time.time() - t0:.1f} s")
 
+    ckpt.wait()
     with torch.no_grad():
         acc = (model(data.x).argmax(1) == data.y).float().mean().item()
     if rank == 0:

@@ -452,8 +452,10 @@ class Checkpointer:
         info = self.latest()
         if info is None:
             log.warning("no valid checkpoint in %s: starting fresh", self.dir)
-            if self.shards is not None and self.rank == 0:
-                self.job.restore(self.shards.spec.name, None) if self.job else None
+            # every rank asks: the first call of a generation resets the cursor, later ones are
+            # no-ops, so no rank can lease a shard before the reset
+            if self.shards is not None and self.job is not None:
+                self.job.restore(self.shards.spec.name, None)
             return None
         r = self.rank if self.sharded else 0
         st = self.store

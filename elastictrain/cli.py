@@ -63,6 +63,8 @@ def get_parser() -> argparse.ArgumentParser:
     m.add_argument("--packlimit", type=float, default=None, help="Tiresias PACKLIMIT for skew placement")
     m.add_argument("--distribution", default=None, help="job GPU-time samples CSV for tiresias-g")
     m.add_argument("--quantum", type=float, default=None, help="time slice of gandiva-ts, seconds")
+    m.add_argument("--spread-slowdown", type=float, default=1.0,
+                   help="slowdown of a skew-sensitive job placed across nodes (1: none)")
     m.add_argument("--no-progress", action="store_true")
 
     sub.add_parser("version", help="print the version")
@@ -113,16 +115,18 @@ def _status(args) -> None:
 
 
 def _simulate(args) -> None:
-    from .sim.report import comparison_table, summarize, write_outputs
+    from .sim.report import bins_table, comparison_table, summarize, write_outputs
     from .sim.run import SimConfig, simulate
 
     opts = {"placement": args.placement, "packlimit": args.packlimit, "promote_knob": args.promote_knob,
             "distribution": args.distribution, "quantum": args.quantum,
             "thresholds": tuple(float(x) for x in args.thresholds.split(",")) if args.thresholds else None}
     cfg = SimConfig(args.trace, args.cluster, [p for p in args.policy.split(",") if p], args.preset, args.format,
-                    args.interval, args.restart_cost, opts)
+                    args.interval, args.restart_cost, opts, args.spread_slowdown)
     results = simulate(cfg, progress=not args.no_progress)
     print(comparison_table([summarize(r) for r in results]))
+    print()
+    print(bins_table(results))
     if args.out:
         for p in write_outputs(results, args.out):
             print(f"wrote {p}")

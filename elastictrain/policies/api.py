@@ -29,7 +29,7 @@ class JobState:
     __slots__ = ("job_id", "num_gpu", "submit_time", "model", "iteration_time", "iterations",
                  "remaining_iterations", "attained", "attained_gpu", "running", "start_time",
                  "pending_since", "preemptions", "stage_times", "user", "skew", "placement",
-                 "extra")
+                 "slowdown", "restart_cost", "extra")
 
     def __init__(self, job_id: int, num_gpu: int, submit_time: float, model: str, iteration_time: float,
                  iterations: float, stage_times: tuple = (), user: str = "", skew: float = 0.0) -> None:
@@ -46,6 +46,8 @@ class JobState:
         self.user = user
         self.skew = skew
         self.placement: tuple = ()  # ((node, gpus), ...) while running
+        self.slowdown = 1.0  # > 1 while the placement slows the job down (engine-set)
+        self.restart_cost = 0.0  # seconds lost per (re)start (engine-set)
         self.extra: dict = {}
 
     @property

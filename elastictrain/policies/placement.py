@@ -35,6 +35,7 @@ class Placer:
         self.per_switch = max(1, nodes_per_switch)
         self.mode, self.packlimit = mode, packlimit
         self.per_node = max(gpus_per_node) if gpus_per_node else 0
+        self.max_free = self.per_node  # the most free GPUs on any node (fails a search in O(1))
 
     def take(self, placement: tuple) -> None:
         """Reserve the GPUs of a job that keeps running where it is."""
@@ -42,6 +43,7 @@ class Placer:
             if node >= 0:
                 self.free[node] -= g
             self.total_free -= g
+        self.max_free = max(self.free) if self.free else 0
 
     def place(self, num_gpu: int, skew: float = 0.0) -> Optional[tuple]:
         if num_gpu > self.total_free:
@@ -52,11 +54,14 @@ class Placer:
             return ((-1, num_gpu),)
         if mode == "skew":
             mode = "consolidated" if skew > self.packlimit else "spread"
+        if mode == "consolidated" and num_gpu <= self.per_node and num_gpu > self.max_free:
+            return None  # no node has room, and a job this size stays on one node
         out = self._consolidated(num_gpu) if mode == "consolidated" else self._spread(num_gpu)
         if out is not None:
             for node, g in out:
                 self.free[node] -= g
             self.total_free -= num_gpu
+            self.max_free = max(self.free)
         return out
 
     def _consolidated(self, need: int) -> Optional[tuple]:

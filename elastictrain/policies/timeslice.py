@@ -31,6 +31,8 @@ class TimeSlice:
             where = placer.place(j.num_gpu, j.skew)
             if where is not None:
                 run[j.job_id] = where
+        if len(run) == len(s.jobs):  # nobody waits: no need to slice until something changes
+            return Decision(run, None)
         if s.now >= self._next:
             self._next = s.now + self.quantum
         return Decision(run, self._next)

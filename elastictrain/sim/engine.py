@@ -14,7 +14,9 @@ count (the Muri table) or a constant. ``charge``:
   does (its published tables were produced that way, so reproducing them needs it).
 
 ``speed_factor`` multiplies every iteration time (Muri's simulator runs a job alone at
-1.015x its profiled iteration time).
+1.015x its profiled iteration time). ``spread_slowdown``: a skew-sensitive job (model skew
+above ``skew_sensitive``, e.g. VGG) placed across several nodes runs that many times slower
+(Tiresias's consolidation argument); 1.0 disables it.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ class Simulator:
     def __init__(self, jobs: list[JobSpec], cluster: ClusterSpec, policy: Policy, *,
                  restart_cost: Union[str, float, Callable[[JobState], float]] = 0.0,
                  charge: str = "on_start", speed_factor: float = 1.0, interval: Optional[float] = None,
+                 spread_slowdown: float = 1.0, skew_sensitive: float = 0.5,
                  progress: Optional[Callable[[int], None]] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
@@ -91,6 +94,9 @@ class Simulator:
         self.specs = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
         self.cluster, self.policy, self.charge = cluster, policy, charge
         self.factor, self.interval, self.progress = speed_factor, interval, progress
+        if spread_slowdown < 1.0:
+            raise ConfigError(f"spread_slowdown must be >= 1, got {spread_slowdown}")
+        self.spread_slowdown, self.skew_sensitive = spread_slowdown, skew_sensitive
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
         elif callable(restart_cost):
@@ -116,7 +122,6 @@ class Simulator:
         next_round = self.interval if self.interval else math.inf
         used = 0
         by_id: dict[int, JobState] = {}
-        costs: dict[int, float] = {}  # restart cost of each runnable job
         arrived: list[JobState] = []
         ended: list[int] = []
         while idx < n or runnable:
@@ -124,7 +129,8 @@ class Simulator:
             t_arr = specs[idx].submit_time if idx < n else math.inf
             t_end = math.inf
             for j in running:
-                t = now + j.remaining_iterations * j.iteration_time + (0.0 if every else owed.get(j.job_id, 0.0))
+                t = (now + j.remaining_iterations * j.iteration_time * j.slowdown
+                     + (0.0 if every else owed.get(j.job_id, 0.0)))
                 if t < t_end:
                     t_end = t
             t = min(t_arr, t_end, wakeup if wakeup is not None else math.inf, next_round)
@@ -137,12 +143,12 @@ class Simulator:
             if dt > 0 or running:
                 for j in running:
                     if every:
-                        end = now + j.remaining_iterations * j.iteration_time
+                        end = now + j.remaining_iterations * j.iteration_time * j.slowdown
                         if end <= t + 1e-9:
                             finished.append(j)
                             work = dt
                         else:
-                            c = costs[j.job_id]
+                            c = j.restart_cost
                             work = dt - c if dt > c else 0.0
                             lost += dt - work
                     else:
@@ -152,7 +158,7 @@ class Simulator:
                             owed[j.job_id] = o - pay
                             lost += pay
                         work = dt - pay
-                    j.remaining_iterations -= work / j.iteration_time
+                    j.remaining_iterations -= work / (j.iteration_time * j.slowdown)
                     j.attained += dt
                     j.attained_gpu += dt * j.num_gpu
                     if not every and j.remaining_iterations <= 1e-9 * max(1.0, j.iterations):
@@ -167,7 +173,6 @@ class Simulator:
                 running.remove(j)
                 runnable.remove(j)
                 del by_id[j.job_id]
-                del costs[j.job_id]
                 ended.append(j.job_id)
                 used -= j.num_gpu
                 owed.pop(j.job_id, None)
@@ -181,7 +186,7 @@ class Simulator:
                 j.extra["spec"], j.extra["pending"] = s, 0.0
                 runnable.append(j)
                 by_id[j.job_id] = j
-                costs[j.job_id] = self.cost(j)
+                j.restart_cost = self.cost(j)
                 arrived.append(j)
                 idx += 1
             # ---- decide and apply
@@ -205,6 +210,8 @@ class Simulator:
                 for jid, where in run.items():
                     j = by_id[jid]
                     j.placement = where
+                    j.slowdown = (self.spread_slowdown if self.spread_slowdown > 1.0 and len(where) > 1
+                                       and j.skew > self.skew_sensitive else 1.0)
                     if not j.running:
                         j.running = True
                         j.extra["pending"] += now - j.pending_since
@@ -213,7 +220,7 @@ class Simulator:
                         if j.start_time is None:
                             j.start_time = now
                         if not every:
-                            owed[j.job_id] = costs[j.job_id]
+                            owed[j.job_id] = j.restart_cost
                 if used > self.cluster.total_gpus:
                     raise ConfigError(f"policy {self.policy.name} placed {used} GPUs on a cluster of "
                                       f"{self.cluster.total_gpus}")

@@ -12,7 +12,7 @@ import numpy as np
 
 from .engine import SimResult
 
-__all__ = ["summarize", "job_bins", "comparison_table", "write_outputs"]
+__all__ = ["summarize", "job_bins", "comparison_table", "bins_table", "write_outputs"]
 
 #: Tiresias's job bins: "small" jobs use at most this many GPUs, "short" ones run at most this long
 SMALL_GPUS, SHORT_SECONDS = 8, 4 * 3600
@@ -55,6 +55,18 @@ def comparison_table(summaries: Sequence[dict]) -> str:
     widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
     return "\n".join("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
                      for r in rows)
+
+
+def bins_table(results: Sequence[SimResult]) -> str:
+    """Average JCT per Tiresias job bin (small/large GPUs x short/long), one row per policy."""
+    names = ["small-short", "small-long", "large-short", "large-long"]
+    rows = [["policy"] + [f"{n} (s)" for n in names]]
+    for r in results:
+        b = job_bins(r)
+        rows.append([r.policy] + [f"{b[n]['avg_jct']:.0f} ({b[n]['jobs']})" if n in b else "-" for n in names])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
+                     for row in rows)
 
 
 def write_outputs(results: Sequence[SimResult], out_dir: str) -> list[str]:

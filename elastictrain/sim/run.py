@@ -34,6 +34,7 @@ class SimConfig:
     interval: Optional[float] = None
     restart_cost: Optional[str] = None
     policy_options: dict = field(default_factory=dict)
+    spread_slowdown: float = 1.0
 
 
 def simulate(cfg: SimConfig, progress: bool = True) -> list[SimResult]:
@@ -75,7 +76,8 @@ def simulate(cfg: SimConfig, progress: bool = True) -> list[SimResult]:
                 bar.update(done - last[0])
                 last[0] = done
 
-        results.append(Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick, **engine).run())
+        results.append(Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick,
+                                 spread_slowdown=cfg.spread_slowdown, **engine).run())
         if bar is not None:
             bar.close()
     return results

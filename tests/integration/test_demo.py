@@ -17,5 +17,5 @@ def test_demo_recovers_and_sees_every_sample_once_per_epoch(tmp_path):
     r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "root cause" in r.stderr and "exit code 13" in r.stderr
-    assert "resumed from ckpt-g1-s10.pt at step 10" in r.stdout
+    assert "resumed from step-000000010-g1 at step 10" in r.stdout
     assert "every sample trained on exactly once per epoch: True" in r.stdout

@@ -50,7 +50,30 @@ def _chunked_crcs(mv: memoryview) -> tuple[list[memoryview], list[int], threadin
     return chunks, crcs, t
 
 
-class LocalStorage:
+class _Readable:
+    """Reading shared by the storages: each supplies ``_open(path, mode)``."""
+
+    def _open(self, path: str, mode: str):
+        raise NotImplementedError
+
+    def read_json(self, path: str) -> dict:
+        with self._open(path, "rb") as f:
+            return json.loads(f.read())
+
+    def read_chunks(self, path: str, size: int) -> Iterator[bytes]:
+        with self._open(path, "rb") as f:
+            while True:
+                b = f.read(size)
+                if not b:
+                    return
+                yield b
+
+    def read_all(self, path: str) -> bytearray:
+        with self._open(path, "rb") as f:
+            return bytearray(f.read())
+
+
+class LocalStorage(_Readable):
     def __init__(self, root: str) -> None:
         self.root = root
         os.makedirs(root, exist_ok=True)
@@ -79,21 +102,8 @@ class LocalStorage:
         os.replace(tmp, path)
         return crcs
 
-    def read_json(self, path: str) -> dict:
-        with open(path) as f:
-            return json.load(f)
-
-    def read_chunks(self, path: str, size: int) -> Iterator[bytes]:
-        with open(path, "rb") as f:
-            while True:
-                b = f.read(size)
-                if not b:
-                    return
-                yield b
-
-    def read_all(self, path: str) -> bytearray:
-        with open(path, "rb") as f:
-            return bytearray(f.read())
+    def _open(self, path: str, mode: str):
+        return open(path, mode)
 
     def size(self, path: str) -> int:
         return os.path.getsize(path)
@@ -112,7 +122,7 @@ class LocalStorage:
             os.close(fd)
 
 
-class FsspecStorage:
+class FsspecStorage(_Readable):
     def __init__(self, url: str) -> None:
         try:
             import fsspec
@@ -140,21 +150,8 @@ class FsspecStorage:
         self.fs.mv(tmp, path)
         return crcs
 
-    def read_json(self, path: str) -> dict:
-        with self.fs.open(path, "rb") as f:
-            return json.loads(f.read())
-
-    def read_chunks(self, path: str, size: int) -> Iterator[bytes]:
-        with self.fs.open(path, "rb") as f:
-            while True:
-                b = f.read(size)
-                if not b:
-                    return
-                yield b
-
-    def read_all(self, path: str) -> bytearray:
-        with self.fs.open(path, "rb") as f:
-            return bytearray(f.read())
+    def _open(self, path: str, mode: str):
+        return self.fs.open(path, mode)
 
     def size(self, path: str) -> int:
         return int(self.fs.size(path))

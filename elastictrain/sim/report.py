@@ -109,33 +109,30 @@ def _plots(results: Sequence[SimResult], out_dir: str) -> list[str]:
 
         logging.getLogger(__name__).warning("matplotlib is not installed: no PNG plots (pip install matplotlib)")
         return []
-    out = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in results:
+    def figure(name: str, xlabel: str, ylabel: str, title: str, draw) -> str:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in results:
+            draw(ax, r)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(alpha=.3)
+        ax.legend()
+        fig.tight_layout()
+        path = os.path.join(out_dir, name)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return path
+
+    def cdf(ax, r) -> None:
         jct = np.sort([j.jct for j in r.jobs])
         ax.plot(jct, np.arange(1, len(jct) + 1) / len(jct), label=r.policy)
-    ax.set_xscale("log")
-    ax.set_xlabel("job completion time (s)")
-    ax.set_ylabel("fraction of jobs")
-    ax.set_title("JCT CDF")
-    ax.grid(alpha=.3)
-    ax.legend()
-    out.append(os.path.join(out_dir, "jct_cdf.png"))
-    fig.tight_layout()
-    fig.savefig(out[-1], dpi=110)
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in results:
+        ax.set_xscale("log")
+
+    def util(ax, r) -> None:
         t = np.array([u[0] for u in r.utilization]) / 3600
-        used = np.array([u[1] for u in r.utilization]) / r.total_gpus
-        ax.step(t, used, where="post", label=r.policy, alpha=.8)
-    ax.set_xlabel("time (h)")
-    ax.set_ylabel("GPUs in use (fraction)")
-    ax.set_title("GPU utilization over time")
-    ax.grid(alpha=.3)
-    ax.legend()
-    out.append(os.path.join(out_dir, "utilization.png"))
-    fig.tight_layout()
-    fig.savefig(out[-1], dpi=110)
-    plt.close(fig)
+        ax.step(t, np.array([u[1] for u in r.utilization]) / r.total_gpus, where="post", label=r.policy, alpha=.8)
+
+    out = [figure("jct_cdf.png", "job completion time (s)", "fraction of jobs", "JCT CDF", cdf),
+           figure("utilization.png", "time (h)", "GPUs in use (fraction)", "GPU utilization over time", util)]
     return out

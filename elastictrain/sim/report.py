@@ -101,6 +101,7 @@ def write_outputs(results: Sequence[SimResult], out_dir: str) -> list[str]:
 def _plots(results: Sequence[SimResult], out_dir: str) -> list[str]:
     try:
         import matplotlib
+        import matplotlib.ticker
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -128,6 +129,7 @@ def _plots(results: Sequence[SimResult], out_dir: str) -> list[str]:
         jct = np.sort([j.jct for j in r.jobs])
         ax.plot(jct, np.arange(1, len(jct) + 1) / len(jct), label=r.policy)
         ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no crowded minor labels
 
     def util(ax, r) -> None:
         t = np.array([u[0] for u in r.utilization]) / 3600

@@ -82,6 +82,7 @@ class ShardIterator:
         self._reported: dict[int, int] = {}
         self._touched: dict[int, tuple[int, int]] = {}  # since the last acknowledged commit
         self.epoch: Optional[int] = None  # epoch of the sample yielded last
+        self.lease_waits = 0  # times the iterator found no lease ready (the first one always does)
         # started on first use, so that a restore() between construction and iteration is safe
         self._thread = threading.Thread(target=self._run, name=f"et-shards-{spec.name}", daemon=True)
 
@@ -171,6 +172,8 @@ class ShardIterator:
 
     def _next_lease(self) -> Optional[Lease]:
         with self._lock:
+            if not self._ready:
+                self.lease_waits += 1  # the training loop had to wait for the coordinator
             while not self._ready and self._error is None:
                 self._lock.notify_all()
                 self._lock.wait(0.5)

@@ -34,17 +34,16 @@ def test_max_epoch_bounds_leases_and_resumes(client, job):
 
 
 def test_steady_state_never_waits_on_the_coordinator(client, job):
+    # a training loop that spends a little time per shard: the prefetched leases must always be
+    # there already (counted, not timed: the iterator records each time it found none ready)
     spec = DatasetSpec("d", 20_000, 100)
     with ShardIterator(client, job, spec, generation=1, worker=0, prefetch=2) as it:
-        gen = iter(it)
-        for _ in range(300):
-            next(gen)
-        worst = 0.0
-        for _ in range(5000):
-            t = time.perf_counter()
-            next(gen)
-            worst = max(worst, time.perf_counter() - t)
-    assert worst < 0.005, f"a sample took {worst * 1000:.1f} ms: the prefetch did not keep up"
+        for n, _ in enumerate(it):
+            if n % 100 == 99:
+                time.sleep(0.01)  # "compute" for a shard's worth of samples
+            if n == 10_000:
+                break
+    assert it.lease_waits <= 2, f"waited for a lease {it.lease_waits} times in 100 shards"
 
 
 def test_cursor_counts_what_a_prefetching_loader_handed_out(client, job):

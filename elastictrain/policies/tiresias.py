@@ -163,21 +163,18 @@ def gittins_table(samples: Sequence[float], delta: float) -> tuple[np.ndarray, n
     return xs, gi
 
 
-def _load_gittins(path: Optional[str]):
-    if path is None:
-        return None
-    import csv
+def _tiresias_g(distribution=None, **options) -> Tiresias:
+    """``distribution``: a CSV path with a ``duration`` column (job GPU-seconds), or the samples."""
+    if distribution is None:
+        raise ConfigError("tiresias-g needs a job GPU-time distribution: pass distribution=PATH (a CSV with a "
+                          "'duration' column, e.g. ../shared/traces/tiresias/yarn-gput1000.csv)")
+    if isinstance(distribution, str):
+        import csv
 
-    with open(path) as f:
-        return [float(r["duration"]) for r in csv.DictReader(f)]
+        with open(distribution) as f:
+            distribution = [float(r["duration"]) for r in csv.DictReader(f)]
+    return Tiresias(gittins=distribution, **options)
 
 
 register("tiresias-l", lambda **kw: Tiresias(**kw))
-register("tiresias-g", lambda distribution=None, **kw: Tiresias(
-    gittins=_load_gittins(distribution) if isinstance(distribution, str) or distribution is None
-    else distribution, **kw) if distribution is not None else _need_distribution())
-
-
-def _need_distribution():
-    raise ConfigError("tiresias-g needs a job GPU-time distribution: pass distribution=PATH "
-                      "(a CSV with a 'duration' column, e.g. ../shared/traces/tiresias/yarn-gput1000.csv)")
+register("tiresias-g", _tiresias_g)

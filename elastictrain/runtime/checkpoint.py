@@ -253,16 +253,17 @@ class Checkpointer:
         self._wait_previous()
         name = f"step-{step:09d}-g{self.generation}"
         part = self.shards.cursor(step) if self.shards is not None else None
-        snapshot = None
+        snapshot, fence = None, None
         if self.saves_here:
             snapshot = self._snapshot(step, name, extra or {}, part)
+            fence = self.copy_fence() if self.copy_fence is not None else None
         blocking = time.perf_counter() - t0
         self.stats.saves += 1
         self.stats.last_blocking_s = blocking
         if self.stats.saves == 1:
             self.stats.first_blocking_s = blocking
         durable = self._durable = threading.Event()  # this save's own: an older thread cannot set it
-        work = lambda: self._persist(name, step, snapshot, part, durable)  # noqa: E731
+        work = lambda: self._persist(name, step, snapshot, part, durable, fence)  # noqa: E731
         if self.async_persist:
             self._pending = threading.Thread(target=self._run_bg, args=(work, durable), name="et-ckpt-persist",
                                              daemon=True)
@@ -338,7 +339,6 @@ class Checkpointer:
         view = memoryview(self._buf)
         for (path, leaf, kind), t in zip(leaves, table):
             kind.copy_into(leaf, view[t["offset"]:t["offset"] + t["nbytes"]], self._buf)
-        self._fence = self.copy_fence() if self.copy_fence is not None else None
         return {"format": FORMAT, "name": name, "step": step, "rank": self.rank, "world_size": self.world_size,
                 "sharded": self.sharded, "generation": self.generation, "time": time.time(), "size": offset,
                 "tensors": table, "skeleton": skeleton, "extra": _encode(extra, [], "extra"),
@@ -352,13 +352,14 @@ class Checkpointer:
             flags |= mmap.MAP_POPULATE  # fault everything in now, in the kernel, in one go
         return mmap.mmap(-1, size, flags=flags)
 
-    def _persist(self, name: str, step: int, snap: Optional[dict], part, durable: threading.Event) -> None:
+    def _persist(self, name: str, step: int, snap: Optional[dict], part, durable: threading.Event,
+                 fence: Optional[Callable[[], None]] = None) -> None:
         t0 = time.perf_counter()
         st = self.store
         d = st.join(st.root, name)
         if snap is not None:
-            if getattr(self, "_fence", None) is not None:
-                self._fence()  # device-to-host copies issued in save() have landed
+            if fence is not None:
+                fence()  # device-to-host copies issued in save() have landed
             st.makedirs(d)
             data = memoryview(self._buf)[:snap["size"]]
             snap["chunks"] = st.write(st.join(d, f"rank{self.rank}.bin"), data, self.fsync)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from collections import deque
 from dataclasses import dataclass
@@ -217,7 +218,6 @@ class ShardIterator:
     # ------------------------------------------------------------------ background
     def _run(self) -> None:
         try:
-            import time
             next_report = time.monotonic() + self._interval
             while True:
                 with self._lock:

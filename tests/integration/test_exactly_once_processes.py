@@ -53,13 +53,13 @@ def stop_all(procs):
 
 
 def run_elastic_job(coordinator, tmp_path, *, seed, samples, schedule, worker_kills, coordinator_kill,
-                    deadline_s):
+                    deadline_s, step_sleep=0.02):
     rng = random.Random(seed)
     (tmp_path / "ckpt").mkdir()
     job = "ledger"
     client = CoordinatorClient(coordinator.url, coordinator.token, retry_for=20.0)
     client.create_job(job, 1, 4)
-    env_extra = {"LEDGER_SAMPLES": str(samples), "LEDGER_EPOCHS": "2", "LEDGER_STEP_SLEEP": "0.02"}
+    env_extra = {"LEDGER_SAMPLES": str(samples), "LEDGER_EPOCHS": "2", "LEDGER_STEP_SLEEP": str(step_sleep)}
     gen, kills_left, coord_killed = 0, worker_kills, not coordinator_kill
     history = []
     t_end = time.monotonic() + deadline_s
@@ -122,6 +122,7 @@ def test_exactly_once_with_kills_and_rescaling(coordinator, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [2, 3, 4])
 def test_exactly_once_many_kills(coordinator, tmp_path, seed):
+    # slower steps, so that the job outlives eight kills
     run_elastic_job(coordinator, tmp_path, seed=seed, samples=100_000,
                     schedule=[3, 1, 2, 3, 2, 1, 3, 2, 2, 3, 1, 2], worker_kills=8, coordinator_kill=True,
-                    deadline_s=600)
+                    deadline_s=600, step_sleep=0.08)

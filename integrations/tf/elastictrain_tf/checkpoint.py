@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import keras
-import tensorflow as tf
 
 from elastictrain.runtime.checkpoint import Checkpointer
 
@@ -122,5 +121,3 @@ def elastic_fit(model: keras.Model, data, *, epochs: int, callback: ElasticKeras
             break
     return history
 
-
-tf  # noqa: B018 - imported for users of this module who build tf.data pipelines

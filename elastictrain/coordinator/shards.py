@@ -192,9 +192,12 @@ class ShardManager:
             _, end = self._check_update(d, u)
             lv = self._owned(d, u, gen, worker)
             if lv is None:
-                if not (u.offset == end and u.shard_id not in d.live and u.shard_id < d.base.frontier
+                # a shard already finished *and committed* cannot change any more: an update for it
+                # is a late repeat (e.g. a progress report retried across a coordinator restart,
+                # landing after the commit that finished it); anything else was taken away
+                if not (u.shard_id not in d.live and u.shard_id < d.base.frontier
                         and u.shard_id not in d.base.partial):
-                    lost.append(u.shard_id)  # (a finished, committed shard repeated is harmless)
+                    lost.append(u.shard_id)
                 continue
             if u.offset > lv.offset:
                 new = _Live(DONE if u.offset == end else lv.state, u.offset, lv.lease_id, lv.worker,
@@ -372,7 +375,7 @@ class ShardManager:
                     "job from its last committed checkpoint")
             tx.put_part(part)
             if complete:
-                seq, cursor = self._complete(d, tx, req, part)
+                seq, cursor = self._complete(d, tx, req, part, {**d.live, **dict(changed)})
         self._apply_live(d, changed)
         d.parts[(req.checkpoint, req.worker)] = part
         if complete:
@@ -380,7 +383,7 @@ class ShardManager:
         return CommitReply(complete, len(others) + 1)
 
     def _complete(self, d: _Dataset, tx: Tx, req: CommitRequest, last: PartRow,
-                  ) -> tuple[int, Cursor]:
+                  live_after: dict[int, _Live]) -> tuple[int, Cursor]:
         parts = [p for p in d.parts.values() if p.generation == req.generation and p.step <= req.step
                  and (p.checkpoint, p.worker) != (last.checkpoint, last.worker)] + [last]
         parts.sort(key=lambda p: (p.step, p.worker))
@@ -392,7 +395,7 @@ class ShardManager:
             if p.generation != req.generation or p.step <= req.step:
                 tx.delete_part(d.job, d.spec.name, p.checkpoint, p.worker)
         tx.delete_part(d.job, d.spec.name, last.checkpoint, last.worker)
-        for sid, lv in d.live.items():  # finished and committed: nothing left to remember
+        for sid, lv in live_after.items():  # finished and committed: nothing left to remember
             if lv.state == DONE and sid not in cursor.partial and sid < cursor.frontier:
                 tx.delete_live(d.job, d.spec.name, sid)
         tx.put_dataset(replace(d.row(), base_checkpoint=req.checkpoint))

@@ -131,5 +131,5 @@ def create(name: str, **options) -> Policy:
 
 
 def _load_builtin() -> None:
-    for mod in ("fifo", "srtf", "tiresias", "timeslice"):
+    for mod in ("fifo", "srtf", "tiresias", "timeslice", "gandiva_fair"):
         importlib.import_module(f".{mod}", __package__)

@@ -66,8 +66,8 @@ def random_trace(seed, n=80):
     return jobs
 
 
-@pytest.mark.parametrize("name", [p for p in ["yarn-cs", "fifo-be", "srtf", "srsf", "tiresias-l", "tiresias-g",
-                                              "gandiva-ts"]])
+@pytest.mark.parametrize("name", ["yarn-cs", "fifo-be", "srtf", "srsf", "tiresias-l", "tiresias-g", "gandiva-ts",
+                                  "gandiva-fair"])
 @pytest.mark.parametrize("placement", [None, "consolidated", "spread", "count", "skew"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_policy_invariants(name, placement, seed):

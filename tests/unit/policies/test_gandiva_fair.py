@@ -1,0 +1,63 @@
+"""Gang-aware stride against the worked examples of the Gandiva-fair slides (EuroSys 2020, slides 7-8),
+and ticket shares honoured over time in the simulator."""
+
+from elastictrain.model import JobSpec
+from elastictrain.policies import create
+from elastictrain.policies.gandiva_fair import StrideJob, gang_stride
+from elastictrain.sim.cluster import ClusterSpec
+from elastictrain.sim.engine import Simulator
+
+
+def table(queue, gpus, quanta):
+    rows = []
+    for _ in range(quanta):
+        passes = [j.pass_ for j in sorted(queue, key=lambda j: j.job_id)]
+        rows.append((passes, sorted(gang_stride(queue, gpus))))
+    return rows
+
+
+def test_single_gpu_stride_table():
+    # A has 4 tickets, B 1; one GPU. (The slide's tie at t=0 and t=5 goes to B: B is first in the queue.)
+    a, b = StrideJob(0, 1, 4), StrideJob(1, 1, 1)
+    rows = table([b, a], 1, 9)
+    assert [r[0] for r in rows] == [[0, 0], [0, 1], [.25, 1], [.5, 1], [.75, 1], [1, 1], [1, 2], [1.25, 2],
+                                    [1.5, 2]]
+    assert [r[1] for r in rows] == [[1], [0], [0], [0], [0], [1], [0], [0], [0]]
+
+
+def test_gang_aware_stride_table():
+    # A, B: 1 GPU; C, D: 2 GPUs; E: 4 GPUs; one ticket each; 4 GPUs. Queue order as on the slide (E first).
+    a, b, c, d, e = (StrideJob(i, size, 1) for i, size in enumerate([1, 1, 2, 2, 4]))
+    rows = table([e, a, b, c, d], 4, 9)
+    A, B, C, D, E = range(5)
+    assert [r[0] for r in rows] == [[0, 0, 0, 0, 0], [0, 0, 0, 0, 4], [1, 1, 2, 0, 4], [2, 2, 2, 2, 4],
+                                    [3, 3, 4, 2, 4], [4, 4, 4, 4, 4], [4, 4, 4, 4, 8], [5, 5, 6, 4, 8],
+                                    [6, 6, 6, 6, 8]]
+    assert [r[1] for r in rows] == [[E], [A, B, C], [A, B, D], [A, B, C], [A, B, D], [E], [A, B, C], [A, B, D],
+                                    [A, B, C]]
+
+
+class Recorder:
+    """Wraps a policy and records each user's attained GPU-seconds at every decision."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.samples = inner, inner.name, []
+
+    def decide(self, s):
+        per_user = {}
+        for j in s.jobs:
+            per_user[j.user] = per_user.get(j.user, 0.0) + j.attained_gpu
+        self.samples.append((s.now, per_user, len(s.jobs)))
+        return self.inner.decide(s)
+
+
+def test_tickets_are_honoured_over_time():
+    # two users with 1:3 tickets, each with eight 1-GPU jobs of 10,000 s, on 4 GPUs
+    jobs = [JobSpec(i, 1, 0.0, 10_000, 1.0, user="light" if i % 2 else "heavy") for i in range(16)]
+    rec = Recorder(create("gandiva-fair", tickets={"light": 1, "heavy": 3}, quantum=60))
+    Simulator(jobs, ClusterSpec(1, 1, 4), rec).run()
+    # while every job is still there (both users backlogged), shares follow the tickets
+    t, per_user, n = [x for x in rec.samples if x[2] == 16][-1]
+    assert t > 20_000
+    ratio = per_user["heavy"] / per_user["light"]
+    assert abs(ratio - 3.0) / 3.0 < 0.05, ratio

@@ -4,7 +4,9 @@ The idea is DLRover's dynamic sharding; the bookkeeping is ours, so that progres
 exact instead of replayed:
 
 * Workers *lease* shards. A lease has an id (a fencing token) and a deadline that every
-  progress report from its holder extends. A shard's *offset* is its first unconsumed
+  progress report from its holder extends. A finished shard keeps its record (and the id of
+  the lease that finished it) until the next restore, so a report that arrives late (retried
+  across a coordinator restart, say) is still checked against the right lease. A shard's *offset* is its first unconsumed
   position. When a worker leaves or its lease expires, only ``[offset, end)`` returns to
   TODO.
 * Progress becomes durable through *commits*. Each worker sends its part of checkpoint C:
@@ -192,12 +194,7 @@ class ShardManager:
             _, end = self._check_update(d, u)
             lv = self._owned(d, u, gen, worker)
             if lv is None:
-                # a shard already finished *and committed* cannot change any more: an update for it
-                # is a late repeat (e.g. a progress report retried across a coordinator restart,
-                # landing after the commit that finished it); anything else was taken away
-                if not (u.shard_id not in d.live and u.shard_id < d.base.frontier
-                        and u.shard_id not in d.base.partial):
-                    lost.append(u.shard_id)
+                lost.append(u.shard_id)
                 continue
             if u.offset > lv.offset:
                 new = _Live(DONE if u.offset == end else lv.state, u.offset, lv.lease_id, lv.worker,
@@ -375,15 +372,14 @@ class ShardManager:
                     "job from its last committed checkpoint")
             tx.put_part(part)
             if complete:
-                seq, cursor = self._complete(d, tx, req, part, {**d.live, **dict(changed)})
+                seq, cursor = self._complete(d, tx, req, part)
         self._apply_live(d, changed)
         d.parts[(req.checkpoint, req.worker)] = part
         if complete:
             self._after_complete(d, seq, cursor, req)
         return CommitReply(complete, len(others) + 1)
 
-    def _complete(self, d: _Dataset, tx: Tx, req: CommitRequest, last: PartRow,
-                  live_after: dict[int, _Live]) -> tuple[int, Cursor]:
+    def _complete(self, d: _Dataset, tx: Tx, req: CommitRequest, last: PartRow) -> tuple[int, Cursor]:
         parts = [p for p in d.parts.values() if p.generation == req.generation and p.step <= req.step
                  and (p.checkpoint, p.worker) != (last.checkpoint, last.worker)] + [last]
         parts.sort(key=lambda p: (p.step, p.worker))
@@ -395,9 +391,6 @@ class ShardManager:
             if p.generation != req.generation or p.step <= req.step:
                 tx.delete_part(d.job, d.spec.name, p.checkpoint, p.worker)
         tx.delete_part(d.job, d.spec.name, last.checkpoint, last.worker)
-        for sid, lv in live_after.items():  # finished and committed: nothing left to remember
-            if lv.state == DONE and sid not in cursor.partial and sid < cursor.frontier:
-                tx.delete_live(d.job, d.spec.name, sid)
         tx.put_dataset(replace(d.row(), base_checkpoint=req.checkpoint))
         tx.prune_commits(d.job, d.spec.name, self._keep)
         return seq, cursor
@@ -405,9 +398,6 @@ class ShardManager:
     def _after_complete(self, d: _Dataset, seq: int, cursor: Cursor, req: CommitRequest) -> None:
         for key in [k for k, p in d.parts.items() if p.generation != req.generation or p.step <= req.step]:
             del d.parts[key]
-        for sid in [s for s, lv in d.live.items()
-                    if lv.state == DONE and s not in cursor.partial and s < cursor.frontier]:
-            del d.live[sid]
         d.base, d.base_checkpoint = cursor, req.checkpoint
         d.commits[req.checkpoint] = _Commit(seq, CommitInfo(req.checkpoint, req.step, req.generation,
                                                              self._clock.now()))

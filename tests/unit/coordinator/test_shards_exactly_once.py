@@ -200,9 +200,9 @@ def test_lease_retry_is_idempotent(tmp_path):
 
 
 def test_late_progress_after_the_commit_that_finished_the_shard(tmp_path):
-    """A progress report retried across a coordinator restart may land after a commit that
-    already finished (and forgot) its shard: it is a harmless repeat, not a lost lease. And the
-    finished row is gone from the database too, not only from memory."""
+    """A progress report retried across a coordinator restart may land after the commit that
+    finished its shard: it is a harmless repeat of the finishing lease, not a lost lease. A
+    report under any other lease is refused."""
     coord = Coord(str(tmp_path / "c.db"), ManualClock())
     coord.members.create_job(JOB, 1, 1)
     coord.members.open_generation(JOB, 0, 1, "start")
@@ -212,5 +212,6 @@ def test_late_progress_after_the_commit_that_finished_the_shard(tmp_path):
     assert coord.shards.commit(JOB, DS, CommitRequest(1, 0, 1, "c1", 1, [ShardUpdate(ls.shard_id, ls.lease_id, 10)]))
     assert coord.shards.progress(JOB, DS, ProgressRequest(1, 0, [stale])).lost == []
     coord.restart()
-    assert ls.shard_id not in coord.shards._get(JOB, DS).live
     assert coord.shards.progress(JOB, DS, ProgressRequest(1, 0, [stale])).lost == []
+    other = ShardUpdate(ls.shard_id, ls.lease_id + 1, 4)
+    assert coord.shards.progress(JOB, DS, ProgressRequest(1, 0, [other])).lost == [ls.shard_id]

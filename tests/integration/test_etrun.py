@@ -236,7 +236,7 @@ def test_two_agents_shrink_and_grow_with_exactly_once_data(coordinator, tmp_path
     """--nnodes 1:2 on loopback: kill an agent, the job goes on with one; start it again, it grows back."""
     (tmp_path / "ckpt").mkdir()
     client = CoordinatorClient(coordinator.url, coordinator.token)
-    env = {"LEDGER_SAMPLES": "100000", "LEDGER_EPOCHS": "2", "LEDGER_STEP_SLEEP": "0.02",
+    env = {"LEDGER_SAMPLES": "100000", "LEDGER_EPOCHS": "2", "LEDGER_STEP_SLEEP": "0.03",
            "LEDGER_DIR": str(tmp_path / "ckpt")}
     args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-id", "two", "--coordinator", coordinator.url,
             "--token-file", coordinator.token_file, "--max-restarts", "5", "--rdzv-conf", "agent_timeout=2",

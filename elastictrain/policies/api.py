@@ -15,12 +15,13 @@ The invariant tests run every policy on frozen copies to hold them to that.
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Sequence
 
 from ..errors import ConfigError
 
-__all__ = ["JobState", "ClusterSnapshot", "Decision", "Policy", "register", "create", "registered"]
+__all__ = ["JobState", "ClusterSnapshot", "Decision", "Policy", "register", "create", "registered", "options_of"]
 
 
 class JobState:
@@ -96,10 +97,24 @@ class Policy(Protocol):
 
 
 _REGISTRY: dict[str, Callable[..., Policy]] = {}
+_OPTIONS: dict[str, Optional[frozenset[str]]] = {}
 
 
-def register(name: str, factory: Callable[..., Policy]) -> None:
+def register(name: str, factory: Callable[..., Policy], options: Optional[Sequence[str]] = None) -> None:
+    """Register ``factory`` under ``name``; ``options``: the keyword options it takes (default:
+    read from its signature, or from the class it builds)."""
     _REGISTRY[name] = factory
+    if options is None:
+        params = inspect.signature(factory).parameters
+        if not any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            options = [n for n in params if n != "self"]
+    _OPTIONS[name] = frozenset(options) if options is not None else None
+
+
+def options_of(name: str) -> Optional[frozenset[str]]:
+    """The keyword options a registered policy takes (None if it did not say)."""
+    _load_builtin()
+    return _OPTIONS.get(name)
 
 
 def registered() -> list[str]:
@@ -107,11 +122,14 @@ def registered() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create(name: str, **options) -> Policy:
+def create(name: str, *, only_known: bool = False, **options) -> Policy:
     """Build a registered policy by name (also from the ``elastictrain.policies`` entry points).
 
+    ``only_known=True`` drops options the policy does not take (for callers that hold one set of
+    options for several policies, like ``elastictrain simulate``); otherwise they are an error.
+
     Raises:
-        ConfigError: the name is not registered.
+        ConfigError: the name is not registered, or an option is unknown or invalid.
     """
     _load_builtin()
     if name not in _REGISTRY:
@@ -124,6 +142,9 @@ def create(name: str, **options) -> Policy:
         raise ConfigError(f"policy {name!r} is not registered (known: {', '.join(sorted(_REGISTRY))}). "
                           "Did you forget to call elastictrain.policies.api.register or to install the "
                           "package that provides it?")
+    known = _OPTIONS.get(name)
+    if only_known and known is not None:
+        options = {k: v for k, v in options.items() if k in known}
     try:
         return _REGISTRY[name](**options)
     except TypeError as exc:

@@ -40,6 +40,7 @@ class Fifo:
         return Decision(run)
 
 
-register("yarn-cs", lambda **kw: Fifo(strict=True, **kw))
-register("fifo", lambda **kw: Fifo(strict=True, **kw))
-register("fifo-be", lambda **kw: Fifo(strict=False, **kw))
+_OPTS = ("placement", "packlimit")
+register("yarn-cs", lambda **kw: Fifo(strict=True, **kw), _OPTS)
+register("fifo", lambda **kw: Fifo(strict=True, **kw), _OPTS)
+register("fifo-be", lambda **kw: Fifo(strict=False, **kw), _OPTS)

@@ -99,4 +99,5 @@ class GandivaFair:
         return Decision(run, self._next)
 
 
-register("gandiva-fair", lambda **kw: GandivaFair(**kw))
+register("gandiva-fair", lambda **kw: GandivaFair(**kw),
+         ("tickets", "default_tickets", "quantum", "placement", "packlimit"))

@@ -33,5 +33,6 @@ class ShortestRemaining:
         return Decision(run)
 
 
-register("srtf", lambda **kw: ShortestRemaining(service=False, **kw))
-register("srsf", lambda **kw: ShortestRemaining(service=True, **kw))
+_OPTS = ("placement", "packlimit")
+register("srtf", lambda **kw: ShortestRemaining(service=False, **kw), _OPTS)
+register("srsf", lambda **kw: ShortestRemaining(service=True, **kw), _OPTS)

@@ -38,4 +38,4 @@ class TimeSlice:
         return Decision(run, self._next)
 
 
-register("gandiva-ts", lambda **kw: TimeSlice(**kw))
+register("gandiva-ts", lambda **kw: TimeSlice(**kw), ("quantum", "placement", "packlimit"))

@@ -176,5 +176,6 @@ def _tiresias_g(distribution=None, **options) -> Tiresias:
     return Tiresias(gittins=distribution, **options)
 
 
-register("tiresias-l", lambda **kw: Tiresias(**kw))
-register("tiresias-g", _tiresias_g)
+_OPTS = ("thresholds", "promote_knob", "placement", "packlimit")
+register("tiresias-l", lambda **kw: Tiresias(**kw), _OPTS)
+register("tiresias-g", _tiresias_g, _OPTS + ("distribution", "delta"))

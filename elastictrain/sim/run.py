@@ -53,14 +53,7 @@ def simulate(cfg: SimConfig, progress: bool = True) -> list[SimResult]:
     results = []
     for name in cfg.policies:
         opts = {k: v for k, v in cfg.policy_options.items() if v is not None}
-        if name != "tiresias-g":
-            opts.pop("distribution", None)
-        if not name.startswith("tiresias"):
-            for k in ("thresholds", "promote_knob"):
-                opts.pop(k, None)
-        if name != "gandiva-ts":
-            opts.pop("quantum", None)
-        policy = create(name, **opts)
+        policy = create(name, only_known=True, **opts)  # each policy takes the options it knows
         bar = None
         if progress:
             try:

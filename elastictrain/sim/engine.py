@@ -57,6 +57,8 @@ class JobRecord:
     duration: float  # at full speed
     preemptions: int
     pending_time: float  # total time waiting
+    user: str = ""
+    gpu_seconds: float = 0.0  # service received (wall time running x GPUs)
 
     @property
     def jct(self) -> float:
@@ -84,7 +86,7 @@ class Simulator:
     def __init__(self, jobs: list[JobSpec], cluster: ClusterSpec, policy: Policy, *,
                  restart_cost: Union[str, float, Callable[[JobState], float]] = 0.0,
                  charge: str = "on_start", speed_factor: float = 1.0, interval: Optional[float] = None,
-                 spread_slowdown: float = 1.0, skew_sensitive: float = 0.5,
+                 spread_slowdown: float = 1.0, skew_sensitive: float = 0.5, until: Optional[float] = None,
                  progress: Optional[Callable[[int], None]] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
@@ -97,6 +99,7 @@ class Simulator:
         if spread_slowdown < 1.0:
             raise ConfigError(f"spread_slowdown must be >= 1, got {spread_slowdown}")
         self.spread_slowdown, self.skew_sensitive = spread_slowdown, skew_sensitive
+        self.until = until  # stop the simulation at this time (jobs may be unfinished)
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
         elif callable(restart_cost):
@@ -134,6 +137,8 @@ class Simulator:
                 if t < t_end:
                     t_end = t
             t = min(t_arr, t_end, wakeup if wakeup is not None else math.inf, next_round)
+            if self.until is not None and t > self.until:
+                t = self.until
             if t == math.inf:
                 raise ConfigError(f"simulation stalled at t={now:.0f} s with {len(runnable)} waiting job(s) that "
                                   f"the policy {self.policy.name} never starts")
@@ -178,7 +183,8 @@ class Simulator:
                 owed.pop(j.job_id, None)
                 spec = j.extra["spec"]
                 done.append(JobRecord(j.job_id, j.num_gpu, j.model, j.submit_time, j.start_time, now,
-                                      spec.duration, j.preemptions, j.extra["pending"]))
+                                      spec.duration, j.preemptions, j.extra["pending"], j.user,
+                                      j.attained_gpu))
             while idx < n and specs[idx].submit_time <= now:
                 s = specs[idx]
                 j = JobState(s.job_id, s.num_gpu, s.submit_time, s.model, s.iteration_time * self.factor,
@@ -227,6 +233,14 @@ class Simulator:
             util.append((now, used))
             if self.progress is not None:
                 self.progress(len(done))
+            if self.until is not None and now >= self.until:
+                break
         done.sort(key=lambda r: r.job_id)
+        service: dict[str, float] = {}  # GPU-seconds received per user, finished jobs or not
+        for r in done:
+            service[r.user] = service.get(r.user, 0.0) + r.gpu_seconds
+        for j in runnable:
+            service[j.user] = service.get(j.user, 0.0) + j.attained_gpu
         return SimResult(self.policy.name, done, now, events, util, self.cluster.total_gpus, lost,
-                         _time.perf_counter() - t_wall)
+                         _time.perf_counter() - t_wall, {"service_by_user": service,
+                                                         "unfinished": len(runnable)})

@@ -61,3 +61,17 @@ def test_tickets_are_honoured_over_time():
     assert t > 20_000
     ratio = per_user["heavy"] / per_user["light"]
     assert abs(ratio - 3.0) / 3.0 < 0.05, ratio
+
+
+def test_homogeneous_experiment_every_class_within_10_percent():
+    import os
+
+    from elastictrain.sim.fairness import homogeneous
+
+    trace = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "data",
+                         "60_job.csv")
+    r = homogeneous(trace, hours=6)
+    assert set(r.share_by_class) == {1, 2, 4, 8}
+    for g, share in r.share_by_class.items():
+        assert abs(share - 1) < 0.10, (g, share)
+    assert r.utilization > 0.95

@@ -5,9 +5,12 @@ quantum the jobs with the lowest *pass* run, as long as their gang fits in the f
 job that runs advances its pass by ``size / tickets``. Over time each user receives GPU time in
 proportion to its tickets (the slides' "gang-aware stride scheduling").
 
+Also here: :func:`trade`, the second-price exchange of fast for slow GPU time between users
+(on allocations; see ``elastictrain.sim.fairness.heterogeneous``).
+
 Not built yet (issue 8 goes on): the *split* scheduler (a local stride scheduler per server,
-a central one for multi-server jobs, load balancing by migration), heterogeneous GPU
-generations and the second-price trading between users.
+a central one for multi-server jobs, load balancing by migration), and heterogeneous GPU
+generations inside the event-driven simulator.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from ..errors import ConfigError
 from .api import ClusterSnapshot, Decision, register
 from .placement import make_placer
 
-__all__ = ["StrideJob", "gang_stride", "GandivaFair"]
+__all__ = ["StrideJob", "gang_stride", "GandivaFair", "Trade", "trade", "throughput"]
 
 
 @dataclass
@@ -101,3 +104,59 @@ class GandivaFair:
 
 register("gandiva-fair", lambda **kw: GandivaFair(**kw),
          ("tickets", "default_tickets", "quantum", "placement", "packlimit"))
+
+
+# ---------------------------------------------------------------------------- trading
+@dataclass(frozen=True)
+class Trade:
+    seller: str  # gives ``amount`` fast GPUs
+    buyer: str  # gives ``amount * price`` slow GPUs
+    fast: str
+    slow: str
+    amount: float
+    price: float  # slow GPUs per fast GPU: the next-best bid below the buyer's (second price)
+
+
+def trade(alloc: dict[str, dict[str, float]], speed: dict[str, dict[str, float]], fast: str, slow: str,
+          unit: float = 1.0, eps: float = 1e-9) -> list[Trade]:
+    """Trade ``fast`` GPUs for ``slow`` ones between users, in place, Gandiva-fair style.
+
+    Each user bids its speedup ``speed[u][fast] / speed[u][slow]``. The highest bidder who still
+    has slow GPUs buys, ``unit`` at a time, from the lowest bidder who still has fast GPUs, at a
+    price set by the next-best bid below the buyer's (a second price: no user gains by
+    misreporting its speedup). A trade happens only if ``seller's bid <= price < buyer's bid``,
+    so neither side's throughput goes down (the seller's stays equal at worst).
+    """
+    users = list(alloc)
+    bid = {u: speed[u][fast] / speed[u][slow] for u in users}
+    trades: list[Trade] = []
+    while True:
+        buyers = sorted((u for u in users if alloc[u].get(slow, 0.0) > eps), key=lambda u: -bid[u])
+        done = True
+        for b in buyers:
+            below = [bid[u] for u in users if u != b and bid[u] < bid[b]]
+            if not below:
+                continue
+            price = max(below)
+            sellers = sorted((u for u in users if u != b and alloc[u].get(fast, 0.0) > eps and bid[u] <= price),
+                             key=lambda u: bid[u])
+            if not sellers:
+                continue
+            s = sellers[0]
+            amount = min(unit, alloc[s][fast], alloc[b][slow] / price)
+            if amount <= eps:
+                continue
+            alloc[s][fast] -= amount
+            alloc[b][fast] = alloc[b].get(fast, 0.0) + amount
+            alloc[b][slow] -= amount * price
+            alloc[s][slow] = alloc[s].get(slow, 0.0) + amount * price
+            trades.append(Trade(s, b, fast, slow, amount, price))
+            done = False
+            break
+        if done:
+            return trades
+
+
+def throughput(alloc: dict[str, dict[str, float]], speed: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Each user's aggregate rate: GPUs of each type times its speed there."""
+    return {u: sum(n * speed[u][t] for t, n in a.items()) for u, a in alloc.items()}

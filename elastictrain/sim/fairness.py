@@ -46,3 +46,44 @@ def homogeneous(trace: str, *, users: int = 70, nodes: int = 6, gpus_per_node: i
     return FairnessResult({g: statistics.fmean(v) for g, v in sorted(by_class.items())},
                           {g: len(v) for g, v in sorted(by_class.items())},
                           sum(service.values()) / (cluster.total_gpus * horizon))
+
+
+#: the slides' heterogeneous cluster
+HETERO_CLUSTER = {"v100": 12, "p100": 24, "k80": 128}
+#: four users whose jobs speed up very differently on newer GPUs (Gavel's job types)
+HETERO_USERS = {"user1": "ResNet-50 (batch size 64)", "user2": "Transformer (batch size 16)",
+                "user3": "A3C", "user4": "ResNet-18 (batch size 128)"}
+
+
+@dataclass(frozen=True)
+class TradingResult:
+    agnostic: dict[str, float]  # rate per user with an equal share of every GPU type
+    traded: dict[str, float]  # after second-price trading
+    trades: int
+
+    @property
+    def gain(self) -> dict[str, float]:
+        return {u: self.traded[u] / self.agnostic[u] - 1 for u in self.agnostic}
+
+
+def heterogeneous(throughputs: str, cluster: dict[str, int] = HETERO_CLUSTER,
+                  users: dict[str, str] = HETERO_USERS) -> TradingResult:
+    """Fair share of a heterogeneous cluster, without and with Gandiva-fair's trading.
+
+    Every user starts with an equal share of every GPU type (heterogeneity-agnostic fair share);
+    then fast GPU time is traded for slow (V100 for K80, P100 for K80, V100 for P100) at second
+    prices. Speeds are the isolated steps/s of each user's job type in Gavel's table.
+    """
+    import json
+
+    from ..policies.gandiva_fair import throughput, trade
+
+    with open(throughputs) as f:
+        table = json.load(f)
+    speed = {u: {t: table[t][str((job, 1))]["null"] for t in cluster} for u, job in users.items()}
+    alloc = {u: {t: n / len(users) for t, n in cluster.items()} for u in users}
+    before = throughput(alloc, speed)
+    n = 0
+    for fast, slow in (("v100", "k80"), ("p100", "k80"), ("v100", "p100")):
+        n += len(trade(alloc, speed, fast, slow, unit=0.25))
+    return TradingResult(before, throughput(alloc, speed), n)

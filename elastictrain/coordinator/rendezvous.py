@@ -38,7 +38,6 @@ class _Agent:
     join: AgentJoin
     last_seen: float
     waiting: bool = True  # joined the next round
-    node_rank: int = -1  # in the current generation, -1 if not a member
     done: bool = False
 
 
@@ -175,7 +174,7 @@ class Rendezvous:
             j.assignment[a.join.agent] = Assignment(row.generation, node_rank, len(ranked), offset, world,
                                                     head.host, head.port, j.restarts, reason, j.prev_world)
             offset += a.join.nproc
-            a.waiting, a.node_rank = False, node_rank
+            a.waiting = False
         j.prev_world = world
         j.restart_reason = None
         j.round_started = None

@@ -203,15 +203,21 @@ class ShardManager:
                 changed.append((u.shard_id, new))
         return lost, changed
 
+    @staticmethod
+    def _unhold(d: _Dataset, sid: int, lv: _Live) -> None:
+        """Forget that ``lv``'s worker holds shard ``sid``."""
+        key = (lv.generation, lv.worker)
+        held = d.holders.get(key)
+        if held is not None:
+            held.discard(sid)
+            if not held:
+                del d.holders[key]
+
     def _apply_live(self, d: _Dataset, changed: list[tuple[int, _Live]]) -> None:
         for sid, new in changed:
             d.live[sid] = new
             if new.state == DONE:
-                held = d.holders.get((new.generation, new.worker))
-                if held is not None:
-                    held.discard(sid)
-                    if not held:
-                        del d.holders[(new.generation, new.worker)]
+                self._unhold(d, sid, new)
 
     def _reap(self, d: _Dataset) -> None:
         """Return the remainder of every expired lease to TODO."""
@@ -228,10 +234,7 @@ class ShardManager:
                 tx.put_live(d.live_row(sid, _Live(TODO, d.live[sid].offset)))
         for sid in sids:
             lv = d.live[sid]
-            key = (lv.generation, lv.worker)
-            d.holders[key].discard(sid)
-            if not d.holders[key]:
-                del d.holders[key]
+            self._unhold(d, sid, lv)
             d.live[sid] = _Live(TODO, lv.offset)
             heapq.heappush(d.todo, sid)
 
@@ -248,10 +251,6 @@ class ShardManager:
 
     def commits(self, job: str, name: str) -> list[CommitInfo]:
         return [c.info for c in self._get(job, name).commits.values()]
-
-    def cursor(self, job: str, name: str) -> Cursor:
-        """The committed cursor the dataset builds on now (its last commit or restore)."""
-        return self._get(job, name).base
 
     def reap_all(self) -> None:
         for d in list(self._ds.values()):

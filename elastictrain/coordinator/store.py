@@ -20,8 +20,6 @@ import sqlite3
 from dataclasses import dataclass, field
 from typing import Iterator, Optional, Protocol
 
-import msgspec
-
 from ..errors import ConfigError
 
 __all__ = ["Store", "Tx", "SQLiteStore", "LoadedState", "JobRow", "DatasetRow", "LiveRow", "PartRow",
@@ -291,10 +289,3 @@ def open_store(url: str, sync: str = "normal") -> Store:
         raise ConfigError(f"store {url!r}: only sqlite:///PATH (or a plain path) is supported")
     return SQLiteStore(url, sync=sync)
 
-
-def encode_blob(obj: object) -> bytes:
-    return msgspec.msgpack.encode(obj)
-
-
-def decode_blob(data: bytes, type: type = object):  # noqa: A002 - mirrors msgspec's name
-    return msgspec.msgpack.decode(data, type=type)

@@ -74,9 +74,6 @@ class ElasticDataLoader:
                 raise ConfigError(f"ElasticDataLoader does not take {bad}=: the coordinator's shards decide "
                                   "the order, and no sample may be dropped")
             kwargs.pop(bad, None)
-        if kwargs.get("num_workers", 0) > 0 and kwargs.get("multiprocessing_context") is None:
-            kwargs["multiprocessing_context"] = "fork" if torch.multiprocessing.get_start_method(
-                allow_none=True) in (None, "fork") else None
         shards.auto_consume = False
         self.shards = shards
         self.sampler = ElasticSampler(shards)

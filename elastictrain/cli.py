@@ -95,6 +95,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _status(args) -> None:
     import msgspec
 
+    from ._text import table
     from .runtime.client import CoordinatorClient
 
     client = CoordinatorClient(args.coordinator, token=None, timeout=5.0, retry_for=5.0)
@@ -109,9 +110,7 @@ def _status(args) -> None:
     for d in datasets:
         rows.append((d.spec.name, str(d.spec.epochs), str(d.todo), str(d.doing), str(d.done), str(d.total),
                      "yes" if d.finished else "no", d.last_commit or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(v.ljust(w) for v, w in zip(r, widths)))
+    print(table(rows, right_align=False))
 
 
 def _simulate(args) -> None:

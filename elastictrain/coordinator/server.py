@@ -40,15 +40,15 @@ class ServerConfig:
     log_level: str = "warning"
 
 
-def load_or_create_token(token_file: Optional[str]) -> str:
-    """The bearer token: ``$ET_TOKEN``, else the token file, else a new random token written
-    to the token file (mode 0600).
+def load_or_create_token(token_file: Optional[str], use_env: bool = True) -> str:
+    """The bearer token: ``$ET_TOKEN`` (unless ``use_env`` is False), else the token file, else a
+    new random token written to the token file (mode 0600).
 
     Raises:
         ConfigError: no token is given anywhere and there is no file to write one to, or the
             file is empty.
     """
-    env = os.environ.get("ET_TOKEN")
+    env = os.environ.get("ET_TOKEN") if use_env else None
     if env:
         return env.strip()
     if token_file is None:

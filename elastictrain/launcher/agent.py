@@ -53,7 +53,7 @@ class Agent:
         return self._tmp
 
     def _connect(self):
-        from ..runtime.client import CoordinatorClient
+        from ..runtime.client import CoordinatorClient, token_from_file
 
         cfg = self.cfg
         if cfg.coordinator is None:
@@ -62,14 +62,8 @@ class Agent:
             self._embedded = EmbeddedCoordinator(self._state_dir())
             url = self._embedded.start()
             return CoordinatorClient(url, self._embedded.token, retry_for=30.0), url, self._embedded.token_file
-        token = None
-        if cfg.token_file:
-            try:
-                with open(cfg.token_file) as f:
-                    token = f.read().strip()
-            except OSError as exc:
-                raise ConfigError(f"--token-file {cfg.token_file}: {exc.strerror}") from exc
-        client = CoordinatorClient(cfg.coordinator, token if token is not None else "", retry_for=60.0)
+        token = token_from_file(cfg.token_file, "--token-file") if cfg.token_file else ""  # "": from the env
+        client = CoordinatorClient(cfg.coordinator, token, retry_for=60.0)
         return client, cfg.coordinator, cfg.token_file or os.environ.get("ET_TOKEN_FILE")
 
     def _on_signal(self, signum, _frame) -> None:

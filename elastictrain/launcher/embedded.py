@@ -9,13 +9,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import secrets
 import threading
 import time
 from typing import Optional
 
 from ..coordinator.app import Coordinator
-from ..coordinator.server import ServerConfig, build_server
+from ..coordinator.server import ServerConfig, build_server, load_or_create_token
 from ..coordinator.store import open_store
 from ..errors import CoordinatorUnavailableError
 
@@ -29,14 +28,8 @@ class EmbeddedCoordinator:
         os.makedirs(state_dir, exist_ok=True)
         self.db = os.path.join(state_dir, "coordinator.db")
         self.token_file = os.path.join(state_dir, "token")
-        if os.path.exists(self.token_file):
-            with open(self.token_file) as f:
-                self.token = f.read().strip()
-        else:
-            self.token = secrets.token_urlsafe(32)
-            fd = os.open(self.token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(self.token + "\n")
+        # workers read the token from this file, so it must exist even if $ET_TOKEN is set
+        self.token = load_or_create_token(self.token_file, use_env=False)
         self._coordinator = Coordinator(open_store(self.db))
         self._server, self._sock, self.url = build_server(ServerConfig(host=host, port=0), self._coordinator,
                                                           self.token)

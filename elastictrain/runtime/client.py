@@ -26,22 +26,31 @@ from ..wire import (
     ReleaseRequest, RestoreReply, RestoreRequest, ShardUpdate, Version,
 )
 
-__all__ = ["CoordinatorClient", "read_token"]
+__all__ = ["CoordinatorClient", "read_token", "token_from_file"]
 
 T = TypeVar("T")
 _ENC = msgspec.msgpack.Encoder()
 _RETRY_STATUS = {500, 502, 503, 504}
 
 
+def token_from_file(path: str, what: str = "the token file") -> str:
+    """The token stored in ``path``.
+
+    Raises:
+        ConfigError: the file cannot be read (the message names ``what`` and the path).
+    """
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
+
+
 def read_token() -> Optional[str]:
     """The token handed to workers: the file named by ``ET_TOKEN_FILE``, else ``ET_TOKEN``."""
     path = os.environ.get("ET_TOKEN_FILE")
     if path:
-        try:
-            with open(path) as f:
-                return f.read().strip()
-        except OSError as exc:
-            raise ConfigError(f"cannot read the token file ET_TOKEN_FILE={path}: {exc.strerror}") from exc
+        return token_from_file(path, "ET_TOKEN_FILE")
     return os.environ.get("ET_TOKEN") or None
 
 

@@ -10,6 +10,7 @@ from typing import Sequence
 
 import numpy as np
 
+from .._text import table
 from .engine import SimResult
 
 __all__ = ["summarize", "job_bins", "comparison_table", "bins_table", "write_outputs"]
@@ -51,10 +52,7 @@ def comparison_table(summaries: Sequence[dict]) -> str:
             ("p95_jct", "p95", "{:.0f}"), ("p99_jct", "p99", "{:.0f}"), ("makespan", "makespan", "{:.0f}"),
             ("avg_queueing_delay", "queueing", "{:.0f}"), ("preemptions", "preempt", "{}"),
             ("gpu_utilization", "util", "{:.2f}"), ("wall_seconds", "wall (s)", "{:.2f}")]
-    rows = [[h for _, h, _ in cols]] + [[f.format(s[k]) for k, _, f in cols] for s in summaries]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(cols))]
-    return "\n".join("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(r, widths)))
-                     for r in rows)
+    return table([[h for _, h, _ in cols]] + [[f.format(s[k]) for k, _, f in cols] for s in summaries])
 
 
 def bins_table(results: Sequence[SimResult]) -> str:
@@ -64,9 +62,7 @@ def bins_table(results: Sequence[SimResult]) -> str:
     for r in results:
         b = job_bins(r)
         rows.append([r.policy] + [f"{b[n]['avg_jct']:.0f} ({b[n]['jobs']})" if n in b else "-" for n in names])
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(v.rjust(w) if i else v.ljust(w) for i, (v, w) in enumerate(zip(row, widths)))
-                     for row in rows)
+    return table(rows)
 
 
 def write_outputs(results: Sequence[SimResult], out_dir: str) -> list[str]:

@@ -443,14 +443,15 @@ class Checkpointer:
             return CheckpointInfo(name, step, path, extra)
         return None
 
-    def restore(self) -> Optional[CheckpointInfo]:
+    def restore(self, info: Optional[CheckpointInfo] = None) -> Optional[CheckpointInfo]:
         """Load the newest valid checkpoint into ``state``; None (and a log line) if there is none.
 
         Objects with ``load_state_dict`` are loaded in place; other entries of ``state`` are
         replaced by their saved values. With ``shards``, the coordinator's data cursor is reset to
-        the one committed with this checkpoint.
+        the one committed with this checkpoint. ``info``: a result of :meth:`latest` to restore, so
+        that the newest checkpoint is not searched and checksummed a second time.
         """
-        info = self.latest()
+        info = info or self.latest()  # a caller that already looked (and verified) passes it
         if info is None:
             log.warning("no valid checkpoint in %s: starting fresh", self.dir)
             # every rank asks: the first call of a generation resets the cursor, later ones are

@@ -69,14 +69,14 @@ class ElasticKerasCallback(keras.callbacks.Callback):
         self.ckpt, self.data, self.every = checkpointer, data, every_n_steps
         self.step, self.epoch, self.preempted, self.restored = 0, 0, False, None
         self._began = False
-        latest = checkpointer.latest()
-        self.initial_epoch = int(latest.extra.get("epoch", 0)) if latest else 0
+        self._latest = checkpointer.latest()  # verified once, restored from in on_train_begin
+        self.initial_epoch = int(self._latest.extra.get("epoch", 0)) if self._latest else 0
 
     def on_train_begin(self, logs=None) -> None:
         if self._began:
             return
         self._began = True
-        self.restored = self.ckpt.restore()
+        self.restored = self.ckpt.restore(self._latest)
         if self.restored is not None:
             self.step = int(self.restored.extra.get("step", self.restored.step))
 

@@ -24,7 +24,8 @@ from typing import Optional
 from ..errors import ConfigError, ElasticTrainError
 from ..wire import AgentAction, AgentJoin
 from .config import LaunchConfig
-from .workers import PREEMPTED_EXIT_CODE, Failure, SparePool, WorkerGroup, free_port
+from .. import PREEMPTED_EXIT_CODE
+from .workers import Failure, SparePool, WorkerGroup, free_port
 
 __all__ = ["Agent"]
 
@@ -177,7 +178,7 @@ class Agent:
         print(f"etrun: got {signal.Signals(sig).name}; forwarding SIGTERM to the workers, "
               f"{self.cfg.shutdown_grace:.0f} s to checkpoint before SIGKILL", file=sys.stderr)
         group.stop(self.cfg.shutdown_grace, signal.SIGTERM)
-        if group.state() == "preempted" or all(w.exit_code == PREEMPTED_EXIT_CODE for w in group.workers):
+        if group.state() == "preempted":  # every worker exited, with the preempted code among them
             try:
                 self.client.agent_report(self.cfg.run_id, self.agent_id, a.generation, "preempted",
                                          f"etrun got {signal.Signals(sig).name}")

@@ -15,12 +15,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import IO, Optional
 
+from .. import PREEMPTED_EXIT_CODE
 from .config import LaunchConfig, Std
 
 __all__ = ["WorkerGroup", "SparePool", "Failure", "worker_env"]
 
 log = logging.getLogger("etrun")
-PREEMPTED_EXIT_CODE = 75  # the same value as elastictrain.PREEMPTED_EXIT_CODE
 _RUNNER = [sys.executable, "-u", "-m", "elastictrain.launcher.runner"]
 _console_lock = threading.Lock()
 

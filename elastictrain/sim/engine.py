@@ -22,6 +22,7 @@ above ``skew_sensitive``, e.g. VGG) placed across several nodes runs that many t
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
@@ -109,9 +110,7 @@ class Simulator:
             self.cost = lambda j: c
 
     def run(self) -> SimResult:
-        import time as _time
-
-        t_wall = _time.perf_counter()
+        t_wall = time.perf_counter()
         specs, n = self.specs, len(self.specs)
         gpus = tuple([self.cluster.gpus_per_node] * self.cluster.nodes)
         every = self.charge == "every_event"
@@ -145,29 +144,28 @@ class Simulator:
             # ---- advance running jobs to t
             dt = t - now
             finished = []
-            if dt > 0 or running:
-                for j in running:
-                    if every:
-                        end = now + j.remaining_iterations * j.iteration_time * j.slowdown
-                        if end <= t + 1e-9:
-                            finished.append(j)
-                            work = dt
-                        else:
-                            c = j.restart_cost
-                            work = dt - c if dt > c else 0.0
-                            lost += dt - work
-                    else:
-                        o = owed.get(j.job_id, 0.0)
-                        pay = min(o, dt)
-                        if pay:
-                            owed[j.job_id] = o - pay
-                            lost += pay
-                        work = dt - pay
-                    j.remaining_iterations -= work / (j.iteration_time * j.slowdown)
-                    j.attained += dt
-                    j.attained_gpu += dt * j.num_gpu
-                    if not every and j.remaining_iterations <= 1e-9 * max(1.0, j.iterations):
+            for j in running:
+                if every:
+                    end = now + j.remaining_iterations * j.iteration_time * j.slowdown
+                    if end <= t + 1e-9:
                         finished.append(j)
+                        work = dt
+                    else:
+                        c = j.restart_cost
+                        work = dt - c if dt > c else 0.0
+                        lost += dt - work
+                else:
+                    o = owed.get(j.job_id, 0.0)
+                    pay = min(o, dt)
+                    if pay:
+                        owed[j.job_id] = o - pay
+                        lost += pay
+                    work = dt - pay
+                j.remaining_iterations -= work / (j.iteration_time * j.slowdown)
+                j.attained += dt
+                j.attained_gpu += dt * j.num_gpu
+                if not every and j.remaining_iterations <= 1e-9 * max(1.0, j.iterations):
+                    finished.append(j)
             now = t
             if wakeup is not None and wakeup <= now:
                 wakeup = None
@@ -242,5 +240,5 @@ class Simulator:
         for j in runnable:
             service[j.user] = service.get(j.user, 0.0) + j.attained_gpu
         return SimResult(self.policy.name, done, now, events, util, self.cluster.total_gpus, lost,
-                         _time.perf_counter() - t_wall, {"service_by_user": service,
+                         time.perf_counter() - t_wall, {"service_by_user": service,
                                                          "unfinished": len(runnable)})

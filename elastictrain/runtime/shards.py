@@ -71,7 +71,7 @@ class ShardIterator:
         self._prefetch = max(1, prefetch)
         self._interval = report_interval
         self._lock = threading.Condition()
-        self._ready: deque = deque()  # Lease objects, or _END
+        self._ready: deque = deque()  # (Lease, its sample indices), or _END
         self._max_epoch = max_epoch
         self._ended = False  # the coordinator said "exhausted" for the current max_epoch
         self._finished = False  # ... and every epoch is done
@@ -115,12 +115,11 @@ class ShardIterator:
         """Yield ``(epoch, index)`` pairs until no shard of an allowed epoch is left."""
         self._ensure_started()
         while True:
-            lease = self._next_lease()
-            if lease is None:
+            item = self._next_lease()
+            if item is None:
                 self._report(self._client)  # the end of an epoch: make the coordinator's view exact
                 return
-            indices = permuted_indices(self.spec.num_samples, self.spec.seed, lease.epoch, lease.offset,
-                                       lease.end, self.spec.shuffle).tolist()
+            lease, indices = item
             self.epoch = lease.epoch
             # [shard_id, lease_id, consumed offset, yielded-but-unconsumed count, first offset]
             seg = [lease.shard_id, lease.lease_id, lease.offset, 0, lease.offset]
@@ -171,7 +170,7 @@ class ShardIterator:
             if n:
                 raise ElasticTrainError(f"mark_consumed: {n} more samples than were yielded")
 
-    def _next_lease(self) -> Optional[Lease]:
+    def _next_lease(self) -> Optional[tuple[Lease, list[int]]]:
         with self._lock:
             if not self._ready:
                 self.lease_waits += 1  # the training loop had to wait for the coordinator
@@ -233,9 +232,12 @@ class ShardIterator:
                 if want:
                     reply = self._bg.lease(self.job, self.spec.name, self.generation, self.worker,
                                            uuid.uuid4().hex, max_epoch)
+                    ls = reply.lease
+                    indices = None if ls is None else permuted_indices(  # here, off the training thread
+                        self.spec.num_samples, self.spec.seed, ls.epoch, ls.offset, ls.end, self.spec.shuffle).tolist()
                     with self._lock:
-                        if reply.lease is not None:
-                            self._ready.append(reply.lease)
+                        if ls is not None:
+                            self._ready.append((ls, indices))
                         elif max_epoch == self._max_epoch:
                             self._ended = True
                             self._finished = reply.finished

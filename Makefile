@@ -42,6 +42,7 @@ bench: $(FULL)
 	$(PY) benchmarks/launcher.py --quick
 	$(PY) benchmarks/checkpoint.py --quick
 	$(PY) benchmarks/simulator.py --quick
+	$(PY) benchmarks/grouping.py --quick
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

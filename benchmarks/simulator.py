@@ -1,9 +1,10 @@
-"""Simulator speed: wall time and events per second of each policy on Muri's trace1 and trace4.
+"""Simulator speed: wall time and events per second of each policy on Muri's traces 1, 3 and 4.
 
 Runs the ``muri`` preset (the configuration that reproduces the published tables) on
-../shared/traces/muri/simulator/{trace1,trace4}.csv, 64 GPUs. Baseline named for comparison:
-the reference Muri simulator takes 2.5-8 s for SRTF on these traces (not run here: it is not
-part of this repository). Prints ``name: value unit``; ``--quick`` runs each policy once
+../shared/traces/muri/simulator/{trace1,trace3,trace4}.csv, 64 GPUs. Baselines named for
+comparison (not run here: the reference simulator is not part of this repository): it takes
+2.5-8 s for SRTF on these traces, 83 s for Muri-L on trace3 and about 2 hours (projected) on
+trace1. Prints ``name: value unit``; ``--quick`` runs each policy once
 (the default takes the best of 3).
 """
 
@@ -21,13 +22,13 @@ from elastictrain.sim.run import SimConfig, simulate  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "traces",
                     "muri", "simulator")
-POLICIES = ["srtf", "srsf", "tiresias-l", "yarn-cs", "fifo-be", "gandiva-ts"]
+POLICIES = ["srtf", "srsf", "tiresias-l", "yarn-cs", "fifo-be", "gandiva-ts", "muri-s", "muri-l"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--traces", default="trace1,trace4")
+    ap.add_argument("--traces", default="trace1,trace3,trace4")
     args = ap.parse_args()
     reps = 1 if args.quick else 3
     if not os.path.exists(ROOT):

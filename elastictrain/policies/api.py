@@ -84,10 +84,16 @@ class Decision:
 
     ``wakeup``: the next time the policy wants to decide again even if nothing arrives or ends
     (e.g. a Tiresias queue demotion), or None.
+
+    ``groups``: jobs that share their GPUs by interleaving (Muri); the members of a group have
+    one placement and use its GPUs once. ``slowdown``: job id -> factor on its iteration time
+    while it runs this way (a group's interleaved iteration over the job's own); 1 if absent.
     """
 
     run: dict[int, tuple] = field(default_factory=dict)
     wakeup: Optional[float] = None
+    groups: tuple = ()
+    slowdown: dict = field(default_factory=dict)
 
 
 class Policy(Protocol):
@@ -152,5 +158,5 @@ def create(name: str, *, only_known: bool = False, **options) -> Policy:
 
 
 def _load_builtin() -> None:
-    for mod in ("fifo", "srtf", "tiresias", "timeslice", "gandiva_fair"):
+    for mod in ("fifo", "srtf", "tiresias", "timeslice", "gandiva_fair", "muri"):
         importlib.import_module(f".{mod}", __package__)

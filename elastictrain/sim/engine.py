@@ -109,6 +109,20 @@ class Simulator:
             c = float(restart_cost)
             self.cost = lambda j: c
 
+    def _groups(self, decision, run: dict, by_id: dict) -> dict[int, tuple]:
+        """Validate the decision's interleaving groups; job id -> its group's ids."""
+        out: dict[int, tuple] = {}
+        for grp in decision.groups:
+            grp = tuple(grp)
+            where = run.get(grp[0]) if grp else None
+            if (len(grp) < 2 or where is None or any(run.get(m) != where for m in grp)
+                    or len({by_id[m].num_gpu for m in grp}) != 1 or any(m in out for m in grp)):
+                raise ConfigError(f"policy {self.policy.name}: group {grp} must be 2+ placed jobs of one GPU "
+                                  "count on one placement, each in one group")
+            for m in grp:
+                out[m] = grp
+        return out
+
     def run(self) -> SimResult:
         t_wall = time.perf_counter()
         specs, n = self.specs, len(self.specs)
@@ -126,6 +140,8 @@ class Simulator:
         by_id: dict[int, JobState] = {}
         arrived: list[JobState] = []
         ended: list[int] = []
+        group_of: dict[int, tuple] = {}  # job id -> the ids of its interleaving group (2+ jobs)
+        group_cost: dict[int, float] = {}  # job id -> restart seconds of its whole group
         while idx < n or runnable:
             # ---- the next event
             t_arr = specs[idx].submit_time if idx < n else math.inf
@@ -151,7 +167,7 @@ class Simulator:
                         finished.append(j)
                         work = dt
                     else:
-                        c = j.restart_cost
+                        c = group_cost.get(j.job_id, j.restart_cost)
                         work = dt - c if dt > c else 0.0
                         lost += dt - work
                 else:
@@ -177,7 +193,6 @@ class Simulator:
                 runnable.remove(j)
                 del by_id[j.job_id]
                 ended.append(j.job_id)
-                used -= j.num_gpu
                 owed.pop(j.job_id, None)
                 spec = j.extra["spec"]
                 done.append(JobRecord(j.job_id, j.num_gpu, j.model, j.submit_time, j.start_time, now,
@@ -209,25 +224,32 @@ class Simulator:
                         j.preemptions += 1
                         j.placement = ()
                         j.pending_since = now
-                        used -= j.num_gpu
                 running = [j for j in running if j.running]
+                before = group_of
+                group_of = self._groups(decision, run, by_id)
+                group_cost = {jid: sum(by_id[m].restart_cost for m in grp) for jid, grp in group_of.items()}
+                slow = decision.slowdown
                 for jid, where in run.items():
                     j = by_id[jid]
                     j.placement = where
-                    j.slowdown = (self.spread_slowdown if self.spread_slowdown > 1.0 and len(where) > 1
-                                       and j.skew > self.skew_sensitive else 1.0)
+                    j.slowdown = slow.get(jid) or (self.spread_slowdown if self.spread_slowdown > 1.0
+                                                   and len(where) > 1 and j.skew > self.skew_sensitive else 1.0)
                     if not j.running:
                         j.running = True
                         j.extra["pending"] += now - j.pending_since
                         running.append(j)
-                        used += j.num_gpu
                         if j.start_time is None:
                             j.start_time = now
                         if not every:
-                            owed[j.job_id] = j.restart_cost
+                            owed[jid] = group_cost.get(jid, j.restart_cost)
+                    elif not every and before.get(jid) != group_of.get(jid):
+                        owed[jid] = group_cost.get(jid, j.restart_cost)  # regrouped: the group restarts
+                used = sum(j.num_gpu for j in running if group_of.get(j.job_id, (j.job_id,))[0] == j.job_id)
                 if used > self.cluster.total_gpus:
                     raise ConfigError(f"policy {self.policy.name} placed {used} GPUs on a cluster of "
                                       f"{self.cluster.total_gpus}")
+            elif finished:
+                used = 0
             util.append((now, used))
             if self.progress is not None:
                 self.progress(len(done))

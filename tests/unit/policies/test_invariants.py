@@ -40,9 +40,19 @@ class Checked:
         by_id = {j.job_id: j for j in s.jobs}
         per_node = [0] * len(s.gpus_per_node)
         total = 0
+        followers = set()  # members of an interleaving group after the first share its GPUs
+        for grp in d.groups:
+            assert len(grp) >= 2 and len({d.run[m] for m in grp}) == 1, f"group {grp} split across placements"
+            assert len({by_id[m].num_gpu for m in grp}) == 1, f"group {grp} mixes GPU counts"
+            assert not followers & set(grp), f"a job is in two groups: {grp}"
+            followers.update(grp[1:])
+        for jid, f in d.slowdown.items():
+            assert jid in d.run and f > 0
         for jid, where in d.run.items():
             assert jid in by_id, f"placed job {jid} that is not runnable"
             assert sum(g for _, g in where) == by_id[jid].num_gpu, f"job {jid}: partial gang {where}"
+            if jid in followers:
+                continue
             for node, g in where:
                 assert g > 0
                 if node >= 0:
@@ -56,18 +66,24 @@ class Checked:
         return d
 
 
+PROFILES = {"vgg16": (0.08, 0.07, 0.06), "resnet50": (0.37, 0.18, 0.0), "bert": (0.0005, 0.16, 0.02),
+            "gpt2": (0.2, 0.4, 0.1, 0.05)}
+
+
 def random_trace(seed, n=80):
     rng = random.Random(seed)
     t, jobs = 0.0, []
     for i in range(n):
         t += rng.expovariate(1 / 300)
+        model = rng.choice(["vgg16", "resnet50", "bert", "gpt2"])
+        stages = PROFILES[model] if rng.random() < 0.8 else ()  # some jobs were never profiled
         jobs.append(JobSpec(i, rng.choice([1, 1, 2, 4, 8, 16]), t, rng.randint(10, 5000), rng.uniform(0.1, 2.0),
-                            rng.choice(["vgg16", "resnet50", "bert", "gpt2"])))
+                            model, stages))
     return jobs
 
 
 @pytest.mark.parametrize("name", ["yarn-cs", "fifo-be", "srtf", "srsf", "tiresias-l", "tiresias-g", "gandiva-ts",
-                                  "gandiva-fair"])
+                                  "gandiva-fair", "muri-s", "muri-l", "muri-l-worst", "muri-l-noblossom"])
 @pytest.mark.parametrize("placement", [None, "consolidated", "spread", "count", "skew"])
 @pytest.mark.parametrize("seed", [1, 2])
 def test_policy_invariants(name, placement, seed):

@@ -1,0 +1,254 @@
+"""Muri: multi-resource interleaving groups (Muri-S, Muri-L and the ablation variants).
+
+Each decision (Muri section 4.2 and Algorithm 1):
+
+1. **Priority.** Muri-S: shortest remaining service first (remaining time x GPUs, durations
+   known, SRSF). Muri-L: least attained service first (GPU-seconds received, 2D-LAS). Ties keep
+   the previous decision's order, which lists larger jobs first.
+2. **Candidates.** Jobs are visited in priority order with a trial placement; each job that
+   fits claims itself and the next ``group_size - 1`` jobs of its *bucket* (jobs with the same
+   GPU count: Muri never groups across GPU counts, so a group's workers share the same GPUs).
+3. **Grouping rounds.** While the candidates need more GPUs than the cluster has, each bucket's
+   nodes (jobs, then groups) are matched for maximum total interleaving efficiency and matched
+   pairs are merged, most urgent first, until the demand fits (at most ``rounds`` rounds,
+   groups of at most ``group_size`` jobs). The matching is over profile *types*
+   (:mod:`.grouping`), so it costs the same for 10 or 10,000 queued jobs. With
+   ``matching="priority"`` (the "without Blossom" ablation) a bucket's candidates are instead
+   grouped in priority order, ``group_size`` at a time.
+4. **Split.** A group whose interleaved iteration is slower than its members run one after
+   the other is split again.
+5. **Placement.** Groups (and single jobs) are admitted in priority order while they fit, then
+   placed largest first; a group's jobs share one placement.
+
+A grouped job runs at its group's interleaved iteration time (eq. 3 with the best, or for
+``ordering="worst"`` the worst, slot ordering; see :mod:`.interleaving`) times
+``overhead[size - 1] / overhead[0]``: the measured cost of interleaving ``size`` jobs relative
+to a job alone (the Muri simulator's 1.015, 1.33, 1.5, 1.37). The Decision carries the groups
+and each member's slowdown; the engine charges a group's restart as the sum of its members'.
+
+Jobs without a stage profile never group (they run alone at their own iteration time).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from ..errors import ConfigError
+from .api import ClusterSnapshot, Decision, register
+from .grouping import assign, match_types
+from .interleaving import best_ordering, efficiency, worst_ordering
+from .placement import make_placer
+
+__all__ = ["Muri"]
+
+DEFAULT_OVERHEAD = (1.015, 1.33, 1.5, 1.37)
+
+
+class Muri:
+    """Args:
+        known_duration: True for Muri-S (SRSF priority), False for Muri-L (2D-LAS priority).
+        group_size: the most jobs in one group (2 to 4, at most ``resources``).
+        resources: resource types (slots per interleaved iteration); profiles with fewer
+            stage times let their first stage span the extra slots.
+        ordering: ``best`` or ``worst`` slot ordering of a group (the worst is an ablation).
+        matching: ``blossom`` (maximum-weight matching of profile types) or ``priority``.
+        rounds: grouping rounds at most (each can double a group's size).
+        overhead: slowdown factor of a group of 1, 2, 3, 4 jobs.
+        autosplit: split groups slower than their members alone.
+        placement: see :mod:`.placement` (default ``consolidated``, YARN first fit).
+    """
+
+    def __init__(self, known_duration: bool = True, group_size: int = 4, resources: int = 4,
+                 ordering: str = "best", matching: str = "blossom", rounds: Optional[int] = None,
+                 overhead: Sequence[float] = DEFAULT_OVERHEAD, autosplit: bool = True,
+                 placement: str = "consolidated", packlimit: float = 0.5) -> None:
+        if not 1 <= group_size <= 4 or group_size > resources:
+            raise ConfigError(f"muri group_size must be 1 to 4 and at most resources ({resources}), "
+                              f"got {group_size}")
+        if ordering not in ("best", "worst"):
+            raise ConfigError(f"muri ordering must be best or worst, got {ordering!r}")
+        if matching not in ("blossom", "priority"):
+            raise ConfigError(f"muri matching must be blossom or priority, got {matching!r}")
+        if len(overhead) < group_size or any(o <= 0 for o in overhead):
+            raise ConfigError(f"muri overhead needs a positive factor for each group size up to {group_size}, "
+                              f"got {tuple(overhead)}")
+        self.known, self.k, self.resources = known_duration, group_size, resources
+        self.ordering, self.matching = ordering, matching
+        self.rounds = group_size if rounds is None else rounds
+        self.overhead = tuple(float(o) for o in overhead)
+        self.autosplit, self.placement, self.packlimit = autosplit, placement, packlimit
+        self.name = "muri-s" if known_duration else "muri-l"
+        if ordering == "worst":
+            self.name += "-worst"
+        if matching == "priority":
+            self.name += "-noblossom"
+        self._profiles: dict[tuple, int] = {}  # stage times -> profile id
+        self._plist: list[tuple] = []
+        self._time: dict[tuple, float] = {}  # sorted profile ids -> group iteration time (raw T)
+        self._rank: dict[int, int] = {}  # job id -> position in the previous decision's order
+        self._next = 0
+
+    # ---- the interleaving model, cached per multiset of profiles
+    def _pid(self, j) -> int:
+        p = j.stage_times
+        if not p:
+            return -1 - j.job_id  # no profile: never groups
+        pid = self._profiles.get(p)
+        if pid is None:
+            if len(p) > self.resources:
+                raise ConfigError(f"job {j.job_id} has {len(p)} stage times; muri was set up for "
+                                  f"resources={self.resources}")
+            pid = self._profiles[p] = len(self._plist)
+            self._plist.append(tuple(float(t) for t in p))
+        return pid
+
+    def group_time(self, members: tuple) -> float:
+        """Interleaved iteration time of a group of profile ids, with its size's overhead."""
+        t = self._time.get(members)
+        if t is None:
+            profs = [self._plist[m] for m in members]
+            fn = best_ordering if self.ordering == "best" else worst_ordering
+            t = fn(profs, self.resources)[0] * self.overhead[len(members) - 1] / self.overhead[0]
+            self._time[members] = t
+        return t
+
+    def _weight(self, a: tuple, b: tuple) -> Optional[float]:
+        m = tuple(sorted(a + b))
+        if len(m) > self.k or m[0] < 0:
+            return None
+        return efficiency([self._plist[i] for i in m], self.group_time(m), self.resources)
+
+    # ---- one decision
+    def decide(self, s: ClusterSnapshot) -> Decision:
+        rank = self._rank
+        for j in s.arrived:
+            rank[j.job_id] = self._next
+            self._next += 1
+        if self.known:
+            order = sorted(s.jobs, key=lambda j: (j.remaining_iterations * j.iteration_time * j.num_gpu,
+                                                  rank[j.job_id]))
+        else:
+            order = sorted(s.jobs, key=lambda j: (j.attained_gpu, rank[j.job_id]))
+        pos = {j.job_id: i for i, j in enumerate(order)}
+
+        # 2. candidates: each job that fits claims itself and the next group_size - 1 of its bucket
+        buckets: dict[int, list] = {}
+        for j in order:
+            buckets.setdefault(j.num_gpu, []).append(j)
+        index = {j.job_id: i for b in buckets.values() for i, j in enumerate(b)}
+        chosen = dict.fromkeys(buckets, 0)
+        trial = make_placer(s, self.placement, self.packlimit)
+        for j in order:
+            g = j.num_gpu
+            if index[j.job_id] < chosen[g]:
+                continue
+            if trial.total_free < g:
+                if trial.total_free == 0:
+                    break
+                continue
+            if trial.place(g, j.skew) is not None:
+                chosen[g] = min(chosen[g] + self.k, len(buckets[g]))
+        capacity = s.total_gpus
+        demand = sum(g * n for g, n in chosen.items())
+        nodes = {g: [[j] for j in buckets[g][:n]] for g, n in chosen.items() if n}
+
+        # 3. grouping rounds
+        if demand > capacity and self.k > 1:
+            if self.matching == "priority":
+                demand = self._group_in_order(nodes, demand, capacity)
+            else:
+                for _ in range(self.rounds):
+                    if demand <= capacity:
+                        break
+                    for g in nodes:  # buckets in order of their most urgent job
+                        if demand > capacity:
+                            nodes[g], demand = self._match_round(nodes[g], g, demand, capacity)
+
+        # 4. split groups that run slower than their members alone
+        groups = []
+        for g, bucket in nodes.items():
+            for grp in bucket:
+                if len(grp) > 1 and self.autosplit:
+                    ids = tuple(sorted(self._pid(j) for j in grp))
+                    if self.group_time(ids) > sum(j.iteration_time for j in grp):
+                        groups.extend([j] for j in grp)
+                        continue
+                groups.append(grp)
+        groups.sort(key=lambda grp: min(pos[j.job_id] for j in grp))
+
+        # 5. admit in priority order, place largest first
+        trial = make_placer(s, self.placement, self.packlimit)
+        admitted = [grp for grp in groups if trial.place(grp[0].num_gpu, max(j.skew for j in grp)) is not None]
+        admitted.sort(key=lambda grp: (-grp[0].num_gpu, min(pos[j.job_id] for j in grp)))
+        placer = make_placer(s, self.placement, self.packlimit)
+        run: dict[int, tuple] = {}
+        shared, slowdown = [], {}
+        for grp in admitted:
+            where = placer.place(grp[0].num_gpu, max(j.skew for j in grp))
+            if where is None:
+                continue
+            for j in grp:
+                run[j.job_id] = where
+            if len(grp) > 1:
+                shared.append(tuple(j.job_id for j in grp))
+                t = self.group_time(tuple(sorted(self._pid(j) for j in grp)))
+                for j in grp:  # never faster than alone, whatever the profile says
+                    slowdown[j.job_id] = max(1.0, t / j.iteration_time)
+
+        # ties keep this order next time: priority order, larger jobs first
+        for i, j in enumerate(sorted(order, key=lambda j: -j.num_gpu)):
+            rank[j.job_id] = i
+        for jid in s.ended:
+            rank.pop(jid, None)
+        return Decision(run, groups=tuple(shared), slowdown=slowdown)
+
+    def _types(self, bucket: list) -> list[tuple]:
+        return [tuple(sorted(self._pid(j) for j in grp)) for grp in bucket]
+
+    def _match_round(self, bucket: list, g: int, demand: int, capacity: int):
+        types = self._types(bucket)
+        counts: dict = {}
+        for t in types:
+            if t[0] >= 0 and len(t) < self.k:
+                counts[t] = counts.get(t, 0) + 1
+        plan = match_types(counts, self._weight)
+        pairs = assign([t if t in counts else None for t in types], plan) if plan else []
+        partner = {}
+        for a, b in pairs:
+            partner[a], partner[b] = b, a
+        out = []
+        for u in range(len(bucket)):  # a pair is merged when its later member comes up
+            v = partner.get(u)
+            if v is None:
+                out.append(bucket[u])
+            elif v < u:
+                if demand > capacity:
+                    out.append(bucket[v] + bucket[u])
+                    demand -= g
+                else:
+                    out.append(bucket[v])
+                    out.append(bucket[u])
+        return out, demand
+
+    def _group_in_order(self, nodes: dict, demand: int, capacity: int) -> int:
+        for g, bucket in nodes.items():
+            out = []
+            for i in range(0, len(bucket), self.k):
+                chunk = bucket[i:i + self.k]
+                grp = list(chunk[0])
+                for other in chunk[1:]:
+                    if demand > capacity and other[0].stage_times and grp[0].stage_times:
+                        grp += other
+                        demand -= g
+                    else:
+                        out.append(other)
+                out.append(grp)
+            nodes[g] = out
+        return demand
+
+
+_OPTS = ("group_size", "resources", "rounds", "overhead", "autosplit", "placement", "packlimit")
+register("muri-s", lambda **kw: Muri(known_duration=True, **kw), _OPTS)
+register("muri-l", lambda **kw: Muri(known_duration=False, **kw), _OPTS)
+register("muri-l-worst", lambda **kw: Muri(known_duration=False, ordering="worst", **kw), _OPTS)
+register("muri-l-noblossom", lambda **kw: Muri(known_duration=False, matching="priority", **kw), _OPTS)

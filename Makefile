@@ -43,6 +43,8 @@ bench: $(FULL)
 	$(PY) benchmarks/checkpoint.py --quick
 	$(PY) benchmarks/simulator.py --quick
 	$(PY) benchmarks/grouping.py --quick
+	$(PY) benchmarks/interleave.py --quick
+	$(PY) benchmarks/profiling_overhead.py --quick
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -28,6 +28,8 @@ _LAZY = {
     "DatasetSpec": "model",
     "ShardIterator": "runtime.shards",
     "CoordinatorClient": "runtime.client",
+    "stage": "runtime.stages", "STAGES": "runtime.stages",
+    "InterleaveGroup": "runtime.interleave", "GroupJob": "runtime.interleave",
     "ElasticTrainError": "errors", "ConfigError": "errors", "BadRequestError": "errors",
     "AuthError": "errors", "NotFoundError": "errors", "ConflictError": "errors",
     "StaleGenerationError": "errors", "LeaseLostError": "errors", "CoordinatorUnavailableError": "errors",
@@ -57,4 +59,6 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     from .model import DatasetSpec
     from .runtime.client import CoordinatorClient
     from .runtime.job import Job, init
+    from .runtime.interleave import GroupJob, InterleaveGroup
     from .runtime.shards import ShardIterator
+    from .runtime.stages import STAGES, stage

@@ -3,6 +3,8 @@
 Commands:
     coordinator   run the coordinator service
     status        show a job's generation and datasets
+    simulate      replay a cluster trace through scheduling policies
+    profile       run a training script for N iterations and print its stage and comm profiles
     version       print the package version
 """
 
@@ -67,6 +69,15 @@ def get_parser() -> argparse.ArgumentParser:
                    help="slowdown of a skew-sensitive job placed across nodes (1: none)")
     m.add_argument("--no-progress", action="store_true")
 
+    pr = sub.add_parser("profile", help="run a training command for N iterations; print its stage and "
+                        "communication profiles", usage="elastictrain profile [-n N] [--warmup W] [--json FILE] "
+                        "-- COMMAND ...")
+    pr.add_argument("-n", "--iterations", type=int, default=20, help="iterations measured after the warm-up")
+    pr.add_argument("--warmup", type=int, default=5, help="iterations run before measuring")
+    pr.add_argument("--json", default=None, help="also write the reports (a list, one per worker) here")
+    pr.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
+    pr.add_argument("cmd", nargs=argparse.REMAINDER, help="the training command (after --)")
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -84,6 +95,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _status(args)
         elif args.command == "simulate":
             _simulate(args)
+        elif args.command == "profile":
+            return _profile(args)
         elif args.command == "version":
             print(__version__)
     except ElasticTrainError as exc:
@@ -111,6 +124,67 @@ def _status(args) -> None:
         rows.append((d.spec.name, str(d.spec.epochs), str(d.todo), str(d.doing), str(d.done), str(d.total),
                      "yes" if d.finished else "no", d.last_commit or "-"))
     print(table(rows, right_align=False))
+
+
+def _profile(args) -> int:
+    import glob
+    import json
+    import subprocess
+    import tempfile
+
+    import msgspec
+
+    from ._text import table
+    from .errors import ConfigError
+    from .runtime.profiler import load_report
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError("give the training command after --, e.g. elastictrain profile -n 20 -- python train.py")
+    if args.iterations < 1 or args.warmup < 0:
+        raise ConfigError("--iterations must be >= 1 and --warmup >= 0")
+    with tempfile.TemporaryDirectory(prefix="et-profile-") as tmp:
+        env = dict(os.environ, ET_PROFILE_ITERATIONS=str(args.iterations), ET_PROFILE_WARMUP=str(args.warmup),
+                   ET_PROFILE_OUT=os.path.join(tmp, "profile"))
+        try:
+            rc = subprocess.run(cmd, env=env, timeout=args.timeout).returncode
+        except FileNotFoundError:
+            raise ConfigError(f"cannot run {cmd[0]!r}: no such program") from None
+        except subprocess.TimeoutExpired:
+            raise ConfigError(f"the command did not finish {args.warmup + args.iterations} iterations in "
+                              f"{args.timeout:.0f} s (raise --timeout, or lower -n)") from None
+        paths = sorted(glob.glob(os.path.join(tmp, "profile.*.json")))
+        if not paths:
+            print(f"elastictrain: error: the command exited with status {rc} before {args.warmup} + "
+                  f"{args.iterations} iterations of et.stage(...) spans completed; annotate the training loop "
+                  "with et.stage and run enough steps", file=sys.stderr)
+            return rc or 2
+        reports = [load_report(p) for p in paths]
+    rows = [("worker", "iteration ms", "load ms", "preprocess ms", "compute ms", "sync ms", "device timed")]
+    for r in reports:
+        st = r.stage
+        rows.append((str(st.worker), f"{st.iteration_seconds * 1e3:.2f}",
+                     *(f"{st.stages.get(k, 0.0) * 1e3:.2f}" for k in ("load", "preprocess", "compute", "sync")),
+                     "yes" if st.device else "no"))
+    print(table(rows))
+    comm = [r.comm for r in reports if r.comm is not None]
+    if comm:
+        print()
+        rows = [("worker", "collectives/it", "MB/it", "ms/collective", "tensors", "model MB", "skew")]
+        for c in comm:
+            rows.append((str(c.worker), f"{c.collectives_per_iteration:.1f}", f"{c.bytes_per_iteration / 1e6:.3f}",
+                         f"{c.seconds_per_collective * 1e3:.3f}", str(c.tensor_count), f"{c.total_bytes / 1e6:.3f}",
+                         f"{c.skew:.3f}"))
+        print(table(rows))
+    text = json.dumps([msgspec.to_builtins(r) for r in reports], indent=2, sort_keys=True)
+    print()
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text + "\n")
+    return 0
 
 
 def _simulate(args) -> None:

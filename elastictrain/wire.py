@@ -22,6 +22,7 @@ __all__ = [
     "GenerationInfo", "DatasetInfo", "LeaseRequest", "Lease", "LeaseReply", "ShardUpdate",
     "ProgressRequest", "ProgressReply", "CommitRequest", "CommitReply", "RestoreRequest",
     "RestoreReply", "ReleaseRequest", "ReleaseReply", "CommitInfo", "CommitList",
+    "StageProfile", "CommProfile", "ProfileReport", "ProfileList",
 ]
 
 
@@ -254,3 +255,46 @@ class AgentReport(_Msg):
     generation: int
     event: str
     detail: str = ""
+
+
+# ---------------------------------------------------------------- profiles
+class StageProfile(_Msg):
+    """Mean seconds per iteration of each stage type over ``iterations`` after ``warmup``.
+
+    ``stages`` keeps the order of :data:`elastictrain.runtime.stages.STAGES` (a stage the job
+    does not use is 0). ``device``: True when compute/sync were timed with CUDA events.
+    """
+
+    worker: int
+    iterations: int
+    warmup: int
+    iteration_seconds: float
+    stages: dict[str, float]
+    device: bool = False
+
+
+class CommProfile(_Msg):
+    """Gradient communication of one worker: per iteration and per collective, and the model's
+    tensor sizes (``skew`` = largest tensor / total, compared with PACKLIMIT by placement)."""
+
+    worker: int
+    iterations: int
+    collectives_per_iteration: float
+    bytes_per_iteration: float
+    seconds_per_collective: float
+    seconds_per_iteration: float
+    tensor_count: int
+    total_bytes: int
+    largest_bytes: int
+    skew: float
+    size_histogram: dict[str, int]
+
+
+class ProfileReport(_Msg):
+    stage: Optional[StageProfile] = None
+    comm: Optional[CommProfile] = None
+
+
+class ProfileList(_Msg):
+    job: str
+    reports: list[ProfileReport]

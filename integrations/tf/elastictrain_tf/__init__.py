@@ -4,5 +4,7 @@ when ``fit`` starts."""
 
 from .checkpoint import ElasticKerasCallback, KerasState, TFCheckpointer, elastic_fit
 from .data import ElasticTFData
+from .profiling import comm_profile_from_gradients
 
-__all__ = ["ElasticTFData", "KerasState", "TFCheckpointer", "ElasticKerasCallback", "elastic_fit"]
+__all__ = ["ElasticTFData", "KerasState", "TFCheckpointer", "ElasticKerasCallback", "elastic_fit",
+           "comm_profile_from_gradients"]

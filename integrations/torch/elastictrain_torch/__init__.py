@@ -1,7 +1,9 @@
 """PyTorch glue for elastictrain: a Sampler and DataLoader over exactly-once shards, and the
-checkpointer's tensor support."""
+checkpointer's tensor support, and the DDP communication profiler."""
 
 from .checkpoint import RNGState, TorchCheckpointer
 from .data import ElasticDataLoader, ElasticSampler, even_batches
+from .profiling import CommProfiler, tensor_bytes
 
-__all__ = ["ElasticSampler", "ElasticDataLoader", "even_batches", "TorchCheckpointer", "RNGState"]
+__all__ = ["ElasticSampler", "ElasticDataLoader", "even_batches", "TorchCheckpointer", "RNGState", "CommProfiler",
+           "tensor_bytes"]

@@ -52,7 +52,8 @@ def get_parser() -> argparse.ArgumentParser:
     m.add_argument("--trace", required=True, help="trace file (Tiresias CSV, Muri CSV, Gavel .trace, native CSV)")
     m.add_argument("--cluster", required=True, help="cluster spec CSV or a short form like n8g8")
     m.add_argument("--policy", default="tiresias-l,srsf,fifo",
-                   help="comma-separated: yarn-cs|fifo, fifo-be, srtf, srsf, tiresias-l, tiresias-g, gandiva-ts")
+                   help="comma-separated: yarn-cs|fifo, fifo-be, srtf, srsf, tiresias-l, tiresias-g, gandiva-ts, "
+                   "gandiva-fair, muri-s, muri-l, muri-l-worst, muri-l-noblossom")
     m.add_argument("--out", default=None, help="directory for summary.json/csv, per-job CSVs and PNG plots")
     m.add_argument("--preset", default="default", help="engine settings: default, or muri (the Muri "
                    "reference simulator's restart and speed model)")

@@ -57,7 +57,7 @@ def decide_time(n: int, reps: int) -> tuple[float, int, float]:
     jobs = queue(n)
     gpus = max(8, n // 4)
     nodes = (gpus + 7) // 8
-    best, groups, eff = float("inf"), 0, 0.0
+    best, groups, size = float("inf"), 0, 0.0
     for _ in range(reps):
         policy = Muri(known_duration=True)
         snap = ClusterSnapshot(0.0, tuple(jobs), (8,) * nodes, nodes, tuple(jobs), (), ())
@@ -66,8 +66,8 @@ def decide_time(n: int, reps: int) -> tuple[float, int, float]:
         best = min(best, time.perf_counter() - t)
         groups = len(d.groups)
         members = sum(len(g) for g in d.groups)
-        eff = members / max(1, groups)
-    return best, groups, eff
+        size = members / max(1, groups)
+    return best, groups, size
 
 
 def typed_pairs(jobs: list[JobState], policy: Muri) -> tuple[float, float]:

@@ -30,7 +30,7 @@ from elastictrain.runtime.stages import Recorder, use_recorder  # noqa: E402
 
 
 def span_cost(n: int) -> float:
-    use_recorder(Recorder(max_iterations=1000, keep_spans=64))
+    use_recorder(Recorder(max_iterations=1000))
     names = ("load", "preprocess", "compute", "sync")
     t = time.perf_counter()
     for i in range(n):
@@ -67,7 +67,7 @@ def real_step(steps: int) -> tuple[float, float]:
             for _ in range(reps):
                 x = torch.tanh(x @ a)
 
-    use_recorder(Recorder(max_iterations=1000, keep_spans=64))
+    use_recorder(Recorder(max_iterations=1000))
     plain, spans = [], []
     for i in range(steps):  # interleave the two kinds so drift hits both
         for kind, out in ((False, plain), (True, spans)):

@@ -165,33 +165,32 @@ class Muri:
                             nodes[g], demand = self._match_round(nodes[g], g, demand, capacity)
 
         # 4. split groups that run slower than their members alone
-        groups = []
+        groups = []  # (priority position, skew, members)
         for g, bucket in nodes.items():
             for grp in bucket:
-                if len(grp) > 1 and self.autosplit:
-                    ids = tuple(sorted(self._pid(j) for j in grp))
-                    if self.group_time(ids) > sum(j.iteration_time for j in grp):
-                        groups.extend([j] for j in grp)
-                        continue
-                groups.append(grp)
-        groups.sort(key=lambda grp: min(pos[j.job_id] for j in grp))
+                parts = [grp]
+                if len(grp) > 1 and self.autosplit and \
+                        self.group_time(self._key(grp)) > sum(j.iteration_time for j in grp):
+                    parts = [[j] for j in grp]
+                groups += [(min(pos[j.job_id] for j in p), max(j.skew for j in p), p) for p in parts]
+        groups.sort(key=lambda e: e[0])
 
         # 5. admit in priority order, place largest first
         trial = make_placer(s, self.placement, self.packlimit)
-        admitted = [grp for grp in groups if trial.place(grp[0].num_gpu, max(j.skew for j in grp)) is not None]
-        admitted.sort(key=lambda grp: (-grp[0].num_gpu, min(pos[j.job_id] for j in grp)))
+        admitted = [e for e in groups if trial.place(e[2][0].num_gpu, e[1]) is not None]
+        admitted.sort(key=lambda e: (-e[2][0].num_gpu, e[0]))
         placer = make_placer(s, self.placement, self.packlimit)
         run: dict[int, tuple] = {}
         shared, slowdown = [], {}
-        for grp in admitted:
-            where = placer.place(grp[0].num_gpu, max(j.skew for j in grp))
+        for _, skew, grp in admitted:
+            where = placer.place(grp[0].num_gpu, skew)
             if where is None:
                 continue
             for j in grp:
                 run[j.job_id] = where
             if len(grp) > 1:
                 shared.append(tuple(j.job_id for j in grp))
-                t = self.group_time(tuple(sorted(self._pid(j) for j in grp)))
+                t = self.group_time(self._key(grp))
                 for j in grp:  # never faster than alone, whatever the profile says
                     slowdown[j.job_id] = max(1.0, t / j.iteration_time)
 
@@ -202,11 +201,12 @@ class Muri:
             rank.pop(jid, None)
         return Decision(run, groups=tuple(shared), slowdown=slowdown)
 
-    def _types(self, bucket: list) -> list[tuple]:
-        return [tuple(sorted(self._pid(j) for j in grp)) for grp in bucket]
+    def _key(self, grp: list) -> tuple:
+        """A group's type: the sorted profile ids of its members."""
+        return tuple(sorted(self._pid(j) for j in grp))
 
     def _match_round(self, bucket: list, g: int, demand: int, capacity: int):
-        types = self._types(bucket)
+        types = [self._key(grp) for grp in bucket]
         counts: dict = {}
         for t in types:
             if t[0] >= 0 and len(t) < self.k:

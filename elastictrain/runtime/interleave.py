@@ -242,22 +242,20 @@ class InterleaveGroup:
         use_recorder(rec, self.gate.for_member(i))
         t0 = time.perf_counter()
         stream_ctx = _cuda_stream() if self.cuda_streams else None
+        value, error, tb = None, None, ""
         try:
             if stream_ctx is not None:
                 with stream_ctx:
                     value = job.fn()
             else:
                 value = job.fn()
-            rec.next_iteration()
-            results[i] = JobResult(job.name, True, value, iterations=rec.completed,
-                                   seconds=time.perf_counter() - t0, recorder=rec)
         except BaseException as exc:  # noqa: BLE001 - a job's failure is that job's result
-            rec.next_iteration()
-            results[i] = JobResult(job.name, False, error=exc, traceback=traceback.format_exc(),
-                                   iterations=rec.completed, seconds=time.perf_counter() - t0, recorder=rec)
+            error, tb = exc, traceback.format_exc()
         finally:
             use_recorder(None, None)
             self.gate.leave(i)
+        rec.next_iteration()
+        results[i] = JobResult(job.name, error is None, value, error, tb, rec.completed, time.perf_counter() - t0, rec)
 
 
 def _cuda_stream():

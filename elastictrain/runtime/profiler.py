@@ -187,9 +187,7 @@ def arm_from_env(rec: Recorder) -> None:
     def done(completed: int) -> None:
         if completed < warmup + iterations:
             return
-        comm = None
-        for source in _COMM:
-            comm = source.profile(worker)
+        comm = _COMM[-1].profile(worker) if _COMM else None  # the most recently attached model
         report = ProfileReport(stage=stage_profile(rec, warmup, iterations, worker), comm=comm)
         path = f"{out}.{worker}.json"
         tmp = path + ".tmp"

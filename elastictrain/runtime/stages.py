@@ -50,18 +50,16 @@ class Recorder:
     runs several times in one iteration). Where an iteration's spans overlap in time (stages
     annotated on several threads), its times are attributed instead
     (:func:`~elastictrain.runtime.profiler.attribute_spans`, Muri section 4), so they never add
-    up to more than the wall time. ``spans``: the last ``keep_spans`` raw spans
-    ``(stage, start, end)``. Bounded: keeps ``max_iterations``.
+    up to more than the wall time. Bounded: keeps ``max_iterations``.
     """
 
-    def __init__(self, *, cuda: Optional[bool] = None, keep_spans: int = 4096, max_iterations: int = 100_000,
+    def __init__(self, *, cuda: Optional[bool] = None, max_iterations: int = 100_000,
                  on_iteration: Optional[Callable[[int], None]] = None) -> None:
         if cuda is None:
             cuda = os.environ.get("ET_STAGE_CUDA") == "1"
         self.cuda = bool(cuda) and _cuda_available()
         self.iterations: list[dict[str, float]] = []
-        self.spans: list[tuple[str, float, float]] = []
-        self.keep_spans, self.max_iterations = keep_spans, max_iterations
+        self.max_iterations = max_iterations
         self.on_iteration = on_iteration
         self._current: dict[str, float] = {}
         self._cur_spans: list[tuple[str, float, float]] = []
@@ -87,12 +85,7 @@ class Recorder:
             self._overlap = True
         if end > self._max_end:
             self._max_end = end
-        span = (name, start, end)
-        self._cur_spans.append(span)
-        spans = self.spans
-        spans.append(span)
-        if len(spans) > self.keep_spans:
-            del spans[: len(spans) - self.keep_spans]
+        self._cur_spans.append((name, start, end))
 
     def next_iteration(self) -> None:
         """Close the current iteration (called automatically when the first stage repeats)."""

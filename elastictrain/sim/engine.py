@@ -141,7 +141,7 @@ class Simulator:
         arrived: list[JobState] = []
         ended: list[int] = []
         group_of: dict[int, tuple] = {}  # job id -> the ids of its interleaving group (2+ jobs)
-        group_cost: dict[int, float] = {}  # job id -> restart seconds of its whole group
+        charge: dict[int, float] = {}  # placed job id -> restart seconds it pays (its group's, if grouped)
         while idx < n or runnable:
             # ---- the next event
             t_arr = specs[idx].submit_time if idx < n else math.inf
@@ -167,7 +167,7 @@ class Simulator:
                         finished.append(j)
                         work = dt
                     else:
-                        c = group_cost.get(j.job_id, j.restart_cost)
+                        c = charge[j.job_id]
                         work = dt - c if dt > c else 0.0
                         lost += dt - work
                 else:
@@ -227,7 +227,8 @@ class Simulator:
                 running = [j for j in running if j.running]
                 before = group_of
                 group_of = self._groups(decision, run, by_id)
-                group_cost = {jid: sum(by_id[m].restart_cost for m in grp) for jid, grp in group_of.items()}
+                charge = {jid: sum(by_id[m].restart_cost for m in group_of[jid]) if jid in group_of
+                          else by_id[jid].restart_cost for jid in run}
                 slow = decision.slowdown
                 for jid, where in run.items():
                     j = by_id[jid]
@@ -241,9 +242,9 @@ class Simulator:
                         if j.start_time is None:
                             j.start_time = now
                         if not every:
-                            owed[jid] = group_cost.get(jid, j.restart_cost)
+                            owed[jid] = charge[jid]
                     elif not every and before.get(jid) != group_of.get(jid):
-                        owed[jid] = group_cost.get(jid, j.restart_cost)  # regrouped: the group restarts
+                        owed[jid] = charge[jid]  # regrouped: the group restarts
                 used = sum(j.num_gpu for j in running if group_of.get(j.job_id, (j.job_id,))[0] == j.job_id)
                 if used > self.cluster.total_gpus:
                     raise ConfigError(f"policy {self.policy.name} placed {used} GPUs on a cluster of "

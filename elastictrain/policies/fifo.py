@@ -28,15 +28,8 @@ class Fifo:
             if j.running:
                 placer.take(j.placement)
                 run[j.job_id] = j.placement
-        for j in sorted((j for j in s.jobs if not j.running), key=lambda j: (j.submit_time, j.job_id)):
-            if placer.total_free == 0:
-                break
-            where = placer.place(j.num_gpu, j.skew)
-            if where is None:
-                if self.strict:
-                    break
-                continue
-            run[j.job_id] = where
+        waiting = sorted((j for j in s.jobs if not j.running), key=lambda j: (j.submit_time, j.job_id))
+        run.update(placer.fill(waiting, strict=self.strict))
         return Decision(run)
 
 

@@ -45,6 +45,20 @@ class Placer:
             self.total_free -= g
         self.max_free = max(self.free) if self.free else 0
 
+    def fill(self, jobs, strict: bool = False) -> dict[int, tuple]:
+        """Place ``jobs`` in the given order: job id -> placement. A job that does not fit is
+        skipped (``strict``: it stops the filling, as strict FIFO does)."""
+        run = {}
+        for j in jobs:
+            if self.total_free == 0:
+                break
+            where = self.place(j.num_gpu, j.skew)
+            if where is not None:
+                run[j.job_id] = where
+            elif strict:
+                break
+        return run
+
     def place(self, num_gpu: int, skew: float = 0.0) -> Optional[tuple]:
         if num_gpu > self.total_free:
             return None

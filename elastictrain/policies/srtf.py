@@ -22,15 +22,7 @@ class ShortestRemaining:
             order = sorted(s.jobs, key=lambda j: j.remaining_iterations * j.iteration_time * j.num_gpu)
         else:
             order = sorted(s.jobs, key=lambda j: j.remaining_iterations * j.iteration_time)
-        placer = make_placer(s, self.placement, self.packlimit)
-        run = {}
-        for j in order:
-            where = placer.place(j.num_gpu, j.skew)
-            if where is not None:
-                run[j.job_id] = where
-            elif placer.total_free == 0:
-                break
-        return Decision(run)
+        return Decision(make_placer(s, self.placement, self.packlimit).fill(order))
 
 
 _OPTS = ("placement", "packlimit")

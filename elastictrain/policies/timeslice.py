@@ -23,14 +23,7 @@ class TimeSlice:
 
     def decide(self, s: ClusterSnapshot) -> Decision:
         order = sorted(s.jobs, key=_ATTAINED)  # stable: ties keep arrival order
-        placer = make_placer(s, self.placement, self.packlimit)
-        run = {}
-        for j in order:
-            if placer.total_free == 0:
-                break
-            where = placer.place(j.num_gpu, j.skew)
-            if where is not None:
-                run[j.job_id] = where
+        run = make_placer(s, self.placement, self.packlimit).fill(order)
         if len(run) == len(s.jobs):  # nobody waits: no need to slice until something changes
             return Decision(run, None)
         if s.now >= self._next:

@@ -36,9 +36,10 @@ class Progress(keras.callbacks.Callback):
 
     def on_train_batch_end(self, batch, logs=None):
         self.n += 1
-        if self.path:
-            with open(self.path, "w") as f:
+        if self.path:  # published atomically: a reader never sees a half-written file
+            with open(self.path + ".tmp", "w") as f:
                 f.write(str(self.n))
+            os.replace(self.path + ".tmp", self.path)
         time.sleep(self.sleep)
 
 

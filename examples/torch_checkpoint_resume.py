@@ -66,9 +66,10 @@ def main() -> int:
             sched.step()
             step += 1
             ckpt.state["progress"] = {"step": step, "epoch": epoch}
-            if args.progress_file:
-                with open(args.progress_file, "w") as f:
+            if args.progress_file:  # published atomically: a reader never sees a half-written file
+                with open(args.progress_file + ".tmp", "w") as f:
                     f.write(str(step))
+                os.replace(args.progress_file + ".tmp", args.progress_file)
             if ckpt.preempted(step):
                 print(f"[ckpt-demo] preempted: saved at step {step}, exiting {et.PREEMPTED_EXIT_CODE}", flush=True)
                 shards.close(release=False)

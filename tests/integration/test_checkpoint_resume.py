@@ -38,8 +38,15 @@ def test_preempted_and_resumed_equals_uninterrupted(tmp_path, example, module):
     p = subprocess.Popen(ETRUN + ["--rdzv-id", "pre", "--log-dir", "L2", script, "--ckpt-dir", "B",
                                   "--step-sleep", "0.02", "--progress-file", str(progress)],
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    def step():
+        try:
+            text = progress.read_text().strip()  # read once: the file is replaced while we poll
+        except FileNotFoundError:
+            return 0
+        return int(text) if text.isdigit() else 0
+
     deadline = time.monotonic() + 120
-    while not (progress.exists() and progress.read_text().strip().isdigit() and int(progress.read_text()) >= 40):
+    while step() < 40:
         assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1][-3000:]
         time.sleep(0.05)
     p.send_signal(signal.SIGTERM)

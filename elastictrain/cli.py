@@ -115,8 +115,9 @@ def _status(args) -> None:
     client = CoordinatorClient(args.coordinator, token=None, timeout=5.0, retry_for=5.0)
     job = client.job(args.job)
     datasets = [client.dataset(args.job, name) for name in job.datasets]
+    profiles = client.profiles(args.job).reports
     if args.json:
-        print(msgspec.json.encode({"job": job, "datasets": datasets}).decode())
+        print(msgspec.json.encode({"job": job, "datasets": datasets, "profiles": profiles}).decode())
         return
     print(f"job {job.job}: generation {job.generation}, world size {job.world_size} "
           f"(min {job.min_workers}, max {job.max_workers})")
@@ -125,6 +126,16 @@ def _status(args) -> None:
         rows.append((d.spec.name, str(d.spec.epochs), str(d.todo), str(d.doing), str(d.done), str(d.total),
                      "yes" if d.finished else "no", d.last_commit or "-"))
     print(table(rows, right_align=False))
+    stage_rows = [r.stage for r in profiles if r.stage is not None]
+    if stage_rows:
+        print()
+        rows = [("worker", "iteration ms", "load ms", "preprocess ms", "compute ms", "sync ms", "comm skew")]
+        skew = {r.comm.worker: f"{r.comm.skew:.3f}" for r in profiles if r.comm is not None}
+        for st in stage_rows:
+            rows.append((str(st.worker), f"{st.iteration_seconds * 1e3:.2f}",
+                         *(f"{st.stages.get(k, 0.0) * 1e3:.2f}" for k in ("load", "preprocess", "compute", "sync")),
+                         skew.get(st.worker, "-")))
+        print(table(rows))
 
 
 def _profile(args) -> int:

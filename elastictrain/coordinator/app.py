@@ -26,9 +26,10 @@ from ..errors import AuthError, BadRequestError, ElasticTrainError, NotFoundErro
 from ..model import DatasetSpec
 from ..wire import (
     API_VERSION, AgentJoin, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate, GenerationInfo, Health, JobCreate,
-    JobInfo, LeaseRequest, ProgressRequest, ReleaseRequest, RestoreRequest, Version,
+    JobInfo, LeaseRequest, ProfileReport, ProgressRequest, ReleaseRequest, RestoreRequest, Version,
 )
 from .membership import Membership
+from .profiles import ProfileBook
 from .rendezvous import Rendezvous
 from .shards import ShardManager
 from .store import Store
@@ -53,6 +54,7 @@ class Coordinator:
         self.shards = ShardManager(store, self.members, self.clock)
         self.shards.load(loaded)
         self.rendezvous = Rendezvous(self.members, self.clock)
+        self.profiles = ProfileBook(store, self.members, self.clock, loaded.profiles)
 
     def job_info(self, job: str) -> JobInfo:
         r = self.members.get(job)
@@ -104,11 +106,13 @@ class CoordinatorApp:
                                                                        coordinator.store.kind), False)},
             "/v1/jobs": {"POST": _Route("POST", JobCreate, self._create_job, True)},
         }
-        # /v1/jobs/{job}[/generations | /datasets[/{ds}[/verb]]]
+        # /v1/jobs/{job}[/generations | /profiles | /datasets[/{ds}[/verb]]]
         self._job = {"GET": _Route("GET", None, coordinator.job_info, False)}
         self._job_sub = {
             "generations": {"POST": _Route("POST", GenerationCreate, self._open_generation, True)},
             "datasets": {"POST": _Route("POST", DatasetSpec, s.register, True)},
+            "profiles": {"POST": _Route("POST", ProfileReport, coordinator.profiles.put, True),
+                         "GET": _Route("GET", None, coordinator.profiles.list, False)},
         }
         r = coordinator.rendezvous
         self._agents = {
@@ -127,7 +131,7 @@ class CoordinatorApp:
         }
         self._codec = _Codec([JobCreate, GenerationCreate, DatasetSpec, LeaseRequest, ProgressRequest,
                               CommitRequest, RestoreRequest, ReleaseRequest, AgentJoin, AgentPoll,
-                              AgentReport])
+                              AgentReport, ProfileReport])
 
     # ------------------------------------------------------------------ handlers with bodies
     def _create_job(self, body: JobCreate):

@@ -23,7 +23,7 @@ from typing import Iterator, Optional, Protocol
 from ..errors import ConfigError
 
 __all__ = ["Store", "Tx", "SQLiteStore", "LoadedState", "JobRow", "DatasetRow", "LiveRow", "PartRow",
-           "CommitRow", "open_store"]
+           "CommitRow", "ProfileRow", "open_store"]
 
 
 @dataclass
@@ -87,12 +87,23 @@ class CommitRow:
 
 
 @dataclass
+class ProfileRow:
+    """A worker's latest profile report (msgpack of :class:`~elastictrain.wire.ProfileReport`)."""
+
+    job: str
+    worker: int
+    report: bytes
+    time: float
+
+
+@dataclass
 class LoadedState:
     jobs: list[JobRow] = field(default_factory=list)
     datasets: list[DatasetRow] = field(default_factory=list)
     live: list[LiveRow] = field(default_factory=list)
     parts: list[PartRow] = field(default_factory=list)
     commits: list[CommitRow] = field(default_factory=list)
+    profiles: list[ProfileRow] = field(default_factory=list)
 
 
 class Tx(Protocol):
@@ -108,6 +119,7 @@ class Tx(Protocol):
     def put_commit(self, row: CommitRow) -> None: ...
     def delete_commits_after(self, job: str, ds: str, seq: int) -> None: ...
     def prune_commits(self, job: str, ds: str, keep: int) -> None: ...
+    def put_profile(self, row: ProfileRow) -> None: ...
 
 
 class Store(Protocol):
@@ -142,6 +154,9 @@ CREATE TABLE IF NOT EXISTS commits (
   job TEXT NOT NULL, ds TEXT NOT NULL, checkpoint TEXT NOT NULL, seq INTEGER NOT NULL,
   step INTEGER NOT NULL, generation INTEGER NOT NULL, frontier INTEGER NOT NULL,
   partial BLOB NOT NULL, time REAL NOT NULL, PRIMARY KEY (job, ds, checkpoint));
+CREATE TABLE IF NOT EXISTS profiles (
+  job TEXT NOT NULL, worker INTEGER NOT NULL, report BLOB NOT NULL, time REAL NOT NULL,
+  PRIMARY KEY (job, worker));
 """
 _SCHEMA_VERSION = "1"
 
@@ -192,6 +207,9 @@ class _SQLiteTx:
             "DELETE FROM commits WHERE job=? AND ds=? AND seq <= "
             "(SELECT COALESCE(MAX(seq), 0) FROM commits WHERE job=? AND ds=?) - ?",
             (job, ds, job, ds, keep))
+
+    def put_profile(self, r: ProfileRow) -> None:
+        self._c.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?,?)", (r.job, r.worker, r.report, r.time))
 
 
 class SQLiteStore:
@@ -249,6 +267,7 @@ class SQLiteStore:
             commits=[CommitRow(*r) for r in c.execute(
                 "SELECT job, ds, checkpoint, seq, step, generation, frontier, x'', time "
                 "FROM commits ORDER BY seq")],
+            profiles=[ProfileRow(*r) for r in c.execute("SELECT * FROM profiles ORDER BY job, worker")],
         )
 
     def load_commit(self, job: str, ds: str, checkpoint: str) -> Optional[CommitRow]:

@@ -22,7 +22,7 @@ from ..errors import ConfigError, CoordinatorUnavailableError, error_from_status
 from ..model import DatasetSpec
 from ..wire import (
     AgentAction, AgentJoin, AgentPoll, AgentReport, CommitList, CommitReply, CommitRequest, DatasetInfo, Error, GenerationCreate, GenerationInfo, Health,
-    JobCreate, JobInfo, LeaseReply, LeaseRequest, ProgressReply, ProgressRequest, ReleaseReply,
+    JobCreate, JobInfo, LeaseReply, LeaseRequest, ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply,
     ReleaseRequest, RestoreReply, RestoreRequest, ShardUpdate, Version,
 )
 
@@ -131,6 +131,14 @@ class CoordinatorClient:
     def open_generation(self, job: str, expected: int, world_size: int, reason: str = "start") -> GenerationInfo:
         return self._call("POST", f"/v1/jobs/{job}/generations", GenerationInfo,
                           GenerationCreate(expected, world_size, reason))
+
+    # ------------------------------------------------------------------ profiles
+    def report_profile(self, job: str, report: ProfileReport) -> ProfileList:
+        """Store ``report`` as its worker's latest profile of ``job``; returns all of the job's."""
+        return self._call("POST", f"/v1/jobs/{job}/profiles", ProfileList, report)
+
+    def profiles(self, job: str) -> ProfileList:
+        return self._call("GET", f"/v1/jobs/{job}/profiles", ProfileList)
 
     # ------------------------------------------------------------------ datasets
     def register_dataset(self, job: str, spec: DatasetSpec) -> DatasetInfo:

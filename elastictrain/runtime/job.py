@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import ConfigError
 from ..model import DatasetSpec, check_name
+from ..wire import ProfileList, ProfileReport
 from .client import CoordinatorClient
+from .profiler import report_when_ready
 from .shards import ShardIterator
+from .stages import recorder
 
 __all__ = ["Job", "init"]
 
@@ -44,6 +48,16 @@ class Job:
         """The newest checkpoint whose data cursor is committed for ``dataset`` (None if none)."""
         commits = self.client.commits(self.job_id, dataset).commits
         return commits[-1].checkpoint if commits else None
+
+    def report_profile(self, report: ProfileReport) -> ProfileList:
+        """Send a profile report for this job now (the coordinator keeps each worker's latest)."""
+        return self.client.report_profile(self.job_id, report)
+
+    def profile_stages(self, warmup: int = 5, iterations: int = 20) -> threading.Event:
+        """Send this thread's stage profile (and the comm profile of the attached DDP hook, if
+        any) to the coordinator once ``warmup + iterations`` iterations of ``et.stage`` spans
+        are recorded. Training goes on; the returned event is set once the report went out."""
+        return report_when_ready(self.client, self.job_id, recorder(), warmup, iterations, self.rank)
 
     def restore(self, dataset: str, checkpoint: Optional[str]) -> None:
         """Reset ``dataset`` to the cursor committed with ``checkpoint`` (once per generation)."""

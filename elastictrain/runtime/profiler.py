@@ -11,13 +11,17 @@
   :class:`~elastictrain.wire.CommProfile`.
 * Profiling runs: with ``ET_PROFILE_ITERATIONS`` set (``elastictrain profile`` sets it), the
   thread's recorder writes both profiles to ``$ET_PROFILE_OUT.<rank>.json`` after warm-up +
-  that many iterations and ends the script with :class:`ProfileComplete` (exit status 0).
+  that many iterations, sends them to the coordinator where ``ET_COORDINATOR`` is set, and
+  ends the script with :class:`ProfileComplete` (exit status 0).
+* In ordinary training runs, :func:`report_when_ready` (``Job.profile_stages``) sends the
+  report to the coordinator once, in the background, and the run goes on.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 from typing import Optional, Sequence
 
@@ -28,7 +32,7 @@ from ..wire import CommProfile, ProfileReport, StageProfile
 from .stages import STAGES, Recorder
 
 __all__ = ["stage_profile", "attribute_usage", "attribute_spans", "CommStats", "comm_profile", "size_histogram",
-           "ProfileComplete", "register_comm", "arm_from_env"]
+           "ProfileComplete", "register_comm", "arm_from_env", "build_report", "report_when_ready"]
 
 # ties between overlapping spans go to the device, then the host stages
 _TIE_ORDER = {"compute": 0, "sync": 1, "preprocess": 2, "load": 3}
@@ -172,6 +176,61 @@ def register_comm(source) -> None:
     _COMM.append(source)
 
 
+def build_report(rec: Recorder, warmup: int, iterations: int, worker: int) -> ProfileReport:
+    """Both profiles of this worker: stages from ``rec``, comm from the last registered hook."""
+    comm = _COMM[-1].profile(worker) if _COMM else None  # the most recently attached model
+    return ProfileReport(stage=stage_profile(rec, warmup, iterations, worker), comm=comm)
+
+
+def _chain(rec: Recorder, fn) -> None:
+    prev = rec.on_iteration
+    if prev is None:
+        rec.on_iteration = fn
+    else:
+        def both(completed: int) -> None:
+            prev(completed)
+            fn(completed)
+        rec.on_iteration = both
+
+
+def _send(client, job_id: str, report: ProfileReport) -> bool:
+    from ..errors import ElasticTrainError
+
+    try:
+        client.report_profile(job_id, report)
+        return True
+    except ElasticTrainError as exc:  # profiling must never fail the training run
+        print(f"elastictrain: warning: profile of worker {report.stage.worker} not sent to the coordinator: {exc}",
+              file=sys.stderr, flush=True)
+        return False
+
+
+def report_when_ready(client, job_id: str, rec: Recorder, warmup: int = 5, iterations: int = 20,
+                      worker: int = 0) -> threading.Event:
+    """Send ``rec``'s profile to the coordinator once ``warmup + iterations`` iterations are
+    recorded; the HTTP call runs on a daemon thread, so the training loop never waits on it.
+    Returns an event set once the report was sent (or failed, with a warning on stderr)."""
+    if warmup < 0 or iterations < 1:
+        raise ConfigError(f"profile window needs warmup >= 0 and iterations >= 1, got {warmup} and {iterations}")
+    sent = threading.Event()
+
+    def done(completed: int) -> None:
+        if completed != warmup + iterations:
+            return
+        report = build_report(rec, warmup, iterations, worker)
+
+        def post() -> None:
+            try:
+                _send(client, job_id, report)
+            finally:
+                sent.set()
+
+        threading.Thread(target=post, name="et-profile-report", daemon=True).start()
+
+    _chain(rec, done)
+    return sent
+
+
 def arm_from_env(rec: Recorder) -> None:
     """Make ``rec`` end a profiling run (``ET_PROFILE_ITERATIONS``) when it has its iterations."""
     n = os.environ.get("ET_PROFILE_ITERATIONS")
@@ -187,16 +246,24 @@ def arm_from_env(rec: Recorder) -> None:
     def done(completed: int) -> None:
         if completed < warmup + iterations:
             return
-        comm = _COMM[-1].profile(worker) if _COMM else None  # the most recently attached model
-        report = ProfileReport(stage=stage_profile(rec, warmup, iterations, worker), comm=comm)
+        report = build_report(rec, warmup, iterations, worker)
         path = f"{out}.{worker}.json"
         tmp = path + ".tmp"
         with open(tmp, "wb") as f:
             f.write(msgspec.json.encode(report))
         os.replace(tmp, path)
+        url = os.environ.get("ET_COORDINATOR")
+        if url:
+            from .client import CoordinatorClient
+
+            client = CoordinatorClient(url, retry_for=10.0)
+            try:
+                _send(client, os.environ.get("ET_JOB_ID", "default"), report)
+            finally:
+                client.close()
         raise ProfileComplete(path)
 
-    rec.on_iteration = done
+    _chain(rec, done)
 
 
 def load_report(path: str) -> ProfileReport:

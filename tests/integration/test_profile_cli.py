@@ -39,3 +39,19 @@ def test_profile_without_a_command_or_without_stages_says_what_to_do(tmp_path):
     p = subprocess.run([os.path.join(BIN, "elastictrain"), "profile", "--", sys.executable, "-c", "print(1)"],
                        capture_output=True, text=True, timeout=30)
     assert p.returncode != 0 and "annotate the training loop with et.stage" in p.stderr
+
+
+def test_profile_run_under_etrun_sends_each_workers_report_to_the_coordinator(tmp_path, coordinator, client):
+    cmd = [os.path.join(BIN, "elastictrain"), "profile", "-n", "4", "--warmup", "1", "--",
+           os.path.join(BIN, "etrun"), "--nproc-per-node", "2", "--coordinator", coordinator.url,
+           "--token-file", coordinator.token_file, "--rdzv-id", "profiled",
+           os.path.join(ROOT, "examples", "torch_stages_profile.py")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    reports = client.profiles("profiled").reports
+    assert [r.stage.worker for r in reports] == [0, 1]
+    assert all(r.stage.iterations == 4 and r.comm.collectives_per_iteration == pytest.approx(1.0) for r in reports)
+    st = subprocess.run([os.path.join(BIN, "elastictrain"), "status", "profiled", "--coordinator", coordinator.url],
+                        capture_output=True, text=True, timeout=30)
+    assert st.returncode == 0, st.stderr
+    assert "compute ms" in st.stdout and "comm skew" in st.stdout

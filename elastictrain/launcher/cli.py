@@ -92,6 +92,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     _add(p, "warm-spares", type=int, default=-1,
          help="pre-started interpreters kept for fast restarts (-1: one per local worker, 0: none)")
     _add(p, "preload", default="torch", help="modules warm spares import ahead (comma-separated)")
+    _add(p, "group", action="store_true",
+         help="interleave 2-4 scripts in one process per local rank (Muri): `--group a.py b.py`, or with "
+         "arguments `--group a.py --lr 0.1 : b.py --steps 9`")
     p.add_argument("training_script", help="the script (or module / program) to run")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return p
@@ -124,8 +127,16 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         except ValueError:
             raise ConfigError(f"--local-ranks-filter {args.local_ranks_filter!r}: use ranks like 0,1") from None
     run_id = args.rdzv_id if args.rdzv_id not in (None, "none") else uuid.uuid4().hex[:12]
+    entrypoint, script_args, module = args.training_script, tuple(args.training_script_args), bool(args.module)
+    if args.group:
+        if args.module or args.no_python:
+            raise ConfigError("--group runs Python scripts; it cannot be combined with --module or --no-python")
+        from .group_main import parse_group
+
+        parse_group([entrypoint, *script_args])  # refuse a bad job list here, not in every worker
+        entrypoint, script_args, module = "elastictrain.launcher.group_main", (entrypoint, *script_args), True
     return LaunchConfig(
-        entrypoint=args.training_script, args=tuple(args.training_script_args),
+        entrypoint=entrypoint, args=script_args,
         min_nodes=lo, max_nodes=hi, nproc_per_node=nproc, run_id=run_id,
         coordinator=_coordinator_url(args), token_file=args.token_file, role=args.role,
         max_restarts=int(args.max_restarts), monitor_interval=float(args.monitor_interval),
@@ -137,7 +148,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         tee=parse_std_spec(str(args.tee), nproc, "--tee"), local_ranks_filter=filt,
         node_rank=int(args.node_rank), master_addr=args.master_addr,
         master_port=int(args.master_port) if args.master_port else None, local_addr=args.local_addr,
-        module=bool(args.module), no_python=bool(args.no_python), run_path=bool(args.run_path),
+        module=module, no_python=bool(args.no_python), run_path=bool(args.run_path),
         shutdown_grace=float(args.shutdown_grace), restart_grace=float(args.restart_grace),
         warm_spares=int(args.warm_spares), preload=tuple(x for x in str(args.preload).split(",") if x),
     )

@@ -489,7 +489,14 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ preemption
     def install_preemption_handler(self, signals: tuple = (signal.SIGTERM, signal.SIGUSR1)) -> None:
-        """On these signals, ask for a checkpoint at the next step boundary (see :meth:`preempted`)."""
+        """On these signals, ask for a checkpoint at the next step boundary (see :meth:`preempted`).
+        Off the main thread (a job of ``etrun --group``), the group's main thread owns the signal
+        handlers and forwards them here."""
+        if threading.current_thread() is not threading.main_thread():
+            from .jobctx import on_preempt
+
+            on_preempt(self._preempt.set)
+            return
         for s in signals:
             signal.signal(s, lambda *_: self._preempt.set())
 

@@ -35,7 +35,12 @@ from ..errors import ConfigError
 from ..policies.interleaving import best_ordering
 from .stages import STAGES, Recorder, use_recorder
 
-__all__ = ["InterleaveGroup", "JobResult", "GroupJob"]
+__all__ = ["InterleaveGroup", "JobResult", "GroupJob", "JobCancelled"]
+
+
+class JobCancelled(Exception):
+    """Raised at a job's next stage after :meth:`InterleaveGroup.cancel` (e.g. the same job
+    failed on another rank, so its collectives here can never complete)."""
 
 
 @dataclass
@@ -61,10 +66,11 @@ class JobResult:
 
 
 class _Member:
-    __slots__ = ("offset", "done", "active", "first", "iterations")
+    __slots__ = ("offset", "done", "active", "first", "iterations", "cancelled")
 
     def __init__(self) -> None:
         self.offset, self.done, self.active, self.first, self.iterations = 0, False, True, None, 0
+        self.cancelled: Optional[str] = None
 
 
 class _Gate:
@@ -110,6 +116,8 @@ class _Gate:
         j = self.index.get(stage)
         with self.cond:
             me = self.members[i]
+            if me.cancelled is not None:
+                raise JobCancelled(me.cancelled)
             if me.first is None:
                 me.first = stage
             elif stage == me.first:
@@ -129,6 +137,22 @@ class _Gate:
                     self._advance()
                     continue
                 self.cond.wait()
+                if me.cancelled is not None:
+                    raise JobCancelled(me.cancelled)
+
+    def cancel(self, i: int, reason: str) -> None:
+        """The job raises at its next stage, and leaves the slots now: it may be blocked in a
+        collective that can never complete, which must not hold the other jobs' slots."""
+        with self.cond:
+            me = self.members[i]
+            me.cancelled = reason
+            if me.active:
+                me.active = False
+                if self.solo == i:
+                    self._next_solo()
+                else:
+                    self._advance()
+            self.cond.notify_all()
 
     def exit(self, i: int, stage: str) -> None:
         if stage not in self.index:
@@ -168,10 +192,13 @@ class InterleaveGroup:
         offsets: slot offset per job (distinct); default: from profiles by eq. 3.
         probe: iterations each job runs alone to measure its profile, where none is given.
         cuda_streams: give each job its own CUDA stream when torch sees a GPU.
+        agree: called with the chosen offsets, returns the offsets to use; distributed groups
+            pass a broadcast from rank 0, so every rank phases each job the same way.
     """
 
     def __init__(self, jobs: Sequence, resources: Sequence[str] = STAGES, offsets: Optional[Sequence[int]] = None,
-                 probe: int = 3, cuda_streams: bool = True) -> None:
+                 probe: int = 3, cuda_streams: bool = True,
+                 agree: Optional[Callable[[tuple], Sequence[int]]] = None) -> None:
         self.jobs = [j if isinstance(j, GroupJob) else GroupJob(*j) for j in jobs]
         if not 1 <= len(self.jobs) <= 4:
             raise ConfigError(f"an interleaving group has 1 to 4 jobs, got {len(self.jobs)}")
@@ -188,6 +215,8 @@ class InterleaveGroup:
         measure = offsets is None and any(j.profile is None for j in self.jobs) and len(self.jobs) > 1
         self.probe = probe if measure else 0
         self.cuda_streams = cuda_streams
+        self.agree = agree
+        self.gate: Optional[_Gate] = None
         self.profiles: list[tuple] = []
         self.iteration_estimate: Optional[float] = None  # eq. 3 for the chosen offsets
 
@@ -207,8 +236,16 @@ class InterleaveGroup:
             else:
                 t, self.offsets = best_ordering(profs, len(self.resources))
                 self.iteration_estimate = t
+        if self.agree is not None:
+            self.offsets = tuple(self.agree(tuple(self.offsets)))
         for m, o in zip(self.gate.members, self.offsets):
             m.offset = o
+
+    def cancel(self, name: str, reason: str) -> None:
+        """Make job ``name`` raise :class:`JobCancelled` at its next stage (it then leaves)."""
+        if self.gate is None:
+            raise RuntimeError("the group is not running")
+        self.gate.cancel([j.name for j in self.jobs].index(name), reason)
 
     def run(self, timeout: Optional[float] = None) -> list[JobResult]:
         """Run the group to the end; one result per job, in order.
@@ -254,7 +291,8 @@ class InterleaveGroup:
         finally:
             use_recorder(None, None)
             self.gate.leave(i)
-        rec.next_iteration()
+        if error is None:
+            rec.next_iteration()  # the last iteration ended with the job; a failed one did not
         results[i] = JobResult(job.name, error is None, value, error, tb, rec.completed, time.perf_counter() - t0, rec)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Optional
@@ -11,6 +11,7 @@ from ..errors import ConfigError
 from ..model import DatasetSpec, check_name
 from ..wire import ProfileList, ProfileReport
 from .client import CoordinatorClient
+from .jobctx import current, getenv
 from .profiler import report_when_ready
 from .shards import ShardIterator
 from .stages import recorder
@@ -38,15 +39,23 @@ class Job:
     restart_count: int = 0
     restart_reason: str = "start"
     prev_world_size: Optional[int] = None
+    #: ``<name>.`` for a job in an ``etrun --group`` (its datasets are kept apart), else ""
+    namespace: str = ""
+
+    def dataset_name(self, name: str) -> str:
+        """The coordinator's name for this job's dataset ``name``."""
+        return name if not self.namespace or name.startswith(self.namespace) else self.namespace + name
 
     def shards(self, spec: DatasetSpec, **kwargs) -> ShardIterator:
         """A :class:`ShardIterator` over ``spec`` for this worker (registers the dataset)."""
+        if self.namespace:
+            spec = dataclasses.replace(spec, name=self.dataset_name(spec.name))
         return ShardIterator(self.client, self.job_id, spec, generation=self.generation, worker=self.rank,
                              **kwargs)
 
     def latest_commit(self, dataset: str) -> Optional[str]:
         """The newest checkpoint whose data cursor is committed for ``dataset`` (None if none)."""
-        commits = self.client.commits(self.job_id, dataset).commits
+        commits = self.client.commits(self.job_id, self.dataset_name(dataset)).commits
         return commits[-1].checkpoint if commits else None
 
     def report_profile(self, report: ProfileReport) -> ProfileList:
@@ -61,11 +70,11 @@ class Job:
 
     def restore(self, dataset: str, checkpoint: Optional[str]) -> None:
         """Reset ``dataset`` to the cursor committed with ``checkpoint`` (once per generation)."""
-        self.client.restore(self.job_id, dataset, self.generation, checkpoint)
+        self.client.restore(self.job_id, self.dataset_name(dataset), self.generation, checkpoint)
 
 
 def _int_env(name: str, default: Optional[int] = None) -> int:
-    raw = os.environ.get(name)
+    raw = getenv(name)
     if raw is None:
         if default is None:
             raise ConfigError(f"{name} is not set: start this script with `etrun` (or set {name})")
@@ -81,17 +90,19 @@ def init(coordinator: Optional[str] = None, job_id: Optional[str] = None) -> Job
 
     Reads ``ET_COORDINATOR``, ``ET_JOB_ID``, ``ET_GENERATION``, ``ET_TOKEN_FILE``, ``RANK``,
     ``WORLD_SIZE``, ``LOCAL_RANK``, ``TORCHELASTIC_RESTART_COUNT``, ``ET_RESTART_REASON``
-    and ``ET_PREV_WORLD_SIZE``.
+    and ``ET_PREV_WORLD_SIZE``. Inside ``etrun --group``, the job's datasets are named
+    ``<job name>.<dataset>`` at the coordinator (see :attr:`Job.namespace`).
 
     Raises:
         ConfigError: a required variable is missing (the message says which).
     """
-    url = coordinator or os.environ.get("ET_COORDINATOR")
+    url = coordinator or getenv("ET_COORDINATOR")
     if not url:
         raise ConfigError("no coordinator: start this script with `etrun`, or set ET_COORDINATOR="
                           "http://HOST:PORT of a running `elastictrain coordinator`")
-    job_id = check_name("job", job_id or os.environ.get("ET_JOB_ID", "default"))
-    prev = os.environ.get("ET_PREV_WORLD_SIZE")
+    job_id = check_name("job", job_id or getenv("ET_JOB_ID", "default"))
+    prev = getenv("ET_PREV_WORLD_SIZE")
+    ctx = current()
     return Job(
         client=CoordinatorClient(url),
         job_id=job_id,
@@ -100,6 +111,7 @@ def init(coordinator: Optional[str] = None, job_id: Optional[str] = None) -> Job
         world_size=_int_env("WORLD_SIZE", 1),
         local_rank=_int_env("LOCAL_RANK", 0),
         restart_count=_int_env("TORCHELASTIC_RESTART_COUNT", 0),
-        restart_reason=os.environ.get("ET_RESTART_REASON", "start"),
+        restart_reason=getenv("ET_RESTART_REASON", "start"),
         prev_world_size=int(prev) if prev else None,
+        namespace=f"{ctx.name}." if ctx is not None else "",
     )

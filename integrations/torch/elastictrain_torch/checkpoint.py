@@ -20,6 +20,8 @@ import torch.distributed as dist
 
 from elastictrain.runtime.checkpoint import Checkpointer, _LeafKind, register_leaf
 
+from .distributed import job_group
+
 __all__ = ["TorchCheckpointer", "RNGState"]
 
 
@@ -90,14 +92,15 @@ class TorchCheckpointer(Checkpointer):
         if rng:
             state["rng"] = RNGState()
         state.update(extra_state or {})
-        if dist.is_available() and dist.is_initialized():
-            kwargs.setdefault("rank", dist.get_rank())
-            kwargs.setdefault("world_size", dist.get_world_size())
+        self.group = job_group()  # this job's own group inside etrun --group
+        if self.group is not None:
+            kwargs.setdefault("rank", dist.get_rank(self.group))
+            kwargs.setdefault("world_size", dist.get_world_size(self.group))
         super().__init__(directory, state, **kwargs)
         if torch.cuda.is_available():
             self.alloc_buffer = self._pinned
             self.copy_fence = self._record
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if self.group is not None and dist.get_world_size(self.group) > 1:
             self.agree = self._agree
         self._pinned_tensor = None
         # fault the host buffer in now, in the background; an optimizer that has not stepped yet
@@ -118,8 +121,7 @@ class TorchCheckpointer(Checkpointer):
         event.record()
         return event.synchronize
 
-    @staticmethod
-    def _agree(flag: bool) -> bool:
+    def _agree(self, flag: bool) -> bool:
         t = torch.tensor([1 if flag else 0], dtype=torch.int32)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return bool(t.item())

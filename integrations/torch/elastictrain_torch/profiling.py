@@ -34,7 +34,8 @@ def tensor_bytes(model: torch.nn.Module) -> list[int]:
 class CommProfiler:
     def __init__(self, ddp_model, process_group: Optional[dist.ProcessGroup] = None) -> None:
         self.stats = CommStats()
-        self.group = process_group
+        # DDP's own group (a job's own one inside etrun --group) unless told otherwise
+        self.group = process_group if process_group is not None else getattr(ddp_model, "process_group", None)
         module = getattr(ddp_model, "module", ddp_model)
         self.sizes = tensor_bytes(module)
         ddp_model.register_comm_hook(self, CommProfiler._hook)
@@ -59,5 +60,5 @@ class CommProfiler:
 
     def profile(self, worker: Optional[int] = None) -> CommProfile:
         if worker is None:
-            worker = dist.get_rank() if dist.is_initialized() else 0
+            worker = dist.get_rank(self.group) if dist.is_initialized() else 0
         return comm_profile(self.stats, self.sizes, worker)

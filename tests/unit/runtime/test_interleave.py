@@ -103,3 +103,37 @@ def test_bad_groups_are_refused():
         InterleaveGroup([("a", lambda: None), ("b", lambda: None), ("c", lambda: None)], resources=("load", "compute"))
     with pytest.raises(ConfigError, match="distinct slot"):
         InterleaveGroup([("a", lambda: None), ("b", lambda: None)], offsets=(1, 1))
+
+
+def test_a_cancelled_job_frees_its_slots_at_once_and_raises_at_its_next_stage():
+    """A job stuck in a stage (a collective whose peer died) is cancelled: the others go on at
+    once, and the stuck job raises JobCancelled when it reaches its next stage."""
+    from elastictrain.runtime.interleave import JobCancelled
+
+    release = threading.Event()
+
+    def stuck():
+        for step in range(100):
+            with et.stage("load"):
+                pass
+            with et.stage("compute"):
+                if step == 2:
+                    release.wait(30)  # blocked, as in a collective that never completes
+            with et.stage("sync"):
+                pass
+
+    group = InterleaveGroup([GroupJob("ok", train(1, 40, 0.001)), GroupJob("stuck", stuck)],
+                            resources=("load", "compute", "sync"), offsets=(0, 1))
+    out = {}
+    runner = threading.Thread(target=lambda: out.setdefault("r", group.run(timeout=60)))
+    runner.start()
+    time.sleep(0.5)  # "ok" is now waiting at a slot barrier for "stuck"
+    group.cancel("stuck", "peer failed")
+    time.sleep(1.0)
+    ok_done = not runner.is_alive() or group.gate.members[0].active is False
+    release.set()
+    runner.join(30)
+    ok, st = out["r"]
+    assert ok_done, "the healthy job stayed blocked behind the cancelled one"
+    assert ok.ok and ok.iterations == 40
+    assert not st.ok and isinstance(st.error, JobCancelled) and "peer failed" in str(st.error)

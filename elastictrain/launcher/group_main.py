@@ -1,0 +1,287 @@
+"""The worker of ``etrun --group``: several training scripts interleaved in one process.
+
+``etrun`` starts this module once per local rank (``python -m
+elastictrain.launcher.group_main SCRIPT [ARGS] : SCRIPT [ARGS] ...``) with the worker
+environment torchrun gives. It:
+
+1. initializes ``torch.distributed`` once (gloo, from that environment) where torch is
+   installed, and creates one process group per job, in the same order on every rank, so each
+   job's collectives pair only with the same job on the other ranks;
+2. runs each script in its own thread of an
+   :class:`~elastictrain.runtime.interleave.InterleaveGroup` (Muri's phase-shifted slots), as
+   ``__main__``, with its own ``sys.argv`` and a :class:`~elastictrain.runtime.jobctx.JobContext`
+   (its name, its process group; its datasets are named ``<job>.<dataset>`` at the coordinator);
+3. agrees on the slot offsets across ranks (rank 0's choice), installs the SIGTERM/SIGUSR1
+   handlers in the main thread and forwards them to every job's checkpointer;
+4. when a job fails here, tells the other ranks through the store, and cancels the job there at
+   its next stage; the other jobs go on;
+5. prints one line per job and exits 0 if every job succeeded, 75 if every unfinished job stopped
+   for preemption, else 1 (and writes the failures to ``TORCHELASTIC_ERROR_FILE``).
+
+Scripts must get their process group from ``elastictrain_torch.init_process_group()`` (and
+pass it to DDP); calling ``torch.distributed.init_process_group`` from a job is refused with
+that advice. Jobs share the process's global RNG: seed a ``torch.Generator`` of your own.
+"""
+
+from __future__ import annotations
+
+import builtins
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Optional, Sequence
+
+from .. import PREEMPTED_EXIT_CODE
+from ..errors import ConfigError
+from ..runtime import jobctx
+from ..runtime.interleave import GroupJob, InterleaveGroup, JobResult
+
+__all__ = ["GroupSpec", "parse_group", "main"]
+
+SEPARATOR = ":"
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    name: str
+    script: str
+    args: tuple[str, ...]
+
+
+def parse_group(tokens: Sequence[str]) -> list[GroupSpec]:
+    """``a.py b.py`` (no arguments) or ``a.py --x 1 : b.py --y 2`` into 2 to 4 jobs; names are
+    the scripts' base names (``a``, ``b``; repeated names get ``-2``, ``-3``).
+
+    Raises:
+        ConfigError: fewer than 2 or more than 4 jobs, or an empty part.
+    """
+    tokens = list(tokens)
+    if SEPARATOR in tokens:
+        parts, cur = [], []
+        for t in tokens:
+            if t == SEPARATOR:
+                parts.append(cur)
+                cur = []
+            else:
+                cur.append(t)
+        parts.append(cur)
+        if any(not p for p in parts):
+            raise ConfigError("etrun --group: an empty job between ':' separators; write "
+                              "`etrun --group a.py --lr 0.1 : b.py --steps 50`")
+    else:
+        parts = [[t] for t in tokens]
+    if not 2 <= len(parts) <= 4:
+        raise ConfigError(f"etrun --group interleaves 2 to 4 scripts, got {len(parts)}; separate scripts that "
+                          "take arguments with ':' (`etrun --group a.py --lr 0.1 : b.py`)")
+    specs, seen = [], {}
+    for p in parts:
+        base = os.path.splitext(os.path.basename(p[0]))[0] or "job"
+        base = "".join(c if c.isalnum() or c in "._-" else "-" for c in base).lstrip("._-") or "job"
+        seen[base] = seen.get(base, 0) + 1
+        name = base if seen[base] == 1 else f"{base}-{seen[base]}"
+        specs.append(GroupSpec(name, p[0], tuple(p[1:])))
+    return specs
+
+
+def _run_script(spec: GroupSpec, group) -> int:
+    """Run one script as ``__main__`` in this thread; its exit status (0 when it returns)."""
+    path = os.path.abspath(spec.script)
+    try:
+        with open(path, "rb") as f:
+            code = compile(f.read(), path, "exec")
+    except OSError as exc:
+        raise ConfigError(f"job {spec.name}: cannot read {spec.script}: {exc.strerror}") from None
+    ctx = jobctx.JobContext(spec.name, [path, *spec.args], process_group=group)
+    scope = {"__name__": "__main__", "__file__": path, "__builtins__": builtins, "__package__": None,
+             "__spec__": None}
+    with jobctx.bound(ctx):
+        try:
+            exec(code, scope)
+        except SystemExit as exc:
+            if exc.code is None:
+                return 0
+            if isinstance(exc.code, int):
+                return exc.code
+            print(exc.code, file=sys.stderr, flush=True)
+            return 1
+    return 0
+
+
+class _ExitStatus(Exception):
+    def __init__(self, code: int) -> None:
+        super().__init__(f"exited with status {code}")
+        self.code = code
+
+
+class _Distributed:
+    """The default group (for the runner's own agreement) and one group per job."""
+
+    def __init__(self, names: list[str], timeout: float) -> None:
+        import torch.distributed as dist
+
+        self.dist = dist
+        if not dist.is_initialized():
+            dist.init_process_group("gloo", timeout=timedelta(seconds=timeout))
+        self.rank = dist.get_rank()
+        self.groups = {n: dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout)) for n in names}
+        try:
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            self.store = _get_default_store()
+        except Exception:  # noqa: BLE001 - no cross-rank cancellation without a store
+            self.store = None
+        self._guard()
+
+    def _guard(self) -> None:
+        """Refuse ``dist.init_process_group`` from a job (it would collide with the group's own)
+        and make ``dist.destroy_process_group()`` from a job a no-op (the runner owns it)."""
+        dist = self.dist
+        init, destroy = dist.init_process_group, dist.destroy_process_group
+
+        def guarded_init(*a, **kw):
+            ctx = jobctx.current()
+            if ctx is not None:
+                raise ConfigError(f"job {ctx.name!r} runs inside etrun --group: get its process group from "
+                                  "elastictrain_torch.init_process_group() and pass it to DDP(process_group=...) "
+                                  "and to collectives (group=...)")
+            return init(*a, **kw)
+
+        def guarded_destroy(group=None):
+            if jobctx.current() is not None and group in (None, dist.group.WORLD):
+                return None
+            return destroy(group)
+
+        dist.init_process_group, dist.destroy_process_group = guarded_init, guarded_destroy
+        self._restore = (init, destroy)
+
+    def agree(self, offsets: tuple) -> list[int]:
+        box = [list(offsets)]
+        self.dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def mark_failed(self, name: str, detail: str) -> None:
+        if self.store is not None:
+            self.store.set(f"et_group/failed/{name}", detail[:500])
+
+    def failed_elsewhere(self, names: list[str]) -> dict[str, str]:
+        out = {}
+        if self.store is None:
+            return out
+        for n in names:
+            key = f"et_group/failed/{n}"
+            if self.store.check([key]):
+                out[n] = self.store.get(key).decode(errors="replace")
+        return out
+
+    def close(self) -> None:
+        init, destroy = self._restore
+        self.dist.init_process_group, self.dist.destroy_process_group = init, destroy
+        try:
+            destroy()
+        except Exception:  # noqa: BLE001 - a peer may be gone already
+            pass
+
+
+def _distributed(names: list[str], timeout: float) -> Optional[_Distributed]:
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    if not dist.is_available() or "MASTER_ADDR" not in os.environ:
+        return None
+    return _Distributed(names, timeout)
+
+
+def _summary(results: list[JobResult]) -> tuple[int, list[str]]:
+    lines, failed, preempted = [], [], []
+    for r in results:
+        if r.ok:
+            lines.append(f"[etrun-group] job {r.name}: ok ({r.iterations} iterations, {r.seconds:.2f} s)")
+            continue
+        code = r.error.code if isinstance(r.error, _ExitStatus) else None
+        if code == PREEMPTED_EXIT_CODE:
+            preempted.append(r.name)
+            lines.append(f"[etrun-group] job {r.name}: preempted after {r.iterations} iterations")
+        else:
+            failed.append(r.name)
+            lines.append(f"[etrun-group] job {r.name}: FAILED after {r.iterations} iterations: "
+                         f"{type(r.error).__name__}: {r.error}")
+    if failed:
+        return 1, lines
+    return (PREEMPTED_EXIT_CODE if preempted else 0), lines
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    specs = parse_group(sys.argv[1:] if argv is None else argv)
+    names = [s.name for s in specs]
+    timeout = float(os.environ.get("ET_GROUP_TIMEOUT", "300"))
+    probe = int(os.environ.get("ET_GROUP_PROBE", "3"))
+    jobctx.install_argv_proxy()
+    for s in specs:  # a script imports its neighbours, as `python a.py` would let it
+        d = os.path.dirname(os.path.abspath(s.script))
+        if d not in sys.path:
+            sys.path.insert(0, d)
+    dist = _distributed(names, timeout)
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        signal.signal(sig, lambda *_: jobctx.notify_preempt())
+
+    group_ref: list[InterleaveGroup] = []
+
+    def job_fn(spec: GroupSpec):
+        def fn():
+            try:
+                code = _run_script(spec, dist.groups[spec.name] if dist else None)
+            except BaseException as exc:
+                if dist is not None:
+                    dist.mark_failed(spec.name, f"rank {dist.rank}: {type(exc).__name__}: {exc}")
+                raise
+            if code != 0:
+                if dist is not None and code != PREEMPTED_EXIT_CODE:
+                    dist.mark_failed(spec.name, f"rank {dist.rank}: exited with status {code}")
+                raise _ExitStatus(code)
+        return fn
+
+    group = InterleaveGroup([GroupJob(s.name, job_fn(s)) for s in specs], probe=probe,
+                            agree=dist.agree if dist is not None else None)
+    group_ref.append(group)
+    stop = threading.Event()
+    if dist is not None and dist.store is not None:
+        def watch() -> None:  # a job that failed on another rank can never finish here
+            cancelled: set = set()
+            while not stop.wait(0.2):
+                for name, detail in dist.failed_elsewhere([n for n in names if n not in cancelled]).items():
+                    cancelled.add(name)
+                    group.cancel(name, f"job {name} failed on another rank ({detail})")
+
+        threading.Thread(target=watch, name="et-group-watch", daemon=True).start()
+    t0 = time.monotonic()
+    try:
+        results = group.run()
+    finally:
+        stop.set()
+    code, lines = _summary(results)
+    for line in lines:
+        print(line, flush=True)
+    print(f"[etrun-group] {len(results)} jobs in {time.monotonic() - t0:.2f} s, slot offsets {group.offsets}",
+          flush=True)
+    err_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    bad = [r for r in results if not r.ok and not (isinstance(r.error, _ExitStatus)
+                                                    and r.error.code == PREEMPTED_EXIT_CODE)]
+    if err_file and bad:
+        with open(err_file, "w") as f:
+            json.dump({"message": {"message": "; ".join(f"job {r.name}: {type(r.error).__name__}: {r.error}"
+                                                         for r in bad),
+                                   "extraInfo": {"py_callstack": bad[0].traceback, "timestamp": str(int(time.time()))}}},
+                      f)
+    if dist is not None:
+        dist.close()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""Per-job context for jobs sharing one process (``etrun --group``): each job's thread sees
+its own name, ``sys.argv``, environment overrides and process group.
+
+Outside a group nothing is bound and every lookup falls through to the process (``os.environ``,
+the real ``sys.argv``, the default process group), so library code reads its settings through
+:func:`getenv` and works the same alone or grouped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+__all__ = ["JobContext", "current", "bound", "getenv", "install_argv_proxy", "on_preempt", "notify_preempt"]
+
+_local = threading.local()
+_preempt_lock = threading.Lock()
+_preempt_listeners: list = []
+
+
+@dataclass
+class JobContext:
+    """One grouped job: ``name`` (unique in its group; its datasets live under ``<name>.``),
+    ``argv`` (``argv[0]`` is the script), ``env`` (overrides of ``os.environ``) and
+    ``process_group`` (its own collectives' group, or None when torch is not in use)."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    process_group: Any = None
+
+
+def current() -> Optional[JobContext]:
+    """The calling thread's job context, or None outside ``etrun --group``."""
+    return getattr(_local, "ctx", None)
+
+
+@contextmanager
+def bound(ctx: JobContext) -> Iterator[JobContext]:
+    """Bind ``ctx`` to the calling thread for the duration."""
+    prev = getattr(_local, "ctx", None)
+    _local.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _local.ctx = prev
+
+
+def getenv(name: str, default: Optional[str] = None) -> Optional[str]:
+    """``os.environ.get`` as the calling job sees it (its overrides first)."""
+    ctx = getattr(_local, "ctx", None)
+    if ctx is not None and name in ctx.env:
+        return ctx.env[name]
+    return os.environ.get(name, default)
+
+
+class _ArgvProxy(list):
+    """``sys.argv`` for a process running several jobs: a job's thread sees its own argv (what
+    argparse reads), any other thread the process's. The list storage holds the latter."""
+
+    def _cur(self) -> list:
+        ctx = getattr(_local, "ctx", None)
+        return ctx.argv if ctx is not None else list.copy(self)
+
+    def __getitem__(self, i):
+        return self._cur()[i]
+
+    def __setitem__(self, i, v) -> None:
+        ctx = getattr(_local, "ctx", None)
+        if ctx is not None:
+            ctx.argv[i] = v
+        else:
+            super().__setitem__(i, v)
+
+    def __len__(self) -> int:
+        return len(self._cur())
+
+    def __iter__(self):
+        return iter(self._cur())
+
+    def __contains__(self, v) -> bool:
+        return v in self._cur()
+
+    def __eq__(self, other) -> bool:
+        return self._cur() == other
+
+    def __repr__(self) -> str:
+        return repr(self._cur())
+
+    def copy(self) -> list:
+        return list(self._cur())
+
+    def index(self, *a):
+        return self._cur().index(*a)
+
+
+def install_argv_proxy() -> None:
+    """Make ``sys.argv`` per-job (idempotent)."""
+    if not isinstance(sys.argv, _ArgvProxy):
+        sys.argv = _ArgvProxy(sys.argv)
+
+
+def on_preempt(fn) -> None:
+    """Call ``fn()`` when the process is asked to checkpoint and stop. Signal handlers can only
+    be installed by the main thread; ``etrun --group`` installs them there and calls these."""
+    with _preempt_lock:
+        _preempt_listeners.append(fn)
+
+
+def notify_preempt() -> None:
+    with _preempt_lock:
+        listeners = list(_preempt_listeners)
+    for fn in listeners:
+        fn()

@@ -45,6 +45,7 @@ bench: $(FULL)
 	$(PY) benchmarks/grouping.py --quick
 	$(PY) benchmarks/interleave.py --quick
 	$(PY) benchmarks/profiling_overhead.py --quick
+	$(PY) benchmarks/fairness.py --quick
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -5,6 +5,7 @@ Commands:
     status        show a job's generation and datasets
     simulate      replay a cluster trace through scheduling policies
     profile       run a training script for N iterations and print its stage and comm profiles
+    fairness      Gandiva-fair's fair-share experiments (homogeneous, heterogeneous with trading)
     version       print the package version
 """
 
@@ -50,10 +51,12 @@ def get_parser() -> argparse.ArgumentParser:
 
     m = sub.add_parser("simulate", help="replay a cluster trace through scheduling policies")
     m.add_argument("--trace", required=True, help="trace file (Tiresias CSV, Muri CSV, Gavel .trace, native CSV)")
-    m.add_argument("--cluster", required=True, help="cluster spec CSV or a short form like n8g8")
+    m.add_argument("--cluster", required=True, help="cluster spec CSV, a short form like n8g8, or GPU types "
+                   "like v100:3x4+k80:16x8 (nodes x GPUs each)")
     m.add_argument("--policy", default="tiresias-l,srsf,fifo",
                    help="comma-separated: yarn-cs|fifo, fifo-be, srtf, srsf, tiresias-l, tiresias-g, gandiva-ts, "
-                   "gandiva-fair, muri-s, muri-l, muri-l-worst, muri-l-noblossom")
+                   "gandiva-fair, gandiva-fair-notrade, gandiva-fair-global, muri-s, muri-l, muri-l-worst, "
+                   "muri-l-noblossom")
     m.add_argument("--out", default=None, help="directory for summary.json/csv, per-job CSVs and PNG plots")
     m.add_argument("--preset", default="default", help="engine settings: default, or muri (the Muri "
                    "reference simulator's restart and speed model)")
@@ -68,6 +71,8 @@ def get_parser() -> argparse.ArgumentParser:
     m.add_argument("--quantum", type=float, default=None, help="time slice of gandiva-ts, seconds")
     m.add_argument("--spread-slowdown", type=float, default=1.0,
                    help="slowdown of a skew-sensitive job placed across nodes (1: none)")
+    m.add_argument("--migration-cost", type=float, default=0.0,
+                   help="seconds a running job loses when a decision moves it (gandiva-fair migrations)")
     m.add_argument("--no-progress", action="store_true")
 
     pr = sub.add_parser("profile", help="run a training command for N iterations; print its stage and "
@@ -78,6 +83,19 @@ def get_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", default=None, help="also write the reports (a list, one per worker) here")
     pr.add_argument("--timeout", type=float, default=600.0, help="give up after this many seconds")
     pr.add_argument("cmd", nargs=argparse.REMAINDER, help="the training command (after --)")
+
+    f = sub.add_parser("fairness", help="Gandiva-fair's fair-share experiments: per-user share over time and in "
+                       "total, as a table, CSV and PNG")
+    f.add_argument("experiment", choices=("homogeneous", "heterogeneous"))
+    f.add_argument("--trace", default=None, help="homogeneous: trace whose GPU counts the users' jobs are drawn "
+                   "from (default: tests/data/60_job.csv)")
+    f.add_argument("--throughputs", default=None, help="heterogeneous: Gavel's simulation_throughputs.json")
+    f.add_argument("--policy", default="gandiva-fair", help="homogeneous: the policy (gandiva-fair, "
+                   "gandiva-fair-global, ...)")
+    f.add_argument("--hours", type=float, default=None, help="simulated hours (24 homogeneous, 12 heterogeneous)")
+    f.add_argument("--window", type=float, default=3600.0, help="seconds per report window")
+    f.add_argument("--migration-cost", type=float, default=0.0, help="seconds a migrated running job loses")
+    f.add_argument("--out", default=None, help="write fairness_total.csv, fairness_timeline.csv, fairness.png here")
 
     sub.add_parser("version", help="print the version")
     return p
@@ -98,6 +116,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _simulate(args)
         elif args.command == "profile":
             return _profile(args)
+        elif args.command == "fairness":
+            _fairness(args)
         elif args.command == "version":
             print(__version__)
     except ElasticTrainError as exc:
@@ -207,11 +227,45 @@ def _simulate(args) -> None:
             "distribution": args.distribution, "quantum": args.quantum,
             "thresholds": tuple(float(x) for x in args.thresholds.split(",")) if args.thresholds else None}
     cfg = SimConfig(args.trace, args.cluster, [p for p in args.policy.split(",") if p], args.preset, args.format,
-                    args.interval, args.restart_cost, opts, args.spread_slowdown)
+                    args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost)
     results = simulate(cfg, progress=not args.no_progress)
     print(comparison_table([summarize(r) for r in results]))
     print()
     print(bins_table(results))
     if args.out:
         for p in write_outputs(results, args.out):
+            print(f"wrote {p}")
+
+
+def _fairness(args) -> None:
+    from ._text import table
+    from .errors import ConfigError
+    from .sim.fairness import HETERO_CLUSTER, HETERO_USERS, heterogeneous, homogeneous, write_report
+
+    if args.experiment == "homogeneous":
+        trace = args.trace or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
+                                           "data", "60_job.csv")
+        if not os.path.exists(trace):
+            raise ConfigError(f"trace {trace} not found; pass --trace (a Tiresias, Muri or native trace)")
+        r = homogeneous(trace, hours=args.hours or 24.0, policy=args.policy, window=args.window,
+                        migration_cost=args.migration_cost)
+        print(f"{args.policy}: 70 users, one job each (GPU counts drawn from {os.path.basename(trace)}), 48 GPUs, "
+              f"{args.hours or 24.0:g} h; utilization {r.utilization:.3f}, {r.migrations} migrations")
+        rows = [("GPUs per job", "users", "GPU time / fair share")]
+        rows += [(str(g), str(r.users_by_class[g]), f"{v:.3f}") for g, v in r.share_by_class.items()]
+    else:
+        if not args.throughputs or not os.path.exists(args.throughputs):
+            raise ConfigError("pass --throughputs PATH to Gavel's simulation_throughputs.json (in ../shared/traces/"
+                              "gavel/, or tests/data/gavel_throughputs_subset.json)")
+        r = heterogeneous(args.throughputs, hours=args.hours or 12.0, window=args.window,
+                          migration_cost=args.migration_cost)
+        print(f"cluster {HETERO_CLUSTER} (nodes, GPUs each); {r.trades} trades; rates after the first hour")
+        rows = [("user", "job type", "V100/K80", "P100/K80", "agnostic", "traded", "gain")]
+        for u in r.agnostic:
+            sp = r.speedup[u]
+            rows.append((u, HETERO_USERS[u], f"{sp['v100']:.2f}", f"{sp['p100']:.2f}", f"{r.agnostic[u]:.2f}",
+                         f"{r.traded[u]:.2f}", f"{r.gain[u] * 100:+.1f}%"))
+    print(table(rows))
+    if args.out:
+        for p in write_report(r, args.out):
             print(f"wrote {p}")

@@ -90,7 +90,9 @@ class JobSpec:
 
     ``iteration_time`` is the time of one iteration at full speed with ``num_gpu`` GPUs;
     ``stage_times`` the per-iteration time of each resource (storage I/O, GPU compute,
-    network...) where the trace has them (Muri's traces do).
+    network...) where the trace has them (Muri's traces do). ``speeds``: ``((gpu_type,
+    factor), ...)``, the job's speed on each GPU generation relative to ``iteration_time``
+    (Gavel's throughput table; empty: the same everywhere).
     """
 
     job_id: int
@@ -101,6 +103,7 @@ class JobSpec:
     model: str = ""
     stage_times: tuple[float, ...] = ()
     user: str = ""
+    speeds: tuple = ()
 
     def __post_init__(self) -> None:
         if self.num_gpu < 1 or self.iterations <= 0 or self.iteration_time <= 0 or self.submit_time < 0:

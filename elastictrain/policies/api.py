@@ -30,7 +30,7 @@ class JobState:
     __slots__ = ("job_id", "num_gpu", "submit_time", "model", "iteration_time", "iterations",
                  "remaining_iterations", "attained", "attained_gpu", "running", "start_time",
                  "pending_since", "preemptions", "stage_times", "user", "skew", "placement",
-                 "slowdown", "restart_cost", "extra")
+                 "slowdown", "restart_cost", "speeds", "extra")
 
     def __init__(self, job_id: int, num_gpu: int, submit_time: float, model: str, iteration_time: float,
                  iterations: float, stage_times: tuple = (), user: str = "", skew: float = 0.0) -> None:
@@ -49,6 +49,7 @@ class JobState:
         self.placement: tuple = ()  # ((node, gpus), ...) while running
         self.slowdown = 1.0  # > 1 while the placement slows the job down (engine-set)
         self.restart_cost = 0.0  # seconds lost per (re)start (engine-set)
+        self.speeds: dict = {}  # GPU type -> speed relative to iteration_time (empty: same everywhere)
         self.extra: dict = {}
 
     @property
@@ -72,6 +73,7 @@ class ClusterSnapshot:
     arrived: tuple = ()  # JobState that arrived since the previous snapshot
     ended: tuple = ()  # ids of jobs that finished since the previous snapshot
     running: tuple = ()  # JobState running before this decision
+    node_types: tuple = ()  # GPU type of node i on a heterogeneous cluster (empty: one type)
 
     @property
     def total_gpus(self) -> int:

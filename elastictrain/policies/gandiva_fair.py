@@ -1,16 +1,37 @@
-"""Gandiva-fair, first part: gang-aware stride scheduling of user tickets.
+"""Gandiva-fair (EuroSys 2020): gang-aware split-stride fair share, heterogeneity, trading.
 
-Users hold tickets; a user's tickets are split equally among its active jobs; every time
-quantum the jobs with the lowest *pass* run, as long as their gang fits in the free GPUs, and a
-job that runs advances its pass by ``size / tickets``. Over time each user receives GPU time in
-proportion to its tickets (the slides' "gang-aware stride scheduling").
+Users hold tickets; a user's tickets are split equally among its active jobs; GPU time is
+shared in proportion to tickets by *gang-aware stride*: every quantum the jobs with the lowest
+pass run while their gang fits in the free GPUs, and a job that runs advances its pass by
+``size / tickets`` (:func:`gang_stride`, the slides' tables).
 
-Also here: :func:`trade`, the second-price exchange of fast for slow GPU time between users
-(on allocations; see ``elastictrain.sim.fairness.heterogeneous``).
+*Split stride* (the default, ``split=True``), as on slides 9-10:
 
-Not built yet (issue 8 goes on): the *split* scheduler (a local stride scheduler per server,
-a central one for multi-server jobs, load balancing by migration), and heterogeneous GPU
-generations inside the event-driven simulator.
+* every job that fits on one server has a *home server* and is scheduled there by that
+  server's local gang-aware stride;
+* jobs bigger than a server are scheduled by a central stride, whose other entries are the
+  servers themselves (tickets: the sum of their residents'): each quantum, entries are taken
+  by pass; a server taken runs its local schedule, a big job takes whole servers (those
+  furthest ahead on their pass, empty ones first), pausing their residents for the quantum;
+* GPUs a local schedule leaves idle (no waiting gang fits) are lent for the quantum to waiting
+  jobs of other servers, lowest pass first, a gang spanning several servers' idle GPUs if it
+  must (``spread_backfill``; work conservation without migrating a running job);
+* the split schedule is fair when the ticket load (tickets per GPU) is balanced across
+  servers, so at every quantum jobs are *migrated* from the most to the least loaded server of
+  their GPU type (a waiting job first: moving it is free; a running job loses the engine's
+  ``migration_cost``), up to ``migrations`` moves, while the spread exceeds ``balance``.
+
+``split=False`` runs one gang-aware stride over the whole cluster instead (no migrations).
+
+Heterogeneous clusters (``ClusterSnapshot.node_types``): every user is entitled to its ticket
+share of *each* GPU type. A new job goes to the fastest type (its ``speeds``) where its user
+still has entitlement to spare, i.e. the type with the lowest demand / entitlement ratio, ties
+to the faster type ("the fastest GPU subject to contention"). With ``trading=True``
+(``gandiva-fair``; ``gandiva-fair-notrade`` is the heterogeneity-agnostic baseline), users
+trade entitlement: fast GPUs of low-speedup users for slow GPUs of high-speedup users, at a
+second price (:func:`trade`); entitlements are recomputed when the set of users changes.
+Each job's tickets on its type are its user's entitlement there divided among the user's
+jobs of that type.
 """
 
 from __future__ import annotations
@@ -31,6 +52,9 @@ class StrideJob:
     size: int
     tickets: float
     pass_: float = 0.0
+    home: Optional[int] = None  # home server (local jobs); None: central (bigger than a server)
+    gtype: str = "gpu"  # GPU type it runs on
+    user: str = ""
 
 
 def gang_stride(queue: Sequence[StrideJob], free: int) -> list[int]:
@@ -51,36 +75,310 @@ def gang_stride(queue: Sequence[StrideJob], free: int) -> list[int]:
 
 
 class GandivaFair:
-    """Gang-aware stride over the whole cluster, one decision per ``quantum`` seconds.
+    """Gandiva-fair's scheduler, one decision per ``quantum`` seconds (see the module docstring).
 
     Args:
         tickets: tickets per user (``JobState.user``); users not listed get ``default_tickets``.
         quantum: seconds between decisions.
-        placement: where a chosen gang goes (see :mod:`.placement`); a gang that cannot be placed
-            is skipped for this quantum.
+        split: split stride (local per server + central) or one global stride.
+        balance: migrate while (max - min) ticket load exceeds this fraction of the mean load.
+        migrations: most migrations per quantum.
+        trading: trade GPU types between users at second prices (heterogeneous clusters).
+        compensate: half-life (seconds) of the usage that compensation tickets correct for
+            (0 disables them; see :meth:`_set_tickets`).
+        spread_backfill: a waiting gang may span the idle GPUs of several servers for a quantum.
+        placement, packlimit: where a gang goes under ``split=False`` (see :mod:`.placement`).
     """
 
     def __init__(self, tickets: Optional[dict[str, float]] = None, default_tickets: float = 1.0,
-                 quantum: float = 60.0, placement: str = "consolidated", packlimit: float = 0.5) -> None:
+                 quantum: float = 60.0, placement: str = "consolidated", packlimit: float = 0.5,
+                 split: bool = True, balance: float = 0.1, migrations: int = 4, trading: bool = True,
+                 compensate: float = 3600.0, spread_backfill: bool = True, name: str = "gandiva-fair") -> None:
         if default_tickets <= 0 or any(t <= 0 for t in (tickets or {}).values()):
             raise ConfigError("tickets must be positive")
+        if quantum <= 0 or balance < 0 or migrations < 0:
+            raise ConfigError("quantum must be > 0, balance and migrations >= 0")
         self.tickets, self.default = dict(tickets or {}), default_tickets
         self.quantum, self.placement, self.packlimit = quantum, placement, packlimit
-        self.name = "gandiva-fair"
+        self.split, self.balance, self.max_moves, self.trading = split, balance, migrations, trading
+        self.name = name
         self._jobs: dict[int, StrideJob] = {}
+        self._spass: dict[int, float] = {}  # central-stride pass of each server entry
         self._next = 0.0
+        self._users: Optional[frozenset] = None
+        self.entitlement: dict[str, dict[str, float]] = {}  # user -> GPU type -> GPUs
+        self.trades: list["Trade"] = []
+        self.moves = 0  # migrations decided so far
+        self.compensate = compensate
+        self.spread_backfill = spread_backfill
+        self._usage: dict[tuple, float] = {}  # (user, GPU type) -> decayed GPU-seconds received
+        self._last: Optional[float] = None
 
+    # ------------------------------------------------------------------ shares
+    def _user_tickets(self, u: str) -> float:
+        return self.tickets.get(u, self.default)
+
+    def _entitle(self, s: ClusterSnapshot, by_type: dict[str, int]) -> None:
+        users = frozenset(j.user for j in s.jobs)
+        if users == self._users:
+            return
+        self._users = users
+        total = sum(self._user_tickets(u) for u in users)
+        self.entitlement = {u: {t: self._user_tickets(u) / total * n for t, n in by_type.items()} for u in users}
+        self.trades = []
+        if self.trading and len(by_type) > 1:
+            speed: dict[str, dict[str, float]] = {}
+            for u in users:
+                mine = [j for j in s.jobs if j.user == u]
+                speed[u] = {t: sum(j.speeds.get(t, 1.0) for j in mine) / len(mine) for t in by_type}
+            mean = {t: sum(speed[u][t] for u in users) / len(users) for t in by_type}
+            order = sorted(by_type, key=lambda t: -mean[t])  # fastest first
+            for i, fast in enumerate(order):
+                for slow in reversed(order[i + 1:]):  # the widest speed gap first
+                    self.trades += trade(self.entitlement, speed, fast, slow, unit=0.25)
+
+    # ------------------------------------------------------------------ decide
     def decide(self, s: ClusterSnapshot) -> Decision:
         for jid in s.ended:
             self._jobs.pop(jid, None)
+        if not self.split:
+            return self._decide_global(s)
+        caps = s.gpus_per_node
+        types = s.node_types or ("gpu",) * len(caps)
+        by_type: dict[str, int] = {}
+        nodes_of: dict[str, list[int]] = {}
+        for n, (t, c) in enumerate(zip(types, caps)):
+            by_type[t] = by_type.get(t, 0) + c
+            nodes_of.setdefault(t, []).append(n)
+        self._entitle(s, by_type)
+        self._account(s, types)
+        by_id = {j.job_id: j for j in s.jobs}
+        for j in s.arrived:
+            self._jobs[j.job_id] = self._home(j, s, types, caps, nodes_of, by_type)
+        self._set_tickets(s)
+        quantum = s.now >= self._next
+        if quantum:
+            self._next = s.now + self.quantum
+            for t, nodes in nodes_of.items():
+                self._rebalance(nodes, caps, by_id)
+        residents: dict[int, list[StrideJob]] = {}
+        central: dict[str, list[StrideJob]] = {}
+        for j in s.jobs:
+            sj = self._jobs[j.job_id]
+            if sj.home is None:
+                central.setdefault(sj.gtype, []).append(sj)
+            else:
+                residents.setdefault(sj.home, []).append(sj)
+        run: dict[int, tuple] = {}
+        if not quantum:  # between quanta: what runs keeps running; a newcomer starts if its home has room
+            free = list(caps)
+            for j in s.running:
+                run[j.job_id] = j.placement
+                for n, g in j.placement:
+                    free[n] -= g
+            for j in s.jobs:
+                sj = self._jobs[j.job_id]
+                if not j.running and sj.home is not None and sj.size <= free[sj.home]:
+                    free[sj.home] -= sj.size
+                    sj.pass_ += sj.size / sj.tickets
+                    run[j.job_id] = ((sj.home, sj.size),)
+            return Decision(run, self._next)
+        for t, nodes in nodes_of.items():
+            claimed = self._central(nodes, caps, residents, central.get(t, []), run)
+            free = {n: caps[n] for n in nodes if n not in claimed}
+            for n in nodes:
+                if claimed.get(n) == "local":
+                    free[n] = caps[n]
+                    for jid in gang_stride(residents[n], caps[n]):
+                        run[jid] = ((n, self._jobs[jid].size),)
+                        free[n] -= self._jobs[jid].size
+            self._backfill(nodes, free, residents, by_id, run)
+        return Decision(run, self._next)
+
+    def _backfill(self, nodes: list[int], free: dict, residents: dict, by_id: dict, run: dict) -> None:
+        """Work conservation: GPUs a local schedule leaves idle (gangs that do not fit) go, for
+        this quantum, to waiting jobs of other servers, lowest pass first (best fit). Only jobs
+        that are not running move, so nothing is migrated; they pay for the time in pass."""
+        if not any(free.values()):
+            return
+        waiting = [sj for n in nodes for sj in residents.get(n, ())
+                   if sj.job_id not in run and not by_id[sj.job_id].running]
+        for sj in sorted(waiting, key=lambda x: (x.pass_, x.job_id)):
+            fit = [n for n in nodes if free.get(n, 0) >= sj.size]
+            if fit:
+                n = min(fit, key=lambda m: (free[m], m))
+                free[n] -= sj.size
+                where = ((n, sj.size),)
+            elif self.spread_backfill and sum(free.values()) >= sj.size:
+                take, got = [], 0  # the gang spans the holes of several servers for this quantum
+                for n in sorted((m for m in free if free[m] > 0), key=lambda m: (-free[m], m)):
+                    k = min(free[n], sj.size - got)
+                    take.append((n, k))
+                    got += k
+                    if got == sj.size:
+                        break
+                for n, k in take:
+                    free[n] -= k
+                where = tuple(take)
+            else:
+                continue
+            sj.pass_ += sj.size / sj.tickets
+            run[sj.job_id] = where
+
+    def _home(self, j, s: ClusterSnapshot, types, caps, nodes_of, by_type) -> StrideJob:
+        """Place a newcomer: its GPU type (lowest demand / entitlement, ties to the faster), then
+        its server (lowest ticket load), or the central queue if it is bigger than a server."""
+        ent = self.entitlement.get(j.user, {})
+        demand: dict[str, float] = {}
+        for sj in self._jobs.values():
+            if sj.user == j.user:
+                demand[sj.gtype] = demand.get(sj.gtype, 0.0) + sj.size
+
+        def score(t: str):
+            e = ent.get(t, 0.0)
+            return ((demand.get(t, 0.0) + j.num_gpu) / e if e > 0 else float("inf"), -j.speeds.get(t, 1.0))
+
+        fits = [t for t in nodes_of if by_type[t] >= j.num_gpu]
+        gtype = min(fits, key=score)
+        local = [n for n in nodes_of[gtype] if caps[n] >= j.num_gpu]
+        sj = StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, gtype, j.user)
+        if local:
+            load = self._loads(local, caps)
+            sj.home = min(local, key=lambda n: (load[n], n))
+            peers = [x.pass_ for x in self._jobs.values() if x.home == sj.home]
+        else:
+            peers = [x.pass_ for x in self._jobs.values() if x.home is None and x.gtype == gtype]
+        sj.pass_ = min(peers, default=0.0)  # level with its peers: neither ahead nor owed
+        return sj
+
+    def _account(self, s: ClusterSnapshot, types) -> None:
+        """Decayed GPU-seconds each user received on each type since the previous decision."""
+        if self._last is not None and self.compensate > 0:
+            dt = s.now - self._last
+            decay = 0.5 ** (dt / self.compensate)
+            for k in self._usage:
+                self._usage[k] *= decay
+            for j in s.running:
+                for n, g in j.placement:
+                    k = (j.user, types[n])
+                    self._usage[k] = self._usage.get(k, 0.0) + g * dt
+        self._last = s.now
+
+    def _set_tickets(self, s: ClusterSnapshot) -> None:
+        """A job's tickets: its user's entitlement on its type over the user's jobs there, times
+        a *compensation* factor (as in stride scheduling's compensation tickets): gangs fill the
+        holes others leave, which favours users with many small jobs per ticket, so a user whose
+        recent share of the type (usage decayed with half-life ``compensate``) is below its
+        entitled share gets proportionally more tickets, one above it fewer (within 1/4..4x)."""
+        count: dict[tuple, int] = {}
+        for j in s.jobs:
+            sj = self._jobs[j.job_id]
+            count[(sj.user, sj.gtype)] = count.get((sj.user, sj.gtype), 0) + 1
+        factor: dict[tuple, float] = {}
+        if self.compensate > 0:
+            ent_sum: dict[str, float] = {}
+            use_sum: dict[str, float] = {}
+            for (u, t) in count:
+                ent_sum[t] = ent_sum.get(t, 0.0) + self.entitlement.get(u, {}).get(t, 0.0)
+                use_sum[t] = use_sum.get(t, 0.0) + self._usage.get((u, t), 0.0)
+            for (u, t) in count:
+                e, used = self.entitlement.get(u, {}).get(t, 0.0), self._usage.get((u, t), 0.0)
+                if e > 0 and ent_sum[t] > 0 and use_sum[t] > 0:
+                    want, got = e / ent_sum[t], used / use_sum[t]
+                    factor[(u, t)] = min(4.0, max(0.25, want / got if got > 0 else 4.0))
+        for j in s.jobs:
+            sj = self._jobs[j.job_id]
+            e = self.entitlement.get(sj.user, {}).get(sj.gtype, 0.0)
+            # a user with no entitlement left on this type (traded away) keeps a sliver, so its
+            # job still runs on GPUs nobody else wants
+            sj.tickets = max(e, 1e-6) * factor.get((sj.user, sj.gtype), 1.0) / count[(sj.user, sj.gtype)]
+
+    def _loads(self, nodes: list[int], caps) -> dict[int, float]:
+        load = {n: 0.0 for n in nodes}
+        for sj in self._jobs.values():
+            if sj.home in load:
+                load[sj.home] += sj.tickets
+        return {n: load[n] / caps[n] for n in nodes}
+
+    def _rebalance(self, nodes: list[int], caps, by_id: dict) -> None:
+        """Migrate jobs from the most to the least ticket-loaded server while that lowers the
+        maximum load and the spread exceeds ``balance`` of the mean; waiting jobs move first."""
+        if len(nodes) < 2:
+            return
+        for _ in range(self.max_moves):
+            load = self._loads(nodes, caps)
+            hi, lo = max(nodes, key=lambda n: (load[n], -n)), min(nodes, key=lambda n: (load[n], n))
+            mean = sum(load.values()) / len(load)
+            if load[hi] - load[lo] <= self.balance * mean:
+                return
+            best = None
+            for sj in self._jobs.values():
+                if sj.home != hi or sj.size > caps[lo]:
+                    continue
+                after = max(load[hi] - sj.tickets / caps[hi], load[lo] + sj.tickets / caps[lo])
+                key = (after, by_id[sj.job_id].running if sj.job_id in by_id else False, sj.job_id)
+                if after < load[hi] - 1e-12 and (best is None or key < best[0]):
+                    best = (key, sj)
+            if best is None:
+                return
+            sj = best[1]
+            floor_hi = min((x.pass_ for x in self._jobs.values() if x.home == hi), default=0.0)
+            floor_lo = min((x.pass_ for x in self._jobs.values() if x.home == lo and x is not sj),
+                           default=floor_hi)
+            sj.pass_ += floor_lo - floor_hi  # keep its standing relative to its new peers
+            sj.home = lo
+            self.moves += 1
+
+    def _central(self, nodes: list[int], caps, residents: dict, big: list[StrideJob], run: dict) -> dict:
+        """The central stride of one GPU type: servers (tickets: their residents') and jobs
+        bigger than a server, by pass. Returns node -> "local" or the big job's id."""
+        floor = min([self._spass[n] for n in nodes if n in self._spass and residents.get(n)]
+                    + [b.pass_ for b in big], default=0.0)
+        entries = []
+        for n in nodes:
+            if residents.get(n):
+                if n not in self._spass:
+                    self._spass[n] = floor
+                entries.append((self._spass[n], 0, n))
+            else:
+                self._spass.pop(n, None)
+        for b in big:
+            entries.append((b.pass_, 1, b.job_id))
+        entries.sort()
+        claimed: dict[int, object] = {}
+        for _, kind, key in entries:
+            if kind == 0:
+                if key not in claimed:
+                    claimed[key] = "local"
+                    self._spass[key] += caps[key] / sum(x.tickets for x in residents[key])
+                continue
+            b = self._jobs[key]
+            free = [n for n in nodes if n not in claimed]
+            free.sort(key=lambda n: (n in self._spass, -self._spass.get(n, 0.0), n))  # empty, then furthest ahead
+            take, got = [], 0
+            for n in free:
+                if got >= b.size:
+                    break
+                take.append((n, min(caps[n], b.size - got)))
+                got += take[-1][1]
+            if got < b.size:
+                continue
+            for n, _ in take:
+                claimed[n] = key
+            run[key] = tuple(take)
+            b.pass_ += b.size / b.tickets
+        return claimed
+
+    def _decide_global(self, s: ClusterSnapshot) -> Decision:
+        """One gang-aware stride over the whole cluster (``split=False``)."""
         floor = min((j.pass_ for j in self._jobs.values()), default=0.0)
         for j in s.arrived:  # a newcomer starts level with the others, neither ahead nor owed
-            self._jobs[j.job_id] = StrideJob(j.job_id, j.num_gpu, 1.0, floor)
+            self._jobs[j.job_id] = StrideJob(j.job_id, j.num_gpu, 1.0, floor, user=j.user)
         per_user: dict[str, int] = {}
         for j in s.jobs:
             per_user[j.user] = per_user.get(j.user, 0) + 1
         for j in s.jobs:
-            self._jobs[j.job_id].tickets = self.tickets.get(j.user, self.default) / per_user[j.user]
+            self._jobs[j.job_id].tickets = self._user_tickets(j.user) / per_user[j.user]
         placer = make_placer(s, self.placement, self.packlimit)
         run: dict[int, tuple] = {}
         candidates = s.jobs
@@ -102,8 +400,12 @@ class GandivaFair:
         return Decision(run, self._next)
 
 
-register("gandiva-fair", lambda **kw: GandivaFair(**kw),
-         ("tickets", "default_tickets", "quantum", "placement", "packlimit"))
+_OPTIONS = ("tickets", "default_tickets", "quantum", "placement", "packlimit", "split", "balance", "migrations",
+            "compensate", "spread_backfill")
+register("gandiva-fair", lambda **kw: GandivaFair(**kw), _OPTIONS)
+register("gandiva-fair-notrade", lambda **kw: GandivaFair(trading=False, name="gandiva-fair-notrade", **kw), _OPTIONS)
+register("gandiva-fair-global", lambda **kw: GandivaFair(split=False, name="gandiva-fair-global", **kw),
+         tuple(o for o in _OPTIONS if o not in ("split", "balance", "migrations")))
 
 
 # ---------------------------------------------------------------------------- trading

@@ -17,6 +17,13 @@ count (the Muri table) or a constant. ``charge``:
 1.015x its profiled iteration time). ``spread_slowdown``: a skew-sensitive job (model skew
 above ``skew_sensitive``, e.g. VGG) placed across several nodes runs that many times slower
 (Tiresias's consolidation argument); 1.0 disables it.
+
+Heterogeneous clusters (``ClusterSpec.node_types``): a job runs at its speed on the GPU type
+of its placement (``JobSpec.speeds``; a gang spanning types runs at the slowest member's).
+``migration_cost``: seconds a running job loses when a decision moves it to another placement
+(Gandiva-fair's migration). ``window``: also record, per user and window of that many seconds,
+the iterations done (also weighted by GPU count: data-parallel minibatches) and the GPU-seconds
+received per GPU type (``extra["timeline"]``), for fairness over time.
 """
 
 from __future__ import annotations
@@ -88,7 +95,8 @@ class Simulator:
                  restart_cost: Union[str, float, Callable[[JobState], float]] = 0.0,
                  charge: str = "on_start", speed_factor: float = 1.0, interval: Optional[float] = None,
                  spread_slowdown: float = 1.0, skew_sensitive: float = 0.5, until: Optional[float] = None,
-                 progress: Optional[Callable[[int], None]] = None) -> None:
+                 progress: Optional[Callable[[int], None]] = None, migration_cost: float = 0.0,
+                 window: Optional[float] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         too_big = [j.job_id for j in jobs if j.num_gpu > cluster.total_gpus]
@@ -101,6 +109,9 @@ class Simulator:
             raise ConfigError(f"spread_slowdown must be >= 1, got {spread_slowdown}")
         self.spread_slowdown, self.skew_sensitive = spread_slowdown, skew_sensitive
         self.until = until  # stop the simulation at this time (jobs may be unfinished)
+        if migration_cost < 0 or (window is not None and window <= 0):
+            raise ConfigError("migration_cost must be >= 0 and window > 0")
+        self.migration_cost, self.window = float(migration_cost), window
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
         elif callable(restart_cost):
@@ -126,7 +137,10 @@ class Simulator:
     def run(self) -> SimResult:
         t_wall = time.perf_counter()
         specs, n = self.specs, len(self.specs)
-        gpus = tuple([self.cluster.gpus_per_node] * self.cluster.nodes)
+        gpus = self.cluster.capacities
+        types = self.cluster.node_types
+        timeline: dict = {}  # window index -> {"iterations": {user: n}, "gpu_seconds": {user: {type: s}}}
+        migrations = 0
         every = self.charge == "every_event"
         runnable: list[JobState] = []
         running: list[JobState] = []
@@ -177,7 +191,10 @@ class Simulator:
                         owed[j.job_id] = o - pay
                         lost += pay
                     work = dt - pay
-                j.remaining_iterations -= work / (j.iteration_time * j.slowdown)
+                its = work / (j.iteration_time * j.slowdown)
+                j.remaining_iterations -= its
+                if self.window is not None and dt > 0:
+                    self._record(timeline, now, t, j, its, types)
                 j.attained += dt
                 j.attained_gpu += dt * j.num_gpu
                 if not every and j.remaining_iterations <= 1e-9 * max(1.0, j.iterations):
@@ -202,6 +219,7 @@ class Simulator:
                 s = specs[idx]
                 j = JobState(s.job_id, s.num_gpu, s.submit_time, s.model, s.iteration_time * self.factor,
                              s.iterations, s.stage_times, s.user, SKEW.get(s.model, 0.0))
+                j.speeds = dict(s.speeds)
                 j.extra["spec"], j.extra["pending"] = s, 0.0
                 runnable.append(j)
                 by_id[j.job_id] = j
@@ -213,7 +231,7 @@ class Simulator:
                 events += 1
                 decision = self.policy.decide(ClusterSnapshot(now, tuple(runnable), gpus,
                                                               self.cluster.nodes_per_switch, tuple(arrived),
-                                                              tuple(ended), tuple(running)))
+                                                              tuple(ended), tuple(running), types))
                 arrived.clear()
                 ended.clear()
                 run = decision.run
@@ -232,9 +250,16 @@ class Simulator:
                 slow = decision.slowdown
                 for jid, where in run.items():
                     j = by_id[jid]
+                    moved = j.running and sorted(j.placement) != sorted(where)
                     j.placement = where
                     j.slowdown = slow.get(jid) or (self.spread_slowdown if self.spread_slowdown > 1.0
                                                    and len(where) > 1 and j.skew > self.skew_sensitive else 1.0)
+                    if types and j.speeds:
+                        j.slowdown /= min(j.speeds.get(types[node], 1.0) for node, _ in where)
+                    if moved:
+                        migrations += 1
+                        if not every and self.migration_cost:
+                            owed[jid] = owed.get(jid, 0.0) + self.migration_cost
                     if not j.running:
                         j.running = True
                         j.extra["pending"] += now - j.pending_since
@@ -264,4 +289,26 @@ class Simulator:
             service[j.user] = service.get(j.user, 0.0) + j.attained_gpu
         return SimResult(self.policy.name, done, now, events, util, self.cluster.total_gpus, lost,
                          time.perf_counter() - t_wall, {"service_by_user": service,
-                                                         "unfinished": len(runnable)})
+                                                         "unfinished": len(runnable), "migrations": migrations,
+                                                         "timeline": [timeline[k] for k in sorted(timeline)]})
+
+    def _record(self, timeline: dict, a: float, b: float, j: JobState, its: float, types: tuple) -> None:
+        """Spread a job's progress over [a, b) across the windows it spans (evenly in time)."""
+        w = self.window
+        gpu_type: dict = {}
+        for node, n in j.placement:
+            t = types[node] if types else "gpu"
+            gpu_type[t] = gpu_type.get(t, 0) + n
+        k, span = int(a // w), b - a
+        while k * w < b:
+            lo, hi = max(a, k * w), min(b, (k + 1) * w)
+            if hi > lo:
+                frac = (hi - lo) / span
+                rec = timeline.setdefault(k, {"start": k * w, "iterations": {}, "iterations_gpu": {},
+                                              "gpu_seconds": {}})
+                rec["iterations"][j.user] = rec["iterations"].get(j.user, 0.0) + its * frac
+                rec["iterations_gpu"][j.user] = rec["iterations_gpu"].get(j.user, 0.0) + its * frac * j.num_gpu
+                per = rec["gpu_seconds"].setdefault(j.user, {})
+                for t, n in gpu_type.items():
+                    per[t] = per.get(t, 0.0) + n * (hi - lo)
+            k += 1

@@ -35,6 +35,7 @@ class SimConfig:
     restart_cost: Optional[str] = None
     policy_options: dict = field(default_factory=dict)
     spread_slowdown: float = 1.0
+    migration_cost: float = 0.0
 
 
 def simulate(cfg: SimConfig, progress: bool = True) -> list[SimResult]:
@@ -70,7 +71,8 @@ def simulate(cfg: SimConfig, progress: bool = True) -> list[SimResult]:
                 last[0] = done
 
         results.append(Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick,
-                                 spread_slowdown=cfg.spread_slowdown, **engine).run())
+                                 spread_slowdown=cfg.spread_slowdown, migration_cost=cfg.migration_cost,
+                                 **engine).run())
         if bar is not None:
             bar.close()
     return results

@@ -93,7 +93,8 @@ def load_gavel(path: str, throughputs: Optional[str] = None, gpu: str = "v100") 
                                    "simulation_throughputs.json")
     try:
         with open(throughputs) as f:
-            table = json.load(f)[gpu]
+            tables = json.load(f)
+        table = tables[gpu]
     except (OSError, KeyError, ValueError) as exc:
         raise TraceError(f"{path}: cannot read the throughput table {throughputs} for {gpu}: {exc}") from None
     out = []
@@ -108,13 +109,16 @@ def load_gavel(path: str, throughputs: Optional[str] = None, gpu: str = "v100") 
             key = str((job_type, int(scale))) if scale.isdigit() else None
             entry = table.get(key) if key else None
             if entry is None:  # Gavel has no distributed figure for some types: assume linear scaling
-                entry = table.get(str((job_type, 1)))
+                key = str((job_type, 1))
+                entry = table.get(key)
             if entry is None or "null" not in entry:
                 raise TraceError(f"{path}:{ln}: column 'job_type' has value {job_type!r} (scale {scale}) with no "
                                  f"throughput in {throughputs}")
             try:
+                speeds = tuple((t, tables[t][key]["null"] / entry["null"]) for t in sorted(tables)
+                               if "_" not in t and key in tables[t] and "null" in tables[t][key])
                 out.append(JobSpec(ln - 1, int(scale), float(arrival), float(steps), 1.0 / entry["null"],
-                                   job_type.split(" ")[0]))
+                                   job_type.split(" ")[0], speeds=speeds))
             except (ValueError, ConfigError) as exc:
                 raise TraceError(f"{path}:{ln}: {exc}") from None
     return sorted(out, key=lambda j: (j.submit_time, j.job_id))

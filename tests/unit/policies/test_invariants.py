@@ -83,6 +83,7 @@ def random_trace(seed, n=80):
 
 
 @pytest.mark.parametrize("name", ["yarn-cs", "fifo-be", "srtf", "srsf", "tiresias-l", "tiresias-g", "gandiva-ts",
+                                  "gandiva-fair-notrade", "gandiva-fair-global",
                                   "gandiva-fair", "muri-s", "muri-l", "muri-l-worst", "muri-l-noblossom"])
 @pytest.mark.parametrize("placement", [None, "consolidated", "spread", "count", "skew"])
 @pytest.mark.parametrize("seed", [1, 2])

@@ -230,8 +230,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda *_: jobctx.notify_preempt())
 
-    group_ref: list[InterleaveGroup] = []
-
     def job_fn(spec: GroupSpec):
         def fn():
             try:
@@ -248,7 +246,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     group = InterleaveGroup([GroupJob(s.name, job_fn(s)) for s in specs], probe=probe,
                             agree=dist.agree if dist is not None else None)
-    group_ref.append(group)
     stop = threading.Event()
     if dist is not None and dist.store is not None:
         def watch() -> None:  # a job that failed on another rank can never finish here

@@ -239,6 +239,9 @@ class GandivaFair:
             return ((demand.get(t, 0.0) + j.num_gpu) / e if e > 0 else float("inf"), -j.speeds.get(t, 1.0))
 
         fits = [t for t in nodes_of if by_type[t] >= j.num_gpu]
+        if not fits:
+            raise ConfigError(f"job {j.job_id} needs {j.num_gpu} GPUs, more than any one GPU type has "
+                              f"({by_type}); gandiva-fair runs a gang on one type")
         gtype = min(fits, key=score)
         local = [n for n in nodes_of[gtype] if caps[n] >= j.num_gpu]
         sj = StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, gtype, j.user)

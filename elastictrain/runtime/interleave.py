@@ -217,6 +217,8 @@ class InterleaveGroup:
         self.cuda_streams = cuda_streams
         self.agree = agree
         self.gate: Optional[_Gate] = None
+        self._lock = threading.Lock()
+        self._cancelled: dict[int, str] = {}  # cancelled before the group started
         self.profiles: list[tuple] = []
         self.iteration_estimate: Optional[float] = None  # eq. 3 for the chosen offsets
 
@@ -243,9 +245,12 @@ class InterleaveGroup:
 
     def cancel(self, name: str, reason: str) -> None:
         """Make job ``name`` raise :class:`JobCancelled` at its next stage (it then leaves)."""
-        if self.gate is None:
-            raise RuntimeError("the group is not running")
-        self.gate.cancel([j.name for j in self.jobs].index(name), reason)
+        i = [j.name for j in self.jobs].index(name)
+        with self._lock:
+            if self.gate is None:  # not started yet: applied when it starts
+                self._cancelled[i] = reason
+                return
+        self.gate.cancel(i, reason)
 
     def run(self, timeout: Optional[float] = None) -> list[JobResult]:
         """Run the group to the end; one result per job, in order.
@@ -255,7 +260,10 @@ class InterleaveGroup:
                 daemons and are left behind).
         """
         n = len(self.jobs)
-        self.gate = _Gate(n, self.resources, self.probe)
+        with self._lock:
+            self.gate = _Gate(n, self.resources, self.probe)
+            for i, reason in self._cancelled.items():
+                self.gate.cancel(i, reason)
         recorders = [Recorder() for _ in range(n)]
         results: list[Optional[JobResult]] = [None] * n
         self.gate.on_probed = lambda: self._choose_offsets(recorders)

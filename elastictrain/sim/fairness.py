@@ -141,7 +141,8 @@ def heterogeneous(throughputs: str, cluster: Optional[dict] = None, users: Optio
         if name == "gandiva-fair":
             trades = len(policy.trades)
     timeline = [(a[0], a[1], b[1]) for a, b in zip(timelines["gandiva-fair-notrade"], timelines["gandiva-fair"])]
-    rel_speed = {u: {t: v / speed[u]["k80"] for t, v in speed[u].items()} for u in users}
+    rel_speed = {u: {t: v / (speed[u]["k80"] if "k80" in speed[u] else min(speed[u].values()))
+                     for t, v in speed[u].items()} for u in users}
     return TradingResult(rates["gandiva-fair-notrade"], rates["gandiva-fair"], trades, rel_speed, timeline, window)
 
 

@@ -137,3 +137,14 @@ def test_a_cancelled_job_frees_its_slots_at_once_and_raises_at_its_next_stage():
     assert ok_done, "the healthy job stayed blocked behind the cancelled one"
     assert ok.ok and ok.iterations == 40
     assert not st.ok and isinstance(st.error, JobCancelled) and "peer failed" in str(st.error)
+
+
+def test_a_job_cancelled_before_the_group_starts_never_runs_a_stage():
+    from elastictrain.runtime.interleave import JobCancelled
+
+    group = InterleaveGroup([GroupJob("a", train(1, 5, 0.001)), GroupJob("b", train(2, 5, 0.001))],
+                            resources=("load", "compute", "sync"), offsets=(0, 1))
+    group.cancel("b", "failed on rank 1 already")
+    a, b = group.run(timeout=60)
+    assert a.ok and a.iterations == 5
+    assert isinstance(b.error, JobCancelled) and b.iterations == 0

@@ -106,3 +106,11 @@ def test_fairness_command_prints_the_table_and_names_the_fix_for_bad_input(tmp_p
     assert "pass --throughputs PATH" in capsys.readouterr().err
     assert main(["fairness", "homogeneous", "--hours", "1", "--policy", "gandiva-fair-global"]) == 0
     assert "GPU time / fair share" in capsys.readouterr().out
+
+
+def test_gandiva_fair_refuses_a_gang_bigger_than_every_gpu_type():
+    from elastictrain.policies import create
+
+    cluster = heterogeneous_cluster({"v100": (1, 4), "k80": (1, 4)})
+    with pytest.raises(ConfigError, match="more than any one GPU type has"):
+        Simulator([JobSpec(0, 6, 0.0, 100, 1.0)], cluster, create("gandiva-fair")).run()

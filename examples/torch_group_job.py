@@ -57,7 +57,6 @@ def main() -> int:
     try:
         train(args, model, opt, data_x, data_y, rank, world, seen, indices if args.shards else None)
     finally:
-        del model, opt  # DDP's reducer must go before its process group
         dist.destroy_process_group()  # inside etrun --group the runner owns the groups: a no-op there
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in net.parameters())).hexdigest()
     print(f"[group-job seed={args.seed} rank={rank}] final-params-sha256: {digest}", flush=True)

@@ -26,7 +26,6 @@ that advice. Jobs share the process's global RNG: seed a ``torch.Generator`` of 
 from __future__ import annotations
 
 import builtins
-import json
 import os
 import signal
 import sys
@@ -40,6 +39,7 @@ from .. import PREEMPTED_EXIT_CODE
 from ..errors import ConfigError
 from ..runtime import jobctx
 from ..runtime.interleave import GroupJob, InterleaveGroup, JobResult
+from .runner import exit_status, write_error
 
 __all__ = ["GroupSpec", "parse_group", "main"]
 
@@ -103,12 +103,7 @@ def _run_script(spec: GroupSpec, group) -> int:
         try:
             exec(code, scope)
         except SystemExit as exc:
-            if exc.code is None:
-                return 0
-            if isinstance(exc.code, int):
-                return exc.code
-            print(exc.code, file=sys.stderr, flush=True)
-            return 1
+            return exit_status(exc.code)
     return 0
 
 
@@ -197,7 +192,8 @@ def _distributed(names: list[str], timeout: float) -> Optional[_Distributed]:
     return _Distributed(names, timeout)
 
 
-def _summary(results: list[JobResult]) -> tuple[int, list[str]]:
+def _summary(results: list[JobResult]) -> tuple[int, list[str], list[JobResult]]:
+    """Exit status, one line per job, and the failed jobs (preempted ones are not failures)."""
     lines, failed, preempted = [], [], []
     for r in results:
         if r.ok:
@@ -208,12 +204,12 @@ def _summary(results: list[JobResult]) -> tuple[int, list[str]]:
             preempted.append(r.name)
             lines.append(f"[etrun-group] job {r.name}: preempted after {r.iterations} iterations")
         else:
-            failed.append(r.name)
+            failed.append(r)
             lines.append(f"[etrun-group] job {r.name}: FAILED after {r.iterations} iterations: "
                          f"{type(r.error).__name__}: {r.error}")
     if failed:
-        return 1, lines
-    return (PREEMPTED_EXIT_CODE if preempted else 0), lines
+        return 1, lines, failed
+    return (PREEMPTED_EXIT_CODE if preempted else 0), lines, failed
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -261,20 +257,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         results = group.run()
     finally:
         stop.set()
-    code, lines = _summary(results)
+    code, lines, bad = _summary(results)
     for line in lines:
         print(line, flush=True)
     print(f"[etrun-group] {len(results)} jobs in {time.monotonic() - t0:.2f} s, slot offsets {group.offsets}",
           flush=True)
     err_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
-    bad = [r for r in results if not r.ok and not (isinstance(r.error, _ExitStatus)
-                                                    and r.error.code == PREEMPTED_EXIT_CODE)]
     if err_file and bad:
-        with open(err_file, "w") as f:
-            json.dump({"message": {"message": "; ".join(f"job {r.name}: {type(r.error).__name__}: {r.error}"
-                                                         for r in bad),
-                                   "extraInfo": {"py_callstack": bad[0].traceback, "timestamp": str(int(time.time()))}}},
-                      f)
+        write_error(err_file, "; ".join(f"job {r.name}: {type(r.error).__name__}: {r.error}" for r in bad),
+                    bad[0].traceback)
     if dist is not None:
         dist.close()
     return code

@@ -27,8 +27,9 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def _write_error(path: str, exc: BaseException, tb: str) -> None:
-    data = {"message": {"message": f"{type(exc).__name__}: {exc}",
+def write_error(path: str, message: str, tb: str) -> None:
+    """Write torchelastic's error file (what ``etrun`` reports as the root cause)."""
+    data = {"message": {"message": message,
                         "extraInfo": {"py_callstack": tb, "timestamp": str(int(time.time()))}}}
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
@@ -96,11 +97,22 @@ def main() -> None:
         tb = _user_traceback(exc)
         error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
         if error_file and not os.path.exists(error_file):  # torch's @record may have written it
-            _write_error(error_file, exc, tb)
+            write_error(error_file, f"{type(exc).__name__}: {exc}", tb)
         sys.stderr.write(tb)
         sys.stderr.flush()
         os._exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
     _exit(0)
+
+
+def exit_status(code) -> int:
+    """The process status ``sys.exit(code)`` gives: None is 0, an int itself, anything else is
+    printed to stderr and gives 1."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr, flush=True)
+    return 1
 
 
 def _exit(code) -> None:
@@ -111,13 +123,7 @@ def _exit(code) -> None:
     import atexit
     import threading
 
-    if code is None:
-        status = 0
-    elif isinstance(code, int):
-        status = code
-    else:
-        print(code, file=sys.stderr)
-        status = 1
+    status = exit_status(code)
     me = threading.current_thread()
     for t in threading.enumerate():
         if t is not me and not t.daemon:

@@ -144,15 +144,8 @@ class _Gate:
         """The job raises at its next stage, and leaves the slots now: it may be blocked in a
         collective that can never complete, which must not hold the other jobs' slots."""
         with self.cond:
-            me = self.members[i]
-            me.cancelled = reason
-            if me.active:
-                me.active = False
-                if self.solo == i:
-                    self._next_solo()
-                else:
-                    self._advance()
-            self.cond.notify_all()
+            self.members[i].cancelled = reason
+            self._drop(i)
 
     def exit(self, i: int, stage: str) -> None:
         if stage not in self.index:
@@ -164,12 +157,17 @@ class _Gate:
 
     def leave(self, i: int) -> None:
         with self.cond:
+            self._drop(i)
+
+    def _drop(self, i: int) -> None:
+        """Take member ``i`` out of the slot schedule (once), with the lock held."""
+        if self.members[i].active:
             self.members[i].active = False
             if self.solo == i:
                 self._next_solo()
             else:
                 self._advance()
-            self.cond.notify_all()
+        self.cond.notify_all()
 
 
 class _MemberGate:

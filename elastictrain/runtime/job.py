@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 from dataclasses import dataclass
 from typing import Optional
@@ -11,7 +12,7 @@ from ..errors import ConfigError
 from ..model import DatasetSpec, check_name
 from ..wire import ProfileList, ProfileReport
 from .client import CoordinatorClient
-from .jobctx import current, getenv
+from .jobctx import current
 from .profiler import report_when_ready
 from .shards import ShardIterator
 from .stages import recorder
@@ -74,7 +75,7 @@ class Job:
 
 
 def _int_env(name: str, default: Optional[int] = None) -> int:
-    raw = getenv(name)
+    raw = os.environ.get(name)
     if raw is None:
         if default is None:
             raise ConfigError(f"{name} is not set: start this script with `etrun` (or set {name})")
@@ -96,12 +97,12 @@ def init(coordinator: Optional[str] = None, job_id: Optional[str] = None) -> Job
     Raises:
         ConfigError: a required variable is missing (the message says which).
     """
-    url = coordinator or getenv("ET_COORDINATOR")
+    url = coordinator or os.environ.get("ET_COORDINATOR")
     if not url:
         raise ConfigError("no coordinator: start this script with `etrun`, or set ET_COORDINATOR="
                           "http://HOST:PORT of a running `elastictrain coordinator`")
-    job_id = check_name("job", job_id or getenv("ET_JOB_ID", "default"))
-    prev = getenv("ET_PREV_WORLD_SIZE")
+    job_id = check_name("job", job_id or os.environ.get("ET_JOB_ID", "default"))
+    prev = os.environ.get("ET_PREV_WORLD_SIZE")
     ctx = current()
     return Job(
         client=CoordinatorClient(url),
@@ -111,7 +112,7 @@ def init(coordinator: Optional[str] = None, job_id: Optional[str] = None) -> Job
         world_size=_int_env("WORLD_SIZE", 1),
         local_rank=_int_env("LOCAL_RANK", 0),
         restart_count=_int_env("TORCHELASTIC_RESTART_COUNT", 0),
-        restart_reason=getenv("ET_RESTART_REASON", "start"),
+        restart_reason=os.environ.get("ET_RESTART_REASON", "start"),
         prev_world_size=int(prev) if prev else None,
         namespace=f"{ctx.name}." if ctx is not None else "",
     )

@@ -1,21 +1,21 @@
 """Per-job context for jobs sharing one process (``etrun --group``): each job's thread sees
-its own name, ``sys.argv``, environment overrides and process group.
+its own name, ``sys.argv`` and process group.
 
-Outside a group nothing is bound and every lookup falls through to the process (``os.environ``,
-the real ``sys.argv``, the default process group), so library code reads its settings through
-:func:`getenv` and works the same alone or grouped.
+Outside a group nothing is bound and every lookup falls through to the process (the real
+``sys.argv``, the default process group), so library code works the same alone or grouped.
+The environment is shared: grouped jobs run with the same ranks and coordinator, and keep their
+datasets apart by name (``Job.namespace``).
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
-__all__ = ["JobContext", "current", "bound", "getenv", "install_argv_proxy", "on_preempt", "notify_preempt"]
+__all__ = ["JobContext", "current", "bound", "install_argv_proxy", "on_preempt", "notify_preempt"]
 
 _local = threading.local()
 _preempt_lock = threading.Lock()
@@ -25,12 +25,11 @@ _preempt_listeners: list = []
 @dataclass
 class JobContext:
     """One grouped job: ``name`` (unique in its group; its datasets live under ``<name>.``),
-    ``argv`` (``argv[0]`` is the script), ``env`` (overrides of ``os.environ``) and
-    ``process_group`` (its own collectives' group, or None when torch is not in use)."""
+    ``argv`` (``argv[0]`` is the script) and ``process_group`` (its own collectives' group, or
+    None when torch is not in use)."""
 
     name: str
     argv: list[str]
-    env: dict[str, str] = field(default_factory=dict)
     process_group: Any = None
 
 
@@ -48,14 +47,6 @@ def bound(ctx: JobContext) -> Iterator[JobContext]:
         yield ctx
     finally:
         _local.ctx = prev
-
-
-def getenv(name: str, default: Optional[str] = None) -> Optional[str]:
-    """``os.environ.get`` as the calling job sees it (its overrides first)."""
-    ctx = getattr(_local, "ctx", None)
-    if ctx is not None and name in ctx.env:
-        return ctx.env[name]
-    return os.environ.get(name, default)
 
 
 class _ArgvProxy(list):

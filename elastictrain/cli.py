@@ -146,16 +146,23 @@ def _status(args) -> None:
         rows.append((d.spec.name, str(d.spec.epochs), str(d.todo), str(d.doing), str(d.done), str(d.total),
                      "yes" if d.finished else "no", d.last_commit or "-"))
     print(table(rows, right_align=False))
-    stage_rows = [r.stage for r in profiles if r.stage is not None]
-    if stage_rows:
+    if any(r.stage is not None for r in profiles):
         print()
-        rows = [("worker", "iteration ms", "load ms", "preprocess ms", "compute ms", "sync ms", "comm skew")]
         skew = {r.comm.worker: f"{r.comm.skew:.3f}" for r in profiles if r.comm is not None}
-        for st in stage_rows:
-            rows.append((str(st.worker), f"{st.iteration_seconds * 1e3:.2f}",
-                         *(f"{st.stages.get(k, 0.0) * 1e3:.2f}" for k in ("load", "preprocess", "compute", "sync")),
-                         skew.get(st.worker, "-")))
-        print(table(rows))
+        print(_stage_table([r.stage for r in profiles if r.stage is not None], "comm skew",
+                           lambda st: skew.get(st.worker, "-")))
+
+
+def _stage_table(stages, last: str, cell) -> str:
+    """Per-worker stage times in ms, with a last column ``last`` filled by ``cell(profile)``."""
+    from ._text import table
+
+    rows = [("worker", "iteration ms", "load ms", "preprocess ms", "compute ms", "sync ms", last)]
+    for st in stages:
+        rows.append((str(st.worker), f"{st.iteration_seconds * 1e3:.2f}",
+                     *(f"{st.stages.get(k, 0.0) * 1e3:.2f}" for k in ("load", "preprocess", "compute", "sync")),
+                     cell(st)))
+    return table(rows)
 
 
 def _profile(args) -> int:
@@ -194,13 +201,7 @@ def _profile(args) -> int:
                   "with et.stage and run enough steps", file=sys.stderr)
             return rc or 2
         reports = [load_report(p) for p in paths]
-    rows = [("worker", "iteration ms", "load ms", "preprocess ms", "compute ms", "sync ms", "device timed")]
-    for r in reports:
-        st = r.stage
-        rows.append((str(st.worker), f"{st.iteration_seconds * 1e3:.2f}",
-                     *(f"{st.stages.get(k, 0.0) * 1e3:.2f}" for k in ("load", "preprocess", "compute", "sync")),
-                     "yes" if st.device else "no"))
-    print(table(rows))
+    print(_stage_table([r.stage for r in reports], "device timed", lambda st: "yes" if st.device else "no"))
     comm = [r.comm for r in reports if r.comm is not None]
     if comm:
         print()

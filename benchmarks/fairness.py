@@ -19,14 +19,13 @@ hours (heterogeneous) instead of 24 and 12.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from elastictrain.policies.gandiva_fair import throughput, trade  # noqa: E402
+from elastictrain.policies.gandiva_fair import entitlements, throughput  # noqa: E402
 from elastictrain.sim.fairness import HETERO_CLUSTER, HETERO_USERS, heterogeneous, homogeneous  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,17 +33,13 @@ TRACE = os.path.join(ROOT, "..", "shared", "traces", "muri", "simulator", "trace
 TABLE = os.path.join(ROOT, "..", "shared", "traces", "gavel", "simulation_throughputs.json")
 
 
-def predicted_gain(table_path: str) -> dict[str, float]:
-    """The same trades on fractional allocations: what trading alone promises."""
-    with open(table_path) as f:
-        table = json.load(f)
-    speed = {u: {t: table[t][str((job, 1))]["null"] for t in HETERO_CLUSTER} for u, job in HETERO_USERS.items()}
+def predicted_gain(speed: dict[str, dict[str, float]]) -> dict[str, float]:
+    """The same trades on fractional allocations: what trading alone promises (a user's gain
+    does not depend on the scale of its speeds, so the experiment's relative speeds serve)."""
     gpus = {t: n * g for t, (n, g) in HETERO_CLUSTER.items()}
-    alloc = {u: {t: n / len(speed) for t, n in gpus.items()} for u in speed}
-    before = throughput(alloc, speed)
-    for fast, slow in (("v100", "k80"), ("v100", "p100"), ("p100", "k80")):
-        trade(alloc, speed, fast, slow, unit=0.25)
-    after = throughput(alloc, speed)
+    tickets = dict.fromkeys(speed, 1.0)
+    before = throughput(entitlements(tickets, gpus)[0], speed)
+    after = throughput(entitlements(tickets, gpus, speed)[0], speed)  # the policy's own trading
     return {u: after[u] / before[u] - 1 for u in speed}
 
 
@@ -73,7 +68,7 @@ def main() -> None:
     wall = time.perf_counter() - t0
     print(f"# heterogeneous: {HETERO_CLUSTER} (nodes, GPUs each), {hours} h; baseline: the agnostic fair share "
           f"(equal share of every type) on the same jobs; {h.trades} trades")
-    pred = predicted_gain(table)
+    pred = predicted_gain(h.speedup)
     for u, job in HETERO_USERS.items():
         print(f"# {u}: {job}, V100/K80 {h.speedup[u]['v100']:.2f}, P100/K80 {h.speedup[u]['p100']:.2f}")
         print(f"trading_{u}_rate_agnostic: {h.agnostic[u]:.2f} minibatches/s")

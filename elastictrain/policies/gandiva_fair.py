@@ -43,7 +43,7 @@ from ..errors import ConfigError
 from .api import ClusterSnapshot, Decision, register
 from .placement import make_placer
 
-__all__ = ["StrideJob", "gang_stride", "GandivaFair", "Trade", "trade", "throughput"]
+__all__ = ["StrideJob", "gang_stride", "GandivaFair", "Trade", "trade", "throughput", "entitlements"]
 
 
 @dataclass
@@ -123,19 +123,16 @@ class GandivaFair:
         if users == self._users:
             return
         self._users = users
-        total = sum(self._user_tickets(u) for u in users)
-        self.entitlement = {u: {t: self._user_tickets(u) / total * n for t, n in by_type.items()} for u in users}
-        self.trades = []
-        if self.trading and len(by_type) > 1:
-            speed: dict[str, dict[str, float]] = {}
-            for u in users:
-                mine = [j for j in s.jobs if j.user == u]
-                speed[u] = {t: sum(j.speeds.get(t, 1.0) for j in mine) / len(mine) for t in by_type}
-            mean = {t: sum(speed[u][t] for u in users) / len(users) for t in by_type}
-            order = sorted(by_type, key=lambda t: -mean[t])  # fastest first
-            for i, fast in enumerate(order):
-                for slow in reversed(order[i + 1:]):  # the widest speed gap first
-                    self.trades += trade(self.entitlement, speed, fast, slow, unit=0.25)
+        speed = None
+        if self.trading and len(by_type) > 1:  # a user's bid: the mean speeds of its jobs
+            sums: dict[str, dict[str, float]] = {u: dict.fromkeys(by_type, 0.0) for u in users}
+            count = dict.fromkeys(users, 0)
+            for j in s.jobs:
+                count[j.user] += 1
+                for t in by_type:
+                    sums[j.user][t] += j.speeds.get(t, 1.0)
+            speed = {u: {t: v / count[u] for t, v in sums[u].items()} for u in users}
+        self.entitlement, self.trades = entitlements({u: self._user_tickets(u) for u in users}, by_type, speed)
 
     # ------------------------------------------------------------------ decide
     def decide(self, s: ClusterSnapshot) -> Decision:
@@ -154,7 +151,7 @@ class GandivaFair:
         self._account(s, types)
         by_id = {j.job_id: j for j in s.jobs}
         for j in s.arrived:
-            self._jobs[j.job_id] = self._home(j, s, types, caps, nodes_of, by_type)
+            self._jobs[j.job_id] = self._home(j, caps, nodes_of, by_type)
         self._set_tickets(s)
         quantum = s.now >= self._next
         if quantum:
@@ -225,7 +222,7 @@ class GandivaFair:
             sj.pass_ += sj.size / sj.tickets
             run[sj.job_id] = where
 
-    def _home(self, j, s: ClusterSnapshot, types, caps, nodes_of, by_type) -> StrideJob:
+    def _home(self, j, caps, nodes_of, by_type) -> StrideJob:
         """Place a newcomer: its GPU type (lowest demand / entitlement, ties to the faster), then
         its server (lowest ticket load), or the central queue if it is bigger than a server."""
         ent = self.entitlement.get(j.user, {})
@@ -412,6 +409,25 @@ register("gandiva-fair-global", lambda **kw: GandivaFair(split=False, name="gand
 
 
 # ---------------------------------------------------------------------------- trading
+def entitlements(tickets: dict[str, float], gpus: dict[str, int],
+                 speed: Optional[dict[str, dict[str, float]]] = None,
+                 unit: float = 0.25) -> tuple[dict[str, dict[str, float]], list["Trade"]]:
+    """Each user's GPUs of each type: its ticket share of every type (the heterogeneity-agnostic
+    fair share); with ``speed`` (user -> type -> speed), then traded at second prices
+    (:func:`trade`), the fastest type (by mean speed) first and the widest speed gap first.
+    Returns the allocation and the trades."""
+    total = sum(tickets.values())
+    alloc = {u: {t: k / total * n for t, n in gpus.items()} for u, k in tickets.items()}
+    trades: list[Trade] = []
+    if speed is not None and len(gpus) > 1:
+        mean = {t: sum(speed[u][t] for u in tickets) / len(tickets) for t in gpus}
+        order = sorted(gpus, key=lambda t: -mean[t])  # fastest first
+        for i, fast in enumerate(order):
+            for slow in reversed(order[i + 1:]):  # the widest speed gap first
+                trades += trade(alloc, speed, fast, slow, unit=unit)
+    return alloc, trades
+
+
 @dataclass(frozen=True)
 class Trade:
     seller: str  # gives ``amount`` fast GPUs

@@ -250,7 +250,7 @@ class Simulator:
                 slow = decision.slowdown
                 for jid, where in run.items():
                     j = by_id[jid]
-                    moved = j.running and sorted(j.placement) != sorted(where)
+                    moved = j.running and j.placement != where and sorted(j.placement) != sorted(where)
                     j.placement = where
                     j.slowdown = slow.get(jid) or (self.spread_slowdown if self.spread_slowdown > 1.0
                                                    and len(where) > 1 and j.skew > self.skew_sensitive else 1.0)

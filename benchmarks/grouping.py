@@ -24,7 +24,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from elastictrain.policies.api import ClusterSnapshot, JobState  # noqa: E402
+from elastictrain.policies.api import ClusterSnapshot, JobView  # noqa: E402
 from elastictrain.policies.grouping import assign, match_types  # noqa: E402
 from elastictrain.policies.muri import Muri  # noqa: E402
 
@@ -42,13 +42,14 @@ def profiles(seed: int = 0) -> list[tuple]:
     return out
 
 
-def queue(n: int, seed: int = 1) -> list[JobState]:
+def queue(n: int, seed: int = 1) -> list[JobView]:
     rng = random.Random(seed)
     profs = profiles()
     jobs = []
     for i in range(n):
         p = profs[rng.randrange(MODELS)]
-        j = JobState(i, 1, 0.0, "m", sum(p), rng.randint(100, 100000), p)
+        iters = rng.randint(100, 100000)
+        j = JobView(i, 1, 0.0, "m", sum(p), iters, iters, stage_times=p)
         jobs.append(j)
     return jobs
 
@@ -70,7 +71,7 @@ def decide_time(n: int, reps: int) -> tuple[float, int, float]:
     return best, groups, size
 
 
-def typed_pairs(jobs: list[JobState], policy: Muri) -> tuple[float, float]:
+def typed_pairs(jobs: list[JobView], policy: Muri) -> tuple[float, float]:
     types = [(policy._pid(j),) for j in jobs]
     t = time.perf_counter()
     counts: dict = {}
@@ -82,7 +83,7 @@ def typed_pairs(jobs: list[JobState], policy: Muri) -> tuple[float, float]:
     return dt, sum(policy._weight(types[a], types[b]) for a, b in pairs)
 
 
-def exact_pairs(jobs: list[JobState], policy: Muri, lib: str) -> tuple[float, float]:
+def exact_pairs(jobs: list[JobView], policy: Muri, lib: str) -> tuple[float, float]:
     types = [(policy._pid(j),) for j in jobs]
     edges = [(a, b, policy._weight(types[a], types[b])) for a in range(len(jobs)) for b in range(a + 1, len(jobs))]
     t = time.perf_counter()

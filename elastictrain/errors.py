@@ -19,6 +19,7 @@ __all__ = [
     "LeaseLostError",
     "PayloadTooLargeError",
     "CoordinatorUnavailableError",
+    "PolicyError",
     "error_from_status",
 ]
 
@@ -99,6 +100,14 @@ class CoordinatorUnavailableError(ElasticTrainError, ConnectionError):
 
     http_status = 503
     code = "unavailable"
+
+
+class PolicyError(ElasticTrainError):
+    """A scheduling policy could not decide, or decided something the mechanism refuses (a job
+    placed twice, more GPUs than a node has, a gang split). The scheduling loop logs it, keeps
+    the previous allocation, and goes on; the message names the policy, the job and the rule."""
+
+    code = "policy"
 
 
 _BY_CODE = {

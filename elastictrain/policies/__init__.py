@@ -1,5 +1,5 @@
-"""Scheduling policies: one contract (:mod:`.api`), one module per family."""
+"""Scheduling policies: pure decisions over a :class:`ClusterSnapshot` (see :mod:`.api`)."""
 
-from .api import ClusterSnapshot, Decision, JobState, Policy, create, registered
+from .api import ClusterSnapshot, Decision, JobView, Policy, create, registered
 
-__all__ = ["ClusterSnapshot", "Decision", "JobState", "Policy", "create", "registered"]
+__all__ = ["ClusterSnapshot", "Decision", "JobView", "Policy", "create", "registered"]

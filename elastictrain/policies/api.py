@@ -1,15 +1,20 @@
-"""The policy contract shared by the simulator and (later) the live coordinator.
+"""The policy contract shared by the simulator and the live coordinator.
 
 A policy is a small object with one method, ``decide(snapshot) -> Decision``. The snapshot
-carries every input a policy may use: the time, the runnable jobs (arrived, unfinished) with
-their attained service, and the cluster's nodes. The Decision says which jobs run and where.
-The engine applies it: it starts placed jobs that were not running and preempts running jobs
-that were not placed. Nothing outside ``policies/`` branches on a policy's name.
+carries every input a policy may use: the time, the runnable jobs (arrived, unfinished, not
+being stopped) as frozen :class:`JobView` records, and the GPUs of each node that this
+decision may hand out. The Decision says which jobs run, where, with how many workers and in
+which interleaving groups. The mechanism core (:mod:`elastictrain.scheduling`) checks it and
+turns it into actions: start, preempt, migrate, regroup, resize. Nothing outside
+``policies/`` branches on a policy's name.
 
-Policies may keep state between calls (Tiresias remembers queue positions); they never
-change the snapshot. ``JobState`` objects are the engine's own records, handed over without
-copying for speed (a simulation makes millions of them otherwise); treat them as read-only.
-The invariant tests run every policy on frozen copies to hold them to that.
+Policies may keep state between calls (Tiresias remembers queue positions), **by job key,
+never by object**: a :class:`JobView` is a frozen snapshot of one moment, replaced by a new one
+whenever the job changes. Look a job up again with :meth:`ClusterSnapshot.job`. ``arrived`` and
+``ended`` are the changes since the previous snapshot handed to the same policy; a policy built
+afresh (e.g. after a coordinator restart) gets every known job as arrived, and it must accept
+a job it has not seen in ``arrived`` (treat it as arrived) and an ``arrived`` job it already
+knows (ignore it), because a decision that failed is followed by one that repeats its changes.
 """
 
 from __future__ import annotations
@@ -17,85 +22,129 @@ from __future__ import annotations
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, Sequence
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
+
+import msgspec
 
 from ..errors import ConfigError
 
-__all__ = ["JobState", "ClusterSnapshot", "Decision", "Policy", "register", "create", "registered", "options_of"]
+__all__ = ["JobKey", "JobView", "ClusterSnapshot", "Decision", "Policy", "register", "create", "registered",
+           "options_of", "EMPTY"]
+
+#: a job's key: a string (the coordinator's job ids) or an int (trace job ids)
+JobKey = Union[str, int]
+EMPTY: Mapping = MappingProxyType({})
 
 
-class JobState:
-    """A runnable job as policies see it. Times are seconds."""
+class JobView(msgspec.Struct, frozen=True, gc=False):
+    """A runnable job as policies see it, at one moment. Times are seconds.
 
-    __slots__ = ("job_id", "num_gpu", "submit_time", "model", "iteration_time", "iterations",
-                 "remaining_iterations", "attained", "attained_gpu", "running", "start_time",
-                 "pending_since", "preemptions", "stage_times", "user", "skew", "placement",
-                 "slowdown", "restart_cost", "speeds", "extra")
+    ``num_gpu`` is the size the job asks for (elastic jobs: their current or preferred size);
+    ``min_gpu``/``max_gpu`` bound what a decision may give an elastic job (both equal
+    ``num_gpu`` for a rigid one). ``iteration_time`` is one iteration at full speed with
+    ``num_gpu`` GPUs; ``remaining_iterations`` what is left (measured or assumed: policies
+    that use durations may rely on it). ``placement`` is ``((node, gpus), ...)`` while running.
+    ``speeds``: GPU type -> speed relative to ``iteration_time`` (empty: the same everywhere).
+    """
 
-    def __init__(self, job_id: int, num_gpu: int, submit_time: float, model: str, iteration_time: float,
-                 iterations: float, stage_times: tuple = (), user: str = "", skew: float = 0.0) -> None:
-        self.job_id, self.num_gpu, self.submit_time, self.model = job_id, num_gpu, submit_time, model
-        self.iteration_time, self.iterations = iteration_time, iterations
-        self.remaining_iterations = float(iterations)
-        self.attained = 0.0  # seconds of service received (wall time while running)
-        self.attained_gpu = 0.0  # GPU-seconds of service received
-        self.running = False
-        self.start_time: Optional[float] = None  # first start
-        self.pending_since = submit_time
-        self.preemptions = 0
-        self.stage_times = stage_times
-        self.user = user
-        self.skew = skew
-        self.placement: tuple = ()  # ((node, gpus), ...) while running
-        self.slowdown = 1.0  # > 1 while the placement slows the job down (engine-set)
-        self.restart_cost = 0.0  # seconds lost per (re)start (engine-set)
-        self.speeds: dict = {}  # GPU type -> speed relative to iteration_time (empty: same everywhere)
-        self.extra: dict = {}
+    job_id: Any
+    num_gpu: int
+    submit_time: float
+    model: str = ""
+    iteration_time: float = 1.0
+    iterations: float = 1.0
+    remaining_iterations: float = 1.0
+    attained: float = 0.0  # seconds of service received (wall time while running)
+    attained_gpu: float = 0.0  # GPU-seconds of service received
+    running: bool = False
+    placement: tuple = ()
+    start_time: Optional[float] = None  # first start
+    pending_since: float = 0.0
+    preemptions: int = 0
+    stage_times: tuple = ()
+    user: str = ""
+    skew: float = 0.0
+    speeds: Mapping = EMPTY
+    restart_cost: float = 0.0  # seconds lost per (re)start
+    min_gpu: int = 0  # 0: the same as num_gpu
+    max_gpu: int = 0
+    priority: int = 0
 
     @property
     def remaining_time(self) -> float:
         """Seconds left at full speed (known only to policies that may assume durations)."""
         return self.remaining_iterations * self.iteration_time
 
-    def __repr__(self) -> str:
-        return f"JobState({self.job_id}, gpus={self.num_gpu}, running={self.running})"
+    @property
+    def elastic(self) -> bool:
+        return (self.min_gpu or self.num_gpu) != (self.max_gpu or self.num_gpu)
 
 
 @dataclass(frozen=True)
 class ClusterSnapshot:
-    """Everything a policy may use. ``arrived``/``ended`` are the changes since the previous
-    snapshot handed to the same policy (incremental policies use them to stay O(changes))."""
+    """Everything a policy may use, valid for the duration of one ``decide`` call.
+
+    ``gpus_per_node``: the GPUs of each node this decision may hand out (a node that is down,
+    and GPUs still held by jobs being stopped, are not counted). ``jobs``: the runnable jobs in
+    arrival order. ``arrived``/``ended``: changes since the previous snapshot of the same policy
+    (incremental policies use them to stay O(changes)). ``running``: jobs running before this
+    decision. ``by_key``: job key -> view for every job in ``jobs`` (see :meth:`job`).
+    """
 
     now: float
-    jobs: tuple  # JobState, in arrival order
-    gpus_per_node: tuple[int, ...]  # capacity of node i
+    jobs: tuple  # JobView, in arrival order
+    gpus_per_node: tuple[int, ...]
     nodes_per_switch: int
-    arrived: tuple = ()  # JobState that arrived since the previous snapshot
-    ended: tuple = ()  # ids of jobs that finished since the previous snapshot
-    running: tuple = ()  # JobState running before this decision
+    arrived: tuple = ()  # JobView that arrived since the previous snapshot
+    ended: tuple = ()  # keys of jobs that ended since the previous snapshot
+    running: tuple = ()  # JobView running before this decision
     node_types: tuple = ()  # GPU type of node i on a heterogeneous cluster (empty: one type)
+    by_key: Optional[Mapping] = None
+    capacity: tuple = ()  # each node's GPUs when none is held (empty: gpus_per_node)
+
+    def __post_init__(self) -> None:
+        if self.by_key is None:
+            object.__setattr__(self, "by_key", {j.job_id: j for j in self.jobs})
 
     @property
     def total_gpus(self) -> int:
         return sum(self.gpus_per_node)
 
+    @property
+    def node_capacity(self) -> tuple:
+        """Each node's GPUs, including those a stopping job still holds for a moment: the
+        cluster's structure (for homes, fair shares, admission), where ``gpus_per_node`` is what
+        this decision may place."""
+        return self.capacity or self.gpus_per_node
+
+    def job(self, key: JobKey) -> Optional[JobView]:
+        """The view of runnable job ``key`` in this snapshot, or None (ended, or being stopped)."""
+        return self.by_key.get(key)
+
 
 @dataclass(frozen=True)
 class Decision:
-    """``run`` maps job id -> placement ``((node, gpus), ...)``; a job absent from it does not run.
+    """``run`` maps job key -> placement ``((node, gpus), ...)``; a job absent from it does not run.
+
+    A placement's node is an index into ``gpus_per_node``, or -1 for "any node" (the mechanism
+    picks nodes, keeping a running job where it is). ``workers``: job key -> GPUs (workers) to
+    run an elastic job with, within its ``min_gpu..max_gpu`` (absent: ``num_gpu``); the
+    placement must add up to it.
 
     ``wakeup``: the next time the policy wants to decide again even if nothing arrives or ends
     (e.g. a Tiresias queue demotion), or None.
 
     ``groups``: jobs that share their GPUs by interleaving (Muri); the members of a group have
-    one placement and use its GPUs once. ``slowdown``: job id -> factor on its iteration time
+    one placement and use its GPUs once. ``slowdown``: job key -> factor on its iteration time
     while it runs this way (a group's interleaved iteration over the job's own); 1 if absent.
     """
 
-    run: dict[int, tuple] = field(default_factory=dict)
+    run: dict = field(default_factory=dict)
     wakeup: Optional[float] = None
     groups: tuple = ()
     slowdown: dict = field(default_factory=dict)
+    workers: dict = field(default_factory=dict)
 
 
 class Policy(Protocol):
@@ -108,9 +157,17 @@ _REGISTRY: dict[str, Callable[..., Policy]] = {}
 _OPTIONS: dict[str, Optional[frozenset[str]]] = {}
 
 
-def register(name: str, factory: Callable[..., Policy], options: Optional[Sequence[str]] = None) -> None:
+def register(name: str, factory: Callable[..., Policy], options: Optional[Sequence[str]] = None, *,
+             replace: bool = False) -> None:
     """Register ``factory`` under ``name``; ``options``: the keyword options it takes (default:
-    read from its signature, or from the class it builds)."""
+    read from its signature, or from the class it builds).
+
+    Raises:
+        ConfigError: ``name`` is already registered (pass ``replace=True`` to override it).
+    """
+    if name in _REGISTRY and not replace and _REGISTRY[name] is not factory:
+        raise ConfigError(f"policy {name!r} is already registered; pick another name, or pass replace=True "
+                          "to override it on purpose")
     _REGISTRY[name] = factory
     if options is None:
         params = inspect.signature(factory).parameters
@@ -130,15 +187,8 @@ def registered() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def create(name: str, *, only_known: bool = False, **options) -> Policy:
-    """Build a registered policy by name (also from the ``elastictrain.policies`` entry points).
-
-    ``only_known=True`` drops options the policy does not take (for callers that hold one set of
-    options for several policies, like ``elastictrain simulate``); otherwise they are an error.
-
-    Raises:
-        ConfigError: the name is not registered, or an option is unknown or invalid.
-    """
+def check_registered(name: str) -> None:
+    """Raises ConfigError (naming the known policies) if ``name`` is not a policy."""
     _load_builtin()
     if name not in _REGISTRY:
         from importlib.metadata import entry_points
@@ -150,6 +200,18 @@ def create(name: str, *, only_known: bool = False, **options) -> Policy:
         raise ConfigError(f"policy {name!r} is not registered (known: {', '.join(sorted(_REGISTRY))}). "
                           "Did you forget to call elastictrain.policies.api.register or to install the "
                           "package that provides it?")
+
+
+def create(name: str, *, only_known: bool = False, **options) -> Policy:
+    """Build a registered policy by name (also from the ``elastictrain.policies`` entry points).
+
+    ``only_known=True`` drops options the policy does not take (for callers that hold one set of
+    options for several policies, like ``elastictrain simulate``); otherwise they are an error.
+
+    Raises:
+        ConfigError: the name is not registered, or an option is unknown or invalid.
+    """
+    check_registered(name)
     known = _OPTIONS.get(name)
     if only_known and known is not None:
         options = {k: v for k, v in options.items() if k in known}

@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PolicyError
 from .api import ClusterSnapshot, Decision, register
 from .placement import make_placer
 
@@ -78,7 +78,7 @@ class GandivaFair:
     """Gandiva-fair's scheduler, one decision per ``quantum`` seconds (see the module docstring).
 
     Args:
-        tickets: tickets per user (``JobState.user``); users not listed get ``default_tickets``.
+        tickets: tickets per user (``JobView.user``); users not listed get ``default_tickets``.
         quantum: seconds between decisions.
         split: split stride (local per server + central) or one global stride.
         balance: migrate while (max - min) ticket load exceeds this fraction of the mean load.
@@ -140,24 +140,30 @@ class GandivaFair:
             self._jobs.pop(jid, None)
         if not self.split:
             return self._decide_global(s)
-        caps = s.gpus_per_node
+        caps = s.gpus_per_node  # what this decision may place
+        full = s.node_capacity  # the cluster's structure: homes, shares, loads
         types = s.node_types or ("gpu",) * len(caps)
         by_type: dict[str, int] = {}
         nodes_of: dict[str, list[int]] = {}
-        for n, (t, c) in enumerate(zip(types, caps)):
+        for n, (t, c) in enumerate(zip(types, full)):
             by_type[t] = by_type.get(t, 0) + c
             nodes_of.setdefault(t, []).append(n)
         self._entitle(s, by_type)
         self._account(s, types)
         by_id = {j.job_id: j for j in s.jobs}
         for j in s.arrived:
-            self._jobs[j.job_id] = self._home(j, caps, nodes_of, by_type)
+            if j.job_id not in self._jobs:
+                self._jobs[j.job_id] = self._home(j, full, nodes_of, by_type)
+        if len(self._jobs) != len(s.jobs):  # jobs never seen arriving (e.g. the policy was rebuilt)
+            for j in s.jobs:
+                if j.job_id not in self._jobs:
+                    self._jobs[j.job_id] = self._home(j, full, nodes_of, by_type)
         self._set_tickets(s)
         quantum = s.now >= self._next
         if quantum:
             self._next = s.now + self.quantum
             for t, nodes in nodes_of.items():
-                self._rebalance(nodes, caps, by_id)
+                self._rebalance(nodes, full, by_id)
         residents: dict[int, list[StrideJob]] = {}
         central: dict[str, list[StrideJob]] = {}
         for j in s.jobs:
@@ -237,7 +243,7 @@ class GandivaFair:
 
         fits = [t for t in nodes_of if by_type[t] >= j.num_gpu]
         if not fits:
-            raise ConfigError(f"job {j.job_id} needs {j.num_gpu} GPUs, more than any one GPU type has "
+            raise PolicyError(f"job {j.job_id} needs {j.num_gpu} GPUs, more than any one GPU type has "
                               f"({by_type}); gandiva-fair runs a gang on one type")
         gtype = min(fits, key=score)
         local = [n for n in nodes_of[gtype] if caps[n] >= j.num_gpu]
@@ -353,7 +359,7 @@ class GandivaFair:
                     self._spass[key] += caps[key] / sum(x.tickets for x in residents[key])
                 continue
             b = self._jobs[key]
-            free = [n for n in nodes if n not in claimed]
+            free = [n for n in nodes if n not in claimed and caps[n] > 0]
             free.sort(key=lambda n: (n in self._spass, -self._spass.get(n, 0.0), n))  # empty, then furthest ahead
             take, got = [], 0
             for n in free:
@@ -372,8 +378,9 @@ class GandivaFair:
     def _decide_global(self, s: ClusterSnapshot) -> Decision:
         """One gang-aware stride over the whole cluster (``split=False``)."""
         floor = min((j.pass_ for j in self._jobs.values()), default=0.0)
-        for j in s.arrived:  # a newcomer starts level with the others, neither ahead nor owed
-            self._jobs[j.job_id] = StrideJob(j.job_id, j.num_gpu, 1.0, floor, user=j.user)
+        for j in (*s.arrived, *s.jobs) if len(self._jobs) != len(s.jobs) else s.arrived:
+            if j.job_id not in self._jobs:  # a newcomer starts level with the others, neither ahead nor owed
+                self._jobs[j.job_id] = StrideJob(j.job_id, j.num_gpu, 1.0, floor, user=j.user)
         per_user: dict[str, int] = {}
         for j in s.jobs:
             per_user[j.user] = per_user.get(j.user, 0) + 1

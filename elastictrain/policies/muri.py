@@ -33,7 +33,7 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..errors import ConfigError
+from ..errors import ConfigError, PolicyError
 from .api import ClusterSnapshot, Decision, register
 from .grouping import assign, match_types
 from .interleaving import best_ordering, efficiency, worst_ordering
@@ -85,18 +85,18 @@ class Muri:
         self._profiles: dict[tuple, int] = {}  # stage times -> profile id
         self._plist: list[tuple] = []
         self._time: dict[tuple, float] = {}  # sorted profile ids -> group iteration time (raw T)
-        self._rank: dict[int, int] = {}  # job id -> position in the previous decision's order
+        self._rank: dict = {}  # job key -> position in the previous decision's order
         self._next = 0
 
     # ---- the interleaving model, cached per multiset of profiles
     def _pid(self, j) -> int:
         p = j.stage_times
         if not p:
-            return -1 - j.job_id  # no profile: never groups
+            return -1  # no profile: never groups
         pid = self._profiles.get(p)
         if pid is None:
             if len(p) > self.resources:
-                raise ConfigError(f"job {j.job_id} has {len(p)} stage times; muri was set up for "
+                raise PolicyError(f"job {j.job_id} has {len(p)} stage times; muri was set up for "
                                   f"resources={self.resources}")
             pid = self._profiles[p] = len(self._plist)
             self._plist.append(tuple(float(t) for t in p))
@@ -121,9 +121,17 @@ class Muri:
     # ---- one decision
     def decide(self, s: ClusterSnapshot) -> Decision:
         rank = self._rank
+        for jid in s.ended:
+            rank.pop(jid, None)
         for j in s.arrived:
-            rank[j.job_id] = self._next
-            self._next += 1
+            if j.job_id not in rank:
+                rank[j.job_id] = self._next
+                self._next += 1
+        if len(rank) != len(s.jobs):  # jobs this policy never saw arrive (e.g. rebuilt after a restart)
+            for j in s.jobs:
+                if j.job_id not in rank:
+                    rank[j.job_id] = self._next
+                    self._next += 1
         if self.known:
             order = sorted(s.jobs, key=lambda j: (j.remaining_iterations * j.iteration_time * j.num_gpu,
                                                   rank[j.job_id]))
@@ -197,8 +205,6 @@ class Muri:
         # ties keep this order next time: priority order, larger jobs first
         for i, j in enumerate(sorted(order, key=lambda j: -j.num_gpu)):
             rank[j.job_id] = i
-        for jid in s.ended:
-            rank.pop(jid, None)
         return Decision(run, groups=tuple(shared), slowdown=slowdown)
 
     def _key(self, grp: list) -> tuple:

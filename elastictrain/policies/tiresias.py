@@ -28,10 +28,12 @@ __all__ = ["Tiresias", "gittins_table"]
 
 
 class _Q:
-    __slots__ = ("job", "queue", "offset", "waited_from")
+    """A job's place in the queues: remembered by key; its service is read from each snapshot."""
 
-    def __init__(self, job) -> None:
-        self.job, self.queue, self.offset, self.waited_from = job, 0, 0.0, None
+    __slots__ = ("queue", "offset", "waited_from", "gpus")
+
+    def __init__(self, gpus: int) -> None:
+        self.queue, self.offset, self.waited_from, self.gpus = 0, 0.0, None, gpus
 
 
 class Tiresias:
@@ -57,16 +59,18 @@ class Tiresias:
         self.knob, self.placement, self.packlimit = promote_knob, placement, packlimit
         self.table = gittins_table(gittins, delta) if gittins is not None else None
         self.name = "tiresias-g" if gittins is not None else "tiresias-l"
-        self._state: dict[int, _Q] = {}
-        self._queues: list[list[int]] = [[] for _ in range(len(self.thresholds) + 1)]
+        self._state: dict = {}  # job key -> _Q
+        self._queues: list[list] = [[] for _ in range(len(self.thresholds) + 1)]
 
-    def _service(self, q: _Q) -> float:
-        return q.job.attained_gpu - q.offset
-
-    def _move(self, jid: int, q: _Q, level: int) -> None:
+    def _move(self, jid, q: _Q, level: int) -> None:
         self._queues[q.queue].remove(jid)
         q.queue = level
         self._queues[level].append(jid)
+
+    def _enter(self, j) -> _Q:
+        q = self._state[j.job_id] = _Q(j.num_gpu)
+        self._queues[0].append(j.job_id)
+        return q
 
     def decide(self, s: ClusterSnapshot) -> Decision:
         state, queues, th = self._state, self._queues, self.thresholds
@@ -74,31 +78,39 @@ class Tiresias:
             q = state.pop(jid, None)
             if q is not None:
                 queues[q.queue].remove(jid)
-        for j in s.arrived:  # new jobs enter Q0 in arrival order
-            state[j.job_id] = _Q(j)
-            queues[0].append(j.job_id)
+        for j in s.arrived:  # new jobs enter Q0 in arrival order (a repeated arrival is ignored)
+            if j.job_id not in state:
+                self._enter(j)
         for j in s.running:  # only running jobs gain service: demote them
-            q = state[j.job_id]
-            level = bisect.bisect_right(th, self._service(q))
+            q = state.get(j.job_id) or self._enter(j)
+            q.gpus = j.num_gpu
+            level = bisect.bisect_right(th, j.attained_gpu - q.offset)
             if level != q.queue:
                 self._move(j.job_id, q, level)
+        if len(state) != len(s.jobs):  # jobs this policy never saw arrive (e.g. rebuilt after a restart)
+            for j in s.jobs:
+                if j.job_id not in state:
+                    self._enter(j)
         if self.knob > 0:
             self._promote(s)
         placer = make_placer(s, self.placement, self.packlimit)
-        run: dict[int, tuple] = {}
+        run: dict = {}
+        job = s.by_key.get
         for k, queue in enumerate(queues):
             if placer.total_free == 0 or not queue:
                 continue
             if self.table is not None:
-                queue.sort(key=lambda jid: (-self._gittins(self._service(state[jid])), state[jid].job.submit_time,
-                                            jid))
+                queue.sort(key=lambda jid: self._gittins_key(jid, job(jid)))
             placed, skipped = [], []
             n = 0
             for jid in queue:
                 if placer.total_free == 0:
                     break
                 n += 1
-                j = state[jid].job
+                j = job(jid)
+                if j is None:  # known but not runnable now (being stopped): keeps its place
+                    skipped.append(jid)
+                    continue
                 where = placer.place(j.num_gpu, j.skew)
                 if where is None:
                     skipped.append(jid)
@@ -109,18 +121,25 @@ class Tiresias:
             queues[k] = placed + skipped + queue[n:]
         return Decision(run, self._wakeup(s, run))
 
+    def _gittins_key(self, jid, j) -> tuple:
+        if j is None:
+            return (0.0, float("inf"), jid)
+        return (-self._gittins(j.attained_gpu - self._state[jid].offset), j.submit_time, jid)
+
     def _promote(self, s: ClusterSnapshot) -> None:
         now = s.now
         for k in range(1, len(self._queues)):
             for jid in list(self._queues[k]):
                 q = self._state[jid]
-                j = q.job
+                j = s.job(jid)
+                if j is None:
+                    continue
                 if j.running:
                     q.waited_from = None
                     continue
                 if q.waited_from is None:
                     q.waited_from = now
-                if now - q.waited_from >= self.knob * self._service(q) / j.num_gpu:
+                if now - q.waited_from >= self.knob * (j.attained_gpu - q.offset) / j.num_gpu:
                     q.offset, q.waited_from = j.attained_gpu, None
                     self._move(jid, q, 0)
 
@@ -130,15 +149,40 @@ class Tiresias:
         for jid in run:
             q = self._state[jid]
             if q.queue < last:
-                best = min(best, s.now + (self.thresholds[q.queue] - self._service(q)) / q.job.num_gpu)
+                j = s.job(jid)
+                best = min(best, s.now + (self.thresholds[q.queue] - (j.attained_gpu - q.offset)) / j.num_gpu)
         if self.knob > 0:
             for k in range(1, len(self._queues)):
                 for jid in self._queues[k]:
                     q = self._state[jid]
-                    if jid not in run:
+                    j = s.job(jid)
+                    if jid not in run and j is not None:
                         since = q.waited_from if q.waited_from is not None else s.now
-                        best = min(best, since + self.knob * self._service(q) / q.job.num_gpu)
+                        best = min(best, since + self.knob * (j.attained_gpu - q.offset) / j.num_gpu)
         return None if best == math.inf else max(best, s.now + 1e-6)
+
+    def annotate(self, key) -> dict:
+        """What status shows for a job: its queue (Q0 is served first)."""
+        q = self._state.get(key)
+        return {} if q is None else {"queue": f"Q{q.queue}"}
+
+    def export_state(self) -> dict:
+        """The queues (order matters) and promotion offsets, to survive a coordinator restart."""
+        return {"queues": [list(q) for q in self._queues],
+                "offset": {str(k): q.offset for k, q in self._state.items() if q.offset}}
+
+    def import_state(self, data: dict, jobs) -> None:
+        """Restore :meth:`export_state` for the keys in ``jobs`` (views); other keys are dropped."""
+        views = {str(j.job_id): j for j in jobs}
+        self._state.clear()
+        self._queues = [[] for _ in range(len(self.thresholds) + 1)]
+        for level, keys in enumerate(data.get("queues", [])[:len(self._queues)]):
+            for k in keys:
+                j = views.get(str(k))
+                if j is not None and j.job_id not in self._state:
+                    q = self._state[j.job_id] = _Q(j.num_gpu)
+                    q.queue, q.offset = level, float(data.get("offset", {}).get(str(k), 0.0))
+                    self._queues[level].append(j.job_id)
 
     def _gittins(self, attained: float) -> float:
         xs, gi = self.table

@@ -2,9 +2,10 @@
 
 Events are arrivals, completions, the policy's own wake-ups (e.g. a Tiresias demotion) and,
 optionally, a fixed scheduling interval (Muri and Gavel use 6-minute rounds). At each event
-the engine advances every running job, hands the policy a :class:`ClusterSnapshot`, and
-applies the :class:`Decision`: placed jobs that were waiting start, running jobs that were
-not placed are preempted. It is deterministic: no randomness, ties broken by job id.
+the engine advances every running job and runs one step of the mechanism core
+(:class:`~elastictrain.scheduling.Scheduler`: snapshot, decide, plan, act) on a simulated clock
+and the simulated backend (:mod:`.backend`), the same core the coordinator runs on real jobs.
+It is deterministic: no randomness, ties broken by job id.
 
 Restart cost (``restart_cost``): seconds a job loses when it (re)starts, per model and GPU
 count (the Muri table) or a constant. ``charge``:
@@ -31,11 +32,15 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Callable, Optional, Union
 
+from ..clock import ManualClock
 from ..errors import ConfigError
 from ..model import JobSpec
-from ..policies.api import ClusterSnapshot, JobState, Policy
+from ..policies.api import EMPTY, Policy
+from ..scheduling import ClusterShape, Entry, JobStatus, JobTable, Scheduler
+from .backend import SimBackend
 from .cluster import ClusterSpec
 from .traces import SKEW
 
@@ -92,7 +97,7 @@ class SimResult:
 
 class Simulator:
     def __init__(self, jobs: list[JobSpec], cluster: ClusterSpec, policy: Policy, *,
-                 restart_cost: Union[str, float, Callable[[JobState], float]] = 0.0,
+                 restart_cost: Union[str, float, Callable[[Entry], float]] = 0.0,
                  charge: str = "on_start", speed_factor: float = 1.0, interval: Optional[float] = None,
                  spread_slowdown: float = 1.0, skew_sensitive: float = 0.5, until: Optional[float] = None,
                  progress: Optional[Callable[[int], None]] = None, migration_cost: float = 0.0,
@@ -120,160 +125,63 @@ class Simulator:
             c = float(restart_cost)
             self.cost = lambda j: c
 
-    def _groups(self, decision, run: dict, by_id: dict) -> dict[int, tuple]:
-        """Validate the decision's interleaving groups; job id -> its group's ids."""
-        out: dict[int, tuple] = {}
-        for grp in decision.groups:
-            grp = tuple(grp)
-            where = run.get(grp[0]) if grp else None
-            if (len(grp) < 2 or where is None or any(run.get(m) != where for m in grp)
-                    or len({by_id[m].num_gpu for m in grp}) != 1 or any(m in out for m in grp)):
-                raise ConfigError(f"policy {self.policy.name}: group {grp} must be 2+ placed jobs of one GPU "
-                                  "count on one placement, each in one group")
-            for m in grp:
-                out[m] = grp
-        return out
+    def _entry(self, s: JobSpec) -> Entry:
+        e = Entry(s.job_id, s.num_gpu, s.submit_time, model=s.model, iteration_time=s.iteration_time * self.factor,
+                  iterations=s.iterations, stage_times=s.stage_times, user=s.user, skew=SKEW.get(s.model, 0.0),
+                  speeds=MappingProxyType(dict(s.speeds)) if s.speeds else EMPTY)
+        e.data["spec"] = s
+        e.restart_cost = self.cost(e)
+        return e
 
     def run(self) -> SimResult:
         t_wall = time.perf_counter()
         specs, n = self.specs, len(self.specs)
-        gpus = self.cluster.capacities
-        types = self.cluster.node_types
-        timeline: dict = {}  # window index -> {"iterations": {user: n}, "gpu_seconds": {user: {type: s}}}
-        migrations = 0
-        every = self.charge == "every_event"
-        runnable: list[JobState] = []
-        running: list[JobState] = []
-        owed: dict[int, float] = {}  # on_start: restart seconds still to pay
+        cluster = self.cluster
+        table = JobTable()
+        clock = ManualClock(0.0)
+        shape = ClusterShape(cluster.capacities, cluster.nodes_per_switch, cluster.node_types)
+        backend = SimBackend(shape, table, clock, every=self.charge == "every_event",
+                             spread_slowdown=self.spread_slowdown, skew_sensitive=self.skew_sensitive,
+                             migration_cost=self.migration_cost, window=self.window)
+        sched = Scheduler(self.policy, table, backend, clock, strict=True)
         done: list[JobRecord] = []
         util: list[tuple[float, int]] = []
-        now, idx, events, lost = 0.0, 0, 0, 0.0
+        now, idx, events = 0.0, 0, 0
         wakeup: Optional[float] = None
         next_round = self.interval if self.interval else math.inf
         used = 0
-        by_id: dict[int, JobState] = {}
-        arrived: list[JobState] = []
-        ended: list[int] = []
-        group_of: dict[int, tuple] = {}  # job id -> the ids of its interleaving group (2+ jobs)
-        charge: dict[int, float] = {}  # placed job id -> restart seconds it pays (its group's, if grouped)
-        while idx < n or runnable:
+        while idx < n or len(table):
             # ---- the next event
             t_arr = specs[idx].submit_time if idx < n else math.inf
-            t_end = math.inf
-            for j in running:
-                t = (now + j.remaining_iterations * j.iteration_time * j.slowdown
-                     + (0.0 if every else owed.get(j.job_id, 0.0)))
-                if t < t_end:
-                    t_end = t
+            t_end = backend.next_end(now)
             t = min(t_arr, t_end, wakeup if wakeup is not None else math.inf, next_round)
             if self.until is not None and t > self.until:
                 t = self.until
             if t == math.inf:
-                raise ConfigError(f"simulation stalled at t={now:.0f} s with {len(runnable)} waiting job(s) that "
+                raise ConfigError(f"simulation stalled at t={now:.0f} s with {len(table)} waiting job(s) that "
                                   f"the policy {self.policy.name} never starts")
             # ---- advance running jobs to t
-            dt = t - now
-            finished = []
-            for j in running:
-                if every:
-                    end = now + j.remaining_iterations * j.iteration_time * j.slowdown
-                    if end <= t + 1e-9:
-                        finished.append(j)
-                        work = dt
-                    else:
-                        c = charge[j.job_id]
-                        work = dt - c if dt > c else 0.0
-                        lost += dt - work
-                else:
-                    o = owed.get(j.job_id, 0.0)
-                    pay = min(o, dt)
-                    if pay:
-                        owed[j.job_id] = o - pay
-                        lost += pay
-                    work = dt - pay
-                its = work / (j.iteration_time * j.slowdown)
-                j.remaining_iterations -= its
-                if self.window is not None and dt > 0:
-                    self._record(timeline, now, t, j, its, types)
-                j.attained += dt
-                j.attained_gpu += dt * j.num_gpu
-                if not every and j.remaining_iterations <= 1e-9 * max(1.0, j.iterations):
-                    finished.append(j)
-            now = t
+            finished = backend.advance(now, t)
+            table.accrue(t)
+            now = clock.t = t
             if wakeup is not None and wakeup <= now:
                 wakeup = None
             if next_round <= now:
                 next_round = now + self.interval
-            for j in finished:
-                j.running = False
-                running.remove(j)
-                runnable.remove(j)
-                del by_id[j.job_id]
-                ended.append(j.job_id)
-                owed.pop(j.job_id, None)
-                spec = j.extra["spec"]
-                done.append(JobRecord(j.job_id, j.num_gpu, j.model, j.submit_time, j.start_time, now,
-                                      spec.duration, j.preemptions, j.extra["pending"], j.user,
-                                      j.attained_gpu))
+            for e in finished:
+                table.end(e.key, JobStatus.FINISHED, now)
+                backend.forget(e.key)
+                done.append(JobRecord(e.key, e.num_gpu, e.model, e.submit_time, e.start_time, now,
+                                      e.data["spec"].duration, e.preemptions, e.pending, e.user, e.attained_gpu))
             while idx < n and specs[idx].submit_time <= now:
-                s = specs[idx]
-                j = JobState(s.job_id, s.num_gpu, s.submit_time, s.model, s.iteration_time * self.factor,
-                             s.iterations, s.stage_times, s.user, SKEW.get(s.model, 0.0))
-                j.speeds = dict(s.speeds)
-                j.extra["spec"], j.extra["pending"] = s, 0.0
-                runnable.append(j)
-                by_id[j.job_id] = j
-                j.restart_cost = self.cost(j)
-                arrived.append(j)
+                table.add(self._entry(specs[idx]))
                 idx += 1
             # ---- decide and apply
-            if runnable:
+            if len(table):
                 events += 1
-                decision = self.policy.decide(ClusterSnapshot(now, tuple(runnable), gpus,
-                                                              self.cluster.nodes_per_switch, tuple(arrived),
-                                                              tuple(ended), tuple(running), types))
-                arrived.clear()
-                ended.clear()
-                run = decision.run
-                wakeup = decision.wakeup
-                for j in running:
-                    if j.job_id not in run:
-                        j.running = False
-                        j.preemptions += 1
-                        j.placement = ()
-                        j.pending_since = now
-                running = [j for j in running if j.running]
-                before = group_of
-                group_of = self._groups(decision, run, by_id)
-                charge = {jid: sum(by_id[m].restart_cost for m in group_of[jid]) if jid in group_of
-                          else by_id[jid].restart_cost for jid in run}
-                slow = decision.slowdown
-                for jid, where in run.items():
-                    j = by_id[jid]
-                    moved = j.running and j.placement != where and sorted(j.placement) != sorted(where)
-                    j.placement = where
-                    j.slowdown = slow.get(jid) or (self.spread_slowdown if self.spread_slowdown > 1.0
-                                                   and len(where) > 1 and j.skew > self.skew_sensitive else 1.0)
-                    if types and j.speeds:
-                        j.slowdown /= min(j.speeds.get(types[node], 1.0) for node, _ in where)
-                    if moved:
-                        migrations += 1
-                        if not every and self.migration_cost:
-                            owed[jid] = owed.get(jid, 0.0) + self.migration_cost
-                    if not j.running:
-                        j.running = True
-                        j.extra["pending"] += now - j.pending_since
-                        running.append(j)
-                        if j.start_time is None:
-                            j.start_time = now
-                        if not every:
-                            owed[jid] = charge[jid]
-                    elif not every and before.get(jid) != group_of.get(jid):
-                        owed[jid] = charge[jid]  # regrouped: the group restarts
-                used = sum(j.num_gpu for j in running if group_of.get(j.job_id, (j.job_id,))[0] == j.job_id)
-                if used > self.cluster.total_gpus:
-                    raise ConfigError(f"policy {self.policy.name} placed {used} GPUs on a cluster of "
-                                      f"{self.cluster.total_gpus}")
+                sched.tick()
+                wakeup = sched.wakeup
+                used = sum(e.num_gpu for e in table.running.values() if not e.group or e.group[0] == e.key)
             elif finished:
                 used = 0
             util.append((now, used))
@@ -285,30 +193,10 @@ class Simulator:
         service: dict[str, float] = {}  # GPU-seconds received per user, finished jobs or not
         for r in done:
             service[r.user] = service.get(r.user, 0.0) + r.gpu_seconds
-        for j in runnable:
-            service[j.user] = service.get(j.user, 0.0) + j.attained_gpu
-        return SimResult(self.policy.name, done, now, events, util, self.cluster.total_gpus, lost,
+        for e in table.entries():
+            service[e.user] = service.get(e.user, 0.0) + e.attained_gpu
+        timeline = backend.timeline
+        return SimResult(self.policy.name, done, now, events, util, cluster.total_gpus, backend.lost,
                          time.perf_counter() - t_wall, {"service_by_user": service,
-                                                         "unfinished": len(runnable), "migrations": migrations,
+                                                         "unfinished": len(table), "migrations": backend.migrations,
                                                          "timeline": [timeline[k] for k in sorted(timeline)]})
-
-    def _record(self, timeline: dict, a: float, b: float, j: JobState, its: float, types: tuple) -> None:
-        """Spread a job's progress over [a, b) across the windows it spans (evenly in time)."""
-        w = self.window
-        gpu_type: dict = {}
-        for node, n in j.placement:
-            t = types[node] if types else "gpu"
-            gpu_type[t] = gpu_type.get(t, 0) + n
-        k, span = int(a // w), b - a
-        while k * w < b:
-            lo, hi = max(a, k * w), min(b, (k + 1) * w)
-            if hi > lo:
-                frac = (hi - lo) / span
-                rec = timeline.setdefault(k, {"start": k * w, "iterations": {}, "iterations_gpu": {},
-                                              "gpu_seconds": {}})
-                rec["iterations"][j.user] = rec["iterations"].get(j.user, 0.0) + its * frac
-                rec["iterations_gpu"][j.user] = rec["iterations_gpu"].get(j.user, 0.0) + its * frac * j.num_gpu
-                per = rec["gpu_seconds"].setdefault(j.user, {})
-                for t, n in gpu_type.items():
-                    per[t] = per.get(t, 0.0) + n * (hi - lo)
-            k += 1

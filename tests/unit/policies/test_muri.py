@@ -10,7 +10,7 @@ import pytest
 from elastictrain.errors import ConfigError
 from elastictrain.model import JobSpec
 from elastictrain.policies import create
-from elastictrain.policies.api import ClusterSnapshot, JobState
+from elastictrain.policies.api import ClusterSnapshot, JobView
 from elastictrain.policies.grouping import assign, match_types
 from elastictrain.policies.interleaving import best_ordering, cycle_time, efficiency, worst_ordering
 from elastictrain.sim.cluster import ClusterSpec
@@ -153,8 +153,7 @@ def _snapshot(jobs, nodes=1, gpus=4):
 
 
 def _job(i, g, stages, it=None, remaining=100.0):
-    j = JobState(i, g, 0.0, "m", it if it is not None else sum(stages), remaining, stages)
-    return j
+    return JobView(i, g, 0.0, "m", it if it is not None else sum(stages), remaining, remaining, stage_times=stages)
 
 
 def test_muri_groups_complementary_jobs_on_shared_gpus_when_the_queue_is_long():
@@ -185,8 +184,7 @@ def test_muri_runs_jobs_alone_when_they_fit_and_splits_groups_slower_than_alone(
 
 
 def test_jobs_without_a_profile_never_group_and_buckets_do_not_mix_gpu_counts():
-    jobs = [_job(i, 1, ()) if i < 4 else _job(i, 2, (0.5, 0.2, 0.3)) for i in range(4)]
-    jobs[0].iteration_time = jobs[1].iteration_time = jobs[2].iteration_time = jobs[3].iteration_time = 1.0
+    jobs = [_job(i, 1, (), it=1.0) for i in range(4)]
     jobs += [_job(4 + i, 2 if i % 2 else 1, (0.6, 0.2, 0.2) if i % 2 else (0.2, 0.6, 0.2)) for i in range(6)]
     d = create("muri-s").decide(_snapshot(jobs, gpus=4))
     by_id = {j.job_id: j for j in jobs}

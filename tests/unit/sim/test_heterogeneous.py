@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from elastictrain.errors import ConfigError
+from elastictrain.errors import ConfigError, PolicyError
 from elastictrain.model import JobSpec
 from elastictrain.policies.api import Decision
 from elastictrain.sim.cluster import heterogeneous_cluster, load_cluster
@@ -112,5 +112,5 @@ def test_gandiva_fair_refuses_a_gang_bigger_than_every_gpu_type():
     from elastictrain.policies import create
 
     cluster = heterogeneous_cluster({"v100": (1, 4), "k80": (1, 4)})
-    with pytest.raises(ConfigError, match="more than any one GPU type has"):
+    with pytest.raises(PolicyError, match="more than any one GPU type has"):
         Simulator([JobSpec(0, 6, 0.0, 100, 1.0)], cluster, create("gandiva-fair")).run()

@@ -1,0 +1,171 @@
+"""A Decision, checked, becomes actions: the one place every scheduling invariant is enforced.
+
+:func:`plan` refuses (with :class:`~elastictrain.errors.PolicyError`, naming the policy, the job
+and the rule) a decision that places a job that is not runnable, gives an elastic job a worker
+count outside its range, splits a gang (a placement whose GPUs do not add up to the job's
+workers), puts more GPUs on a node or in the cluster than the snapshot offers, or forms an
+invalid interleaving group (members must be 2+ placed jobs of one size on one placement, each
+in one group). It resolves "any node" placements (``(-1, gpus)``) to real nodes, keeping a
+running job where it is, and returns the actions in a fixed order: preemptions first (in
+start order), then the placed jobs in the decision's order.
+"""
+
+from __future__ import annotations
+
+from ..errors import PolicyError
+from ..policies.api import ClusterSnapshot, Decision
+from .api import Action, ActionKind
+from .table import JobTable
+
+__all__ = ["plan"]
+
+
+def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str = "policy") -> list[Action]:
+    """Check ``decision`` against ``snap`` and turn it into actions.
+
+    Raises:
+        PolicyError: the decision breaks an invariant (see the module docstring).
+    """
+    run = decision.run
+    caps = snap.gpus_per_node
+    nodes = len(caps)
+    workers = decision.workers
+    get = snap.by_key.get
+
+    group_of: dict = {}
+    for grp in decision.groups:
+        grp = tuple(grp)
+        where = run.get(grp[0]) if grp else None
+        if (len(grp) < 2 or where is None or any(run.get(m) != where for m in grp)
+                or len({_size(get(m), workers) for m in grp}) != 1 or any(m in group_of for m in grp)):
+            raise PolicyError(f"policy {policy}: group {grp} must be 2+ placed jobs of one GPU count on one "
+                              "placement, each in one group")
+        for m in grp:
+            group_of[m] = grp
+    for key, f in decision.slowdown.items():
+        if key not in run or not f > 0:
+            raise PolicyError(f"policy {policy}: slowdown {f!r} for job {key!r}, which is not placed or not > 0")
+
+    # ---- check every placement; count the GPUs each node gives out
+    used = [0] * nodes
+    total = 0
+    anywhere = []  # group leaders (or lone jobs) placed "on any node", resolved below
+    for key, where in run.items():
+        view = get(key)
+        if view is None:
+            raise PolicyError(f"policy {policy}: placed job {key!r}, which is not runnable (unknown, ended, or "
+                              "still stopping)")
+        size = view.num_gpu
+        if workers and key in workers:
+            size = workers[key]
+            lo, hi = view.min_gpu or view.num_gpu, view.max_gpu or view.num_gpu
+            if not (isinstance(size, int) and lo <= size <= hi):
+                raise PolicyError(f"policy {policy}: job {key!r} given {size!r} workers, outside its range "
+                                  f"{lo}..{hi}")
+        if len(where) == 1:
+            node, got = where[0]
+            ok = type(got) is int and got > 0 and type(node) is int and -1 <= node < nodes
+        else:
+            got, ok = 0, len(where) > 1
+            for node, g in where:
+                ok = ok and type(g) is int and g > 0 and type(node) is int and 0 <= node < nodes
+                got += g if type(g) is int else 0
+        if not ok:
+            raise PolicyError(f"policy {policy}: job {key!r} has a bad placement {where!r} (need (node, gpus) "
+                              f"pairs with node in 0..{nodes - 1} and gpus >= 1, or one (-1, gpus) for any node)")
+        if got != size:
+            raise PolicyError(f"policy {policy}: job {key!r} placed on {got} GPUs but runs with {size} (a gang "
+                              "is all or nothing)")
+        if group_of and key in group_of and group_of[key][0] != key:
+            continue  # a group's followers share its leader's GPUs
+        total += size
+        for node, g in where:
+            if node < 0:
+                anywhere.append(key)
+            else:
+                used[node] += g
+    if total > sum(caps):
+        raise PolicyError(f"policy {policy} placed {total} GPUs on a cluster offering {sum(caps)}")
+    for node in range(nodes):
+        if used[node] > caps[node]:
+            raise PolicyError(f"policy {policy} placed {used[node]} GPUs on node {node}, which offers {caps[node]}")
+
+    resolved = _resolve(anywhere, run, get, used, caps) if anywhere else None
+
+    # ---- actions: preemptions, then the placed jobs in decision order
+    running = table.running
+    actions = [Action(ActionKind.PREEMPT, key, (), e.placement, e.num_gpu) for key, e in running.items()
+               if key not in run]
+    slow = decision.slowdown
+    for key, where in run.items():
+        grp = group_of.get(key) if group_of else None
+        if resolved is not None:
+            where = resolved.get(grp[0] if grp else key, where)
+        e = running.get(key)
+        size = workers.get(key, e.num_gpu if e is not None else get(key).num_gpu) if workers else \
+            (e.num_gpu if e is not None else get(key).num_gpu)
+        group = grp or ()
+        if e is None:
+            actions.append(Action(ActionKind.START, key, where, (), size, group, slow.get(key)))
+            continue
+        if e.placement == where and e.group == group and size == e.num_gpu:
+            continue  # keeps running as it is
+        moved = e.placement != where and sorted(e.placement) != sorted(where)
+        if size != e.num_gpu:
+            kind = ActionKind.RESIZE
+        elif e.group != group:
+            kind = ActionKind.REGROUP
+        elif moved:
+            kind = ActionKind.MIGRATE
+        else:
+            e.placement = where  # the same GPUs listed in another order
+            continue
+        actions.append(Action(kind, key, where, e.placement, size, group, slow.get(key), moved))
+    return actions
+
+
+def _size(view, workers: dict) -> int:
+    return -1 if view is None else workers.get(view.job_id, view.num_gpu)
+
+
+def _resolve(keys: list, run: dict, get, used: list[int], caps: tuple) -> dict:
+    """Real nodes for "any node" placements: a running job keeps its GPUs when they are free and
+    its size is unchanged; the others take the best-fitting node, else the emptiest nodes."""
+    free = [c - u for c, u in zip(caps, used)]
+    out, todo = {}, []
+    for key in keys:
+        view = get(key)
+        size = run[key][0][1]
+        old = view.placement
+        if old and view.running and old[0][0] >= 0:
+            ok, got = True, 0
+            for n, g in old:
+                got += g
+                ok = ok and free[n] >= g
+            if ok and got == size:
+                for n, g in old:
+                    free[n] -= g
+                out[key] = old
+                continue
+        todo.append((key, size))
+    for key, size in todo:
+        best = -1
+        for n in range(len(free)):
+            if free[n] >= size and (best < 0 or free[n] < free[best]):
+                best = n
+        if best >= 0:
+            free[best] -= size
+            out[key] = ((best, size),)
+            continue
+        take, left = [], size
+        for n in sorted((m for m in range(len(free)) if free[m] > 0), key=lambda m: (-free[m], m)):
+            k = min(left, free[n])
+            take.append((n, k))
+            free[n] -= k
+            left -= k
+            if left == 0:
+                break
+        if left:  # cannot happen after the total check above; refuse rather than over-place
+            raise PolicyError(f"job {key!r}: {size} GPUs do not fit in the free GPUs {free}")
+        out[key] = tuple(take)
+    return out

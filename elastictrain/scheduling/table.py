@@ -1,0 +1,254 @@
+"""The job table: stable records keyed by job key, and the snapshots each policy decides on.
+
+:class:`Entry` is the mechanism's mutable bookkeeping of one job; policies never see it. They
+see :class:`~elastictrain.policies.api.JobView`, a frozen copy the table rebuilds whenever the
+entry changes (running jobs: at every snapshot, since their attained service grows). Keys may
+be strings (the coordinator's job ids) or ints (trace job ids); one table holds one kind.
+
+Each policy reads the table through its own :class:`Feed`, which remembers what arrived and
+ended since that policy's previous snapshot. A feed created on a table that already holds jobs
+starts with every runnable job as arrived, so a policy rebuilt after a coordinator restart
+learns them all again.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Iterable, Optional
+
+from ..errors import ConfigError
+from ..policies.api import EMPTY, ClusterSnapshot, JobView
+from .api import ClusterShape, JobStatus
+
+__all__ = ["Entry", "JobTable", "Feed"]
+
+
+class Entry:
+    """One job's record. Times are seconds on the scheduler's clock."""
+
+    __slots__ = ("key", "num_gpu", "min_gpu", "max_gpu", "submit_time", "model", "user", "priority",
+                 "iteration_time", "iterations", "remaining_iterations", "attained", "attained_gpu", "running",
+                 "stopping", "placement", "held", "start_time", "end_time", "pending_since", "pending",
+                 "preemptions", "stage_times", "skew", "speeds", "restart_cost", "group", "status", "accrued_at",
+                 "seq", "slowdown", "data")
+
+    def __init__(self, key, num_gpu: int, submit_time: float, *, model: str = "", iteration_time: float = 1.0,
+                 iterations: float = 1.0, stage_times: tuple = (), user: str = "", skew: float = 0.0,
+                 speeds=EMPTY, restart_cost: float = 0.0, min_gpu: int = 0, max_gpu: int = 0,
+                 priority: int = 0) -> None:
+        if not isinstance(num_gpu, int) or num_gpu < 1:
+            raise ConfigError(f"job {key!r}: num_gpu must be an integer >= 1, got {num_gpu!r}")
+        self.key, self.num_gpu, self.submit_time = key, num_gpu, submit_time
+        self.min_gpu, self.max_gpu = min_gpu or num_gpu, max_gpu or num_gpu
+        if not 1 <= self.min_gpu <= self.max_gpu:
+            raise ConfigError(f"job {key!r}: need 1 <= min_gpu <= max_gpu, got {self.min_gpu}..{self.max_gpu}")
+        self.model, self.user, self.priority = model, user, priority
+        self.iteration_time, self.iterations = iteration_time, iterations
+        self.remaining_iterations = float(iterations)
+        self.attained = 0.0
+        self.attained_gpu = 0.0
+        self.running = False
+        self.stopping = False
+        self.placement: tuple = ()
+        self.held: tuple = ()  # GPUs a stopping job still holds
+        self.start_time: Optional[float] = None
+        self.end_time: Optional[float] = None
+        self.pending_since = submit_time
+        self.pending = 0.0  # total time waiting (before the first start and between runs)
+        self.preemptions = 0
+        self.stage_times, self.skew, self.speeds = stage_times, skew, speeds
+        self.restart_cost = restart_cost
+        self.group: tuple = ()
+        self.status = JobStatus.QUEUED
+        self.accrued_at = 0.0
+        self.seq = -1
+        self.slowdown = 1.0  # > 1 while the job runs slower than alone at full speed (group, placement)
+        self.data: dict = {}  # the backend's own per-job state
+
+    def view(self) -> JobView:
+        return JobView(self.key, self.num_gpu, self.submit_time, self.model, self.iteration_time, self.iterations,
+                       self.remaining_iterations, self.attained, self.attained_gpu, self.running, self.placement,
+                       self.start_time, self.pending_since, self.preemptions, self.stage_times, self.user, self.skew,
+                       self.speeds, self.restart_cost, self.min_gpu, self.max_gpu, self.priority)
+
+    def __repr__(self) -> str:
+        return f"Entry({self.key!r}, gpus={self.num_gpu}, {self.status.value}{', stopping' if self.stopping else ''})"
+
+
+class JobTable:
+    """Every job that has not ended, with the transitions the mechanism makes.
+
+    ``running`` (start order) holds placed jobs; ``stopping`` those told to stop whose workers
+    have not exited yet (they keep holding their GPUs, and are not runnable).
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict = {}
+        self._views: dict = {}  # runnable jobs (stopping ones filtered at snapshot), arrival order
+        self.running: dict = {}
+        self.stopping: dict = {}
+        self._dirty: set = set()
+        self._feeds: list[Feed] = []
+        self._seq = 0
+
+    # ------------------------------------------------------------------ reading
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key) -> bool:
+        return key in self._entries
+
+    def get(self, key) -> Optional[Entry]:
+        return self._entries.get(key)
+
+    def entries(self) -> Iterable[Entry]:
+        return self._entries.values()
+
+    def subscribe(self) -> "Feed":
+        feed = Feed(self)
+        self._feeds.append(feed)
+        return feed
+
+    # ------------------------------------------------------------------ transitions
+    def add(self, e: Entry) -> Entry:
+        """A job arrives (or, on a restart, is loaded as it was: running, stopping or waiting).
+
+        Raises:
+            ConfigError: a job with this key is already in the table.
+        """
+        if e.key in self._entries:
+            raise ConfigError(f"job {e.key!r} is already known; job keys are unique")
+        e.seq = self._seq
+        self._seq += 1
+        self._entries[e.key] = e
+        self._views[e.key] = e.view()
+        if e.running:
+            self.running[e.key] = e
+        elif e.stopping:
+            self.stopping[e.key] = e
+        for f in self._feeds:
+            f.arrived.append(e.key)
+        return e
+
+    def touch(self, key) -> None:
+        """The entry changed (e.g. a new measurement): rebuild its view at the next snapshot."""
+        self._dirty.add(key)
+
+    def start(self, key, placement: tuple, group: tuple, now: float, workers: int = 0) -> Entry:
+        e = self._entries[key]
+        e.running, e.placement, e.group = True, placement, group
+        if workers:
+            e.num_gpu = workers
+        e.pending += now - e.pending_since
+        if e.start_time is None:
+            e.start_time = now
+        e.accrued_at = now
+        e.status = JobStatus.RUNNING
+        self.running[key] = e
+        return e
+
+    def stop(self, key, now: float) -> Entry:
+        """A decision preempts a running job: it stops running; its GPUs stay held until
+        :meth:`stopped`."""
+        e = self.running.pop(key)
+        e.running, e.stopping = False, True
+        e.held, e.placement, e.group = e.placement, (), ()
+        e.preemptions += 1
+        e.pending_since = now
+        self.stopping[key] = e
+        self._dirty.add(key)
+        return e
+
+    def stopped(self, key, now: float) -> Entry:
+        """A stopping job's workers have exited: its GPUs are free and it may be placed again."""
+        e = self.stopping.pop(key)
+        self._accrue_one(e, now)
+        e.stopping, e.held = False, ()
+        e.status = JobStatus.PREEMPTED
+        self._dirty.add(key)
+        return e
+
+    def move(self, key, placement: tuple, group: tuple, workers: int) -> Entry:
+        """A running job changes placement, group or size (it keeps running)."""
+        e = self._entries[key]
+        e.placement, e.group, e.num_gpu = placement, group, workers
+        return e
+
+    def end(self, key, status: JobStatus, now: float) -> Entry:
+        """The job finished, failed or was cancelled: it leaves the table."""
+        e = self._entries.pop(key)
+        self.running.pop(key, None)
+        self.stopping.pop(key, None)
+        del self._views[key]
+        self._dirty.discard(key)
+        e.running = e.stopping = False
+        e.status, e.end_time = status, now
+        for f in self._feeds:
+            f.ended.append(key)
+        return e
+
+    def accrue(self, now: float) -> None:
+        """Add attained service (seconds and GPU-seconds) to every job holding GPUs, up to ``now``."""
+        for e in self.running.values():
+            dt = now - e.accrued_at
+            e.attained += dt
+            e.attained_gpu += dt * e.num_gpu
+            e.accrued_at = now
+        for e in self.stopping.values():
+            self._accrue_one(e, now)
+
+    @staticmethod
+    def _accrue_one(e: Entry, now: float) -> None:
+        dt = now - e.accrued_at
+        if dt > 0:
+            g = sum(n for _, n in e.held) if e.held else e.num_gpu
+            e.attained += dt
+            e.attained_gpu += dt * g
+        e.accrued_at = now
+
+    def held_per_node(self, nodes: int) -> list[int]:
+        """GPUs each node's stopping jobs still hold."""
+        out = [0] * nodes
+        for e in self.stopping.values():
+            for node, g in e.held:
+                if 0 <= node < nodes:
+                    out[node] += g
+        return out
+
+    def _refresh(self) -> None:
+        views, entries = self._views, self._entries
+        for key, e in self.running.items():
+            views[key] = e.view()
+        for key in self._dirty:
+            e = entries.get(key)
+            if e is not None:
+                views[key] = e.view()
+        self._dirty.clear()
+
+
+class Feed:
+    """One policy's reading of a table: snapshots, and what arrived and ended in between."""
+
+    def __init__(self, table: JobTable) -> None:
+        self._t = table
+        self.arrived: list = list(table._views)  # replay: a new policy learns every known job
+        self.ended: list = []
+
+    def snapshot(self, now: float, shape: ClusterShape) -> ClusterSnapshot:
+        t = self._t
+        t._refresh()
+        views = t._views
+        caps = shape.gpus_per_node
+        if t.stopping:  # the live case only: stopping jobs are not runnable and hold their GPUs
+            views = {k: v for k, v in views.items() if k not in t.stopping}
+            held = t.held_per_node(len(caps))
+            caps = tuple(max(0, c - h) for c, h in zip(caps, held))
+        arrived = tuple(views[k] for k in self.arrived if k in views)
+        return ClusterSnapshot(now, tuple(views.values()), caps, shape.nodes_per_switch, arrived, tuple(self.ended),
+                               tuple(views[k] for k in t.running), shape.node_types, MappingProxyType(views),
+                               shape.gpus_per_node)
+
+    def consumed(self) -> None:
+        """The policy decided on the last snapshot: forget the changes it has seen."""
+        self.arrived.clear()
+        self.ended.clear()

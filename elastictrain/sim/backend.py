@@ -1,0 +1,148 @@
+"""The simulated cluster behind the mechanism core: progress, restart costs, slowdowns, migrations.
+
+It implements :class:`~elastictrain.scheduling.api.Backend` for the discrete-event engine. A
+job advances at ``1 / (iteration_time x slowdown)`` iterations per second of work; time it owes
+(a restart, a migration) is paid before it does work. Stops are instantaneous: ``stop`` tells
+the table at once that the job's workers are gone.
+
+Restart cost (``cost``, seconds per (re)start) and ``charge``:
+
+* ``on_start``: paid once after each start or resume, and again when the job's interleaving
+  group changes or its size changes (the group restarts);
+* ``every_event``: paid by every running job at every event, as the Muri reference simulator
+  does (its published tables were produced that way).
+
+A job's slowdown is the policy's (a Muri group's interleaved iteration over the job's own), or
+``spread_slowdown`` for a skew-sensitive job spread over several nodes, divided by its speed on
+the slowest GPU type it spans, times ``size_at_submit / workers`` for an elastic job run at
+another size (linear scaling). ``migration_cost``: seconds a running job loses when it moves.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from ..clock import ManualClock
+from ..scheduling import Action, ActionKind, ClusterShape, Entry, JobTable
+
+__all__ = ["SimBackend"]
+
+
+class SimBackend:
+    def __init__(self, shape: ClusterShape, table: JobTable, clock: ManualClock, *, every: bool,
+                 spread_slowdown: float = 1.0, skew_sensitive: float = 0.5, migration_cost: float = 0.0,
+                 window: Optional[float] = None) -> None:
+        self._shape, self.table, self.clock, self.every = shape, table, clock, every
+        self.spread_slowdown, self.skew_sensitive = spread_slowdown, skew_sensitive
+        self.migration_cost, self.window = migration_cost, window
+        self.owed: dict = {}  # on_start: restart seconds still to pay
+        self.charge: dict = {}  # placed job -> restart seconds it pays (its group's, if grouped)
+        self.lost = 0.0  # seconds lost to restarts and migrations
+        self.migrations = 0
+        self.timeline: dict = {}  # window index -> per-user iterations and GPU-seconds
+
+    # ------------------------------------------------------------------ Backend
+    def shape(self) -> ClusterShape:
+        return self._shape
+
+    def start(self, e: Entry, a: Action) -> None:
+        self._placed(e, a)
+        if not self.every:
+            self.owed[e.key] = self.charge[e.key]
+
+    def stop(self, e: Entry, a: Action) -> None:
+        self.table.stopped(e.key, self.clock.now())
+
+    def restart(self, e: Entry, a: Action) -> None:
+        self._placed(e, a)
+        if a.moved:
+            self.migrations += 1
+            if not self.every and self.migration_cost:
+                self.owed[e.key] = self.owed.get(e.key, 0.0) + self.migration_cost
+        if a.kind is not ActionKind.MIGRATE and not self.every:
+            self.owed[e.key] = self.charge[e.key]  # the group (or the resized job) restarts
+
+    def _placed(self, e: Entry, a: Action) -> None:
+        entries = self.table
+        self.charge[e.key] = (sum(entries.get(m).restart_cost for m in a.group) if a.group else e.restart_cost)
+        where = a.placement
+        e.slowdown = a.slowdown or (self.spread_slowdown if self.spread_slowdown > 1.0 and len(where) > 1
+                                    and e.skew > self.skew_sensitive else 1.0)
+        types = self._shape.node_types
+        if types and e.speeds:
+            e.slowdown /= min(e.speeds.get(types[node], 1.0) for node, _ in where)
+        size0 = e.data.get("gpus", e.num_gpu)
+        if e.num_gpu != size0:
+            e.slowdown *= size0 / e.num_gpu
+
+    # ------------------------------------------------------------------ progress
+    def next_end(self, now: float) -> float:
+        """When the next running job would finish if nothing changed."""
+        best = float("inf")
+        every, owed = self.every, self.owed
+        for e in self.table.running.values():
+            t = (now + e.remaining_iterations * e.iteration_time * e.slowdown
+                 + (0.0 if every else owed.get(e.key, 0.0)))
+            if t < best:
+                best = t
+        return best
+
+    def advance(self, now: float, t: float) -> list[Entry]:
+        """Run every running job from ``now`` to ``t``; returns those that finished."""
+        dt = t - now
+        finished = []
+        every, owed = self.every, self.owed
+        lost = self.lost
+        window = self.window
+        for e in self.table.running.values():
+            if every:
+                end = now + e.remaining_iterations * e.iteration_time * e.slowdown
+                if end <= t + 1e-9:
+                    finished.append(e)
+                    work = dt
+                else:
+                    c = self.charge[e.key]
+                    work = dt - c if dt > c else 0.0
+                    lost += dt - work
+            else:
+                o = owed.get(e.key, 0.0)
+                pay = min(o, dt)
+                if pay:
+                    owed[e.key] = o - pay
+                    lost += pay
+                work = dt - pay
+            its = work / (e.iteration_time * e.slowdown)
+            e.remaining_iterations -= its
+            if window is not None and dt > 0:
+                self._record(now, t, e, its)
+            if not every and e.remaining_iterations <= 1e-9 * max(1.0, e.iterations):
+                finished.append(e)
+        self.lost = lost
+        return finished
+
+    def forget(self, key) -> None:
+        self.owed.pop(key, None)
+
+    def _record(self, a: float, b: float, j: Entry, its: float) -> None:
+        """Spread a job's progress over [a, b) across the windows it spans (evenly in time)."""
+        w, types, timeline = self.window, self._shape.node_types, self.timeline
+        gpu_type: dict = {}
+        for node, n in j.placement:
+            t = types[node] if types else "gpu"
+            gpu_type[t] = gpu_type.get(t, 0) + n
+        k, span = int(a // w), b - a
+        while k * w < b:
+            lo, hi = max(a, k * w), min(b, (k + 1) * w)
+            if hi > lo:
+                frac = (hi - lo) / span
+                rec = timeline.setdefault(k, {"start": k * w, "iterations": {}, "iterations_gpu": {},
+                                              "gpu_seconds": {}})
+                rec["iterations"][j.user] = rec["iterations"].get(j.user, 0.0) + its * frac
+                rec["iterations_gpu"][j.user] = rec["iterations_gpu"].get(j.user, 0.0) + its * frac * j.num_gpu
+                per = rec["gpu_seconds"].setdefault(j.user, {})
+                for t, n in gpu_type.items():
+                    per[t] = per.get(t, 0.0) + n * (hi - lo)
+            k += 1
+
+
+RestartCost = Callable[[Entry], float]

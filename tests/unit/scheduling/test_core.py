@@ -1,0 +1,254 @@
+"""The mechanism core: job table, plan (every invariant), the scheduling step and its failures."""
+
+import random
+
+import pytest
+
+from elastictrain.clock import ManualClock
+from elastictrain.errors import ConfigError, PolicyError
+from elastictrain.policies import create, registered
+from elastictrain.policies.api import Decision, register
+from elastictrain.scheduling import ActionKind, ClusterShape, Entry, JobStatus, JobTable, Scheduler, plan
+
+
+class Recorder:
+    """A backend whose stops complete only when told (as real workers take time to checkpoint)."""
+
+    def __init__(self, table, clock, gpus=(4, 4), instant=False):
+        self.table, self.clock, self._shape, self.instant = table, clock, ClusterShape(tuple(gpus)), instant
+        self.log = []
+
+    def shape(self):
+        return self._shape
+
+    def start(self, e, a):
+        self.log.append(("start", e.key, a.placement))
+
+    def stop(self, e, a):
+        self.log.append(("stop", e.key))
+        if self.instant:
+            self.table.stopped(e.key, self.clock.now())
+
+    def restart(self, e, a):
+        self.log.append((a.kind.value, e.key, a.placement))
+
+    def finish_stops(self):
+        for key in list(self.table.stopping):
+            self.table.stopped(key, self.clock.now())
+
+
+class Fixed:
+    """Places what it is told; raises when told to."""
+
+    name = "fixed"
+
+    def __init__(self):
+        self.run, self.fail, self.seen = {}, None, []
+
+    def decide(self, s):
+        self.seen.append(([j.job_id for j in s.arrived], list(s.ended)))
+        if self.fail:
+            raise self.fail
+        return Decision(dict(self.run))
+
+
+def _setup(gpus=(4, 4), instant=False):
+    table, clock = JobTable(), ManualClock(0.0)
+    backend = Recorder(table, clock, gpus, instant)
+    policy = Fixed()
+    return table, clock, backend, policy, Scheduler(policy, table, backend, clock)
+
+
+def test_string_keys_start_preempt_and_stopping_jobs_hold_their_gpus():
+    table, clock, backend, policy, sched = _setup()
+    table.add(Entry("job-a", 4, 0.0))
+    table.add(Entry("job-b", 4, 0.0))
+    policy.run = {"job-a": ((0, 4),)}
+    sched.tick()
+    assert table.get("job-a").status is JobStatus.RUNNING and backend.log == [("start", "job-a", ((0, 4),))]
+    clock.advance(10)
+    table.accrue(10)
+    assert table.get("job-a").attained_gpu == 40.0
+    policy.run = {"job-b": ((1, 4),)}
+    sched.tick()  # job-a is preempted; its workers have not exited yet
+    assert "job-a" in table.stopping and table.get("job-a").held == ((0, 4),)
+    snap = sched.feed.snapshot(10, backend.shape())
+    assert snap.gpus_per_node == (0, 4) and [j.job_id for j in snap.jobs] == ["job-b"]
+    backend.finish_stops()
+    snap = sched.feed.snapshot(10, backend.shape())
+    assert snap.gpus_per_node == (4, 4) and {j.job_id for j in snap.jobs} == {"job-a", "job-b"}
+    assert snap.job("job-a").preemptions == 1 and table.get("job-a").status is JobStatus.PREEMPTED
+    # arrival order is kept though job-a left the runnable set for a while
+    assert [j.job_id for j in snap.jobs] == ["job-a", "job-b"]
+
+
+@pytest.mark.parametrize("run, rule", [
+    ({"nope": ((0, 1),)}, "not runnable"),
+    ({"a": ((0, 2),)}, "all or nothing"),
+    ({"a": ((0, 4),), "b": ((0, 4),)}, "on node 0, which offers 4"),
+    ({"a": ((2, 4),)}, "bad placement"),
+    ({"a": ((0, 2), (-1, 2))}, "bad placement"),
+    ({"a": ((0, 0), (1, 4))}, "bad placement"),
+])
+def test_plan_refuses_decisions_that_break_an_invariant(run, rule):
+    table = JobTable()
+    table.add(Entry("a", 4, 0.0))
+    table.add(Entry("b", 4, 0.0))
+    snap = table.subscribe().snapshot(0.0, ClusterShape((4, 4)))
+    with pytest.raises(PolicyError, match=rule):
+        plan(table, snap, Decision(run), "p")
+
+
+def test_plan_checks_groups_and_worker_ranges():
+    table = JobTable()
+    table.add(Entry("a", 2, 0.0))
+    table.add(Entry("b", 2, 0.0))
+    table.add(Entry("c", 1, 0.0))
+    table.add(Entry("e", 2, 0.0, min_gpu=1, max_gpu=4))
+    snap = table.subscribe().snapshot(0.0, ClusterShape((4, 4)))
+    with pytest.raises(PolicyError, match="group"):
+        plan(table, snap, Decision({"a": ((0, 2),), "b": ((1, 2),)}, groups=(("a", "b"),)))
+    with pytest.raises(PolicyError, match="group"):
+        plan(table, snap, Decision({"a": ((0, 2),), "c": ((0, 1),)}, groups=(("a", "c"),)))
+    with pytest.raises(PolicyError, match="outside its range 1..4"):
+        plan(table, snap, Decision({"e": ((0, 4), (1, 1))}, workers={"e": 5}))
+    with pytest.raises(PolicyError, match="outside its range 2..2"):
+        plan(table, snap, Decision({"a": ((0, 1),)}, workers={"a": 1}))
+    acts = plan(table, snap, Decision({"a": ((0, 2),), "b": ((0, 2),), "e": ((1, 3),)}, groups=(("a", "b"),),
+                                      workers={"e": 3}))
+    assert [(a.kind, a.key, a.group, a.workers) for a in acts] == [
+        (ActionKind.START, "a", ("a", "b"), 2), (ActionKind.START, "b", ("a", "b"), 2),
+        (ActionKind.START, "e", (), 3)]
+
+
+def test_any_node_placements_resolve_to_real_nodes_and_running_jobs_stay_put():
+    table, clock, backend, policy, sched = _setup(gpus=(4, 4), instant=True)
+    for k in "abc":
+        table.add(Entry(k, 2, 0.0))
+    policy.run = {"b": ((-1, 2),)}
+    sched.tick()
+    where_b = table.get("b").placement
+    assert where_b == ((0, 2),)
+    policy.run = {"a": ((-1, 2),), "b": ((-1, 2),), "c": ((-1, 2),)}
+    acts = sched.tick()
+    assert table.get("b").placement == where_b, "a running job keeps its GPUs"
+    assert [a.key for a in acts] == ["a", "c"] and all(a.kind is ActionKind.START for a in acts)
+    per_node = [0, 0]
+    for e in table.running.values():
+        for n, g in e.placement:
+            per_node[n] += g
+    assert per_node == [4, 2]
+
+
+def test_migrate_regroup_and_resize_are_actions():
+    table, clock, backend, policy, sched = _setup(instant=True)
+    table.add(Entry("a", 2, 0.0))
+    table.add(Entry("b", 2, 0.0))
+    table.add(Entry("e", 2, 0.0, min_gpu=1, max_gpu=4))
+    policy.run = {"a": ((0, 2),), "b": ((1, 2),), "e": ((1, 2),)}
+    sched.tick()
+
+    class Next:
+        name = "next"
+
+        def decide(self, s):
+            return Decision({"a": ((1, 2),), "b": ((1, 2),), "e": ((0, 4),)}, groups=(("a", "b"),),
+                            workers={"e": 4})
+
+    sched.policy = Next()
+    kinds = {a.key: (a.kind, a.moved) for a in sched.tick()}
+    assert kinds == {"a": (ActionKind.REGROUP, True), "b": (ActionKind.REGROUP, False),
+                     "e": (ActionKind.RESIZE, True)}
+    assert table.get("e").num_gpu == 4 and table.get("a").group == ("a", "b")
+
+
+def test_a_failing_policy_keeps_the_allocation_and_sees_its_changes_again():
+    table, clock, backend, policy, sched = _setup()
+    errors = []
+    sched.on_error = errors.append
+    table.add(Entry("a", 2, 0.0))
+    policy.run = {"a": ((0, 2),)}
+    sched.tick()
+    table.add(Entry("b", 2, 1.0))
+    policy.fail = ValueError("boom")
+    assert sched.tick() == [] and sched.failures == 1
+    assert "policy fixed failed: ValueError: boom" in str(errors[0])
+    policy.run = {"a": ((0, 4),)}  # a bad decision is refused the same way
+    policy.fail = None
+    assert sched.tick() == [] and sched.failures == 2
+    assert table.get("a").running and table.get("a").placement == ((0, 2),)
+    policy.run = {"a": ((0, 2),), "b": ((1, 2),)}
+    sched.tick()
+    # the arrival of b was handed over at every attempt until a decision succeeded
+    assert [seen[0] for seen in policy.seen] == [["a"], ["b"], ["b"], ["b"]]
+    assert table.get("b").running
+    strict = Scheduler(Fixed(), table, backend, clock, strict=True)
+    strict.policy.fail = PolicyError("no")
+    with pytest.raises(PolicyError, match="no"):
+        strict.tick()
+
+
+def test_registering_a_name_twice_is_an_error():
+    register("test-dup", lambda **kw: Fixed(), ())
+    with pytest.raises(ConfigError, match="already registered"):
+        register("test-dup", lambda **kw: Fixed(), ())
+    register("test-dup", lambda **kw: Fixed(), (), replace=True)
+
+
+def test_entries_are_validated_and_keys_are_unique():
+    table = JobTable()
+    table.add(Entry(1, 1, 0.0))
+    with pytest.raises(ConfigError, match="already known"):
+        table.add(Entry(1, 1, 0.0))
+    with pytest.raises(ConfigError, match="num_gpu"):
+        Entry("x", 0, 0.0)
+    with pytest.raises(ConfigError, match="min_gpu"):
+        Entry("x", 2, 0.0, min_gpu=3, max_gpu=2)
+
+
+OPTIONS = {"tiresias-g": {"distribution": [100.0, 500.0, 2000.0, 8000.0]}}
+BUILTIN = [n for n in registered() if not n.startswith("test-")]
+
+
+@pytest.mark.parametrize("name", BUILTIN)
+def test_every_policy_runs_live_like_with_string_keys_slow_stops_and_a_rebuild(name):
+    """Jobs keyed by strings, stops that take a few ticks (the jobs are not runnable meanwhile and
+    hold their GPUs), and the policy rebuilt from scratch halfway (a coordinator restart): no
+    KeyError, no invariant broken (plan would refuse it), and every job finishes."""
+    rng = random.Random(7)
+    table, clock = JobTable(), ManualClock(0.0)
+    backend = Recorder(table, clock, gpus=(4, 4, 4))
+    sched = Scheduler(create(name, **OPTIONS.get(name, {})), table, backend, clock, strict=True)
+    jobs = {f"job-{i}": (rng.choice([1, 1, 2, 4, 8]), rng.uniform(20, 200)) for i in range(30)}
+    pending = list(jobs)
+    work = {k: w for k, (_, w) in jobs.items()}
+    models = ["vgg16", "resnet50", "bert"]
+    profiles = {"vgg16": (0.5, 0.3, 0.2), "resnet50": (0.2, 0.6, 0.2), "bert": (0.1, 0.2, 0.7)}
+    stop_age: dict = {}
+    done = set()
+    for step in range(4000):
+        now = step * 5.0
+        clock.t = now
+        for e in list(table.running.values()):
+            work[e.key] -= 5.0
+            if work[e.key] <= 0:
+                table.end(e.key, JobStatus.FINISHED, now)
+                done.add(e.key)
+        table.accrue(now)
+        for key in list(table.stopping):  # a stop completes three ticks after it was asked
+            stop_age[key] = stop_age.get(key, 0) + 1
+            if stop_age[key] >= 3:
+                table.stopped(key, now)
+                stop_age.pop(key)
+        while pending and rng.random() < 0.3:
+            k = pending.pop(0)
+            m = rng.choice(models)
+            table.add(Entry(k, jobs[k][0], now, model=m, iteration_time=1.0, iterations=jobs[k][1],
+                            stage_times=profiles[m], user=rng.choice(["u1", "u2"])))
+        if step == 100:  # a rebuilt policy learns every known job from its first snapshot
+            sched = Scheduler(create(name, **OPTIONS.get(name, {})), table, backend, clock, strict=True)
+        if len(table):
+            sched.tick()
+        if not pending and not len(table):
+            break
+    assert done == set(jobs), f"unfinished: {set(jobs) - done}"

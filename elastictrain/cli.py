@@ -1,8 +1,9 @@
 """``elastictrain <command>``: the operator's and researcher's entry point.
 
 Commands:
-    coordinator   run the coordinator service
-    status        show a job's generation and datasets
+    coordinator   run the coordinator service (with --policy: the live scheduler too)
+    node          run a node daemon that runs the jobs the coordinator places on this machine
+    submit        queue a job; status: the cluster or one job; cancel; logs [-f]
     simulate      replay a cluster trace through scheduling policies
     profile       run a training script for N iterations and print its stage and comm profiles
     fairness      Gandiva-fair's fair-share experiments (homogeneous, heterogeneous with trading)
@@ -42,12 +43,21 @@ def get_parser() -> argparse.ArgumentParser:
     c.add_argument("--sync", choices=("normal", "full"), default=_env("ET_DB_SYNC", "normal"),
                    help="normal: survives a killed process; full: also a power loss [ET_DB_SYNC]")
     c.add_argument("--ready-file", default=None, help="write {url, pid} as JSON here once listening")
-    c.add_argument("--log-level", default=_env("ET_LOG_LEVEL", "warning"))
+    c.add_argument("--log-level", default=_env("ET_LOG_LEVEL", "info"),
+                   help="debug, info (the default: listening, scheduling events as JSON lines), warning, error")
+    c.add_argument("--public-read", action="store_true",
+                   help="answer GET requests without the token (every route needs it by default)")
+    c.add_argument("--policy", default=_env("ET_POLICY", None),
+                   help="run the live scheduler with this policy (e.g. tiresias-l, fifo, srtf, muri-s, gandiva-fair); "
+                   "without it the coordinator only serves etrun jobs [ET_POLICY]")
+    c.add_argument("--interval", type=float, default=5.0, help="with --policy: also decide every N seconds")
+    c.add_argument("--node-timeout", type=float, default=15.0,
+                   help="with --policy: seconds without a poll before a node counts as lost")
+    _policy_options(c)
 
-    s = sub.add_parser("status", help="show a job's generation and its datasets")
-    s.add_argument("job")
-    s.add_argument("--coordinator", default=_env("ET_COORDINATOR", "http://127.0.0.1:7707"))
-    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    from .cluster_cli import add_commands
+
+    add_commands(sub)
 
     m = sub.add_parser("simulate", help="replay a cluster trace through scheduling policies")
     m.add_argument("--trace", required=True, help="trace file (Tiresias CSV, Muri CSV, Gavel .trace, native CSV)")
@@ -63,12 +73,7 @@ def get_parser() -> argparse.ArgumentParser:
     m.add_argument("--format", default="auto", help="trace format: auto, tiresias, muri, gavel, native")
     m.add_argument("--interval", type=float, default=None, help="also decide every N seconds (e.g. 360)")
     m.add_argument("--restart-cost", default=None, help="'muri' (table by model and GPUs) or seconds")
-    m.add_argument("--placement", default=None, help="count, consolidated, spread or skew (policy default)")
-    m.add_argument("--thresholds", default=None, help="Tiresias queue limits in GPU-seconds, e.g. 3250,7200")
-    m.add_argument("--promote-knob", type=float, default=None, help="Tiresias PROMOTEKNOB (0: off)")
-    m.add_argument("--packlimit", type=float, default=None, help="Tiresias PACKLIMIT for skew placement")
-    m.add_argument("--distribution", default=None, help="job GPU-time samples CSV for tiresias-g")
-    m.add_argument("--quantum", type=float, default=None, help="time slice of gandiva-ts, seconds")
+    _policy_options(m)
     m.add_argument("--spread-slowdown", type=float, default=1.0,
                    help="slowdown of a skew-sensitive job placed across nodes (1: none)")
     m.add_argument("--migration-cost", type=float, default=0.0,
@@ -101,6 +106,27 @@ def get_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _policy_options(p: argparse.ArgumentParser) -> None:
+    """The policies' options, shared by ``simulate`` and ``coordinator --policy``."""
+    p.add_argument("--placement", default=None, help="count, consolidated, spread or skew (policy default)")
+    p.add_argument("--thresholds", default=None, help="Tiresias queue limits in GPU-seconds, e.g. 3250,7200")
+    p.add_argument("--promote-knob", type=float, default=None, help="Tiresias PROMOTEKNOB (0: off)")
+    p.add_argument("--packlimit", type=float, default=None, help="Tiresias PACKLIMIT for skew placement")
+    p.add_argument("--distribution", default=None, help="job GPU-time samples CSV for tiresias-g")
+    p.add_argument("--quantum", type=float, default=None, help="time slice of gandiva-ts and gandiva-fair, seconds")
+
+
+def _policy_values(args) -> dict:
+    from .errors import ConfigError
+
+    try:
+        thresholds = tuple(float(x) for x in args.thresholds.split(",")) if args.thresholds else None
+    except ValueError:
+        raise ConfigError(f"--thresholds {args.thresholds!r}: use numbers separated by commas, e.g. 3250,7200") from None
+    return {"placement": args.placement, "packlimit": args.packlimit, "promote_knob": args.promote_knob,
+            "distribution": args.distribution, "quantum": args.quantum, "thresholds": thresholds}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = get_parser().parse_args(argv)
     try:
@@ -108,10 +134,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             from .coordinator.server import ServerConfig, serve
 
             logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+            cluster = None
+            if args.policy:
+                from .coordinator.scheduler import ClusterConfig
+                from .policies.api import check_registered
+
+                check_registered(args.policy)
+                cluster = ClusterConfig(args.policy, _policy_values(args), args.interval, args.node_timeout)
             serve(ServerConfig(host=args.host, port=args.port, db=args.db, token_file=args.token_file,
-                               sync=args.sync, ready_file=args.ready_file, log_level=args.log_level))
-        elif args.command == "status":
-            _status(args)
+                               sync=args.sync, ready_file=args.ready_file, public_read=args.public_read,
+                               cluster=cluster))
+        elif args.command in ("node", "submit", "status", "cancel", "logs"):
+            from .cluster_cli import run_command
+
+            return run_command(args)
         elif args.command == "simulate":
             _simulate(args)
         elif args.command == "profile":
@@ -124,33 +160,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"elastictrain: error: {exc}", file=sys.stderr)
         return 2
     return 0
-
-
-def _status(args) -> None:
-    import msgspec
-
-    from ._text import table
-    from .runtime.client import CoordinatorClient
-
-    client = CoordinatorClient(args.coordinator, token=None, timeout=5.0, retry_for=5.0)
-    job = client.job(args.job)
-    datasets = [client.dataset(args.job, name) for name in job.datasets]
-    profiles = client.profiles(args.job).reports
-    if args.json:
-        print(msgspec.json.encode({"job": job, "datasets": datasets, "profiles": profiles}).decode())
-        return
-    print(f"job {job.job}: generation {job.generation}, world size {job.world_size} "
-          f"(min {job.min_workers}, max {job.max_workers})")
-    rows = [("dataset", "epochs", "todo", "doing", "done", "total", "finished", "last commit")]
-    for d in datasets:
-        rows.append((d.spec.name, str(d.spec.epochs), str(d.todo), str(d.doing), str(d.done), str(d.total),
-                     "yes" if d.finished else "no", d.last_commit or "-"))
-    print(table(rows, right_align=False))
-    if any(r.stage is not None for r in profiles):
-        print()
-        skew = {r.comm.worker: f"{r.comm.skew:.3f}" for r in profiles if r.comm is not None}
-        print(_stage_table([r.stage for r in profiles if r.stage is not None], "comm skew",
-                           lambda st: skew.get(st.worker, "-")))
 
 
 def _stage_table(stages, last: str, cell) -> str:
@@ -224,9 +233,7 @@ def _simulate(args) -> None:
     from .sim.report import bins_table, comparison_table, summarize, write_outputs
     from .sim.run import SimConfig, simulate
 
-    opts = {"placement": args.placement, "packlimit": args.packlimit, "promote_knob": args.promote_knob,
-            "distribution": args.distribution, "quantum": args.quantum,
-            "thresholds": tuple(float(x) for x in args.thresholds.split(",")) if args.thresholds else None}
+    opts = _policy_values(args)
     cfg = SimConfig(args.trace, args.cluster, [p for p in args.policy.split(",") if p], args.preset, args.format,
                     args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost)
     results = simulate(cfg, progress=not args.no_progress)

@@ -9,7 +9,7 @@ rejected with a message that names the field (for example
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Any, Optional
 
 import msgspec
 
@@ -22,7 +22,10 @@ __all__ = [
     "GenerationInfo", "DatasetInfo", "LeaseRequest", "Lease", "LeaseReply", "ShardUpdate",
     "ProgressRequest", "ProgressReply", "CommitRequest", "CommitReply", "RestoreRequest",
     "RestoreReply", "ReleaseRequest", "ReleaseReply", "CommitInfo", "CommitList",
-    "StageProfile", "CommProfile", "ProfileReport", "ProfileList",
+    "StageProfile", "CommProfile", "ProfileReport", "ProfileList", "StepReport", "StepInfo",
+    "JobSubmit", "NodeSlots", "ClusterJobInfo", "ClusterJobList", "NodeRegister", "NodeInfo", "TaskState",
+    "LogChunk", "NodePoll", "Task", "NodeTasks", "NodeLeave", "LogRecord", "LogList", "EventInfo", "EventList",
+    "ClusterStatus",
 ]
 
 
@@ -217,6 +220,9 @@ class AgentJoin(_Msg):
     node_rank: int = -1
     #: seconds a round with at least min_nodes (but fewer than max_nodes) waits for more agents
     last_call: float = 1.0
+    #: the scheduler's run (placement) this agent was started for; 0 outside cluster mode. An
+    #: agent of an older run is told to exit.
+    run: int = 0
 
 
 class AgentPoll(_Msg):
@@ -298,3 +304,204 @@ class ProfileReport(_Msg):
 class ProfileList(_Msg):
     job: str
     reports: list[ProfileReport]
+
+
+# ---------------------------------------------------------------- steps (progress measurement)
+# Ranges: every number below has one; out of range is a 400 that names the field.
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+Worker = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+Gpus = Annotated[int, msgspec.Meta(ge=1, le=65536)]
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=1e12)]
+Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")]
+Arg = Annotated[str, msgspec.Meta(max_length=4096, pattern=r"^[^\x00]*\Z")]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")]
+Path = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^/[^\x00]*\Z")]
+Text = Annotated[str, msgspec.Meta(max_length=65536)]
+
+
+class StepReport(_Msg):
+    """A worker's training step, for measured progress and iteration time (rank 0 sends it)."""
+
+    worker: Worker
+    step: Count
+
+
+class StepInfo(_Msg):
+    job: str
+    step: int
+    iteration_time: Optional[float]
+
+
+# ---------------------------------------------------------------- cluster mode (the live scheduler)
+class JobSubmit(_Msg):
+    """A job for the scheduler (``elastictrain submit``). ``command``: the script (or module)
+    and its arguments, run by ``etrun`` on every node the job is placed on, in ``workdir``."""
+
+    command: Annotated[list[Arg], msgspec.Meta(min_length=1, max_length=1024)]
+    workdir: Path
+    name: Optional[Name] = None
+    user: Name = "default"
+    priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
+    gpus: Gpus = 1
+    #: elastic jobs: the fewest workers the job may run with (None: rigid, always ``gpus``)
+    min_gpus: Optional[Gpus] = None
+    env: Annotated[dict[EnvName, Arg], msgspec.Meta(max_length=256)] = {}
+    steps: Optional[Count] = None
+    epochs: Optional[Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]] = None
+    max_restarts: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 3
+    #: seconds the workers get after SIGTERM to checkpoint when the job is preempted
+    grace: Annotated[float, msgspec.Meta(ge=0.0, le=3600.0)] = 30.0
+    module: bool = False
+
+
+class NodeSlots(_Msg):
+    node: str
+    slots: int
+    gpus: list[int] = []
+
+
+class ClusterJobInfo(_Msg):
+    id: str
+    name: str
+    user: str
+    priority: int
+    status: str  # queued | running | preempted | finished | failed | cancelled
+    gpus: int
+    min_gpus: int
+    command: list[str]
+    workdir: str
+    submit_time: float
+    start_time: Optional[float]
+    end_time: Optional[float]
+    attained: float  # seconds placed
+    attained_gpu: float  # GPU-seconds placed
+    placement: list[NodeSlots]
+    preemptions: int
+    restarts: int  # worker-failure restarts used (of max_restarts)
+    max_restarts: int
+    reason: str  # why it is in its state: the root cause of a failure, a preemption's reason ...
+    step: int
+    steps: Optional[int]
+    epochs: Optional[int]
+    iteration_time: Optional[float]
+    run: int  # placements so far (a resume is a new run)
+    stopping: bool  # told to stop; its workers are checkpointing
+    info: dict[str, str]  # the policy's view of the job (e.g. its Tiresias queue)
+
+
+class ClusterJobList(_Msg):
+    jobs: list[ClusterJobInfo]
+
+
+class NodeRegister(_Msg):
+    """A node daemon offers its GPUs (or, on a CPU-only machine, slots)."""
+
+    slots: Gpus
+    instance: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    kind: str = "gpu"  # gpu | slot
+    gpu_type: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    host: Annotated[str, msgspec.Meta(max_length=255)] = ""
+
+
+class NodeInfo(_Msg):
+    name: str
+    index: int
+    slots: int
+    used: int
+    kind: str
+    gpu_type: str
+    host: str
+    state: str  # up | down | left
+    last_seen: float
+    jobs: list[str]
+
+
+class TaskState(_Msg):
+    """A task (one job run's etrun agent on one node) as its node daemon sees it."""
+
+    job: Name
+    run: Annotated[int, msgspec.Meta(ge=1, le=2**31)]
+    state: str  # running | exited
+    code: Optional[Annotated[int, msgspec.Meta(ge=-255, le=255)]] = None
+    detail: Text = ""
+
+
+class LogChunk(_Msg):
+    job: Name
+    run: Annotated[int, msgspec.Meta(ge=1, le=2**31)]
+    data: Annotated[bytes, msgspec.Meta(max_length=262144)]
+
+
+class NodePoll(_Msg):
+    """A node daemon's heartbeat: its tasks' states and new output; ``wait``: seconds the
+    coordinator may hold the reply until the node's tasks change (a long poll)."""
+
+    instance: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    tasks: Annotated[list[TaskState], msgspec.Meta(max_length=4096)] = []
+    logs: Annotated[list[LogChunk], msgspec.Meta(max_length=64)] = []
+    wait: Annotated[float, msgspec.Meta(ge=0.0, le=30.0)] = 0.0
+
+
+class Task(_Msg):
+    job: str
+    run: int
+    slots: int
+    gpus: list[int]
+    nnodes: int
+    command: list[str]
+    workdir: str
+    env: dict[str, str]
+    max_restarts: int
+    grace: float
+    module: bool
+
+
+class NodeTasks(_Msg):
+    """What a node must run now; any other task of this node must stop. ``action``: ``run``, or
+    ``register`` when the coordinator does not know this node instance (register again)."""
+
+    action: str
+    tasks: list[Task] = []
+
+
+class NodeLeave(_Msg):
+    instance: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+
+
+class LogRecord(_Msg):
+    seq: int
+    node: str
+    run: int
+    data: bytes
+
+
+class LogList(_Msg):
+    job: str
+    chunks: list[LogRecord]
+    #: pass as ``after`` to get what follows
+    next: int
+    #: the job has ended (no more output will come once ``chunks`` is empty)
+    ended: bool
+
+
+class EventInfo(_Msg):
+    seq: int
+    time: float
+    kind: str
+    job: str
+    node: str
+    detail: dict[str, Any]
+
+
+class EventList(_Msg):
+    events: list[EventInfo]
+    next: int
+
+
+class ClusterStatus(_Msg):
+    policy: Optional[str]
+    now: float
+    nodes: list[NodeInfo]
+    jobs: list[ClusterJobInfo]
+    decisions: int
+    failures: int

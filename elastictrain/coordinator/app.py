@@ -5,28 +5,36 @@ between: routing is a table lookup, bodies are decoded straight into the typed m
 :mod:`elastictrain.wire` by msgspec, and the handlers are short synchronous calls into the
 state machines, so a request costs a few tens of microseconds of Python.
 
+Every route takes the bearer token, reads included (``public_read=True`` lets GETs through
+without it); only ``/v1/health`` and ``/v1/version``, which say nothing about jobs, are open.
 Every failure becomes a 4xx with a reason (``{"error": code, "reason": text}``): bad
 bodies, wrong types, unknown fields, unknown routes, oversized bodies, a missing or wrong
 token. Only a bug in this package yields a 500.
+
+A handler may be a coroutine (the node daemons' long poll); the others are short synchronous
+calls. Cluster mode (``/v1/cluster/...``) exists when the coordinator runs a policy.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import inspect
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
+from urllib.parse import parse_qs
 
 import msgspec
 
 from .. import __version__
 from ..clock import Clock, WallClock
-from ..errors import AuthError, BadRequestError, ElasticTrainError, NotFoundError, PayloadTooLargeError
+from ..errors import AuthError, BadRequestError, ConflictError, ElasticTrainError, NotFoundError, PayloadTooLargeError
 from ..model import DatasetSpec
 from ..wire import (
-    API_VERSION, AgentJoin, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate, GenerationInfo, Health, JobCreate,
-    JobInfo, LeaseRequest, ProfileReport, ProgressRequest, ReleaseRequest, RestoreRequest, Version,
+    API_VERSION, AgentJoin, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
+    GenerationInfo, Health, JobCreate, JobInfo, JobSubmit, LeaseRequest, NodeLeave, NodePoll, NodeRegister,
+    ProfileReport, ProgressRequest, ReleaseRequest, RestoreRequest, StepInfo, StepReport, Version,
 )
 from .membership import Membership
 from .profiles import ProfileBook
@@ -44,24 +52,49 @@ MSGPACK, JSON = b"application/msgpack", b"application/json"
 
 
 class Coordinator:
-    """The coordinator's state: a store, jobs and their generations, and datasets."""
+    """The coordinator's state: a store, jobs and their generations, datasets, and (with a
+    ``cluster`` config) the live scheduler."""
 
-    def __init__(self, store: Store, clock: Optional[Clock] = None) -> None:
+    def __init__(self, store: Store, clock: Optional[Clock] = None, cluster=None) -> None:
         self.store = store
         self.clock = clock or WallClock()
         loaded = store.load()
         self.members = Membership(store, loaded.jobs)
         self.shards = ShardManager(store, self.members, self.clock)
         self.shards.load(loaded)
-        self.rendezvous = Rendezvous(self.members, self.clock)
+        self.rendezvous = Rendezvous(self.members, self.clock, store, loaded.rdzv)
         self.profiles = ProfileBook(store, self.members, self.clock, loaded.profiles)
+        self.cluster = None
+        if cluster is not None:
+            from .scheduler import ClusterScheduler
+
+            self.cluster = ClusterScheduler(self, loaded, cluster)
 
     def job_info(self, job: str) -> JobInfo:
         r = self.members.get(job)
         return JobInfo(r.job, r.generation, r.world_size, r.min_workers, r.max_workers,
                        self.shards.datasets(job))
 
+    def step(self, job: str, req: StepReport) -> StepInfo:
+        self.members.get(job)
+        if self.cluster is not None:
+            return self.cluster.step(job, req)
+        return StepInfo(job, req.step, None)
+
+    def scheduler(self):
+        """The live scheduler.
+
+        Raises:
+            ConflictError: this coordinator runs no policy.
+        """
+        if self.cluster is None:
+            raise ConflictError("this coordinator runs no scheduling policy: start it with `elastictrain coordinator "
+                                "--policy NAME` (e.g. tiresias-l) to submit jobs and add nodes (docs/cluster.md)")
+        return self.cluster
+
     def close(self) -> None:
+        if self.cluster is not None:
+            self.cluster.close()
         self.store.close()
 
 
@@ -70,7 +103,8 @@ class _Route:
     method: str
     body: Optional[type]
     handler: Callable[..., Any]
-    mutating: bool
+    public: bool = False  # no token needed (health, version)
+    query: bool = False  # the handler takes the query string as a dict
 
 
 class _Codec:
@@ -85,53 +119,79 @@ class CoordinatorApp:
     """ASGI application for a :class:`Coordinator`.
 
     Args:
-        token: the bearer token every mutating (POST) request must carry.
+        token: the bearer token every request must carry (but health and version).
+        public_read: let GET requests through without the token.
         max_body: bodies larger than this get 413.
         reap_interval: seconds between sweeps that return expired leases.
     """
 
     def __init__(self, coordinator: Coordinator, token: str, *, max_body: int = MAX_BODY,
-                 reap_interval: float = 0.5) -> None:
+                 reap_interval: float = 0.5, public_read: bool = False) -> None:
         if not token:
             raise ValueError("the coordinator needs a non-empty token")
         self.c = coordinator
         self._token = b"Bearer " + token.encode()
         self._max_body = max_body
         self._reap_interval = reap_interval
-        self._reaper: Optional[asyncio.Task] = None
+        self._public_read = public_read
+        self._tasks: list[asyncio.Task] = []
         s = coordinator.shards
+        sched = coordinator.scheduler
         self._fixed: dict[str, dict[str, _Route]] = {
-            "/v1/health": {"GET": _Route("GET", None, lambda: Health("ok"), False)},
+            "/v1/health": {"GET": _Route("GET", None, lambda: Health("ok"), public=True)},
             "/v1/version": {"GET": _Route("GET", None, lambda: Version(API_VERSION, __version__,
-                                                                       coordinator.store.kind), False)},
-            "/v1/jobs": {"POST": _Route("POST", JobCreate, self._create_job, True)},
+                                                                       coordinator.store.kind), public=True)},
+            "/v1/jobs": {"POST": _Route("POST", JobCreate, self._create_job)},
+            "/v1/cluster": {"GET": _Route("GET", None, lambda: sched().status())},
+            "/v1/cluster/jobs": {"GET": _Route("GET", None, lambda: sched().jobs()),
+                                 "POST": _Route("POST", JobSubmit, lambda b: sched().submit(b))},
+            "/v1/cluster/events": {"GET": _Route("GET", None, self._events, query=True)},
         }
-        # /v1/jobs/{job}[/generations | /profiles | /datasets[/{ds}[/verb]]]
-        self._job = {"GET": _Route("GET", None, coordinator.job_info, False)}
+        # /v1/jobs/{job}[/generations | /profiles | /steps | /datasets[/{ds}[/verb]]]
+        self._job = {"GET": _Route("GET", None, coordinator.job_info)}
         self._job_sub = {
-            "generations": {"POST": _Route("POST", GenerationCreate, self._open_generation, True)},
-            "datasets": {"POST": _Route("POST", DatasetSpec, s.register, True)},
-            "profiles": {"POST": _Route("POST", ProfileReport, coordinator.profiles.put, True),
-                         "GET": _Route("GET", None, coordinator.profiles.list, False)},
+            "generations": {"POST": _Route("POST", GenerationCreate, self._open_generation)},
+            "datasets": {"POST": _Route("POST", DatasetSpec, s.register)},
+            "profiles": {"POST": _Route("POST", ProfileReport, coordinator.profiles.put),
+                         "GET": _Route("GET", None, coordinator.profiles.list)},
+            "steps": {"POST": _Route("POST", StepReport, coordinator.step)},
         }
         r = coordinator.rendezvous
         self._agents = {
-            "join": {"POST": _Route("POST", AgentJoin, r.join, True)},
-            "poll": {"POST": _Route("POST", AgentPoll, r.poll, True)},
-            "report": {"POST": _Route("POST", AgentReport, r.report, True)},
+            "join": {"POST": _Route("POST", AgentJoin, r.join)},
+            "poll": {"POST": _Route("POST", AgentPoll, r.poll)},
+            "report": {"POST": _Route("POST", AgentReport, r.report)},
         }
-        self._ds = {"GET": _Route("GET", None, s.info, False)}
+        self._ds = {"GET": _Route("GET", None, s.info)}
         self._ds_verb = {
-            "lease": {"POST": _Route("POST", LeaseRequest, s.lease, True)},
-            "progress": {"POST": _Route("POST", ProgressRequest, s.progress, True)},
-            "commit": {"POST": _Route("POST", CommitRequest, s.commit, True)},
-            "restore": {"POST": _Route("POST", RestoreRequest, s.restore, True)},
-            "release": {"POST": _Route("POST", ReleaseRequest, s.release, True)},
-            "commits": {"GET": _Route("GET", None, lambda j, d: CommitList(s.commits(j, d)), False)},
+            "lease": {"POST": _Route("POST", LeaseRequest, s.lease)},
+            "progress": {"POST": _Route("POST", ProgressRequest, s.progress)},
+            "commit": {"POST": _Route("POST", CommitRequest, s.commit)},
+            "restore": {"POST": _Route("POST", RestoreRequest, s.restore)},
+            "release": {"POST": _Route("POST", ReleaseRequest, s.release)},
+            "commits": {"GET": _Route("GET", None, lambda j, d: CommitList(s.commits(j, d)))},
+        }
+        # /v1/cluster/jobs/{id}[/cancel | /logs], /v1/cluster/nodes/{name}/{register | poll | leave}
+        self._cjob = {"GET": _Route("GET", None, lambda j: sched().job(j))}
+        self._cjob_verb = {
+            "cancel": {"POST": _Route("POST", None, lambda j: sched().cancel(j))},
+            "logs": {"GET": _Route("GET", None, self._logs, query=True)},
+        }
+        self._node_verb = {
+            "register": {"POST": _Route("POST", NodeRegister, lambda n, b: sched().node_register(n, b))},
+            "poll": {"POST": _Route("POST", NodePoll, lambda n, b: sched().node_poll(n, b))},
+            "leave": {"POST": _Route("POST", NodeLeave, lambda n, b: sched().node_leave(n, b))},
         }
         self._codec = _Codec([JobCreate, GenerationCreate, DatasetSpec, LeaseRequest, ProgressRequest,
                               CommitRequest, RestoreRequest, ReleaseRequest, AgentJoin, AgentPoll,
-                              AgentReport, ProfileReport])
+                              AgentReport, ProfileReport, StepReport, JobSubmit, NodeRegister, NodePoll, NodeLeave])
+
+    def _events(self, query: dict):
+        job = query.get("job")
+        return self.c.scheduler().event_list(_int_arg(query, "after"), job)
+
+    def _logs(self, job: str, query: dict):
+        return self.c.scheduler().job_logs(job, _int_arg(query, "after"))
 
     # ------------------------------------------------------------------ handlers with bodies
     def _create_job(self, body: JobCreate):
@@ -161,6 +221,15 @@ class CoordinatorApp:
                 return self._ds, (p[3], p[5])
             if n == 7 and p[4] == "datasets" and p[5] and p[6] in self._ds_verb:
                 return self._ds_verb[p[6]], (p[3], p[5])
+        if len(p) >= 5 and p[1] == "v1" and p[2] == "cluster" and p[4]:
+            n = len(p)
+            if p[3] == "jobs":
+                if n == 5:
+                    return self._cjob, (p[4],)
+                if n == 6 and p[5] in self._cjob_verb:
+                    return self._cjob_verb[p[5]], (p[4],)
+            if p[3] == "nodes" and n == 6 and p[5] in self._node_verb:
+                return self._node_verb[p[5]], (p[4],)
         raise NotFoundError(f"no route {path}; the API lives under /v1 (see docs/coordinator.md)")
 
     # ------------------------------------------------------------------ ASGI
@@ -175,11 +244,14 @@ class CoordinatorApp:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
-                self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+                loop = asyncio.get_running_loop()
+                self._tasks.append(loop.create_task(self._reap_loop()))
+                if self.c.cluster is not None:
+                    self._tasks.append(loop.create_task(self.c.cluster.run()))
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
-                if self._reaper is not None:
-                    self._reaper.cancel()
+                for task in self._tasks:
+                    task.cancel()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
 
@@ -193,8 +265,9 @@ class CoordinatorApp:
 
     async def _http(self, scope, receive, send) -> None:
         headers = dict(scope["headers"])
-        ctype = headers.get(b"content-type", MSGPACK).split(b";")[0].strip()
-        as_json = ctype == JSON or (scope["method"] == "GET" and JSON in headers.get(b"accept", b""))
+        ctype = headers.get(b"content-type", MSGPACK).split(b";")[0].strip().lower()
+        # JSON when the client sent JSON, or (a GET) did not ask for msgpack: a plain curl reads text
+        as_json = ctype == JSON or (scope["method"] == "GET" and MSGPACK not in headers.get(b"accept", b"").lower())
         try:
             result = await self._dispatch(scope, headers, ctype, receive)
             status = 200
@@ -205,6 +278,8 @@ class CoordinatorApp:
         except msgspec.DecodeError as exc:
             status, result = 400, Error("bad_request", f"request body is not valid "
                                         f"{'JSON' if ctype == JSON else 'msgpack'}: {exc}")
+        except UnicodeDecodeError as exc:
+            status, result = 400, Error("bad_request", f"request body has a string that is not valid UTF-8: {exc}")
         except Exception:  # a bug: log it in full, answer 500 and keep serving
             log.exception("internal error on %s %s", scope["method"], scope["path"])
             status, result = 500, Error("internal", "internal error; see the coordinator log")
@@ -221,23 +296,30 @@ class CoordinatorApp:
         if route is None:
             raise _MethodNotAllowed(f"{method} is not allowed on {scope['path']}; use "
                                     f"{' or '.join(routes)}")
-        if route.mutating:
+        if not route.public and not (self._public_read and method == "GET"):
             got = headers.get(b"authorization", b"")
             if not got:
                 raise AuthError("missing bearer token: send 'Authorization: Bearer <token>' (workers "
-                                "read it from the file named by ET_TOKEN_FILE)")
-            if not hmac.compare_digest(got, self._token):
+                                "read it from the file named by ET_TOKEN_FILE; the CLI takes --token-file)")
+            scheme, _, value = got.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(b"Bearer " + value.strip(), self._token):
                 raise AuthError("wrong bearer token; use the coordinator's token file")
+        if route.query:
+            args = (*args, _query(scope))
         if route.body is None:
-            return route.handler(*args)
-        if ctype not in (MSGPACK, JSON):
-            raise _UnsupportedMedia(f"content-type {ctype.decode(errors='replace')!r} is not supported; "
-                                    "send application/msgpack or application/json")
-        raw = await self._read_body(headers, receive)
-        if not raw:
-            raise BadRequestError("empty request body; send a msgpack or JSON object")
-        dec = (self._codec.js if ctype == JSON else self._codec.mp)[route.body]
-        return route.handler(*args, dec.decode(raw))
+            result = route.handler(*args)
+        else:
+            if ctype not in (MSGPACK, JSON):
+                raise _UnsupportedMedia(f"content-type {ctype.decode(errors='replace')!r} is not supported; "
+                                        "send application/msgpack or application/json")
+            raw = await self._read_body(headers, receive)
+            if not raw:
+                raise BadRequestError("empty request body; send a msgpack or JSON object")
+            dec = (self._codec.js if ctype == JSON else self._codec.mp)[route.body]
+            result = route.handler(*args, dec.decode(raw))
+        if inspect.isawaitable(result):
+            result = await result
+        return result
 
     async def _read_body(self, headers: dict, receive) -> bytes:
         declared = headers.get(b"content-length")
@@ -260,6 +342,25 @@ class CoordinatorApp:
             chunks.append(chunk)
             if not msg.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _query(scope) -> dict:
+    try:
+        raw = scope.get("query_string", b"").decode("ascii")
+    except UnicodeDecodeError:
+        raise BadRequestError("the query string must be ASCII") from None
+    if len(raw) > 4096:
+        raise BadRequestError("the query string is longer than 4096 characters")
+    return {k: v[-1] for k, v in parse_qs(raw).items()}
+
+
+def _int_arg(query: dict, name: str, default: int = 0) -> int:
+    raw = query.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or len(raw) > 18:
+        raise BadRequestError(f"query parameter {name!r} must be a whole number >= 0, got {raw[:40]!r}")
+    return int(raw)
 
 
 class _MethodNotAllowed(ElasticTrainError):

@@ -16,7 +16,9 @@ from .store import JobRow, Store
 
 __all__ = ["Membership"]
 
-_REASONS = ("start", "failure", "scale_up", "scale_down", "preempt", "decision")
+#: why a generation started (ET_RESTART_REASON); the last six come from the scheduler (cluster mode)
+_REASONS = ("start", "failure", "scale_up", "scale_down", "preempt", "decision", "requeue", "node_lost", "migrate",
+            "regroup", "resize", "coordinator_restart")
 
 
 class Membership:

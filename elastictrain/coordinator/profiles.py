@@ -90,6 +90,11 @@ class ProfileBook:
         self._by_job.setdefault(job, {})[worker] = report
         return self.list(job)
 
+    def reports(self, job: str) -> list[ProfileReport]:
+        """The job's latest reports, one per worker (none for an unknown job)."""
+        reports = self._by_job.get(job, {})
+        return [reports[w] for w in sorted(reports)]
+
     def list(self, job: str) -> ProfileList:
         self._members.get(job)
         reports = self._by_job.get(job, {})

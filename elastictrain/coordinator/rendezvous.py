@@ -13,8 +13,14 @@ While a generation runs, polls are heartbeats. The coordinator asks every agent 
 counted against ``max_restarts``), an agent was lost (``scale_down``) or a new agent waits
 to join (``scale_up``); the last two are not counted as restarts.
 
-This state lives in memory: after a coordinator restart, agents that poll are told to join
-again and the next round forms from whoever does. Generations are durable (Membership).
+Rounds are durable: every change of a job's round (a join, a formed generation, a report, a
+lost agent) is written to the store before the reply, and a restarted coordinator loads them
+with every agent's clock reset, so agents that keep polling through an outage keep running
+their generation (polls themselves, being heartbeats, are not written).
+
+In cluster mode the scheduler starts each placement of a job as a new *run*
+(:meth:`expect`): agents say which run they were started for, and an agent of an older run is
+told to exit, so a stopped placement can never join its successor's round.
 """
 
 from __future__ import annotations
@@ -23,10 +29,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Optional
 
+import msgspec
+
 from ..clock import Clock
 from ..errors import ConfigError
 from ..wire import AgentAction, AgentJoin, AgentPoll, AgentReport, Assignment
 from .membership import Membership
+from .store import Store
 
 __all__ = ["Rendezvous"]
 
@@ -55,22 +64,95 @@ class _JobRdzv:
     detail: str = ""
     prev_world: int = 0
     round_started: Optional[float] = None  # when the first agent joined the open round
+    run: int = 0  # cluster mode: the scheduler's run this round belongs to
+
+
+@dataclass
+class _Expect:
+    """What the scheduler announced for a job's next round (cluster mode)."""
+
+    run: int
+    reason: str
+    restarts: int
+
+
+_ENC = msgspec.msgpack.Encoder()
+_DEC = msgspec.msgpack.Decoder(_JobRdzv)
 
 
 class Rendezvous:
-    def __init__(self, membership: Membership, clock: Clock) -> None:
+    def __init__(self, membership: Membership, clock: Clock, store: Optional[Store] = None,
+                 rows: Optional[list[tuple[str, bytes]]] = None) -> None:
         self._m = membership
         self._clock = clock
+        self._store = store
         self._jobs: dict[str, _JobRdzv] = {}
+        self._expect: dict[str, _Expect] = {}
+        now = clock.now()
+        for job, raw in rows or ():
+            try:
+                j = _DEC.decode(raw)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                log.error("job %s: its rendezvous record is unreadable (%s); its agents will join again", job, exc)
+                continue
+            for a in j.agents.values():  # a restarted coordinator gives every agent a fresh timeout
+                a.last_seen = now
+            if j.round_started is not None:
+                j.round_started = now
+            self._jobs[job] = j
 
+    def _save(self, job: str, j: _JobRdzv) -> None:
+        if self._store is not None:
+            with self._store.transaction() as tx:
+                tx.put_rdzv(job, _ENC.encode(j))
+
+    # ------------------------------------------------------------------ cluster mode hooks
+    def expect(self, job: str, run: int, reason: str, restarts: int) -> None:
+        """The scheduler starts run ``run`` of ``job``: its agents form a fresh round whose first
+        generation says ``reason`` (e.g. ``preempt``) and starts with ``restarts`` failures used."""
+        self._expect[job] = _Expect(run, reason, restarts)
+        j = self._jobs.get(job)
+        if j is not None and j.run < run and j.status == "running":
+            j.status, j.detail = "preempted", "superseded by a new placement"
+            self._save(job, j)
+
+    def stop(self, job: str, detail: str) -> None:
+        """The scheduler stops the job's current run: agents still polling are told to exit
+        (preempted); those the node daemons already stopped report it themselves."""
+        j = self._jobs.get(job)
+        if j is not None and j.status == "running":
+            j.status, j.detail = "preempted", detail
+            self._save(job, j)
+
+    def outcome(self, job: str) -> Optional[tuple[str, str, int]]:
+        """``(status, detail, restarts used)`` of the job's current round, or None."""
+        j = self._jobs.get(job)
+        return None if j is None else (j.status, j.detail, j.restarts)
+
+    def forget(self, job: str) -> None:
+        if self._jobs.pop(job, None) is not None and self._store is not None:
+            with self._store.transaction() as tx:
+                tx.delete_rdzv(job)
+        self._expect.pop(job, None)
+
+    # ------------------------------------------------------------------ agents
     def join(self, job: str, req: AgentJoin) -> AgentAction:
-        if req.nproc < 1 or not 1 <= req.min_nodes <= req.max_nodes:
-            raise ConfigError(f"agent {req.agent}: need nproc >= 1 and 1 <= min_nodes <= max_nodes, got "
-                              f"nproc={req.nproc}, nodes {req.min_nodes}:{req.max_nodes}")
+        if not 1 <= req.nproc <= 65536 or not 1 <= req.min_nodes <= req.max_nodes <= 65536:
+            raise ConfigError(f"agent {req.agent}: need 1 <= nproc <= 65536 and 1 <= min_nodes <= max_nodes <= 65536, "
+                              f"got nproc={req.nproc}, nodes {req.min_nodes}:{req.max_nodes}")
+        if not 0 <= req.max_restarts <= 100_000 or not 0.1 <= req.agent_timeout <= 86_400 or \
+                not 0 <= req.last_call <= 3600 or not 0 <= req.port <= 65535 or not -1 <= req.node_rank < 65536:
+            raise ConfigError(f"agent {req.agent}: max_restarts must be in [0, 100000], agent_timeout in [0.1, 86400] s, "
+                              "last_call in [0, 3600] s, port in [0, 65535] and node_rank in [-1, 65535]")
+        exp = self._expect.get(job)
+        if req.run and exp is not None and req.run < exp.run:
+            return AgentAction("exit", status="preempted", detail=f"run {req.run} was superseded by run {exp.run}")
         self._m.create_job(job, req.min_nodes, req.max_nodes)
         j = self._jobs.get(job)
-        if j is None or j.status != "running":
-            j = self._jobs[job] = _JobRdzv(req.min_nodes, req.max_nodes, req.max_restarts)
+        if j is None or j.status != "running" or (req.run and req.run > j.run):
+            j = self._jobs[job] = _JobRdzv(req.min_nodes, req.max_nodes, req.max_restarts, run=req.run)
+            if exp is not None and req.run == exp.run:
+                j.restart_reason, j.restarts = exp.reason, exp.restarts
         elif (req.min_nodes, req.max_nodes) != (j.min_nodes, j.max_nodes):
             raise ConfigError(f"agent {req.agent} asks for {req.min_nodes}:{req.max_nodes} nodes but job "
                               f"{job!r} runs with {j.min_nodes}:{j.max_nodes}; give every agent the same --nnodes")
@@ -83,7 +165,9 @@ class Rendezvous:
                 len(j.members) < j.max_nodes:
             j.restart_reason = "scale_up"
             log.info("job %s: agent %s waits to join; generation restarts to grow", job, req.agent)
-        return self._poll(job, j, req.agent, 0)
+        action = self._poll(job, j, req.agent, 0)
+        self._save(job, j)
+        return action
 
     def poll(self, job: str, req: AgentPoll) -> AgentAction:
         j = self._jobs.get(job)
@@ -118,7 +202,9 @@ class Rendezvous:
                 j.restart_reason = "failure"
                 log.warning("job %s: agent %s reports a worker failure (%s); restart %d/%d", job, req.agent,
                             req.detail, j.restarts, j.max_restarts)
-        return self._poll(job, j, req.agent, req.generation)
+        action = self._poll(job, j, req.agent, req.generation)
+        self._save(job, j)
+        return action
 
     def _poll(self, job: str, j: _JobRdzv, agent: str, generation: int) -> AgentAction:
         self._expire(job, j)
@@ -140,6 +226,7 @@ class Rendezvous:
         everyone = len(waiting) == len(live) and len(waiting) >= j.min_nodes
         if len(waiting) >= j.max_nodes or (everyone and self._clock.now() - j.round_started >= last_call):
             self._form(job, j, waiting[:j.max_nodes])
+            self._save(job, j)
         if not a.waiting and agent in j.assignment:
             return AgentAction("run", j.assignment[agent])
         return AgentAction("wait", detail=f"{len(waiting)}/{max(j.min_nodes, len(live))} agents ready")
@@ -152,6 +239,7 @@ class Rendezvous:
                 del j.agents[name]
                 if name in j.members and j.restart_reason is None and j.status == "running":
                     j.restart_reason = "scale_down"
+                self._save(job, j)
 
     def _form(self, job: str, j: _JobRdzv, agents: list[_Agent]) -> None:
         order = {name: i for i, name in enumerate(j.members)}

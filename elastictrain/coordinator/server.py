@@ -38,6 +38,9 @@ class ServerConfig:
     ready_file: Optional[str] = None
     max_body: int = MAX_BODY
     log_level: str = "warning"
+    public_read: bool = False
+    #: cluster mode: the live scheduler's policy and settings (None: no scheduling)
+    cluster: Optional[object] = None
 
 
 def load_or_create_token(token_file: Optional[str], use_env: bool = True) -> str:
@@ -91,7 +94,7 @@ def build_server(cfg: ServerConfig, coordinator: Coordinator, token: str) -> tup
     sock = _bind(cfg.host, cfg.port)
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
-    app = CoordinatorApp(coordinator, token, max_body=cfg.max_body)
+    app = CoordinatorApp(coordinator, token, max_body=cfg.max_body, public_read=cfg.public_read)
     config = uvicorn.Config(app, loop="uvloop" if _has("uvloop") else "asyncio",
                             http="httptools" if _has("httptools") else "h11", lifespan="on",
                             access_log=False, log_level=cfg.log_level, timeout_keep_alive=75,
@@ -102,7 +105,7 @@ def build_server(cfg: ServerConfig, coordinator: Coordinator, token: str) -> tup
 def serve(cfg: ServerConfig) -> None:
     """Serve until SIGTERM or SIGINT. Writes ``{"url", "pid"}`` to ``cfg.ready_file`` once listening."""
     token = load_or_create_token(cfg.token_file)
-    coordinator = Coordinator(open_store(cfg.db, sync=cfg.sync))
+    coordinator = Coordinator(open_store(cfg.db, sync=cfg.sync), cluster=cfg.cluster)
     try:
         server, sock, url = build_server(cfg, coordinator, token)
 
@@ -111,7 +114,8 @@ def serve(cfg: ServerConfig) -> None:
             while not server.started and not task.done():
                 await asyncio.sleep(0.005)
             if server.started:
-                log.warning("coordinator listening on %s (db %s)", url, cfg.db)
+                log.info("coordinator listening on %s (db %s%s)", url, cfg.db,
+                         f", policy {coordinator.cluster.cfg.policy}" if coordinator.cluster else "")
                 if cfg.ready_file:
                     tmp = cfg.ready_file + ".tmp"
                     with open(tmp, "w") as f:

@@ -23,7 +23,7 @@ from typing import Iterator, Optional, Protocol
 from ..errors import ConfigError
 
 __all__ = ["Store", "Tx", "SQLiteStore", "LoadedState", "JobRow", "DatasetRow", "LiveRow", "PartRow",
-           "CommitRow", "ProfileRow", "open_store"]
+           "CommitRow", "ProfileRow", "EventRow", "LogRow", "open_store"]
 
 
 @dataclass
@@ -97,6 +97,27 @@ class ProfileRow:
 
 
 @dataclass
+class EventRow:
+    """One entry of the scheduler's event log (``detail``: JSON)."""
+
+    seq: int
+    time: float
+    kind: str
+    job: str
+    node: str
+    detail: str
+
+
+@dataclass
+class LogRow:
+    job: str
+    seq: int
+    node: str
+    run: int
+    data: bytes
+
+
+@dataclass
 class LoadedState:
     jobs: list[JobRow] = field(default_factory=list)
     datasets: list[DatasetRow] = field(default_factory=list)
@@ -104,6 +125,13 @@ class LoadedState:
     parts: list[PartRow] = field(default_factory=list)
     commits: list[CommitRow] = field(default_factory=list)
     profiles: list[ProfileRow] = field(default_factory=list)
+    #: cluster mode: scheduled jobs and nodes (msgpack records), rendezvous rounds, key/values
+    cluster_jobs: list[tuple[str, bytes]] = field(default_factory=list)
+    nodes: list[tuple[str, bytes]] = field(default_factory=list)
+    rdzv: list[tuple[str, bytes]] = field(default_factory=list)
+    meta: dict[str, str] = field(default_factory=dict)
+    last_event: int = 0
+    log_bytes: dict[str, tuple[int, int]] = field(default_factory=dict)  # job -> (bytes, last seq)
 
 
 class Tx(Protocol):
@@ -120,6 +148,14 @@ class Tx(Protocol):
     def delete_commits_after(self, job: str, ds: str, seq: int) -> None: ...
     def prune_commits(self, job: str, ds: str, keep: int) -> None: ...
     def put_profile(self, row: ProfileRow) -> None: ...
+    def put_cluster_job(self, job: str, seq: int, status: str, record: bytes) -> None: ...
+    def put_node(self, name: str, index: int, record: bytes) -> None: ...
+    def put_rdzv(self, job: str, record: bytes) -> None: ...
+    def delete_rdzv(self, job: str) -> None: ...
+    def put_meta(self, key: str, value: str) -> None: ...
+    def add_event(self, row: EventRow) -> None: ...
+    def add_log(self, row: LogRow) -> None: ...
+    def prune_log(self, job: str, below_seq: int) -> None: ...
 
 
 class Store(Protocol):
@@ -130,6 +166,9 @@ class Store(Protocol):
     def load(self) -> LoadedState: ...
     def transaction(self) -> contextlib.AbstractContextManager[Tx]: ...
     def load_commit(self, job: str, ds: str, checkpoint: str) -> Optional[CommitRow]: ...
+    def read_events(self, after: int, limit: int, job: Optional[str] = None) -> list[EventRow]: ...
+    def read_logs(self, job: str, after: int, limit_bytes: int) -> list[LogRow]: ...
+    def log_seq_at(self, job: str, keep_bytes: int) -> int: ...
     def close(self) -> None: ...
 
 
@@ -157,8 +196,22 @@ CREATE TABLE IF NOT EXISTS commits (
 CREATE TABLE IF NOT EXISTS profiles (
   job TEXT NOT NULL, worker INTEGER NOT NULL, report BLOB NOT NULL, time REAL NOT NULL,
   PRIMARY KEY (job, worker));
+CREATE TABLE IF NOT EXISTS cluster_jobs (
+  id TEXT PRIMARY KEY, seq INTEGER NOT NULL, status TEXT NOT NULL, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, idx INTEGER NOT NULL, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS rdzv (job TEXT PRIMARY KEY, record BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS events (
+  seq INTEGER PRIMARY KEY, time REAL NOT NULL, kind TEXT NOT NULL, job TEXT NOT NULL, node TEXT NOT NULL,
+  detail TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_job ON events (job, seq);
+CREATE TABLE IF NOT EXISTS logs (
+  job TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL, run INTEGER NOT NULL, data BLOB NOT NULL,
+  PRIMARY KEY (job, seq));
 """
-_SCHEMA_VERSION = "1"
+#: 2 adds cluster mode's tables (scheduled jobs, nodes, rendezvous rounds, events, logs); a
+#: version-1 file is upgraded in place (the new tables are created empty)
+_SCHEMA_VERSION = "2"
+_UPGRADABLE = ("1",)
 
 
 class _SQLiteTx:
@@ -211,6 +264,30 @@ class _SQLiteTx:
     def put_profile(self, r: ProfileRow) -> None:
         self._c.execute("INSERT OR REPLACE INTO profiles VALUES (?,?,?,?)", (r.job, r.worker, r.report, r.time))
 
+    def put_cluster_job(self, job: str, seq: int, status: str, record: bytes) -> None:
+        self._c.execute("INSERT OR REPLACE INTO cluster_jobs VALUES (?,?,?,?)", (job, seq, status, record))
+
+    def put_node(self, name: str, index: int, record: bytes) -> None:
+        self._c.execute("INSERT OR REPLACE INTO nodes VALUES (?,?,?)", (name, index, record))
+
+    def put_rdzv(self, job: str, record: bytes) -> None:
+        self._c.execute("INSERT OR REPLACE INTO rdzv VALUES (?,?)", (job, record))
+
+    def delete_rdzv(self, job: str) -> None:
+        self._c.execute("DELETE FROM rdzv WHERE job=?", (job,))
+
+    def put_meta(self, key: str, value: str) -> None:
+        self._c.execute("INSERT OR REPLACE INTO meta VALUES (?,?)", (key, value))
+
+    def add_event(self, r: EventRow) -> None:
+        self._c.execute("INSERT INTO events VALUES (?,?,?,?,?,?)", (r.seq, r.time, r.kind, r.job, r.node, r.detail))
+
+    def add_log(self, r: LogRow) -> None:
+        self._c.execute("INSERT INTO logs VALUES (?,?,?,?,?)", (r.job, r.seq, r.node, r.run, r.data))
+
+    def prune_log(self, job: str, below_seq: int) -> None:
+        self._c.execute("DELETE FROM logs WHERE job=? AND seq<?", (job, below_seq))
+
 
 class SQLiteStore:
     """SQLite in WAL mode; one coordinator process per file (enforced with a lock file).
@@ -252,6 +329,8 @@ class SQLiteStore:
                               "or move the broken file away") from exc
         if row is None:
             self._conn.execute("INSERT INTO meta VALUES ('schema', ?)", (_SCHEMA_VERSION,))
+        elif row[0] in _UPGRADABLE:
+            self._conn.execute("UPDATE meta SET value=? WHERE key='schema'", (_SCHEMA_VERSION,))
         elif row[0] != _SCHEMA_VERSION:
             self.close()
             raise ConfigError(f"database {self.path} has schema version {row[0]}, this coordinator "
@@ -268,7 +347,41 @@ class SQLiteStore:
                 "SELECT job, ds, checkpoint, seq, step, generation, frontier, x'', time "
                 "FROM commits ORDER BY seq")],
             profiles=[ProfileRow(*r) for r in c.execute("SELECT * FROM profiles ORDER BY job, worker")],
+            cluster_jobs=[(r[0], r[1]) for r in c.execute("SELECT id, record FROM cluster_jobs ORDER BY seq")],
+            nodes=[(r[0], r[1]) for r in c.execute("SELECT name, record FROM nodes ORDER BY idx")],
+            rdzv=[(r[0], r[1]) for r in c.execute("SELECT job, record FROM rdzv")],
+            meta={k: v for k, v in c.execute("SELECT key, value FROM meta")},
+            last_event=c.execute("SELECT COALESCE(MAX(seq), 0) FROM events").fetchone()[0],
+            log_bytes={r[0]: (r[1], r[2]) for r in c.execute(
+                "SELECT job, SUM(LENGTH(data)), MAX(seq) FROM logs GROUP BY job")},
         )
+
+    def read_events(self, after: int, limit: int, job: Optional[str] = None) -> list[EventRow]:
+        if job is None:
+            rows = self._conn.execute("SELECT * FROM events WHERE seq>? ORDER BY seq LIMIT ?", (after, limit))
+        else:
+            rows = self._conn.execute("SELECT * FROM events WHERE job=? AND seq>? ORDER BY seq LIMIT ?",
+                                      (job, after, limit))
+        return [EventRow(*r) for r in rows]
+
+    def read_logs(self, job: str, after: int, limit_bytes: int) -> list[LogRow]:
+        out, size = [], 0
+        for r in self._conn.execute("SELECT * FROM logs WHERE job=? AND seq>? ORDER BY seq", (job, after)):
+            if out and size + len(r[4]) > limit_bytes:
+                break
+            out.append(LogRow(*r))
+            size += len(r[4])
+        return out
+
+    def log_seq_at(self, job: str, keep_bytes: int) -> int:
+        """The oldest log seq of ``job`` such that it and what follows fit in ``keep_bytes``."""
+        size, keep = 0, 0
+        for seq, n in self._conn.execute("SELECT seq, LENGTH(data) FROM logs WHERE job=? ORDER BY seq DESC", (job,)):
+            size += n
+            if size > keep_bytes:
+                break
+            keep = seq
+        return keep
 
     def load_commit(self, job: str, ds: str, checkpoint: str) -> Optional[CommitRow]:
         r = self._conn.execute("SELECT * FROM commits WHERE job=? AND ds=? AND checkpoint=?",

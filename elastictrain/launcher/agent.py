@@ -111,7 +111,7 @@ class Agent:
         cfg = self.cfg
         host = cfg.local_addr or (cfg.master_addr if cfg.coordinator is None else socket.gethostname())
         join = AgentJoin(self.agent_id, host, cfg.nproc_per_node, free_port(), cfg.min_nodes, cfg.max_nodes,
-                         cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call)
+                         cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call, cfg.run)
         action = self.client.agent_join(cfg.run_id, join)
         deadline = time.monotonic() + cfg.join_timeout
         while action.action == "wait":

@@ -64,7 +64,8 @@ def get_args_parser() -> argparse.ArgumentParser:
          help="accepted for compatibility; rendezvous always goes through the coordinator")
     _add(p, "rdzv-endpoint", default="", help="HOST:PORT or URL of the coordinator (same as --coordinator)")
     _add(p, "rdzv-id", default=None, help="job id shared by every agent of the job (TORCHELASTIC_RUN_ID)")
-    _add(p, "rdzv-conf", default="", help="key=value,...: agent_timeout, join_timeout, last_call_timeout, poll_interval")
+    _add(p, "rdzv-conf", default="", help="key=value,...: agent_timeout, join_timeout, last_call_timeout, poll_interval, run (set by the "
+         "node daemon)")
     _add(p, "standalone", action="store_true", help="single node with an embedded coordinator")
     _add(p, "max-restarts", type=int, default=0, help="worker-failure restarts before the job fails")
     _add(p, "monitor-interval", type=float, default=0.1, help="seconds between worker checks")
@@ -142,7 +143,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         max_restarts=int(args.max_restarts), monitor_interval=float(args.monitor_interval),
         poll_interval=float(conf.get("poll_interval", 0.2)),
         agent_timeout=float(conf.get("agent_timeout", 10.0)), join_timeout=float(conf.get("join_timeout", 600)),
-        last_call=float(conf.get("last_call_timeout", 1.0)),
+        last_call=float(conf.get("last_call_timeout", 1.0)), run=_int_conf(conf, "run"),
         start_method=args.start_method, log_dir=args.log_dir,
         redirects=parse_std_spec(str(args.redirects), nproc, "--redirects"),
         tee=parse_std_spec(str(args.tee), nproc, "--tee"), local_ranks_filter=filt,
@@ -152,6 +153,16 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         shutdown_grace=float(args.shutdown_grace), restart_grace=float(args.restart_grace),
         warm_spares=int(args.warm_spares), preload=tuple(x for x in str(args.preload).split(",") if x),
     )
+
+
+def _int_conf(conf: dict, key: str) -> int:
+    try:
+        value = int(conf.get(key, 0))
+    except ValueError:
+        raise ConfigError(f"--rdzv-conf {key}={conf[key]!r}: use a whole number") from None
+    if value < 0:
+        raise ConfigError(f"--rdzv-conf {key} must be >= 0, got {value}")
+    return value
 
 
 def launch(config: LaunchConfig) -> int:

@@ -52,6 +52,7 @@ class LaunchConfig:
     restart_grace: float = 3.0
     warm_spares: int = -1  # -1: one per local worker when the entrypoint is Python
     preload: tuple[str, ...] = ("torch",)
+    run: int = 0  # cluster mode: the scheduler's run this agent belongs to (--rdzv-conf run=N)
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:

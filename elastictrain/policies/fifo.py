@@ -17,12 +17,13 @@ class Fifo:
         placement: see :mod:`.placement`.
     """
 
-    def __init__(self, strict: bool = True, placement: str = "consolidated", packlimit: float = 0.5) -> None:
-        self.strict, self.placement, self.packlimit = strict, placement, packlimit
+    def __init__(self, strict: bool = True, placement: str = "consolidated", packlimit: float = 0.5,
+                 sticky: bool = False) -> None:
+        self.strict, self.placement, self.packlimit, self.sticky = strict, placement, packlimit, sticky
         self.name = "yarn-cs" if strict else "fifo-be"
 
     def decide(self, s: ClusterSnapshot) -> Decision:
-        placer = make_placer(s, self.placement, self.packlimit)
+        placer = make_placer(s, self.placement, self.packlimit, self.sticky)
         run = {}
         for j in s.jobs:  # running jobs keep their GPUs
             if j.running:
@@ -33,7 +34,7 @@ class Fifo:
         return Decision(run)
 
 
-_OPTS = ("placement", "packlimit")
+_OPTS = ("placement", "packlimit", "sticky")
 register("yarn-cs", lambda **kw: Fifo(strict=True, **kw), _OPTS)
 register("fifo", lambda **kw: Fifo(strict=True, **kw), _OPTS)
 register("fifo-be", lambda **kw: Fifo(strict=False, **kw), _OPTS)

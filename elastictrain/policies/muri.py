@@ -61,7 +61,7 @@ class Muri:
     def __init__(self, known_duration: bool = True, group_size: int = 4, resources: int = 4,
                  ordering: str = "best", matching: str = "blossom", rounds: Optional[int] = None,
                  overhead: Sequence[float] = DEFAULT_OVERHEAD, autosplit: bool = True,
-                 placement: str = "consolidated", packlimit: float = 0.5) -> None:
+                 placement: str = "consolidated", packlimit: float = 0.5, sticky: bool = False) -> None:
         if not 1 <= group_size <= 4 or group_size > resources:
             raise ConfigError(f"muri group_size must be 1 to 4 and at most resources ({resources}), "
                               f"got {group_size}")
@@ -76,7 +76,8 @@ class Muri:
         self.ordering, self.matching = ordering, matching
         self.rounds = group_size if rounds is None else rounds
         self.overhead = tuple(float(o) for o in overhead)
-        self.autosplit, self.placement, self.packlimit = autosplit, placement, packlimit
+        self.autosplit, self.placement, self.packlimit, self.sticky = autosplit, placement, packlimit, sticky
+        self.needs = frozenset({"duration", "profile"}) if known_duration else frozenset({"profile"})
         self.name = "muri-s" if known_duration else "muri-l"
         if ordering == "worst":
             self.name += "-worst"
@@ -187,11 +188,12 @@ class Muri:
         trial = make_placer(s, self.placement, self.packlimit)
         admitted = [e for e in groups if trial.place(e[2][0].num_gpu, e[1]) is not None]
         admitted.sort(key=lambda e: (-e[2][0].num_gpu, e[0]))
-        placer = make_placer(s, self.placement, self.packlimit)
+        placer = make_placer(s, self.placement, self.packlimit, self.sticky)
         run: dict[int, tuple] = {}
         shared, slowdown = [], {}
         for _, skew, grp in admitted:
-            where = placer.place(grp[0].num_gpu, skew)
+            here = grp[0].placement if all(j.running and j.placement == grp[0].placement for j in grp) else ()
+            where = placer.place(grp[0].num_gpu, skew, here)
             if where is None:
                 continue
             for j in grp:
@@ -253,7 +255,7 @@ class Muri:
         return demand
 
 
-_OPTS = ("group_size", "resources", "rounds", "overhead", "autosplit", "placement", "packlimit")
+_OPTS = ("group_size", "resources", "rounds", "overhead", "autosplit", "placement", "packlimit", "sticky")
 register("muri-s", lambda **kw: Muri(known_duration=True, **kw), _OPTS)
 register("muri-l", lambda **kw: Muri(known_duration=False, **kw), _OPTS)
 register("muri-l-worst", lambda **kw: Muri(known_duration=False, ordering="worst", **kw), _OPTS)

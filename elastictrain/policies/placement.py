@@ -9,6 +9,11 @@
   free GPUs first, spreading a job over several nodes if needed.
 * ``skew``: Tiresias: consolidate a job whose model skew (largest tensor / total) exceeds
   ``packlimit``; spread the others.
+
+``sticky`` (the live coordinator sets it; simulations leave it off, as the reference
+simulators do): a running job keeps its GPUs when they are still free, and a waiting job first
+tries the GPUs no running job holds, so a decision moves a running job (a restart on a real
+cluster) only when it has to.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ class Placer:
     """Free-GPU bookkeeping for one decision. ``place(job)`` returns a placement or None."""
 
     def __init__(self, gpus_per_node: tuple[int, ...], nodes_per_switch: int, mode: str = "consolidated",
-                 packlimit: float = 0.5) -> None:
+                 packlimit: float = 0.5, sticky: bool = False, running: tuple = ()) -> None:
         if mode not in PLACEMENTS:
             raise ConfigError(f"placement {mode!r} is not one of {', '.join(PLACEMENTS)}")
         self.free = list(gpus_per_node)
@@ -36,6 +41,13 @@ class Placer:
         self.mode, self.packlimit = mode, packlimit
         self.per_node = max(gpus_per_node) if gpus_per_node else 0
         self.max_free = self.per_node  # the most free GPUs on any node (fails a search in O(1))
+        self.sticky = sticky
+        self.soft = [0] * len(self.free)  # GPUs running jobs hold and have not been placed again yet
+        if sticky:
+            for j in running:
+                for node, g in j.placement:
+                    if 0 <= node < len(self.soft):
+                        self.soft[node] += g
 
     def take(self, placement: tuple) -> None:
         """Reserve the GPUs of a job that keeps running where it is."""
@@ -52,31 +64,61 @@ class Placer:
         for j in jobs:
             if self.total_free == 0:
                 break
-            where = self.place(j.num_gpu, j.skew)
+            where = self.place(j.num_gpu, j.skew, j.placement if j.running else ())
             if where is not None:
                 run[j.job_id] = where
             elif strict:
                 break
         return run
 
-    def place(self, num_gpu: int, skew: float = 0.0) -> Optional[tuple]:
+    def place(self, num_gpu: int, skew: float = 0.0, current: tuple = ()) -> Optional[tuple]:
+        """A placement for a gang of ``num_gpu``, or None. ``current``: where the job runs now
+        (used when the placer is sticky)."""
         if num_gpu > self.total_free:
             return None
+        if self.sticky:
+            if current:
+                if current[0][0] >= 0 and sum(g for _, g in current) == num_gpu and \
+                        all(self.free[n] >= g for n, g in current):
+                    return self._take(tuple(current), num_gpu, soft=True)
+                for n, g in current:
+                    if n >= 0:
+                        self.soft[n] = max(0, self.soft[n] - g)
+            elif any(self.soft):
+                free = self.free
+                self.free = [f - s for f, s in zip(free, self.soft)]
+                saved = self.total_free, self.max_free
+                self.total_free, self.max_free = sum(self.free), max(self.free)
+                try:
+                    out = self._place(num_gpu, skew) if num_gpu <= self.total_free else None
+                finally:
+                    self.free = free
+                    self.total_free, self.max_free = saved
+                if out is not None:
+                    return self._take(out, num_gpu, soft=False)
+        out = self._place(num_gpu, skew)
+        return None if out is None else self._take(out, num_gpu, soft=self.sticky)
+
+    def _take(self, out: tuple, num_gpu: int, soft: bool) -> tuple:
+        if out[0][0] >= 0:
+            for node, g in out:
+                self.free[node] -= g
+                if soft:
+                    self.soft[node] = max(0, self.soft[node] - g)
+            self.max_free = max(self.free)
+        self.total_free -= num_gpu
+        return out
+
+    def _place(self, num_gpu: int, skew: float) -> Optional[tuple]:
+        """Where a gang goes under the placer's mode, without taking the GPUs."""
         mode = self.mode
         if mode == "count":
-            self.total_free -= num_gpu
             return ((-1, num_gpu),)
         if mode == "skew":
             mode = "consolidated" if skew > self.packlimit else "spread"
         if mode == "consolidated" and num_gpu <= self.per_node and num_gpu > self.max_free:
             return None  # no node has room, and a job this size stays on one node
-        out = self._consolidated(num_gpu) if mode == "consolidated" else self._spread(num_gpu)
-        if out is not None:
-            for node, g in out:
-                self.free[node] -= g
-            self.total_free -= num_gpu
-            self.max_free = max(self.free)
-        return out
+        return self._consolidated(num_gpu) if mode == "consolidated" else self._spread(num_gpu)
 
     def _consolidated(self, need: int) -> Optional[tuple]:
         free, n = self.free, len(self.free)
@@ -121,6 +163,7 @@ class Placer:
         return None
 
 
-def make_placer(snapshot, mode: str, packlimit: float = 0.5) -> Placer:
-    return Placer(snapshot.gpus_per_node, snapshot.nodes_per_switch, mode, packlimit)
+def make_placer(snapshot, mode: str, packlimit: float = 0.5, sticky: bool = False) -> Placer:
+    return Placer(snapshot.gpus_per_node, snapshot.nodes_per_switch, mode, packlimit, sticky,
+                  snapshot.running if sticky else ())
 

@@ -13,8 +13,12 @@ __all__ = ["ShortestRemaining"]
 
 
 class ShortestRemaining:
-    def __init__(self, service: bool = False, placement: str = "consolidated", packlimit: float = 0.5) -> None:
-        self.service, self.placement, self.packlimit = service, placement, packlimit
+    #: inputs it needs measured (the live loop logs what it assumes meanwhile)
+    needs = frozenset({"duration"})
+
+    def __init__(self, service: bool = False, placement: str = "consolidated", packlimit: float = 0.5,
+                 sticky: bool = False) -> None:
+        self.service, self.placement, self.packlimit, self.sticky = service, placement, packlimit, sticky
         self.name = "srsf" if service else "srtf"
 
     def decide(self, s: ClusterSnapshot) -> Decision:
@@ -22,9 +26,9 @@ class ShortestRemaining:
             order = sorted(s.jobs, key=lambda j: j.remaining_iterations * j.iteration_time * j.num_gpu)
         else:
             order = sorted(s.jobs, key=lambda j: j.remaining_iterations * j.iteration_time)
-        return Decision(make_placer(s, self.placement, self.packlimit).fill(order))
+        return Decision(make_placer(s, self.placement, self.packlimit, self.sticky).fill(order))
 
 
-_OPTS = ("placement", "packlimit")
+_OPTS = ("placement", "packlimit", "sticky")
 register("srtf", lambda **kw: ShortestRemaining(service=False, **kw), _OPTS)
 register("srsf", lambda **kw: ShortestRemaining(service=True, **kw), _OPTS)

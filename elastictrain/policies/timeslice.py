@@ -16,14 +16,15 @@ _ATTAINED = attrgetter("attained_gpu")
 
 
 class TimeSlice:
-    def __init__(self, quantum: float = 360.0, placement: str = "consolidated", packlimit: float = 0.5) -> None:
-        self.quantum, self.placement, self.packlimit = quantum, placement, packlimit
+    def __init__(self, quantum: float = 360.0, placement: str = "consolidated", packlimit: float = 0.5,
+                 sticky: bool = False) -> None:
+        self.quantum, self.placement, self.packlimit, self.sticky = quantum, placement, packlimit, sticky
         self.name = "gandiva-ts"
         self._next = 0.0
 
     def decide(self, s: ClusterSnapshot) -> Decision:
         order = sorted(s.jobs, key=_ATTAINED)  # stable: ties keep arrival order
-        run = make_placer(s, self.placement, self.packlimit).fill(order)
+        run = make_placer(s, self.placement, self.packlimit, self.sticky).fill(order)
         if len(run) == len(s.jobs):  # nobody waits: no need to slice until something changes
             return Decision(run, None)
         if s.now >= self._next:
@@ -31,4 +32,4 @@ class TimeSlice:
         return Decision(run, self._next)
 
 
-register("gandiva-ts", lambda **kw: TimeSlice(**kw), ("quantum", "placement", "packlimit"))
+register("gandiva-ts", lambda **kw: TimeSlice(**kw), ("quantum", "placement", "packlimit", "sticky"))

@@ -52,11 +52,12 @@ class Tiresias:
 
     def __init__(self, thresholds: Sequence[float] = (3250, 7200), promote_knob: float = 0.0,
                  placement: str = "count", packlimit: float = 0.5, gittins: Optional[Sequence[float]] = None,
-                 delta: float = 3250.0) -> None:
+                 delta: float = 3250.0, sticky: bool = False) -> None:
         if list(thresholds) != sorted(thresholds) or any(t <= 0 for t in thresholds):
             raise ConfigError(f"tiresias thresholds must be positive and increasing, got {thresholds}")
         self.thresholds = tuple(float(t) for t in thresholds)
-        self.knob, self.placement, self.packlimit = promote_knob, placement, packlimit
+        self.knob, self.placement, self.packlimit, self.sticky = promote_knob, placement, packlimit, sticky
+        self.needs = frozenset({"skew"}) if placement == "skew" else frozenset()
         self.table = gittins_table(gittins, delta) if gittins is not None else None
         self.name = "tiresias-g" if gittins is not None else "tiresias-l"
         self._state: dict = {}  # job key -> _Q
@@ -93,7 +94,7 @@ class Tiresias:
                     self._enter(j)
         if self.knob > 0:
             self._promote(s)
-        placer = make_placer(s, self.placement, self.packlimit)
+        placer = make_placer(s, self.placement, self.packlimit, self.sticky)
         run: dict = {}
         job = s.by_key.get
         for k, queue in enumerate(queues):
@@ -111,7 +112,7 @@ class Tiresias:
                 if j is None:  # known but not runnable now (being stopped): keeps its place
                     skipped.append(jid)
                     continue
-                where = placer.place(j.num_gpu, j.skew)
+                where = placer.place(j.num_gpu, j.skew, j.placement if j.running else ())
                 if where is None:
                     skipped.append(jid)
                 else:
@@ -220,6 +221,6 @@ def _tiresias_g(distribution=None, **options) -> Tiresias:
     return Tiresias(gittins=distribution, **options)
 
 
-_OPTS = ("thresholds", "promote_knob", "placement", "packlimit")
+_OPTS = ("thresholds", "promote_knob", "placement", "packlimit", "sticky")
 register("tiresias-l", lambda **kw: Tiresias(**kw), _OPTS)
 register("tiresias-g", _tiresias_g, _OPTS + ("distribution", "delta"))

@@ -251,6 +251,7 @@ class Checkpointer:
         """
         t0 = time.perf_counter()
         self._wait_previous()
+        self._report(step)
         name = f"step-{step:09d}-g{self.generation}"
         part = self.shards.cursor(step) if self.shards is not None else None
         snapshot, fence = None, None
@@ -312,6 +313,9 @@ class Checkpointer:
         """Block until the last save is durable (and committed); old checkpoints may still be
         being deleted in the background (see :meth:`close`)."""
         self._durable.wait()
+        flush = getattr(getattr(self.job, "_steps", None), "flush", None)
+        if flush is not None:
+            flush()  # the scheduler sees the last step before the job exits
         self._raise_bg()
 
     def close(self) -> None:
@@ -487,6 +491,11 @@ class Checkpointer:
         log.info("restored checkpoint %s (step %d)", info.name, info.step)
         return info
 
+    def _report(self, step: int) -> None:
+        report = getattr(self.job, "report_step", None)
+        if report is not None:
+            report(step)
+
     # ------------------------------------------------------------------ preemption
     def install_preemption_handler(self, signals: tuple = (signal.SIGTERM, signal.SIGUSR1)) -> None:
         """On these signals, ask for a checkpoint at the next step boundary (see :meth:`preempted`).
@@ -512,6 +521,7 @@ class Checkpointer:
         """Call at each step boundary. If preemption was asked for (on any rank, with the torch
         glue): save, wait until durable, and return True; the caller then exits with
         ``elastictrain.PREEMPTED_EXIT_CODE``."""
+        self._report(step)
         flag = self._preempt.is_set()
         if self.agree is not None:
             flag = self.agree(flag)

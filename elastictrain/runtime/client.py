@@ -21,9 +21,11 @@ import requests
 from ..errors import ConfigError, CoordinatorUnavailableError, error_from_status
 from ..model import DatasetSpec
 from ..wire import (
-    AgentAction, AgentJoin, AgentPoll, AgentReport, CommitList, CommitReply, CommitRequest, DatasetInfo, Error, GenerationCreate, GenerationInfo, Health,
-    JobCreate, JobInfo, LeaseReply, LeaseRequest, ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply,
-    ReleaseRequest, RestoreReply, RestoreRequest, ShardUpdate, Version,
+    AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterJobInfo, ClusterJobList, ClusterStatus, CommitList,
+    CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health, JobCreate,
+    JobInfo, JobSubmit, LeaseReply, LeaseRequest, LogList, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks,
+    ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
+    RestoreRequest, ShardUpdate, StepInfo, StepReport, Version,
 )
 
 __all__ = ["CoordinatorClient", "read_token", "token_from_file"]
@@ -78,15 +80,16 @@ class CoordinatorClient:
         self._decoders: dict[type, msgspec.msgpack.Decoder] = {}
 
     # ------------------------------------------------------------------ transport
-    def _call(self, method: str, path: str, reply: type[T], body: object = None) -> T:
+    def _call(self, method: str, path: str, reply: type[T], body: object = None, timeout: Optional[float] = None) -> T:
         data = None if body is None else _ENC.encode(body)
         url = self.url + path
         deadline = time.monotonic() + self.retry_for
         attempt, last = 0, ""
+        timeout = self.timeout if timeout is None else timeout
         while True:
             try:
                 r = self._session.request(method, url, data=data, headers=self._headers,
-                                          timeout=(min(2.0, self.timeout), self.timeout))
+                                          timeout=(min(2.0, timeout), timeout))
                 if r.status_code == 200:
                     dec = self._decoders.get(reply)
                     if dec is None:
@@ -183,3 +186,39 @@ class CoordinatorClient:
     def agent_report(self, job: str, agent: str, generation: int, event: str, detail: str = "") -> AgentAction:
         return self._call("POST", f"/v1/jobs/{job}/agents/report", AgentAction,
                           AgentReport(agent, generation, event, detail))
+
+    # ------------------------------------------------------------------ progress
+    def report_step(self, job: str, worker: int, step: int) -> StepInfo:
+        return self._call("POST", f"/v1/jobs/{job}/steps", StepInfo, StepReport(worker, step))
+
+    # ------------------------------------------------------------------ cluster mode
+    def submit(self, req: JobSubmit) -> ClusterJobInfo:
+        return self._call("POST", "/v1/cluster/jobs", ClusterJobInfo, req)
+
+    def cluster_status(self) -> ClusterStatus:
+        return self._call("GET", "/v1/cluster", ClusterStatus)
+
+    def cluster_jobs(self) -> ClusterJobList:
+        return self._call("GET", "/v1/cluster/jobs", ClusterJobList)
+
+    def cluster_job(self, job: str) -> ClusterJobInfo:
+        return self._call("GET", f"/v1/cluster/jobs/{job}", ClusterJobInfo)
+
+    def cancel(self, job: str) -> ClusterJobInfo:
+        return self._call("POST", f"/v1/cluster/jobs/{job}/cancel", ClusterJobInfo)
+
+    def job_logs(self, job: str, after: int = 0) -> LogList:
+        return self._call("GET", f"/v1/cluster/jobs/{job}/logs?after={int(after)}", LogList)
+
+    def events(self, after: int = 0, job: Optional[str] = None) -> EventList:
+        q = f"?after={int(after)}" + (f"&job={job}" if job else "")
+        return self._call("GET", f"/v1/cluster/events{q}", EventList)
+
+    def node_register(self, name: str, req: NodeRegister) -> NodeInfo:
+        return self._call("POST", f"/v1/cluster/nodes/{name}/register", NodeInfo, req)
+
+    def node_poll(self, name: str, req: NodePoll) -> NodeTasks:
+        return self._call("POST", f"/v1/cluster/nodes/{name}/poll", NodeTasks, req, timeout=req.wait + self.timeout)
+
+    def node_leave(self, name: str, req: NodeLeave) -> NodeInfo:
+        return self._call("POST", f"/v1/cluster/nodes/{name}/leave", NodeInfo, req)

@@ -14,6 +14,7 @@ from ..wire import ProfileList, ProfileReport
 from .client import CoordinatorClient
 from .jobctx import current
 from .profiler import report_when_ready
+from .progress import StepReporter
 from .shards import ShardIterator
 from .stages import recorder
 
@@ -42,6 +43,18 @@ class Job:
     prev_world_size: Optional[int] = None
     #: ``<name>.`` for a job in an ``etrun --group`` (its datasets are kept apart), else ""
     namespace: str = ""
+    _steps: Optional[StepReporter] = dataclasses.field(default=None, repr=False)
+
+    def report_step(self, step: int) -> None:
+        """Tell the coordinator this job's training step (cheap; call it every step). The
+        scheduler measures iteration time and progress from it. Rank 0's reports are sent, in the
+        background; the checkpointer calls this for you at every ``save``/``preempted``."""
+        if self.rank != 0:
+            return
+        if self._steps is None:
+            self._steps = StepReporter(self.client, self.job_id, self.rank,
+                                       float(os.environ.get("ET_STEP_REPORT_INTERVAL", 1.0)))
+        self._steps.step(step)
 
     def dataset_name(self, name: str) -> str:
         """The coordinator's name for this job's dataset ``name``."""

@@ -1,0 +1,298 @@
+"""The cluster commands: ``node``, ``submit``, ``status``, ``cancel``, ``logs`` (Slurm's habits:
+``sbatch``, ``squeue``, ``scancel``; Ray's ``job logs -f``).
+
+Every command finds the coordinator with ``--coordinator URL`` (default ``$ET_COORDINATOR``) and
+its token with ``--token-file F`` (default ``$ET_TOKEN_FILE``, or ``$ET_TOKEN``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import socket
+import sys
+import time
+
+import msgspec
+
+from ._text import table
+from .errors import ConfigError, ConflictError, NotFoundError
+
+__all__ = ["add_commands", "run_command"]
+
+_ENDED = ("finished", "failed", "cancelled")
+
+
+def _connection(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--coordinator", default=os.environ.get("ET_COORDINATOR", "http://127.0.0.1:7707"),
+                   help="the coordinator's URL [ET_COORDINATOR, else http://127.0.0.1:7707]")
+    p.add_argument("--token-file", default=os.environ.get("ET_TOKEN_FILE"),
+                   help="the coordinator's token file [ET_TOKEN_FILE; or set ET_TOKEN]")
+
+
+def add_commands(sub) -> None:
+    n = sub.add_parser("node", help="run a node daemon: offer this machine's GPUs (or CPU slots) to the coordinator")
+    _connection(n)
+    size = n.add_mutually_exclusive_group()
+    size.add_argument("--gpus", type=int, default=None, help="GPUs to offer (default: every GPU found)")
+    size.add_argument("--slots", type=int, default=None, help="CPU-only machine: worker slots to offer (a slot counts "
+                      "as one GPU)")
+    n.add_argument("--name", default=os.environ.get("ET_NODE_NAME") or socket.gethostname(),
+                   help="node name, unique in the cluster [ET_NODE_NAME, else the host name]")
+    n.add_argument("--gpu-type", default=None, help="GPU type to report (default: the name the driver gives)")
+    n.add_argument("--state-dir", default=None, help="task logs and pid files (default: ./elastictrain-node-NAME)")
+    n.add_argument("--poll-wait", type=float, default=5.0, help="seconds a poll may wait for new work (long poll)")
+    n.add_argument("--warm-spares", type=int, default=-1, help="etrun's --warm-spares for the jobs run here")
+
+    s = sub.add_parser("submit", help="queue a job for the scheduler; prints its id",
+                       usage="elastictrain submit [options] -- script.py [args ...]")
+    _connection(s)
+    s.add_argument("--gpus", default="1", help="workers (one per GPU or slot): N, or MIN:MAX for an elastic job")
+    s.add_argument("--nnodes", default=None, help="torchrun's MIN:MAX nodes, with --nproc-per-node: the job runs "
+                   "on MIN*K..MAX*K workers")
+    s.add_argument("--nproc-per-node", type=int, default=None, help="workers per node, with --nnodes")
+    s.add_argument("--name", default=None, help="job name (default: the script's)")
+    s.add_argument("--user", default=os.environ.get("ET_USER") or os.environ.get("USER") or "default",
+                   help="who submits it (fair share) [ET_USER, else USER]")
+    s.add_argument("--priority", type=int, default=0)
+    s.add_argument("--workdir", default=os.getcwd(), help="where the script runs on every node (default: here)")
+    s.add_argument("--steps", type=int, default=None, help="training steps in all (lets SRTF-like policies know the "
+                   "remaining work)")
+    s.add_argument("--epochs", type=int, default=None, help="epochs in all (progress is measured from the shards)")
+    s.add_argument("--max-restarts", type=int, default=3, help="worker-failure restarts before the job fails")
+    s.add_argument("--grace", type=float, default=30.0, help="seconds to checkpoint when preempted")
+    s.add_argument("--env", action="append", default=[], metavar="K=V", help="environment for the job (repeatable)")
+    s.add_argument("-m", "--module", action="store_true", help="run the entrypoint as a module (python -m)")
+    s.add_argument("cmd", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
+
+    st = sub.add_parser("status", help="the cluster (nodes, queue, running and preempted jobs), or one job")
+    _connection(st)
+    st.add_argument("job", nargs="?", default=None, help="a job id (same as --job)")
+    st.add_argument("--job", dest="job_opt", default=None, help="show one job")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--all", action="store_true", help="list every finished job, not the last 10")
+
+    c = sub.add_parser("cancel", help="cancel a job (its workers are stopped)")
+    _connection(c)
+    c.add_argument("job")
+
+    lg = sub.add_parser("logs", help="a job's output: every rank, as etrun --tee prints it")
+    _connection(lg)
+    lg.add_argument("job")
+    lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
+
+
+def _client(args, timeout: float = 10.0):
+    from .runtime.client import CoordinatorClient, token_from_file
+
+    token = token_from_file(args.token_file, "--token-file") if args.token_file else (os.environ.get("ET_TOKEN") or None)
+    return CoordinatorClient(args.coordinator, token, timeout=timeout, retry_for=10.0)
+
+
+def run_command(args) -> int:
+    return {"node": _node, "submit": _submit, "status": _status, "cancel": _cancel, "logs": _logs}[args.command](args)
+
+
+# ---------------------------------------------------------------------- node
+def _node(args) -> int:
+    import logging
+
+    from .launcher.node import NodeConfig, NodeDaemon, detect_gpus
+
+    logging.basicConfig(level=os.environ.get("ET_LOG_LEVEL", "INFO").upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.slots is not None:
+        slots, kind, gpu_type = args.slots, "slot", args.gpu_type or "cpu"
+    else:
+        found, name = detect_gpus()
+        if found == 0:
+            raise ConfigError("no GPU found (pynvml and nvidia-smi see none); on a CPU-only machine pass --slots N")
+        if args.gpus is not None and not 1 <= args.gpus <= found:
+            raise ConfigError(f"--gpus {args.gpus}: this machine has {found} GPU(s)")
+        slots, kind, gpu_type = args.gpus or found, "gpu", args.gpu_type or name
+    cfg = NodeConfig(args.coordinator, args.token_file, args.name, slots, kind, gpu_type,
+                     args.state_dir or f"elastictrain-node-{args.name}", args.poll_wait, args.warm_spares)
+    return NodeDaemon(cfg).run()
+
+
+# ---------------------------------------------------------------------- submit
+def _submit(args) -> int:
+    from .wire import JobSubmit
+
+    cmd = list(args.cmd)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ConfigError("give the script after --, e.g. elastictrain submit --gpus 2 -- train.py --lr 0.1")
+    lo, hi = _worker_range(args)
+    env = {}
+    for item in args.env:
+        if "=" not in item:
+            raise ConfigError(f"--env {item!r}: use KEY=VALUE")
+        k, v = item.split("=", 1)
+        env[k] = v
+    workdir = os.path.abspath(args.workdir)
+    script = cmd[0]
+    if not args.module and not os.path.exists(os.path.join(workdir, script)):
+        raise ConfigError(f"{script} is not in the work directory {workdir}; pass --workdir, or run submit from "
+                          "the directory the script's path is relative to")
+    try:
+        req = msgspec.convert({"command": cmd, "workdir": workdir, "name": args.name, "user": args.user,
+                               "priority": args.priority, "gpus": hi, "min_gpus": lo if lo != hi else None,
+                               "env": env, "steps": args.steps, "epochs": args.epochs,
+                               "max_restarts": args.max_restarts, "grace": args.grace, "module": args.module},
+                              JobSubmit)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"invalid job: {exc}") from None
+    info = _client(args).submit(req)
+    print(info.id)
+    return 0
+
+
+def _worker_range(args) -> tuple[int, int]:
+    try:
+        if args.nnodes is not None or args.nproc_per_node is not None:
+            per = args.nproc_per_node or 1
+            raw = args.nnodes or "1"
+            lo, hi = (raw.split(":", 1) if ":" in raw else (raw, raw))
+            return int(lo) * per, int(hi) * per
+        raw = str(args.gpus)
+        lo, hi = (raw.split(":", 1) if ":" in raw else (raw, raw))
+        lo, hi = int(lo), int(hi)
+    except ValueError:
+        raise ConfigError("--gpus takes N or MIN:MAX, --nnodes N or MIN:MAX") from None
+    if not 1 <= lo <= hi:
+        raise ConfigError(f"workers {lo}:{hi}: need 1 <= MIN <= MAX")
+    return lo, hi
+
+
+# ---------------------------------------------------------------------- status
+def _status(args) -> int:
+    client = _client(args)
+    job = args.job_opt or args.job
+    if job:
+        return _job_status(client, job, args.json)
+    try:
+        st = client.cluster_status()
+    except ConflictError as exc:
+        raise ConfigError(f"{exc}; for a job run with etrun, pass its id: elastictrain status JOB") from None
+    if args.json:
+        print(msgspec.json.encode(st).decode())
+        return 0
+    print(f"policy {st.policy}: {len(st.nodes)} node(s), {sum(n.slots for n in st.nodes if n.state == 'up')} "
+          f"slot(s) up, {st.decisions} decisions" + (f", {st.failures} failed" if st.failures else ""))
+    if st.nodes:
+        print()
+        rows = [("node", "state", "kind", "type", "slots", "used", "free", "jobs")]
+        for n in st.nodes:
+            rows.append((n.name, n.state, n.kind, n.gpu_type or "-", str(n.slots), str(n.used),
+                         str(max(0, n.slots - n.used) if n.state == "up" else 0), ",".join(n.jobs) or "-"))
+        print(table(rows, right_align=False))
+    now = st.now
+    groups = [("running", [j for j in st.jobs if j.status == "running"]),
+              ("queued", [j for j in st.jobs if j.status in ("queued", "preempted")])]
+    ended = [j for j in st.jobs if j.status in _ENDED]
+    groups.append(("ended", ended if args.all else ended[-10:]))
+    for title, jobs in groups:
+        if not jobs:
+            continue
+        print()
+        rows = [("id", "name", "user", "state", "gpus", "attained GPU-s", "waited s", "step", "placement", "policy",
+                 "reason")]
+        for j in jobs:
+            state = j.status + (" (stopping)" if j.stopping else "")
+            waited = (j.start_time or now) - j.submit_time
+            rows.append((j.id, j.name, j.user, state, _gpus(j), f"{j.attained_gpu:.1f}", f"{waited:.1f}",
+                         f"{j.step}" + (f"/{j.steps}" if j.steps else ""), _where(j) or "-",
+                         " ".join(f"{k}={v}" for k, v in j.info.items()) or "-", _short(j.reason) or "-"))
+        print(f"{title}:")
+        print(table(rows, right_align=False))
+    return 0
+
+
+def _job_status(client, job: str, as_json: bool) -> int:
+    info = rdzv = None
+    try:
+        info = client.cluster_job(job)
+    except (ConflictError, NotFoundError):
+        pass
+    try:
+        rdzv = client.job(job)
+    except NotFoundError:
+        if info is None:
+            raise NotFoundError(f"no job {job!r} at {client.url}") from None
+    datasets = [client.dataset(job, name) for name in rdzv.datasets] if rdzv else []
+    profiles = client.profiles(job).reports if rdzv else []
+    if as_json:
+        print(msgspec.json.encode({"job": info, "rendezvous": rdzv, "datasets": datasets,
+                                   "profiles": profiles}).decode())
+        return 0
+    if info is not None:
+        print(f"job {info.id} ({info.name}) of {info.user}: {info.status}" + (" (stopping)" if info.stopping else ""))
+        print(f"  command: {shlex.join(info.command)}  (in {info.workdir})")
+        print(f"  workers: {_gpus(info)}; placement: {_where(info) or '-'}; run {info.run}; preemptions "
+              f"{info.preemptions}; restarts {info.restarts}/{info.max_restarts}")
+        it = f"{info.iteration_time:.3f} s" if info.iteration_time else "not measured yet"
+        print(f"  attained {info.attained:.1f} s, {info.attained_gpu:.1f} GPU-s; step {info.step}"
+              f"{'/' + str(info.steps) if info.steps else ''}; iteration time {it}")
+        if info.info:
+            print("  policy: " + ", ".join(f"{k} {v}" for k, v in info.info.items()))
+        if info.reason:
+            print(f"  reason: {info.reason}")
+    if rdzv is not None:
+        live = info is None or info.status == "running"
+        where = f"generation {rdzv.generation}, world size {rdzv.world_size}" if live else \
+            f"last generation {rdzv.generation} (world size {rdzv.world_size})"
+        print(f"{'job ' + rdzv.job + ': ' if info is None else '  '}{where}")
+    if datasets:
+        rows = [("dataset", "epochs", "todo", "doing", "done", "total", "finished", "last commit")]
+        for d in datasets:
+            rows.append((d.spec.name, str(d.spec.epochs), str(d.todo), str(d.doing), str(d.done), str(d.total),
+                         "yes" if d.finished else "no", d.last_commit or "-"))
+        print(table(rows, right_align=False))
+    if any(r.stage is not None for r in profiles):
+        from .cli import _stage_table
+
+        print()
+        skew = {r.comm.worker: f"{r.comm.skew:.3f}" for r in profiles if r.comm is not None}
+        print(_stage_table([r.stage for r in profiles if r.stage is not None], "comm skew",
+                           lambda st: skew.get(st.worker, "-")))
+    return 0
+
+
+def _gpus(j) -> str:
+    return str(j.gpus) if j.min_gpus == j.gpus else f"{j.min_gpus}:{j.gpus}"
+
+
+def _where(j) -> str:
+    return " ".join(f"{p.node}:{p.slots}" for p in j.placement)
+
+
+def _short(text: str, n: int = 60) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[:n - 3] + "..."
+
+
+# ---------------------------------------------------------------------- cancel, logs
+def _cancel(args) -> int:
+    info = _client(args).cancel(args.job)
+    print(f"job {info.id} cancelled")
+    return 0
+
+
+def _logs(args) -> int:
+    client = _client(args)
+    after = 0
+    out = sys.stdout.buffer
+    while True:
+        page = client.job_logs(args.job, after)
+        for chunk in page.chunks:
+            out.write(chunk.data)
+        out.flush()
+        after = page.next
+        if page.chunks:
+            continue
+        if not args.follow or page.ended:
+            return 0
+        time.sleep(0.5)

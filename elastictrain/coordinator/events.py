@@ -1,0 +1,87 @@
+"""The scheduler's event log and the jobs' output (cluster mode), both durable in the store.
+
+Events are structured: a kind (``submit``, ``start``, ``resume``, ``preempt``, ``preempted``,
+``migrate``, ``finish``, ``fail``, ``cancel``, ``requeue``, ``launch``, ``exit``, ``node_up``,
+``node_down``, ``node_left``, ``assumed``, ``deferred``, ``policy_error``), the job and node
+they concern, and a JSON detail. They are written in the same transaction as the state change
+they describe and are also logged (``elastictrain.events``) as one JSON object per line.
+
+Job output arrives from the node daemons in chunks (``etrun --tee`` lines of every rank) and
+is kept per job up to ``log_cap`` bytes; older chunks are dropped first.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Optional
+
+from ..wire import EventInfo, EventList, LogList, LogRecord
+from .store import EventRow, LogRow, Store
+
+__all__ = ["EventLog", "LogBook", "LOG_CAP"]
+
+log = logging.getLogger("elastictrain.events")
+LOG_CAP = 8 << 20  # bytes of output kept per job
+MAX_EVENTS = 1000  # events per reply
+MAX_LOG_REPLY = 1 << 20  # bytes of output per reply
+
+
+class EventLog:
+    def __init__(self, store: Store, last_seq: int) -> None:
+        self._store = store
+        self.seq = last_seq
+        self.pending: list[EventRow] = []
+
+    def emit(self, now: float, kind: str, job: str = "", node: str = "", **detail) -> None:
+        """Queue an event; it is written with the next flush (the change it describes)."""
+        self.seq += 1
+        text = json.dumps(detail, sort_keys=True, default=str)
+        self.pending.append(EventRow(self.seq, now, kind, job, node, text))
+        if log.isEnabledFor(logging.INFO):
+            log.info(json.dumps({"seq": self.seq, "time": round(now, 3), "kind": kind, "job": job, "node": node,
+                                 **detail}, default=str))
+
+    def write(self, tx) -> None:
+        for row in self.pending:
+            tx.add_event(row)
+        self.pending.clear()
+
+    def list(self, after: int, job: Optional[str] = None, limit: int = MAX_EVENTS) -> EventList:
+        rows = self._store.read_events(after, min(limit, MAX_EVENTS), job)
+        events = [EventInfo(r.seq, r.time, r.kind, r.job, r.node, json.loads(r.detail)) for r in rows]
+        return EventList(events, rows[-1].seq if rows else after)
+
+
+class LogBook:
+    def __init__(self, store: Store, sizes: dict[str, tuple[int, int]], cap: int = LOG_CAP) -> None:
+        self._store, self.cap = store, cap
+        self._size = {job: size for job, (size, _) in sizes.items()}
+        self._seq = {job: seq for job, (_, seq) in sizes.items()}
+        self.pending: list[LogRow] = []
+
+    def add(self, job: str, node: str, run: int, data: bytes) -> None:
+        if not data:
+            return
+        seq = self._seq.get(job, 0) + 1
+        self._seq[job] = seq
+        self._size[job] = self._size.get(job, 0) + len(data)
+        self.pending.append(LogRow(job, seq, node, run, data))
+
+    def write(self, tx) -> None:
+        over = set()
+        for row in self.pending:
+            tx.add_log(row)
+            if self._size[row.job] > self.cap:
+                over.add(row.job)
+        self.pending.clear()
+        for job in over:
+            keep_from = self._store.log_seq_at(job, self.cap // 2)  # trim to half, not a chunk at a time
+            if keep_from:
+                tx.prune_log(job, keep_from)
+                self._size[job] = self.cap // 2
+
+    def list(self, job: str, after: int, ended: bool) -> LogList:
+        rows = self._store.read_logs(job, after, MAX_LOG_REPLY)
+        chunks = [LogRecord(r.seq, r.node, r.run, r.data) for r in rows]
+        return LogList(job, chunks, rows[-1].seq if rows else after, ended)

@@ -1,0 +1,437 @@
+"""The live scheduling loop: the coordinator applies a policy to real jobs (cluster mode).
+
+``elastictrain coordinator --policy NAME`` runs this beside the API. Jobs come from
+``elastictrain submit``; nodes from ``elastictrain node`` daemons. The loop is the mechanism
+core's :class:`~elastictrain.scheduling.Scheduler` on the wall clock with the
+:class:`~.live.LiveBackend`: it decides on arrivals, completions, failures, node changes, the
+policy's own wake-ups and every ``interval`` seconds, in the coordinator's event loop (no
+threads, no locks).
+
+Policy inputs are measured, not declared: attained service from the time a job holds its
+GPUs; iteration time and progress from the steps its workers report (``--steps``/``--epochs``
+give the total); skew and stage times from its profiles. What a policy needs and the job has not
+measured yet is assumed, once, with an ``assumed`` event saying what.
+
+Everything lives in the coordinator's database and is written before a reply: jobs, nodes and
+their tasks, the event log, job output, and the policy's memory (``export_state``). After a
+``kill -9`` the coordinator reloads it all; running jobs keep training through the outage and
+are re-adopted (their agents' rendezvous rounds are durable too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import msgspec
+
+from ..clock import Clock
+from ..errors import ConfigError, ConflictError, NotFoundError, PolicyError
+from ..policies.api import create, options_of
+from ..runtime.stages import STAGES
+from ..scheduling import ENDED, Entry, JobStatus, JobTable, Scheduler
+from ..wire import (
+    ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, JobSubmit, LogList, NodeInfo, NodeLeave, NodePoll,
+    NodeRegister, NodeSlots, NodeTasks, StepInfo, StepReport, Task,
+)
+from .events import EventLog, LogBook
+from .live import JobRecord, LiveBackend
+from .nodes import Exit, NodeBook, TaskRec
+from .store import LoadedState
+
+__all__ = ["ClusterConfig", "ClusterScheduler"]
+
+log = logging.getLogger(__name__)
+_ENC = msgspec.msgpack.Encoder()
+_DEC = msgspec.msgpack.Decoder(JobRecord)
+ASSUMED_ITERATION_TIME = 1.0  # seconds per step until a job reports two steps
+ASSUMED_REMAINING = 3600.0  # seconds of work left when a job gives neither --steps nor --epochs
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """``policy``: a registered policy name; ``options``: its options (as ``simulate`` takes them)."""
+
+    policy: str
+    options: dict = field(default_factory=dict)
+    interval: float = 5.0
+    node_timeout: float = 15.0
+    persist_every: float = 10.0  # seconds between writes of attained service alone
+
+    def __post_init__(self) -> None:
+        if not 0.05 <= self.interval <= 3600:
+            raise ConfigError(f"--interval must be in [0.05, 3600] seconds, got {self.interval}")
+        if not 1.0 <= self.node_timeout <= 3600:
+            raise ConfigError(f"--node-timeout must be in [1, 3600] seconds, got {self.node_timeout}")
+
+
+class ClusterScheduler:
+    def __init__(self, coordinator, loaded: LoadedState, cfg: ClusterConfig) -> None:
+        self.c, self.cfg = coordinator, cfg
+        self.store, self.clock = coordinator.store, coordinator.clock
+        opts = {k: v for k, v in cfg.options.items() if v is not None}
+        if "sticky" in (options_of(cfg.policy) or ()):
+            opts["sticky"] = True  # a move is a restart here: keep running jobs where they are
+        self.policy = create(cfg.policy, only_known=True, **opts)
+        self.events = EventLog(self.store, loaded.last_event)
+        self.logs = LogBook(self.store, loaded.log_bytes)
+        self.nodes = NodeBook(loaded.nodes, self._emit, cfg.node_timeout, self._task)
+        self.records: dict[str, JobRecord] = {}
+        self.table = JobTable()
+        self._dirty: set[str] = set()
+        self._seq = int(loaded.meta.get("job_seq", "0"))
+        self.backend = LiveBackend(self.table, self.nodes, coordinator.rendezvous, self.events, self.clock,
+                                   self.records, self._dirty.add)
+        now = self.clock.now()
+        for _, raw in loaded.cluster_jobs:
+            rec = _DEC.decode(raw)
+            self.records[rec.id] = rec
+            if rec.status not in _ENDED_NAMES:
+                self.table.add(self._entry(rec))
+                if rec.run:  # agents of this run that (re)join after the restart form its round
+                    coordinator.rendezvous.expect(rec.id, rec.run, rec.resume_reason if rec.run > 1 else "start",
+                                                  rec.restarts)
+        self.sched = Scheduler(self.policy, self.table, self.backend, self.clock, strict=False,
+                               on_error=self._policy_error)
+        previous = loaded.meta.get("policy")
+        state = loaded.meta.get("policy_state")
+        if previous == cfg.policy and state and hasattr(self.policy, "import_state"):
+            try:
+                self.policy.import_state(json.loads(state), self.sched.feed.snapshot(now, self.backend.shape()).jobs)
+            except (ValueError, TypeError, KeyError) as exc:
+                log.error("could not restore the %s policy's memory (%s); it relearns from the jobs", cfg.policy, exc)
+        elif previous and previous != cfg.policy:
+            self._emit("policy_changed", "", "", previous=previous, policy=cfg.policy)
+        self._policy_state = state if previous == cfg.policy else None
+        self._wake: Optional[asyncio.Event] = None
+        self._last_persist = now
+        self._next_round = now + cfg.interval
+        for node in self.nodes.by_index:  # a restarted coordinator gives every daemon a fresh timeout
+            node.last_seen = now
+        with self.store.transaction() as tx:
+            tx.put_meta("policy", cfg.policy)
+            self.events.write(tx)
+
+    # ------------------------------------------------------------------ records and entries
+    def _entry(self, rec: JobRecord) -> Entry:
+        e = Entry(rec.id, rec.workers or rec.gpus, rec.submit_time, model=rec.name, user=rec.user,
+                  min_gpu=rec.min_gpus, max_gpu=rec.gpus, priority=rec.priority)
+        e.status = JobStatus(rec.status)
+        e.attained, e.attained_gpu, e.accrued_at = rec.attained, rec.attained_gpu, rec.accrued_at or rec.submit_time
+        e.pending, e.pending_since, e.start_time, e.preemptions = rec.pending, rec.pending_since, rec.start_time, \
+            rec.preemptions
+        e.placement, e.held, e.group = tuple(map(tuple, rec.placement)), tuple(map(tuple, rec.held)), tuple(rec.group)
+        e.running = rec.status == "running" and not rec.stopping
+        e.stopping = rec.stopping
+        e.data["job"] = rec
+        self._measure(rec, e)
+        return e
+
+    def _sync(self, rec: JobRecord) -> None:
+        e = self.table.get(rec.id)
+        if e is not None:
+            rec.status = e.status.value
+            rec.attained, rec.attained_gpu, rec.accrued_at = e.attained, e.attained_gpu, e.accrued_at
+            rec.pending, rec.pending_since, rec.start_time = e.pending, e.pending_since, e.start_time
+            rec.preemptions, rec.stopping, rec.workers = e.preemptions, e.stopping, e.num_gpu
+            rec.placement, rec.held, rec.group = list(e.placement), list(e.held), list(e.group)
+
+    def _flush(self, everything: bool = False) -> None:
+        """Write every changed record, node, event and log chunk in one transaction."""
+        now = self.clock.now()
+        if everything:
+            self.table.accrue(now)
+            self._dirty.update(self.table.running)
+            self._dirty.update(self.table.stopping)
+            self._last_persist = now
+        state = None
+        if hasattr(self.policy, "export_state"):
+            state = json.dumps(self.policy.export_state(), sort_keys=True)
+        if not (self._dirty or self.nodes.dirty or self.events.pending or self.logs.pending
+                or state != self._policy_state):
+            return
+        with self.store.transaction() as tx:
+            for key in self._dirty:
+                rec = self.records[key]
+                self._sync(rec)
+                tx.put_cluster_job(rec.id, rec.seq, rec.status, _ENC.encode(rec))
+            for name in self.nodes.dirty:
+                index, raw = self.nodes.encode(name)
+                tx.put_node(name, index, raw)
+            self.events.write(tx)
+            self.logs.write(tx)
+            if state != self._policy_state:
+                tx.put_meta("policy_state", state)
+            tx.put_meta("job_seq", str(self._seq))
+        self._policy_state = state
+        self._dirty.clear()
+        self.nodes.dirty.clear()
+
+    def _emit(self, kind: str, job: str = "", node: str = "", **detail) -> None:
+        self.events.emit(self.clock.now(), kind, job, node, **detail)
+
+    def _policy_error(self, err: PolicyError) -> None:
+        self._emit("policy_error", "", "", error=str(err)[:2000])
+
+    # ------------------------------------------------------------------ measurement
+    def _measure(self, rec: JobRecord, e: Entry) -> None:
+        """Refresh the entry's policy inputs from what the job reported; log assumptions once."""
+        needs = getattr(self.policy, "needs", ())
+        if rec.iteration_time is not None:
+            it = rec.iteration_time
+        else:
+            it = ASSUMED_ITERATION_TIME
+            if "duration" in needs:
+                self._assume(rec, "iteration_time", f"{it:g} s per step until the job reports its steps")
+        total = self._total_steps(rec)
+        if total is None:
+            total = rec.step + ASSUMED_REMAINING / it
+            if "duration" in needs:
+                self._assume(rec, "remaining", f"{ASSUMED_REMAINING:g} s of work left (no --steps or --epochs)")
+        e.iteration_time, e.iterations = it, float(max(total, 1))
+        e.remaining_iterations = float(max(total - rec.step, 0.0))
+        reports = self.c.profiles.reports(rec.id)
+        comm = [r.comm for r in reports if r.comm is not None]
+        e.skew = sum(c.skew for c in comm) / len(comm) if comm else 0.0
+        stage = [r.stage for r in reports if r.stage is not None]
+        if stage:
+            e.stage_times = tuple(sum(s.stages.get(k, 0.0) for s in stage) / len(stage) for k in STAGES)
+        else:
+            e.stage_times = ()
+            if "profile" in needs:
+                self._assume(rec, "profile", "no stage profile yet: the job runs alone (it is never grouped)")
+        if "skew" in needs and not comm:
+            self._assume(rec, "skew", "skew 0 until the job reports a comm profile")
+        self.table.touch(rec.id)
+
+    def _total_steps(self, rec: JobRecord) -> Optional[float]:
+        if rec.steps is not None:
+            return float(rec.steps)
+        if rec.epochs is not None and rec.step > 0:
+            done = total = 0
+            for name in self.c.shards.datasets(rec.id):
+                d = self.c.shards.info(rec.id, name)
+                done, total = done + d.done, total + d.total
+            if done and total:
+                return rec.step * total / done
+        return None
+
+    def _assume(self, rec: JobRecord, what: str, text: str) -> None:
+        if what not in rec.assumed:
+            rec.assumed.append(what)
+            self._dirty.add(rec.id)
+            self._emit("assumed", rec.id, "", input=what, assumed=text, policy=self.cfg.policy)
+
+    def step(self, job: str, req: StepReport) -> StepInfo:
+        """A worker's step (any job; for scheduled jobs it feeds the policy)."""
+        now = self.clock.now()
+        rec = self.records.get(job)
+        if rec is None:
+            return StepInfo(job, req.step, None)
+        if rec.step_time is not None and rec.step_run == rec.run and req.step > rec.step and \
+                rec.status == "running":
+            sample = (now - rec.step_time) / (req.step - rec.step)
+            rec.iteration_time = sample if rec.iteration_time is None else 0.7 * rec.iteration_time + 0.3 * sample
+        rec.step, rec.step_time, rec.step_run = req.step, now, rec.run
+        e = self.table.get(job)
+        if e is not None:
+            self._measure(rec, e)
+        self._dirty.add(job)
+        self._flush()
+        return StepInfo(job, rec.step, rec.iteration_time)
+
+    # ------------------------------------------------------------------ jobs
+    def submit(self, req: JobSubmit) -> ClusterJobInfo:
+        if req.min_gpus is not None and req.min_gpus > req.gpus:
+            raise ConfigError(f"min_gpus ({req.min_gpus}) must be <= gpus ({req.gpus})")
+        known = sum(n.slots for n in self.nodes.by_index)
+        if self.nodes.by_index and (req.min_gpus or req.gpus) > known:
+            raise ConfigError(f"the job needs {req.min_gpus or req.gpus} GPUs but the cluster's nodes have {known} "
+                              "in all; lower --gpus, or add nodes first")
+        if not os.path.isabs(req.workdir):
+            raise ConfigError(f"workdir {req.workdir!r} must be an absolute path")
+        self._seq += 1
+        job_id = str(self._seq)
+        while job_id in self.c.members.jobs or job_id in self.records:  # an etrun job took this name
+            self._seq += 1
+            job_id = str(self._seq)
+        now = self.clock.now()
+        name = req.name or _default_name(req.command)
+        rec = JobRecord(job_id, self._seq, name, req.user, req.priority, req.gpus, req.min_gpus or req.gpus,
+                        list(req.command), req.workdir, dict(req.env), req.module, req.steps, req.epochs,
+                        req.max_restarts, req.grace, now, pending_since=now, accrued_at=now)
+        self.records[job_id] = rec
+        self.c.members.create_job(job_id, 1, 65536)
+        self.table.add(self._entry(rec))
+        self._dirty.add(job_id)
+        self._emit("submit", job_id, "", name=name, user=req.user, gpus=req.gpus, min_gpus=rec.min_gpus,
+                   steps=req.steps, epochs=req.epochs, command=req.command[:8])
+        self._flush()
+        self.wake()
+        return self.info(rec)
+
+    def cancel(self, job: str) -> ClusterJobInfo:
+        rec = self._rec(job)
+        if rec.status in _ENDED_NAMES:
+            raise ConflictError(f"job {job} already {rec.status}; nothing to cancel")
+        self.backend.cancel(rec)
+        self._dirty.add(job)
+        self._flush()
+        self.wake()
+        return self.info(rec)
+
+    def _rec(self, job: str) -> JobRecord:
+        rec = self.records.get(job)
+        if rec is None:
+            raise NotFoundError(f"no scheduled job {job!r}; `elastictrain status` lists them")
+        return rec
+
+    def job(self, job: str) -> ClusterJobInfo:
+        return self.info(self._rec(job))
+
+    def jobs(self) -> ClusterJobList:
+        return ClusterJobList([self.info(r) for r in self.records.values()])
+
+    def info(self, rec: JobRecord) -> ClusterJobInfo:
+        e = self.table.get(rec.id)
+        if e is not None:
+            self.table.accrue(self.clock.now())
+        self._sync(rec)
+        where = []
+        tasks = {(t.node): t for n in self.nodes.by_index for t in n.tasks if t.job == rec.id and t.run == rec.run}
+        for node, g in rec.placement:
+            name = self.nodes.name_of(node)
+            t = tasks.get(name)
+            where.append(NodeSlots(name, g, list(t.gpus) if t is not None else []))
+        note = getattr(self.policy, "annotate", None)
+        info = {k: str(v) for k, v in (note(rec.id) if note is not None and e is not None else {}).items()}
+        reason = rec.reason
+        if not reason and rec.id in self.sched.deferred:
+            reason = "placed; waiting for GPUs that stopping jobs still hold"
+        return ClusterJobInfo(rec.id, rec.name, rec.user, rec.priority, rec.status, rec.gpus, rec.min_gpus,
+                              rec.command, rec.workdir, rec.submit_time, rec.start_time, rec.end_time, rec.attained,
+                              rec.attained_gpu, where, rec.preemptions, rec.restarts, rec.max_restarts, reason,
+                              rec.step, rec.steps, rec.epochs, rec.iteration_time, rec.run, rec.stopping, info)
+
+    def status(self) -> ClusterStatus:
+        return ClusterStatus(self.cfg.policy, self.clock.now(), [n.info() for n in self.nodes.by_index],
+                             [self.info(r) for r in self.records.values()], self.sched.decisions, self.sched.failures)
+
+    def job_logs(self, job: str, after: int) -> LogList:
+        rec = self._rec(job)
+        return self.logs.list(job, after, rec.status in _ENDED_NAMES)
+
+    def event_list(self, after: int, job: Optional[str]) -> EventList:
+        return self.events.list(after, job)
+
+    # ------------------------------------------------------------------ nodes
+    def _task(self, t: TaskRec) -> Task:
+        rec = self.records[t.job]
+        nnodes = sum(1 for n in self.nodes.by_index for x in n.tasks if x.job == t.job and x.run == t.run)
+        return Task(t.job, t.run, t.slots, list(t.gpus), nnodes, rec.command, rec.workdir, rec.env, rec.max_restarts,
+                    rec.grace, rec.module)
+
+    def node_register(self, name: str, req: NodeRegister) -> NodeInfo:
+        n, exits = self.nodes.register(name, req, self.clock.now())
+        self._exits(exits)
+        self._flush()
+        self.wake()
+        return n.info()
+
+    async def node_poll(self, name: str, req: NodePoll) -> NodeTasks:
+        n = self.nodes.get(name, req.instance)
+        if n is None:
+            return NodeTasks("register")
+        now = self.clock.now()
+        exits = self.nodes.report(n, req.tasks, now)
+        for chunk in req.logs:
+            self.logs.add(chunk.job, name, chunk.run, chunk.data)
+        if exits:
+            self._exits(exits)
+            self.wake()
+        self._flush()
+        tasks = self.nodes.wanted(n)
+        have = {(t.job, t.run) for t in req.tasks if t.state == "running"}
+        if req.wait > 0 and not exits and have == {(t.job, t.run) for t in tasks}:
+            await self.nodes.wait(name, req.wait)
+            n = self.nodes.get(name, req.instance)
+            if n is None:
+                return NodeTasks("register")
+            tasks = self.nodes.wanted(n)
+        return NodeTasks("run", tasks)
+
+    def node_leave(self, name: str, req: NodeLeave) -> NodeInfo:
+        n = self.nodes.require(name)
+        if n.instance != req.instance:
+            raise ConflictError(f"node {name} is served by another daemon now; only it may leave")
+        self._exits(self.nodes.leave(n))
+        self._flush()
+        self.wake()
+        return n.info()
+
+    def _exits(self, exits: list[Exit]) -> None:
+        for x in exits:
+            self.backend.on_exit(x)
+        if exits:
+            self.nodes.release()
+
+    # ------------------------------------------------------------------ the loop
+    def wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    def tick(self) -> None:
+        """One decision now (also what the loop runs)."""
+        now = self.clock.now()
+        self._exits(self.nodes.expire(now))
+        self.table.accrue(now)
+        for e in self.table.running.values():
+            self._measure(e.data["job"], e)
+        if len(self.table):
+            self.sched.tick()
+            for key in self.sched.deferred:
+                self._emit("deferred", key, "", why="its GPUs are still held by stopping jobs")
+        self.nodes.release()
+        self._flush(everything=now - self._last_persist >= self.cfg.persist_every)
+
+    async def run(self) -> None:
+        self._wake = asyncio.Event()
+        self._wake.set()
+        while True:
+            now = self.clock.now()
+            due = [self._next_round, now + 1.0]  # at least every second: node liveness
+            if self.sched.wakeup is not None:
+                due.append(self.sched.wakeup)
+            timeout = max(0.0, min(due) - now)
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            now = self.clock.now()
+            if now >= self._next_round:
+                self._next_round = now + self.cfg.interval
+            try:
+                self.tick()
+            except Exception:  # a bug must not stop scheduling; it is logged in full
+                log.exception("scheduling tick failed")
+                await asyncio.sleep(0.5)
+
+    def close(self) -> None:
+        self._flush(everything=True)
+
+
+_ENDED_NAMES = frozenset(s.value for s in ENDED)
+
+
+def _default_name(command: list[str]) -> str:
+    base = os.path.basename(command[0]) or "job"
+    if base.endswith(".py"):
+        base = base[:-3]
+    clean = "".join(ch if ch.isalnum() or ch in "._-" else "-" for ch in base).lstrip("._-")[:64]
+    return clean or "job"
+

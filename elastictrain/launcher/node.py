@@ -1,0 +1,393 @@
+"""``elastictrain node``: one daemon per machine that runs the tasks the coordinator places on it.
+
+It registers the machine's GPUs (found with pynvml or ``nvidia-smi``), or ``--slots N`` on a
+CPU-only machine, then long-polls the coordinator: each poll reports the state of its tasks and
+their new output, and the reply lists the tasks it must run. The daemon never listens on a port
+and runs nothing but what the coordinator it was pointed at (with its token) assigns.
+
+A task is one run of one job on this machine: an ``etrun`` agent (the same launcher users run,
+so restarts, warm spares, per-rank logs and exactly-once data work as under ``etrun``) started
+with ``--nproc-per-node <slots>``, the job's rendezvous id, and ``CUDA_VISIBLE_DEVICES`` set to
+the GPUs it was given. A task that is no longer listed gets SIGTERM: etrun forwards it to the
+workers, which checkpoint within the job's grace period and exit with the preempted code.
+
+The etrun agents die with the daemon (``PR_SET_PDEATHSIG``: a ``kill -9`` of the daemon sends
+them SIGTERM, so their workers checkpoint). A restarted daemon first waits for any agent of
+its previous life still exiting, then registers again. SIGTERM or SIGINT to the daemon drains
+the node: its tasks are stopped (and checkpoint), their exits reported, then it leaves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import glob
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import ConfigError, ElasticTrainError
+from ..wire import LogChunk, NodeLeave, NodePoll, NodeRegister, Task, TaskState
+
+__all__ = ["NodeConfig", "NodeDaemon", "detect_gpus"]
+
+log = logging.getLogger("elastictrain.node")
+_CHUNK = 65536
+_KILL_AFTER = 15.0  # seconds past a task's grace before its process group gets SIGKILL
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    coordinator: str
+    token_file: Optional[str]
+    name: str
+    slots: int
+    kind: str = "gpu"  # gpu | slot
+    gpu_type: str = ""
+    state_dir: str = "elastictrain-node"
+    poll_wait: float = 5.0
+    warm_spares: int = -1  # passed to etrun (-1: its default)
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.slots <= 65536:
+            raise ConfigError(f"--slots/--gpus must be in [1, 65536], got {self.slots}")
+        if not 0.0 <= self.poll_wait <= 30.0:
+            raise ConfigError(f"--poll-wait must be in [0, 30] seconds, got {self.poll_wait}")
+
+
+def detect_gpus() -> tuple[int, str]:
+    """(count, type name) of this machine's NVIDIA GPUs; (0, "") when there are none."""
+    try:
+        import pynvml  # type: ignore
+
+        pynvml.nvmlInit()
+        try:
+            n = pynvml.nvmlDeviceGetCount()
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(0)) if n else ""
+            return n, name.decode() if isinstance(name, bytes) else name
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # no pynvml, no driver: try the command line tool
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0, ""
+    lines = [line for line in out.splitlines() if line.startswith("GPU ")]
+    name = lines[0].split(":", 1)[1].split("(")[0].strip() if lines else ""
+    return len(lines), name
+
+
+def _pdeathsig() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class _Task:
+    def __init__(self, spec: Task, proc: subprocess.Popen, pidfile: str, logfile) -> None:
+        self.spec, self.proc, self.pidfile, self.logfile = spec, proc, pidfile, logfile
+        self.key = (spec.job, spec.run)
+        self.code: Optional[int] = None
+        self.detail = ""
+        self.tail: deque = deque(maxlen=40)
+        self.stop_at: Optional[float] = None  # when SIGTERM was sent
+        self.reported = False  # its exit was in a poll that got an answer
+
+
+class NodeDaemon:
+    def __init__(self, cfg: NodeConfig) -> None:
+        from ..runtime.client import CoordinatorClient, token_from_file
+
+        self.cfg = cfg
+        token = token_from_file(cfg.token_file, "--token-file") if cfg.token_file else ""
+        self.client = CoordinatorClient(cfg.coordinator, token, timeout=10.0, retry_for=120.0)
+        self.reporter = CoordinatorClient(cfg.coordinator, token, timeout=10.0, retry_for=120.0)
+        self.instance = uuid.uuid4().hex[:16]
+        self.tasks: dict[tuple, _Task] = {}
+        self._lock = threading.Lock()
+        self._logs: list[LogChunk] = []
+        self._wake = threading.Event()
+        self._stop: Optional[int] = None
+        self._reply = None
+        self._seen: set = set()
+        os.makedirs(os.path.join(cfg.state_dir, "tasks"), exist_ok=True)
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> int:
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            self._wait_for_orphans()
+            self._register()
+            poller = threading.Thread(target=self._poll_loop, name="et-node-poll", daemon=True)
+            poller.start()
+            while self._stop is None:
+                self._wake.wait(0.5)
+                self._wake.clear()
+                self._step()
+            return self._drain()
+        except ElasticTrainError as exc:
+            print(f"elastictrain node: error: {exc}", file=sys.stderr)
+            return 1
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    def _on_signal(self, signum, _frame) -> None:
+        self._stop = signum
+        self._wake.set()
+
+    def _register(self) -> None:
+        cfg = self.cfg
+        info = self.client.node_register(cfg.name, NodeRegister(cfg.slots, self.instance, cfg.kind, cfg.gpu_type,
+                                                                socket.gethostname()))
+        log.info("node %s registered with %d %s(s) at %s (index %d)", cfg.name, info.slots, cfg.kind,
+                 cfg.coordinator, info.index)
+
+    def _poll_loop(self) -> None:
+        while self._stop is None:
+            try:
+                reply = self._poll(self.client, self.cfg.poll_wait)
+            except ElasticTrainError as exc:
+                log.error("poll failed: %s", exc)
+                time.sleep(1.0)
+                continue
+            with self._lock:
+                self._reply = reply
+            self._wake.set()
+
+    def _poll(self, client, wait: float):
+        with self._lock:
+            states, sent = self._states(), [t for t in self.tasks.values() if t.code is not None]
+            logs, self._logs = self._logs, []
+        try:
+            reply = client.node_poll(self.cfg.name, NodePoll(self.instance, states, logs, wait))
+        except ElasticTrainError:
+            with self._lock:
+                self._logs = logs + self._logs  # nothing is lost: sent again next time
+            raise
+        with self._lock:
+            for t in sent:
+                t.reported = True
+        return reply
+
+    def _states(self) -> list[TaskState]:
+        out = []
+        for t in self.tasks.values():
+            if t.code is None:
+                out.append(TaskState(t.spec.job, t.spec.run, "running"))
+            else:
+                out.append(TaskState(t.spec.job, t.spec.run, "exited", max(-255, min(255, t.code)), t.detail[-60000:]))
+        return out
+
+    def _step(self) -> None:
+        exited = self._reap()
+        with self._lock:
+            reply, self._reply = self._reply, None
+            for key in [k for k, t in self.tasks.items() if t.reported]:
+                self._forget(self.tasks.pop(key))
+        if exited:  # tell the coordinator now, not at the end of the long poll
+            try:
+                reply = self._poll(self.reporter, 0.0)
+            except ElasticTrainError as exc:
+                log.error("could not report exits: %s", exc)
+        if reply is not None:
+            if reply.action == "register":
+                log.warning("the coordinator does not know this daemon (it restarted, or the node was declared lost); "
+                            "registering again")
+                self._register()
+            else:
+                self._reconcile(reply.tasks)
+        self._enforce_grace()
+
+    def _reconcile(self, wanted: list[Task]) -> None:
+        keys = {(t.job, t.run) for t in wanted}
+        for spec in wanted:
+            if (spec.job, spec.run) not in self._seen:  # a run is started once; a stale reply cannot restart it
+                self._seen.add((spec.job, spec.run))
+                self._start(spec)
+        for key, t in self.tasks.items():
+            if key not in keys and t.code is None and t.stop_at is None:
+                log.info("stopping task %s run %d (no longer placed here)", *key)
+                t.stop_at = time.monotonic()
+                _signal(t.proc, signal.SIGTERM, group=False)
+
+    def _enforce_grace(self) -> None:
+        now = time.monotonic()
+        for t in self.tasks.values():
+            if t.code is None and t.stop_at is not None and now - t.stop_at > t.spec.grace + _KILL_AFTER:
+                log.warning("task %s run %d did not exit %.0f s after SIGTERM; killing it", *t.key,
+                            t.spec.grace + _KILL_AFTER)
+                _signal(t.proc, signal.SIGKILL, group=True)
+
+    # ------------------------------------------------------------------ tasks
+    def _start(self, spec: Task) -> None:
+        cfg = self.cfg
+        run_dir = os.path.abspath(os.path.join(cfg.state_dir, "jobs", spec.job, f"run{spec.run}"))
+        os.makedirs(run_dir, exist_ok=True)
+        cmd = [sys.executable, "-u", "-m", "elastictrain.launcher.cli", "--nnodes", f"{spec.nnodes}:{spec.nnodes}",
+               "--nproc-per-node", str(spec.slots), "--rdzv-id", spec.job, "--coordinator", cfg.coordinator,
+               "--max-restarts", str(spec.max_restarts), "--shutdown-grace", str(spec.grace),
+               "--log-dir", run_dir, "--tee", "3", "--rdzv-conf", f"run={spec.run}"]
+        if cfg.token_file:
+            cmd += ["--token-file", os.path.abspath(cfg.token_file)]
+        if cfg.warm_spares >= 0:
+            cmd += ["--warm-spares", str(cfg.warm_spares)]
+        if spec.module:
+            cmd.append("--module")
+        cmd += list(spec.command)
+        env = dict(os.environ)
+        env.update(spec.env)
+        env.pop("ET_TOKEN", None)
+        env.update({"ET_NODE_NAME": cfg.name, "PYTHONUNBUFFERED": "1", "ET_LOG_LEVEL": env.get("ET_LOG_LEVEL", "info")})
+        if cfg.kind == "gpu":
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
+        logfile = open(os.path.join(run_dir, "etrun.log"), "ab")
+        try:
+            proc = subprocess.Popen(cmd, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_pdeathsig)
+        except OSError as exc:
+            logfile.close()
+            t = _Task(spec, None, "", None)
+            t.code, t.detail = 127, f"cannot start the job in {spec.workdir}: {exc.strerror}"
+            self.tasks[t.key] = t
+            self._wake.set()
+            return
+        pidfile = os.path.join(cfg.state_dir, "tasks", f"{spec.job}-{spec.run}.pid")
+        with open(pidfile, "w") as f:
+            f.write(str(proc.pid))
+        t = _Task(spec, proc, pidfile, logfile)
+        self.tasks[t.key] = t
+        threading.Thread(target=self._pump, args=(t,), name=f"et-node-out-{spec.job}", daemon=True).start()
+        log.info("started job %s run %d on %d slot(s) %s (pid %d)", spec.job, spec.run, spec.slots, spec.gpus, proc.pid)
+
+    def _pump(self, t: _Task) -> None:
+        buf = b""
+        last = time.monotonic()
+        for line in iter(t.proc.stdout.readline, b""):
+            t.logfile.write(line)
+            t.logfile.flush()
+            t.tail.append(line)
+            buf += line
+            if len(buf) >= _CHUNK or time.monotonic() - last > 0.5:
+                self._add_log(t, buf)
+                buf, last = b"", time.monotonic()
+        if buf:
+            self._add_log(t, buf)
+        t.proc.stdout.close()
+        t.proc.wait()
+        self._wake.set()
+
+    def _add_log(self, t: _Task, data: bytes) -> None:
+        with self._lock:
+            for i in range(0, len(data), _CHUNK):
+                self._logs.append(LogChunk(t.spec.job, t.spec.run, data[i:i + _CHUNK]))
+            if len(self._logs) > 64:  # the coordinator is slow to take them: keep the newest
+                del self._logs[:len(self._logs) - 64]
+
+    def _reap(self) -> bool:
+        exited = False
+        for t in self.tasks.values():
+            if t.code is None and t.proc is not None and t.proc.poll() is not None:
+                t.code = t.proc.returncode
+                t.detail = b"".join(t.tail).decode(errors="replace")
+                exited = True
+                log.info("job %s run %d exited with code %d", t.spec.job, t.spec.run, t.code)
+        return exited
+
+    def _forget(self, t: _Task) -> None:
+        if t.logfile is not None:
+            t.logfile.close()
+        if t.pidfile:
+            try:
+                os.unlink(t.pidfile)
+            except FileNotFoundError:
+                pass
+
+    # ------------------------------------------------------------------ start-up and shutdown
+    def _wait_for_orphans(self) -> None:
+        """Agents of this daemon's previous life that still exit (they got SIGTERM when it died)
+        hold GPUs; registering again waits for them."""
+        for path in glob.glob(os.path.join(self.cfg.state_dir, "tasks", "*.pid")):
+            try:
+                with open(path) as f:
+                    pid = int(f.read().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _alive(pid) and b"elastictrain.launcher.cli" in _cmdline(pid):
+                log.warning("waiting for pid %d, a task of this node's previous daemon, to exit", pid)
+                deadline = time.monotonic() + 120.0
+                os.kill(pid, signal.SIGTERM)
+                while _alive(pid) and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                if _alive(pid):
+                    os.killpg(pid, signal.SIGKILL)
+            os.unlink(path)
+
+    def _drain(self) -> int:
+        name = signal.Signals(self._stop).name if self._stop else "stop"
+        log.warning("got %s: stopping every task (they checkpoint), then leaving the cluster", name)
+        for t in self.tasks.values():
+            if t.code is None and t.proc is not None:
+                t.stop_at = time.monotonic()
+                _signal(t.proc, signal.SIGTERM, group=False)
+        deadline = time.monotonic() + max([t.spec.grace for t in self.tasks.values()] or [0.0]) + _KILL_AFTER
+        while any(t.code is None for t in self.tasks.values()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+            self._reap()
+        for t in self.tasks.values():
+            if t.code is None and t.proc is not None:
+                _signal(t.proc, signal.SIGKILL, group=True)
+                t.proc.wait()
+        self._reap()
+        try:
+            self._poll(self.reporter, 0.0)
+            self.reporter.node_leave(self.cfg.name, NodeLeave(self.instance))
+        except ElasticTrainError as exc:
+            log.error("could not tell the coordinator that this node leaves: %s", exc)
+        for t in self.tasks.values():
+            self._forget(t)
+        return 0
+
+
+def _signal(proc: Optional[subprocess.Popen], sig: int, group: bool) -> None:
+    if proc is None:
+        return
+    try:
+        if group:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""

@@ -6,7 +6,7 @@ SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 CORE := $(VENV)/.core-$(SUM)
 FULL := $(VENV)/.full-$(SUM)
 
-.PHONY: demo test test-slow bench install clean
+.PHONY: demo demo-cluster test test-slow bench install clean
 
 # torch (CPU) + elastictrain: what the demo needs
 $(CORE): pyproject.toml
@@ -30,6 +30,11 @@ demo: $(CORE)
 	$(VENV)/bin/etrun --nproc-per-node 2 --max-restarts 3 --log-dir runs/demo/logs \
 	    examples/torch_ddp_elastic.py --crash-at-step 40 --ckpt-dir runs/demo/checkpoints
 
+# The scheduler on real processes: a coordinator running Tiresias-L, two node daemons with 2 CPU
+# slots each, three DDP jobs; one is preempted for a short job and resumes from its checkpoint.
+demo-cluster: $(CORE)
+	$(PY) examples/cluster_demo.py runs/demo-cluster
+
 # The default test run (well under 15 minutes). pytest's exit code 5 ("no tests ran") fails it.
 test: $(FULL)
 	$(PY) -m pytest -q -p no:cacheprovider
@@ -46,6 +51,7 @@ bench: $(FULL)
 	$(PY) benchmarks/interleave.py --quick
 	$(PY) benchmarks/profiling_overhead.py --quick
 	$(PY) benchmarks/fairness.py --quick
+	$(PY) benchmarks/scheduler.py --quick
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

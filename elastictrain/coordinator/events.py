@@ -33,14 +33,14 @@ class EventLog:
         self.seq = last_seq
         self.pending: list[EventRow] = []
 
-    def emit(self, now: float, kind: str, job: str = "", node: str = "", **detail) -> None:
+    def emit(self, now: float, event: str, job: str = "", node: str = "", /, **detail) -> None:
         """Queue an event; it is written with the next flush (the change it describes)."""
         self.seq += 1
         text = json.dumps(detail, sort_keys=True, default=str)
-        self.pending.append(EventRow(self.seq, now, kind, job, node, text))
+        self.pending.append(EventRow(self.seq, now, event, job, node, text))
         if log.isEnabledFor(logging.INFO):
-            log.info(json.dumps({"seq": self.seq, "time": round(now, 3), "kind": kind, "job": job, "node": node,
-                                 **detail}, default=str))
+            log.info(json.dumps({"seq": self.seq, "time": round(now, 3), "kind": event, "job": job, "node": node,
+                                 "detail": detail}, default=str))
 
     def write(self, tx) -> None:
         for row in self.pending:

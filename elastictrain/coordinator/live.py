@@ -204,8 +204,8 @@ class LiveBackend:
     def _names(self, placement) -> list:
         return [[self.nodes.name_of(n), g] for n, g in placement if n >= 0]
 
-    def _emit(self, kind: str, rec: JobRecord, **detail) -> None:
-        self.events.emit(self.clock.now(), kind, rec.id, **detail)
+    def _emit(self, event: str, rec: JobRecord, /, **detail) -> None:
+        self.events.emit(self.clock.now(), event, rec.id, "", **detail)
 
 
 #: exit codes of an agent that was stopped rather than failed: the preempted code, killed by a

@@ -126,19 +126,20 @@ class NodeBook:
         n = self.nodes.get(name)
         exits: list[Exit] = []
         if n is None:
-            n = Node(name, len(self.by_index), req.slots)
+            n = Node(name, len(self.by_index), req.slots, state="new")
             self.nodes[name] = n
             self.by_index.append(n)
-        elif n.instance != req.instance:
+        elif n.instance == req.instance:
+            if n.slots != req.slots and any(t.alive for t in n.tasks):
+                raise ConflictError(f"node {name} has tasks running on {n.slots} slots; it cannot register with "
+                                    f"{req.slots} until they end")
+        else:  # a new daemon: whatever the old one ran is gone
             exits = self._lose(n, "the node daemon restarted")
-        if n.slots != req.slots and any(t.alive for t in n.tasks):
-            raise ConflictError(f"node {name} has tasks running on {n.slots} slots; it cannot register with "
-                                f"{req.slots} until they end (stop the old daemon first)")
         n.slots, n.kind, n.gpu_type, n.host, n.instance = req.slots, req.kind, req.gpu_type, req.host, req.instance
         was = n.state
         n.state, n.last_seen = "up", now
         if was != "up" or exits:
-            self._emit("node_up", "", name, slots=n.slots, kind=n.kind, gpu_type=n.gpu_type, host=n.host)
+            self._emit("node_up", "", name, slots=n.slots, slot_kind=n.kind, gpu_type=n.gpu_type, host=n.host)
         self.dirty.add(name)
         return n, exits
 
@@ -220,8 +221,15 @@ class NodeBook:
         return left
 
     def release(self) -> list[TaskRec]:
-        """Hand pending tasks to their daemons where their GPUs are free; returns those released."""
+        """Hand pending tasks to their daemons where their GPUs are free, and only once every
+        task of the job's previous runs has exited (two runs of a job never overlap: the old
+        one's workers must finish their checkpoint first). Returns the tasks released."""
         out = []
+        alive_runs: dict = {}
+        for n in self.by_index:
+            for t in n.tasks:
+                if t.alive:
+                    alive_runs.setdefault(t.job, set()).add(t.run)
         for n in self.by_index:
             if n.state != "up":
                 continue
@@ -230,6 +238,8 @@ class NodeBook:
             for t in n.tasks:
                 if t.state != "pending" or not t.wanted:
                     continue
+                if alive_runs.get(t.job, set()) - {t.run}:
+                    continue  # the job's previous run is still stopping
                 if len(free) < t.slots:
                     break  # keep placement order: the first waiting task gets the next free GPUs
                 t.gpus, free = free[:t.slots], free[t.slots:]

@@ -171,8 +171,8 @@ class ClusterScheduler:
         self._dirty.clear()
         self.nodes.dirty.clear()
 
-    def _emit(self, kind: str, job: str = "", node: str = "", **detail) -> None:
-        self.events.emit(self.clock.now(), kind, job, node, **detail)
+    def _emit(self, event: str, job: str = "", node: str = "", /, **detail) -> None:
+        self.events.emit(self.clock.now(), event, job, node, **detail)
 
     def _policy_error(self, err: PolicyError) -> None:
         self._emit("policy_error", "", "", error=str(err)[:2000])
@@ -236,6 +236,8 @@ class ClusterScheduler:
                 rec.status == "running":
             sample = (now - rec.step_time) / (req.step - rec.step)
             rec.iteration_time = sample if rec.iteration_time is None else 0.7 * rec.iteration_time + 0.3 * sample
+        if rec.step_run != rec.run and rec.status == "running":
+            self._emit("first_step", job, "", run=rec.run, step=req.step)  # this run trains
         rec.step, rec.step_time, rec.step_run = req.step, now, rec.run
         e = self.table.get(job)
         if e is not None:

@@ -85,8 +85,8 @@ class JobView(msgspec.Struct, frozen=True, gc=False):
 class ClusterSnapshot:
     """Everything a policy may use, valid for the duration of one ``decide`` call.
 
-    ``gpus_per_node``: the GPUs of each node this decision may hand out (a node that is down,
-    and GPUs still held by jobs being stopped, are not counted). ``jobs``: the runnable jobs in
+    ``gpus_per_node``: the GPUs of each node (0 for a node that is down). GPUs a job being
+    stopped still holds count as free: a start placed on them waits until they are. ``jobs``: the runnable jobs in
     arrival order. ``arrived``/``ended``: changes since the previous snapshot of the same policy
     (incremental policies use them to stay O(changes)). ``running``: jobs running before this
     decision. ``by_key``: job key -> view for every job in ``jobs`` (see :meth:`job`).
@@ -101,7 +101,6 @@ class ClusterSnapshot:
     running: tuple = ()  # JobView running before this decision
     node_types: tuple = ()  # GPU type of node i on a heterogeneous cluster (empty: one type)
     by_key: Optional[Mapping] = None
-    capacity: tuple = ()  # each node's GPUs when none is held (empty: gpus_per_node)
 
     def __post_init__(self) -> None:
         if self.by_key is None:
@@ -110,13 +109,6 @@ class ClusterSnapshot:
     @property
     def total_gpus(self) -> int:
         return sum(self.gpus_per_node)
-
-    @property
-    def node_capacity(self) -> tuple:
-        """Each node's GPUs, including those a stopping job still holds for a moment: the
-        cluster's structure (for homes, fair shares, admission), where ``gpus_per_node`` is what
-        this decision may place."""
-        return self.capacity or self.gpus_per_node
 
     def job(self, key: JobKey) -> Optional[JobView]:
         """The view of runnable job ``key`` in this snapshot, or None (ended, or being stopped)."""

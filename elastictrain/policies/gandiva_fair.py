@@ -140,8 +140,7 @@ class GandivaFair:
             self._jobs.pop(jid, None)
         if not self.split:
             return self._decide_global(s)
-        caps = s.gpus_per_node  # what this decision may place
-        full = s.node_capacity  # the cluster's structure: homes, shares, loads
+        caps = full = s.gpus_per_node  # (the two names: what may be placed now, and the structure)
         types = s.node_types or ("gpu",) * len(caps)
         by_type: dict[str, int] = {}
         nodes_of: dict[str, list[int]] = {}

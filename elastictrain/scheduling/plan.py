@@ -90,7 +90,8 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
         if used[node] > caps[node]:
             raise PolicyError(f"policy {policy} placed {used[node]} GPUs on node {node}, which offers {caps[node]}")
 
-    resolved = _resolve(anywhere, run, get, used, caps) if anywhere else None
+    resolved = _resolve(anywhere, run, get, used, caps, table.held_per_node(nodes) if table.stopping else None) \
+        if anywhere else None
 
     # ---- actions: preemptions, then the placed jobs in decision order
     running = table.running
@@ -128,9 +129,10 @@ def _size(view, workers: dict) -> int:
     return -1 if view is None else workers.get(view.job_id, view.num_gpu)
 
 
-def _resolve(keys: list, run: dict, get, used: list[int], caps: tuple) -> dict:
+def _resolve(keys: list, run: dict, get, used: list[int], caps: tuple, held=None) -> dict:
     """Real nodes for "any node" placements: a running job keeps its GPUs when they are free and
-    its size is unchanged; the others take the best-fitting node, else the emptiest nodes."""
+    its size is unchanged; the others take the best-fitting node, else the emptiest nodes,
+    preferring GPUs that no stopping job still ``held`` (a start there would wait)."""
     free = [c - u for c, u in zip(caps, used)]
     out, todo = {}, []
     for key in keys:
@@ -150,9 +152,14 @@ def _resolve(keys: list, run: dict, get, used: list[int], caps: tuple) -> dict:
         todo.append((key, size))
     for key, size in todo:
         best = -1
-        for n in range(len(free)):
-            if free[n] >= size and (best < 0 or free[n] < free[best]):
-                best = n
+        if held is not None:  # a node whose GPUs are free now, not only once a stop completes
+            for n in range(len(free)):
+                if free[n] - held[n] >= size and (best < 0 or free[n] - held[n] < free[best] - held[best]):
+                    best = n
+        if best < 0:
+            for n in range(len(free)):
+                if free[n] >= size and (best < 0 or free[n] < free[best]):
+                    best = n
         if best >= 0:
             free[best] -= size
             out[key] = ((best, size),)

@@ -235,18 +235,19 @@ class Feed:
         self.ended: list = []
 
     def snapshot(self, now: float, shape: ClusterShape) -> ClusterSnapshot:
+        """The runnable jobs and the nodes' GPUs. Jobs being stopped are left out (they cannot be
+        placed until their workers exit), but their GPUs count as free: they will be in a moment,
+        and a start placed on them is deferred until then (:meth:`Scheduler.act`), rather than the
+        policy preempting someone else to make room meanwhile."""
         t = self._t
         t._refresh()
         views = t._views
-        caps = shape.gpus_per_node
-        if t.stopping:  # the live case only: stopping jobs are not runnable and hold their GPUs
+        if t.stopping:  # the live case only
             views = {k: v for k, v in views.items() if k not in t.stopping}
-            held = t.held_per_node(len(caps))
-            caps = tuple(max(0, c - h) for c, h in zip(caps, held))
         arrived = tuple(views[k] for k in self.arrived if k in views)
-        return ClusterSnapshot(now, tuple(views.values()), caps, shape.nodes_per_switch, arrived, tuple(self.ended),
-                               tuple(views[k] for k in t.running), shape.node_types, MappingProxyType(views),
-                               shape.gpus_per_node)
+        return ClusterSnapshot(now, tuple(views.values()), shape.gpus_per_node, shape.nodes_per_switch, arrived,
+                               tuple(self.ended), tuple(views[k] for k in t.running), shape.node_types,
+                               MappingProxyType(views))
 
     def consumed(self) -> None:
         """The policy decided on the last snapshot: forget the changes it has seen."""

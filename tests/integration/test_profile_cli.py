@@ -51,7 +51,7 @@ def test_profile_run_under_etrun_sends_each_workers_report_to_the_coordinator(tm
     reports = client.profiles("profiled").reports
     assert [r.stage.worker for r in reports] == [0, 1]
     assert all(r.stage.iterations == 4 and r.comm.collectives_per_iteration == pytest.approx(1.0) for r in reports)
-    st = subprocess.run([os.path.join(BIN, "elastictrain"), "status", "profiled", "--coordinator", coordinator.url],
-                        capture_output=True, text=True, timeout=30)
+    st = subprocess.run([os.path.join(BIN, "elastictrain"), "status", "profiled", "--coordinator", coordinator.url,
+                         "--token-file", coordinator.token_file], capture_output=True, text=True, timeout=30)
     assert st.returncode == 0, st.stderr
     assert "compute ms" in st.stdout and "comm skew" in st.stdout

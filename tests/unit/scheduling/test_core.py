@@ -69,11 +69,16 @@ def test_string_keys_start_preempt_and_stopping_jobs_hold_their_gpus():
     clock.advance(10)
     table.accrue(10)
     assert table.get("job-a").attained_gpu == 40.0
-    policy.run = {"job-b": ((1, 4),)}
-    sched.tick()  # job-a is preempted; its workers have not exited yet
+    policy.run = {"job-b": ((0, 4),)}
+    sched.tick()  # job-a is preempted; its workers have not exited yet, so job-b waits for its GPUs
     assert "job-a" in table.stopping and table.get("job-a").held == ((0, 4),)
+    assert sched.deferred == ["job-b"] and not table.get("job-b").running
     snap = sched.feed.snapshot(10, backend.shape())
-    assert snap.gpus_per_node == (0, 4) and [j.job_id for j in snap.jobs] == ["job-b"]
+    assert [j.job_id for j in snap.jobs] == ["job-b"], "a stopping job is not runnable"
+    assert snap.gpus_per_node == (4, 4), "its GPUs will be free in a moment: the policy may plan on them"
+    policy.run = {"job-b": ((-1, 4),)}
+    sched.tick()  # "any node": resolved to the node nobody holds
+    assert table.get("job-b").placement == ((1, 4),) and table.get("job-b").running
     backend.finish_stops()
     snap = sched.feed.snapshot(10, backend.shape())
     assert snap.gpus_per_node == (4, 4) and {j.job_id for j in snap.jobs} == {"job-a", "job-b"}

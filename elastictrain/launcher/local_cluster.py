@@ -1,0 +1,154 @@
+"""A real cluster on one machine: a coordinator process running a policy and node daemon
+processes with CPU slots, on loopback (``make demo-cluster``, the cluster tests, benchmarks).
+
+    with LocalCluster(tmp, "tiresias-l", "--thresholds", "10") as c:
+        job = c.submit("train", gpus=2, command=["train.py", "--epochs", "3"])
+        c.wait_all(1)
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Optional
+
+from ..coordinator.process import CoordinatorProcess
+from ..runtime.client import CoordinatorClient
+from ..wire import JobSubmit
+
+__all__ = ["LocalCluster", "max_slots_in_use", "ENDED"]
+
+ENDED = ("finished", "failed", "cancelled")
+
+
+class LocalCluster:
+    """``nodes`` daemons of ``slots`` CPU slots each, and a coordinator running ``policy``, with
+    their state and logs in ``tmp``. Every process is stopped by :meth:`stop`."""
+
+    def __init__(self, tmp, policy: str, *policy_args: str, nodes: int = 2, slots: int = 2,
+                 node_timeout: float = 6.0) -> None:
+        self.tmp = str(tmp)
+        self.coordinator = CoordinatorProcess(os.path.join(self.tmp, "coord.db"), os.path.join(self.tmp, "token"),
+                                              log_file=os.path.join(self.tmp, "coordinator.log"),
+                                              extra_args=("--policy", policy, "--interval", "1",
+                                                          "--node-timeout", str(node_timeout), *policy_args))
+        self.names = [f"n{i + 1}" for i in range(nodes)]
+        self.slots = slots
+        self.daemons: dict = {}
+        self.client = None
+
+    def start(self) -> "LocalCluster":
+        self.coordinator.start()
+        self.client = CoordinatorClient(self.coordinator.url, self.coordinator.token, timeout=10.0, retry_for=30.0)
+        for name in self.names:
+            self.start_node(name)
+        self.wait(lambda st: sum(n.state == "up" for n in st.nodes) == len(self.names), 60, "nodes registered")
+        return self
+
+    def env(self) -> dict:
+        env = dict(os.environ, ET_COORDINATOR=self.coordinator.url, ET_TOKEN_FILE=self.coordinator.token_file,
+                   ET_STEP_REPORT_INTERVAL="0.5")
+        env.pop("ET_TOKEN", None)
+        return env
+
+    def start_node(self, name: str) -> None:
+        log = open(os.path.join(self.tmp, f"{name}.log"), "ab")
+        self.daemons[name] = subprocess.Popen(
+            [sys.executable, "-m", "elastictrain", "node", "--slots", str(self.slots), "--name", name,
+             "--state-dir", os.path.join(self.tmp, f"state-{name}"), "--warm-spares", "0", "--poll-wait", "2"],
+            env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
+        log.close()
+
+    def kill_node(self, name: str) -> None:
+        p = self.daemons[name]
+        p.kill()
+        p.wait()
+
+    def submit(self, name: str, gpus: int, command: list[str], steps: Optional[int] = None,
+               grace: float = 20.0) -> str:
+        """Queue ``command`` (a script and its arguments, run in ``tmp``); returns the job id."""
+        info = self.client.submit(JobSubmit(list(command), self.tmp, name=name, gpus=gpus, steps=steps, grace=grace,
+                                            env={"OMP_NUM_THREADS": "1"}))
+        return info.id
+
+    def result(self, name: str) -> dict:
+        with open(os.path.join(self.tmp, f"{name}.json")) as f:
+            return json.load(f)
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def wait(self, cond, timeout: float, what: str):
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                st = self.client.cluster_status()
+                if cond(st):
+                    return st
+            except Exception:  # the coordinator may be restarting
+                st = None
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; status: {st}\n"
+                                     + self.tail())
+            time.sleep(0.25)
+
+    def wait_all(self, n: int, timeout: float = 240.0):
+        return self.wait(lambda st: len(st.jobs) == n and all(j.status in ENDED for j in st.jobs), timeout,
+                         f"all {n} jobs to end")
+
+    def events(self) -> list:
+        out, after = [], 0
+        while True:
+            page = self.client.events(after)
+            out += page.events
+            if not page.events:
+                return out
+            after = page.next
+
+    def tail(self) -> str:
+        text = []
+        for path in sorted(glob.glob(os.path.join(self.tmp, "*.log"))):
+            with open(path, errors="replace") as f:
+                text.append(f"--- {os.path.basename(path)}\n" + "".join(f.readlines()[-25:]))
+        return "\n".join(text)
+
+    def stop(self) -> None:
+        for p in self.daemons.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.daemons.values():
+            try:
+                p.wait(40)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for path in glob.glob(os.path.join(self.tmp, "state-*", "tasks", "*.pid")):  # leftovers, if any
+            try:
+                with open(path) as f:
+                    os.killpg(int(f.read()), signal.SIGKILL)
+            except (OSError, ValueError):
+                pass
+        if self.client is not None:
+            self.client.close()
+        self.coordinator.stop()
+
+
+def max_slots_in_use(events, slots: int) -> dict:
+    """Replay the launch/exit events: the most slots each node had in use at once."""
+    used, most = {}, {}
+    for e in events:
+        if e.kind == "launch":
+            used[e.node] = used.get(e.node, 0) + e.detail["slots"]
+        elif e.kind == "exit":
+            used[e.node] = used.get(e.node, 0) - e.detail["slots"]
+        if e.node:
+            most[e.node] = max(most.get(e.node, 0), used.get(e.node, 0))
+    return most

@@ -1,0 +1,93 @@
+"""What a user types against a live cluster: submit, status, logs, cancel; a failing job's root
+cause; and the token on every route, reads included."""
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from elastictrain.launcher.local_cluster import LocalCluster as Cluster
+
+WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
+                      "torch_cluster_job.py")
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
+    yield c
+    c.stop()
+
+
+def et(c: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    r = subprocess.run([sys.executable, "-m", "elastictrain", *args], env=c.env(), cwd=c.tmp, capture_output=True,
+                       text=True, timeout=60)
+    if check:
+        assert r.returncode == 0, r.stderr
+    return r
+
+
+def test_submit_status_logs_cancel_and_a_failure_with_its_root_cause(cluster):
+    c = cluster
+    bad = os.path.join(c.tmp, "bad.py")
+    with open(bad, "w") as f:
+        f.write(textwrap.dedent("""
+            import elastictrain as et
+            job = et.init()
+            raise ValueError("the learning rate is negative, fix --lr")
+        """))
+    ok = et(c, "submit", "--gpus", "2", "--name", "ok", "--steps", "30", "--", WORKER, "--ckpt-dir", "ck-ok",
+            "--out", "ok.json").stdout.strip()
+    assert ok.isdigit()
+    failing = et(c, "submit", "--max-restarts", "1", "--", "bad.py").stdout.strip()
+    long = et(c, "submit", "--gpus", "1", "--name", "long", "--", WORKER, "--ckpt-dir", "ck-long", "--out",
+              "long.json", "--epochs", "50", "--step-sleep", "0.2").stdout.strip()
+    c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(long) == "running"
+           and {j.id: j.status for j in st.jobs}.get(ok) == "finished", 120, "ok to finish and long to run")
+    table = et(c, "status").stdout
+    assert "running:" in table and "long" in table and "n1" in table and "finished" in table
+    one = et(c, "status", "--job", ok).stdout
+    assert "finished" in one and "dataset" in one and "step 30/30" in one, one
+    data = json.loads(et(c, "status", "--json").stdout)
+    assert {j["id"]: j["status"] for j in data["jobs"]}[ok] == "finished" and data["nodes"][0]["slots"] == 2
+    logs = et(c, "logs", ok).stdout
+    assert "[default0]:[train] done: 30 steps" in logs, logs[-2000:]
+    assert et(c, "cancel", long).stdout.strip() == f"job {long} cancelled"
+    c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(failing) == "failed"
+           and all(n.used == 0 for n in st.nodes), 120, "the failing job to fail and the slots to be free")
+    info = c.client.cluster_job(failing)
+    assert "the learning rate is negative" in info.reason and info.restarts == 1, info.reason
+    assert c.client.cluster_job(long).status == "cancelled"
+    again = et(c, "cancel", long, check=False)
+    assert again.returncode == 2 and "already cancelled" in again.stderr
+    missing = et(c, "status", "--job", "999", check=False)
+    assert missing.returncode == 2 and "no job '999'" in missing.stderr
+    nothing = et(c, "submit", "--", "nope.py", check=False)
+    assert nothing.returncode == 2 and "not in the work directory" in nothing.stderr
+
+
+def test_every_route_needs_the_token_but_health(cluster):
+    host, port = cluster.coordinator.url.split("//")[1].rsplit(":", 1)
+
+    def get(path, token=None):
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        conn.request("GET", path, headers={"Authorization": f"bearer {token}"} if token else {})
+        r = conn.getresponse()
+        body = r.read()
+        conn.close()
+        return r.status, body
+
+    for path in ("/v1/cluster", "/v1/cluster/jobs", "/v1/cluster/events", "/v1/jobs/x", "/v1/jobs/x/profiles"):
+        status, body = get(path)
+        assert status == 401 and b"bearer token" in body, (path, status, body)
+    assert get("/v1/health")[0] == 200
+    status, body = get("/v1/cluster", cluster.coordinator.token)  # the scheme is case-insensitive
+    assert status == 200 and json.loads(body)["policy"] == "fifo"  # a plain GET answers JSON
+    r = subprocess.run([sys.executable, "-m", "elastictrain", "status", "--coordinator", cluster.coordinator.url],
+                       env={k: v for k, v in cluster.env().items() if k not in ("ET_TOKEN_FILE", "ET_TOKEN")},
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "missing bearer token" in r.stderr

@@ -1,6 +1,6 @@
 """``elastictrain node``: one daemon per machine that runs the tasks the coordinator places on it.
 
-It registers the machine's GPUs (found with pynvml or ``nvidia-smi``), or ``--slots N`` on a
+It registers the machine's GPUs (found with pynvml, ``nvidia-smi`` or torch), or ``--slots N`` on a
 CPU-only machine, then long-polls the coordinator: each poll reports the state of its tasks and
 their new output, and the reply lists the tasks it must run. The daemon never listens on a port
 and runs nothing but what the coordinator it was pointed at (with its token) assigns.
@@ -80,10 +80,21 @@ def detect_gpus() -> tuple[int, str]:
     try:
         out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
-        return 0, ""
+        out = ""
     lines = [line for line in out.splitlines() if line.startswith("GPU ")]
-    name = lines[0].split(":", 1)[1].split("(")[0].strip() if lines else ""
-    return len(lines), name
+    if lines:
+        return len(lines), lines[0].split(":", 1)[1].split("(")[0].strip()
+    try:  # last: torch, where it is installed (slower to import, but it knows)
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            if torch.cuda.is_available():
+                return torch.cuda.device_count(), torch.cuda.get_device_name(0)
+    except Exception:  # a broken CUDA install: no GPU we can use
+        pass
+    return 0, ""
 
 
 def _pdeathsig() -> None:  # runs in the child between fork and exec

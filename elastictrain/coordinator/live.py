@@ -119,13 +119,13 @@ class LiveBackend:
                        attained_gpu=round(rec.attained_gpu, 3))
         self._touched(rec.id)
 
-    def _withdraw(self, rec: JobRecord, why: str) -> None:
+    def _withdraw(self, rec: JobRecord, why: str, codes: Optional[dict] = None) -> None:
         """Stop the job's current run; the job is stopped when its last task has exited."""
         left = self.nodes.unwant(rec.id, rec.run)
         self.rdzv.stop(rec.id, why)
         self._touched(rec.id)
         if not left and rec.id in self.table.stopping:
-            self._stopped(rec, {})
+            self._stopped(rec, codes or {})
 
     def _remaining(self, rec: JobRecord) -> list[TaskRec]:
         return [t for n in self.nodes.by_index for t in n.tasks if t.job == rec.id and t.run == rec.run]
@@ -173,9 +173,7 @@ class LiveBackend:
             rec.resume_reason = "node_lost" if x.lost else "requeue"
             self.table.stop(rec.id, self.clock.now())
             self._emit("requeue", rec, run=rec.run, node=t.node, code=x.code, why=x.detail[-300:])
-            self._withdraw(rec, "requeued: " + x.detail[-200:])
-            if not [r for r in self._remaining(rec) if r.alive] and rec.id in self.table.stopping:
-                self._stopped(rec, codes)
+            self._withdraw(rec, "requeued: " + x.detail[-200:], codes)
             return
         if x.code == 0:
             if not left:

@@ -101,7 +101,7 @@ class ClusterScheduler:
         state = loaded.meta.get("policy_state")
         if previous == cfg.policy and state and hasattr(self.policy, "import_state"):
             try:
-                self.policy.import_state(json.loads(state), self.sched.feed.snapshot(now, self.backend.shape()).jobs)
+                self.policy.import_state(json.loads(state), [e.view() for e in self.table.entries()])
             except (ValueError, TypeError, KeyError) as exc:
                 log.error("could not restore the %s policy's memory (%s); it relearns from the jobs", cfg.policy, exc)
         elif previous and previous != cfg.policy:

@@ -19,3 +19,13 @@ def test_demo_recovers_and_sees_every_sample_once_per_epoch(tmp_path):
     assert "root cause" in r.stderr and "exit code 13" in r.stderr
     assert "resumed from step-000000010-g1 at step 10" in r.stdout
     assert "every sample trained on exactly once per epoch: True" in r.stdout
+
+
+def test_cluster_demo_preempts_and_resumes_with_every_sample_once(tmp_path):
+    """``make demo-cluster``: coordinator + two node daemons + three DDP jobs, one preempted."""
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "cluster_demo.py"), str(tmp_path / "demo")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("every sample trained on exactly once per epoch: True") == 3
+    assert "preempt@" in r.stdout and "preempted and resumed: job(s) " in r.stdout
+    assert "queue=Q1" in r.stdout and "preempted" in r.stdout

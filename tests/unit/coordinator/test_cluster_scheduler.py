@@ -1,0 +1,201 @@
+"""The coordinator's live scheduler in process, on a manual clock: tasks, the launch rule, run
+fencing, node loss, persistence across a restart (policy memory included), assumptions."""
+
+import asyncio
+
+import pytest
+
+from elastictrain.clock import ManualClock
+from elastictrain.coordinator.app import Coordinator
+from elastictrain.coordinator.scheduler import ClusterConfig
+from elastictrain.coordinator.store import open_store
+from elastictrain.errors import ConfigError, ConflictError, NotFoundError
+from elastictrain.wire import AgentJoin, JobSubmit, NodeLeave, NodePoll, NodeRegister, StepReport, TaskState
+
+
+class World:
+    def __init__(self, tmp, policy="tiresias-l", nodes=2, slots=2, node_timeout=60.0, **options):
+        self.tmp, self.policy, self.options, self.node_timeout = tmp, policy, options, node_timeout
+        self.clock = ManualClock(1000.0)
+        self.nodes, self.slots = nodes, slots
+        self.open()
+        self.inst = {}
+        for i in range(nodes):
+            self.register(f"n{i + 1}", f"inst{i + 1}")
+
+    def register(self, node, inst):
+        self.inst[node] = inst
+        return self.s.node_register(node, NodeRegister(self.slots, inst, "slot", "cpu", "h"))
+
+    def open(self):
+        self.c = Coordinator(open_store(str(self.tmp / "db")), self.clock,
+                             ClusterConfig(self.policy, dict(self.options), interval=1.0,
+                                           node_timeout=self.node_timeout))
+        self.s = self.c.cluster
+
+    def restart(self):
+        self.c.store.close()  # kill -9: nothing more is written
+        self.open()
+
+    def submit(self, gpus=1, **kw):
+        return self.s.submit(JobSubmit(["train.py"], str(self.tmp), gpus=gpus, **kw)).id
+
+    def poll(self, node, states=(), inst=None):
+        req = NodePoll(inst or self.inst[node], list(states), [], 0.0)
+        return asyncio.run(self.s.node_poll(node, req))
+
+    def run_all(self):
+        """Every node reports its released tasks as running; returns {node: [(job, run, gpus)]}."""
+        out = {}
+        for n in self.s.nodes.by_index:
+            tasks = self.poll(n.name).tasks
+            self.poll(n.name, [TaskState(t.job, t.run, "running") for t in tasks])
+            out[n.name] = [(t.job, t.run, tuple(t.gpus)) for t in tasks]
+        return out
+
+    def exit(self, job, code, node=None):
+        for n in self.s.nodes.by_index:
+            if node and n.name != node:
+                continue
+            for t in list(n.tasks):
+                if t.job == job and t.alive:
+                    self.poll(n.name, [TaskState(t.job, t.run, "exited", code, "bye")])
+
+    def status(self, job):
+        return self.s.job(job).status
+
+
+def test_start_preempt_stop_resume_with_the_launch_rule(tmp_path):
+    w = World(tmp_path, nodes=1, slots=2, thresholds=(10.0,))
+    a = w.submit(2)
+    w.s.tick()
+    assert w.run_all() == {"n1": [(a, 1, (0, 1))]}
+    w.clock.advance(6)  # 12 GPU-seconds: a is demoted to Q1
+    b = w.submit(2)
+    w.s.tick()
+    assert w.status(a) == "running" and w.s.job(a).stopping
+    assert w.s.job(b).status == "queued"
+    # b's task is not handed out while a's workers still hold the GPUs
+    assert w.run_all() == {"n1": []}
+    w.exit(a, 75)
+    assert w.status(a) == "preempted"
+    w.s.tick()
+    assert w.run_all() == {"n1": [(b, 1, (0, 1))]}
+    w.exit(b, 0)
+    w.s.tick()
+    assert w.status(b) == "finished"
+    assert w.run_all() == {"n1": [(a, 2, (0, 1))]}  # a resumes: run 2
+    kinds = [e.kind for e in w.s.events.list(0).events if e.job == a]
+    assert kinds[:4] == ["submit", "start", "launch", "preempt"] and "resume" in kinds
+
+
+def test_agents_of_an_old_run_are_told_to_exit(tmp_path):
+    w = World(tmp_path, nodes=1, slots=2, thresholds=(10.0,))
+    a = w.submit(2)
+    w.s.tick()
+    w.run_all()
+    w.clock.advance(6)
+    w.submit(2)
+    w.s.tick()
+    w.exit(a, 75)
+    w.s.tick()
+    w.exit("2", 0)
+    w.s.tick()  # a's run 2 is placed
+    late = w.c.rendezvous.join(a, AgentJoin("old-agent", "h", 2, 1234, run=1))
+    assert late.action == "exit" and late.status == "preempted" and "superseded" in late.detail
+    fresh = w.c.rendezvous.join(a, AgentJoin("new-agent", "h", 2, 1234, run=2))
+    assert fresh.action == "run" and fresh.assignment.reason == "preempt"
+
+
+def test_a_restarted_coordinator_keeps_jobs_nodes_events_and_the_policy_memory(tmp_path):
+    w = World(tmp_path, nodes=1, slots=2, thresholds=(10.0,))
+    a, b = w.submit(2), w.submit(2)
+    w.s.tick()
+    w.run_all()
+    w.clock.advance(20)
+    w.s.tick()  # a (40 GPU-s) demoted to Q1 and preempted, b (Q0) waits for its GPUs
+    queues = w.s.policy.export_state()["queues"]
+    seq = w.s.events.seq
+    w.restart()
+    assert w.s.job(a).stopping and w.s.job(b).status == "queued"
+    assert w.s.policy.export_state()["queues"] == queues
+    assert w.s.events.seq == seq
+    w.exit(a, 75)
+    w.s.tick()
+    assert w.status(a) == "preempted" and w.run_all() == {"n1": [(b, 1, (0, 1))]}
+    w.submit(1)
+    assert w.s.events.list(seq).events[0].seq == seq + 1
+
+
+def test_a_lost_node_requeues_its_jobs_and_a_new_daemon_starts_clean(tmp_path):
+    w = World(tmp_path, nodes=2, slots=2, node_timeout=5.0)
+    a = w.submit(4)  # spans both nodes
+    w.s.tick()
+    assert sorted(w.run_all()) == ["n1", "n2"]
+    w.clock.advance(3)
+    w.poll("n1", [TaskState(a, 1, "running")])
+    w.clock.advance(3)  # n2 silent for 6 s > 5 s
+    w.s.tick()
+    assert [n.state for n in w.s.nodes.by_index] == ["up", "down"]
+    assert w.s.job(a).stopping  # n1's part is being stopped
+    assert w.poll("n1", [TaskState(a, 1, "running")]).tasks == []
+    w.exit(a, 75, "n1")
+    assert w.status(a) == "preempted"
+    assert w.poll("n2").action == "register"  # the old daemon instance is not trusted any more
+    w.register("n2", "inst2-new")
+    w.s.tick()
+    assert w.run_all() == {"n1": [(a, 2, (0, 1))], "n2": [(a, 2, (0, 1))]}
+    assert w.status(a) == "running" and w.s.job(a).preemptions == 1
+    kinds = [e.kind for e in w.s.events.list(0).events]
+    assert "node_down" in kinds and "requeue" in kinds and kinds.count("node_up") == 3
+
+
+def test_failures_cancel_and_leave(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=2)
+    a, b = w.submit(1), w.submit(1)
+    w.s.tick()
+    w.run_all()
+    w.c.rendezvous.join(a, AgentJoin("ag", "h", 1, 1, max_restarts=0, run=1))
+    w.exit(a, 1)
+    assert w.status(a) == "failed" and "etrun exited with code 1" in w.s.job(a).reason
+    w.s.cancel(b)
+    assert w.status(b) == "cancelled" and w.poll("n1", [TaskState(b, 1, "running")]).tasks == []
+    with pytest.raises(ConflictError, match="already cancelled"):
+        w.s.cancel(b)
+    with pytest.raises(NotFoundError):
+        w.s.job("nope")
+    c = w.submit(2)
+    w.s.tick()
+    w.run_all()
+    w.s.node_leave("n1", NodeLeave("inst1"))  # a drain: its daemon stopped the job already
+    assert w.s.job(c).stopping or w.status(c) == "preempted"
+    with pytest.raises(ConflictError, match="another daemon"):
+        w.s.node_leave("n1", NodeLeave("someone-else"))
+
+
+def test_submissions_are_checked(tmp_path):
+    w = World(tmp_path, nodes=1, slots=2)
+    with pytest.raises(ConfigError, match="needs 3 GPUs but the cluster's nodes have 2"):
+        w.submit(3)
+    with pytest.raises(ConfigError, match="min_gpus"):
+        w.submit(2, min_gpus=3)
+    assert w.s.job(w.submit(2, min_gpus=1)).min_gpus == 1
+
+
+def test_measured_inputs_and_what_was_assumed(tmp_path):
+    w = World(tmp_path, policy="srtf", nodes=1, slots=2)
+    a = w.submit(1)  # no --steps: SRTF needs a duration it does not have
+    b = w.submit(1, steps=100)
+    w.s.tick()
+    w.run_all()
+    assumed = {(e.job, e.detail["input"]) for e in w.s.events.list(0).events if e.kind == "assumed"}
+    assert {(a, "remaining"), (a, "iteration_time"), (b, "iteration_time")} <= assumed
+    assert (b, "remaining") not in assumed
+    w.c.step(b, StepReport(0, 10))
+    w.clock.advance(5)
+    info = w.c.step(b, StepReport(0, 20))
+    assert info.iteration_time == pytest.approx(0.5)
+    e = w.s.table.get(b)
+    w.s.tick()
+    view = w.s.sched.last_snapshot.job(b)
+    assert view.iteration_time == pytest.approx(0.5) and view.remaining_iterations == 80 and e.attained_gpu > 0

@@ -29,8 +29,8 @@ from elastictrain.policies.gandiva_fair import entitlements, throughput  # noqa:
 from elastictrain.sim.fairness import HETERO_CLUSTER, HETERO_USERS, heterogeneous, homogeneous  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRACE = os.path.join(ROOT, "..", "shared", "traces", "muri", "simulator", "trace1.csv")
-TABLE = os.path.join(ROOT, "..", "shared", "traces", "gavel", "simulation_throughputs.json")
+TRACE = os.path.join(ROOT, "traces", "muri", "trace1.csv.gz")
+TABLE = os.path.join(ROOT, "traces", "gavel", "simulation_throughputs.json.gz")
 
 
 def predicted_gain(speed: dict[str, dict[str, float]]) -> dict[str, float]:

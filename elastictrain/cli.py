@@ -93,8 +93,9 @@ def get_parser() -> argparse.ArgumentParser:
                        "total, as a table, CSV and PNG")
     f.add_argument("experiment", choices=("homogeneous", "heterogeneous"))
     f.add_argument("--trace", default=None, help="homogeneous: trace whose GPU counts the users' jobs are drawn "
-                   "from (default: tests/data/60_job.csv)")
-    f.add_argument("--throughputs", default=None, help="heterogeneous: Gavel's simulation_throughputs.json")
+                   "from (default: the shipped traces/tiresias/60_job.csv)")
+    f.add_argument("--throughputs", default=None, help="heterogeneous: Gavel's simulation_throughputs.json "
+                   "(default: the shipped traces/gavel/simulation_throughputs.json.gz)")
     f.add_argument("--policy", default="gandiva-fair", help="homogeneous: the policy (gandiva-fair, "
                    "gandiva-fair-global, ...)")
     f.add_argument("--hours", type=float, default=None, help="simulated hours (24 homogeneous, 12 heterogeneous)")
@@ -250,11 +251,12 @@ def _fairness(args) -> None:
     from .errors import ConfigError
     from .sim.fairness import HETERO_CLUSTER, HETERO_USERS, heterogeneous, homogeneous, write_report
 
+    from .sim.traces import SHIPPED
+
     if args.experiment == "homogeneous":
-        trace = args.trace or os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests",
-                                           "data", "60_job.csv")
-        if not os.path.exists(trace):
-            raise ConfigError(f"trace {trace} not found; pass --trace (a Tiresias, Muri or native trace)")
+        trace = args.trace or os.path.join(SHIPPED, "tiresias", "60_job.csv")
+        if not os.path.exists(trace) and not os.path.exists(trace + ".gz"):
+            raise ConfigError(f"--trace {trace}: no such file; give a Tiresias, Muri or native trace")
         r = homogeneous(trace, hours=args.hours or 24.0, policy=args.policy, window=args.window,
                         migration_cost=args.migration_cost)
         print(f"{args.policy}: 70 users, one job each (GPU counts drawn from {os.path.basename(trace)}), 48 GPUs, "
@@ -262,10 +264,11 @@ def _fairness(args) -> None:
         rows = [("GPUs per job", "users", "GPU time / fair share")]
         rows += [(str(g), str(r.users_by_class[g]), f"{v:.3f}") for g, v in r.share_by_class.items()]
     else:
-        if not args.throughputs or not os.path.exists(args.throughputs):
-            raise ConfigError("pass --throughputs PATH to Gavel's simulation_throughputs.json (in ../shared/traces/"
-                              "gavel/, or tests/data/gavel_throughputs_subset.json)")
-        r = heterogeneous(args.throughputs, hours=args.hours or 12.0, window=args.window,
+        throughputs = args.throughputs or os.path.join(SHIPPED, "gavel", "simulation_throughputs.json.gz")
+        if not os.path.exists(throughputs) and not os.path.exists(throughputs + ".gz"):
+            raise ConfigError(f"--throughputs {throughputs}: no such file; give Gavel's simulation_throughputs.json "
+                              "(shipped as traces/gavel/simulation_throughputs.json.gz, the default)")
+        r = heterogeneous(throughputs, hours=args.hours or 12.0, window=args.window,
                           migration_cost=args.migration_cost)
         print(f"cluster {HETERO_CLUSTER} (nodes, GPUs each); {r.trades} trades; rates after the first hour")
         rows = [("user", "job type", "V100/K80", "P100/K80", "agnostic", "traded", "gain")]

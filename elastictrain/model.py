@@ -106,9 +106,11 @@ class JobSpec:
     speeds: tuple = ()
 
     def __post_init__(self) -> None:
-        if self.num_gpu < 1 or self.iterations <= 0 or self.iteration_time <= 0 or self.submit_time < 0:
-            raise ConfigError(f"job {self.job_id}: need num_gpu >= 1, iterations > 0, iteration_time > 0 "
-                              f"and submit_time >= 0")
+        nums = (self.submit_time, self.iterations, self.iteration_time)
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in nums) or not isinstance(self.num_gpu, int) \
+                or self.num_gpu < 1 or self.iterations <= 0 or self.iteration_time <= 0 or self.submit_time < 0:
+            raise ConfigError(f"job {self.job_id}: need num_gpu >= 1 (an integer), and finite iterations > 0, "
+                              f"iteration_time > 0 and submit_time >= 0")
 
     @property
     def duration(self) -> float:

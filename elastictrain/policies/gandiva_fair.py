@@ -102,6 +102,7 @@ class GandivaFair:
         self.quantum, self.placement, self.packlimit = quantum, placement, packlimit
         self.split, self.balance, self.max_moves, self.trading = split, balance, migrations, trading
         self.name = name
+        self.single_type = split  # a gang runs on one GPU type: bigger than every type, it never runs
         self._jobs: dict[int, StrideJob] = {}
         self._spass: dict[int, float] = {}  # central-stride pass of each server entry
         self._next = 0.0

@@ -211,13 +211,21 @@ def gittins_table(samples: Sequence[float], delta: float) -> tuple[np.ndarray, n
 def _tiresias_g(distribution=None, **options) -> Tiresias:
     """``distribution``: a CSV path with a ``duration`` column (job GPU-seconds), or the samples."""
     if distribution is None:
-        raise ConfigError("tiresias-g needs a job GPU-time distribution: pass distribution=PATH (a CSV with a "
-                          "'duration' column, e.g. ../shared/traces/tiresias/yarn-gput1000.csv)")
+        raise ConfigError("tiresias-g needs a job GPU-time distribution: pass --distribution PATH (a CSV with a "
+                          "'duration' column, e.g. traces/tiresias/yarn-gput1000.csv)")
     if isinstance(distribution, str):
         import csv
 
-        with open(distribution) as f:
-            distribution = [float(r["duration"]) for r in csv.DictReader(f)]
+        from ..sim.traces import open_text
+
+        try:
+            with open_text(distribution) as f:
+                distribution = [float(r["duration"]) for r in csv.DictReader(f)]
+        except OSError as exc:
+            raise ConfigError(f"--distribution {distribution}: {exc.strerror}; give a CSV file with a 'duration' "
+                              "column, e.g. traces/tiresias/yarn-gput1000.csv") from None
+        except (KeyError, ValueError) as exc:
+            raise ConfigError(f"--distribution {distribution}: needs a 'duration' column of numbers ({exc})") from None
     return Tiresias(gittins=distribution, **options)
 
 

@@ -5,6 +5,12 @@ job advances at ``1 / (iteration_time x slowdown)`` iterations per second of wor
 (a restart, a migration) is paid before it does work. Stops are instantaneous: ``stop`` tells
 the table at once that the job's workers are gone.
 
+Completion is decided by the event loop, not by comparing accumulated floats: the engine's next
+event is the earliest of the arrivals, the policy's wake-up, the round and the jobs' completion
+times; when it is a completion, the jobs whose completion time it is finish then. (At a large
+simulated time, 8.5e6 s say, representable times are 1.9e-9 s apart, and a job due less than
+that ahead would otherwise never finish: no time step could hold its last work.)
+
 Restart cost (``cost``, seconds per (re)start) and ``charge``:
 
 * ``on_start``: paid once after each start or resume, and again when the job's interleaving
@@ -39,6 +45,7 @@ class SimBackend:
         self.charge: dict = {}  # placed job -> restart seconds it pays (its group's, if grouped)
         self.lost = 0.0  # seconds lost to restarts and migrations
         self.migrations = 0
+        self._due: tuple = (float("inf"), [])  # the next completion: its time and the jobs due then
         self.timeline: dict = {}  # window index -> per-user iterations and GPU-seconds
 
     # ------------------------------------------------------------------ Backend
@@ -77,14 +84,19 @@ class SimBackend:
 
     # ------------------------------------------------------------------ progress
     def next_end(self, now: float) -> float:
-        """When the next running job would finish if nothing changed."""
+        """When the next running job would finish if nothing changed (those jobs are *due*:
+        :meth:`advance` to that time finishes them, see the module docstring)."""
         best = float("inf")
+        due: list = []
         every, owed = self.every, self.owed
         for e in self.table.running.values():
             t = (now + e.remaining_iterations * e.iteration_time * e.slowdown
                  + (0.0 if every else owed.get(e.key, 0.0)))
             if t < best:
-                best = t
+                best, due = t, [e]
+            elif t == best:
+                due.append(e)
+        self._due = (best, due)
         return best
 
     def advance(self, now: float, t: float) -> list[Entry]:
@@ -118,6 +130,14 @@ class SimBackend:
             if not every and e.remaining_iterations <= 1e-9 * max(1.0, e.iterations):
                 finished.append(e)
         self.lost = lost
+        if t == self._due[0]:
+            # completion is decided by the event, not by float residue: the jobs whose completion
+            # time is this event finish now, even when (at large times) a last fraction of an
+            # iteration did not fit in a representable time step
+            for e in self._due[1]:
+                if e not in finished:
+                    e.remaining_iterations = 0.0
+                    finished.append(e)
         return finished
 
     def forget(self, key) -> None:

@@ -83,8 +83,10 @@ def load_cluster(spec: str) -> ClusterSpec:
             n, g = counts.split("x")
             parts[t] = (int(n), int(g))
         return heterogeneous_cluster(parts)
+    from .traces import open_text
+
     try:
-        with open(spec, newline="") as f:
+        with open_text(spec) as f:
             rows = list(csv.DictReader(f))
     except OSError as exc:
         raise ConfigError(f"cluster spec {spec}: {exc.strerror}; give a CSV file or a form like n8g8 "

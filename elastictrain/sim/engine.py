@@ -44,7 +44,15 @@ from .backend import SimBackend
 from .cluster import ClusterSpec
 from .traces import SKEW
 
-__all__ = ["Simulator", "SimResult", "JobRecord", "MURI_RESTART_COST"]
+__all__ = ["Simulator", "SimResult", "JobRecord", "MURI_RESTART_COST", "SimulationStalled", "STALL_LIMIT"]
+
+#: events in a row that make no progress (no arrival, no completion, time advanced < 1 us) before
+#: the engine gives up with :class:`SimulationStalled`
+STALL_LIMIT = 100_000
+
+
+class SimulationStalled(ConfigError):
+    """The event loop stopped making progress; the message names the time and the jobs involved."""
 
 #: seconds a job loses on (re)start, by GPU count and model (Muri's profiled table); 10 otherwise
 MURI_RESTART_COST = {
@@ -104,10 +112,21 @@ class Simulator:
                  window: Optional[float] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
-        too_big = [j.job_id for j in jobs if j.num_gpu > cluster.total_gpus]
-        if too_big:
-            raise ConfigError(f"job(s) {too_big[:5]} need more GPUs than the cluster's {cluster.total_gpus}")
-        self.specs = sorted(jobs, key=lambda j: (j.submit_time, j.job_id))
+        if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
+            raise ConfigError(f"interval must be a finite number of seconds >= 0.001, got {interval!r}")
+        # jobs that can never run are set aside with the reason (the rest is simulated)
+        self.rejected: list[tuple] = []
+        limit, why = cluster.total_gpus, f"the cluster has {cluster.total_gpus} GPUs"
+        if getattr(policy, "single_type", False) and cluster.node_types:
+            limit = max(cluster.gpus_by_type.values())
+            why = f"the policy runs a gang on one GPU type, and the largest type has {limit} GPUs"
+        fits = []
+        for j in jobs:
+            if j.num_gpu > limit:
+                self.rejected.append((j.job_id, f"needs {j.num_gpu} GPUs but {why}"))
+            else:
+                fits.append(j)
+        self.specs = sorted(fits, key=lambda j: (j.submit_time, j.job_id))
         self.cluster, self.policy, self.charge = cluster, policy, charge
         self.factor, self.interval, self.progress = speed_factor, interval, progress
         if spread_slowdown < 1.0:
@@ -150,6 +169,7 @@ class Simulator:
         wakeup: Optional[float] = None
         next_round = self.interval if self.interval else math.inf
         used = 0
+        stalled = 0  # events in a row without progress (the watchdog)
         while idx < n or len(table):
             # ---- the next event
             t_arr = specs[idx].submit_time if idx < n else math.inf
@@ -163,6 +183,7 @@ class Simulator:
             # ---- advance running jobs to t
             finished = backend.advance(now, t)
             table.accrue(t)
+            moved_on = t - now >= 1e-6
             now = clock.t = t
             if wakeup is not None and wakeup <= now:
                 wakeup = None
@@ -173,14 +194,23 @@ class Simulator:
                 backend.forget(e.key)
                 done.append(JobRecord(e.key, e.num_gpu, e.model, e.submit_time, e.start_time, now,
                                       e.data["spec"].duration, e.preemptions, e.pending, e.user, e.attained_gpu))
+            arrivals = idx
             while idx < n and specs[idx].submit_time <= now:
                 table.add(self._entry(specs[idx]))
                 idx += 1
+            if finished or idx > arrivals or moved_on:
+                stalled = 0
+            else:
+                stalled += 1
+                if stalled >= STALL_LIMIT:
+                    raise SimulationStalled(self._stall_report(now, table, backend, wakeup))
             # ---- decide and apply
             if len(table):
                 events += 1
                 sched.tick()
                 wakeup = sched.wakeup
+                if wakeup is not None and wakeup <= now:  # a wake-up is always in the future
+                    wakeup = math.nextafter(now, math.inf)
                 used = sum(e.num_gpu for e in table.running.values() if not e.group or e.group[0] == e.key)
             elif finished:
                 used = 0
@@ -199,4 +229,13 @@ class Simulator:
         return SimResult(self.policy.name, done, now, events, util, cluster.total_gpus, backend.lost,
                          time.perf_counter() - t_wall, {"service_by_user": service,
                                                          "unfinished": len(table), "migrations": backend.migrations,
-                                                         "timeline": [timeline[k] for k in sorted(timeline)]})
+                                                         "timeline": [timeline[k] for k in sorted(timeline)],
+                                                         "rejected": list(self.rejected)})
+
+    def _stall_report(self, now: float, table, backend, wakeup) -> str:
+        due = backend.next_end(now)
+        near = ", ".join(f"job {e.key} ({e.remaining_iterations:.3g} iterations left)" for e in backend._due[1][:5])
+        return (f"simulation stalled at t={now!r} s: {STALL_LIMIT} events in a row made no progress (no arrival, no "
+                f"completion, time advanced < 1 us) under policy {self.policy.name}; next completion at {due!r} "
+                f"({near or 'no running job'}), wake-up {wakeup!r}, {len(table)} job(s) waiting or running. "
+                "Report it with the trace: it is an engine or policy bug")

@@ -23,6 +23,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..errors import ConfigError
 from ..model import JobSpec
 from ..policies import create
 from .cluster import ClusterSpec, heterogeneous_cluster
@@ -111,9 +112,14 @@ def heterogeneous(throughputs: str, cluster: Optional[dict] = None, users: Optio
     """Each user runs ``jobs_per_user`` long 1-, 2- or 4-GPU jobs of its type (more than its
     share, so GPUs are contended). A job's rate on a GPU type is its single-GPU throughput
     there (Gavel's table) times its GPU count. Rates are measured after ``warmup`` seconds."""
+    if not hours * 3600 > warmup:
+        raise ConfigError(f"--hours {hours:g}: rates are measured after a {warmup / 3600:g}-hour warm-up, so simulate "
+                          "longer than that")
     cluster = dict(cluster or HETERO_CLUSTER)
     users = dict(users or HETERO_USERS)
-    with open(throughputs) as f:
+    from .traces import open_text
+
+    with open_text(throughputs) as f:
         table = json.load(f)
     speed = {u: {t: table[t][str((job, 1))]["null"] for t in cluster} for u, job in users.items()}
     rng = random.Random(seed)

@@ -10,14 +10,34 @@ iteration_time,model,user,stage_times`` where ``stage_times`` is ``;``-separated
 from __future__ import annotations
 
 import csv
+import gzip
+import io
 import json
+import math
 import os
-from typing import Callable, Optional
+from typing import IO, Callable, Optional
 
 from ..errors import ConfigError
 from ..model import JobSpec
 
-__all__ = ["TraceError", "load_trace", "load_tiresias", "load_muri", "load_gavel", "load_native"]
+__all__ = ["TraceError", "load_trace", "load_tiresias", "load_muri", "load_gavel", "load_native", "open_text",
+           "SHIPPED"]
+
+#: the public traces shipped with the project (traces/README.md): ``os.path.join(SHIPPED, "muri", ...)``
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "traces")
+
+
+def open_text(path: str) -> IO[str]:
+    """Open a text data file, gzipped (``.gz``) or not; ``x.csv`` also finds ``x.csv.gz``.
+
+    Raises:
+        OSError: neither exists (the caller names the flag).
+    """
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        path = path + ".gz"
+    if path.endswith(".gz"):
+        return io.TextIOWrapper(gzip.open(path, "rb"), newline="")
+    return open(path, newline="")
 
 #: model skew (largest tensor / total), from the Tiresias simulator's model table
 SKEW = {"vgg19": .717, "vgg16": .744, "vgg11": .774, "alexnet": .611, "resnet152": .060, "resnet101": .075,
@@ -28,14 +48,35 @@ class TraceError(ConfigError):
     """A trace file has a bad row; the message names file, line, column and value."""
 
 
+#: the smallest value each numeric column may take (inclusive unless marked ">"), all finite
+_LOW = {"job_id": 0, "num_gpu": 1, "submit_time": 0, "iterations": ">0", "duration": ">0", "iteration_time": ">0"}
+_HIGH = 1e15  # beyond any real trace (31 million years in seconds); keeps arithmetic exact enough
+
+
 def _num(path: str, line: int, row: dict, col: str, conv: Callable = float):
+    """The value of ``col`` as a finite number within the column's range.
+
+    Raises:
+        TraceError: missing, not a number, NaN or infinite, fractional where an integer is
+            needed, or out of range; the message names the file, line, column and value.
+    """
     raw = row.get(col)
-    if raw is None or raw == "":
+    if raw is None or raw.strip() == "":
         raise TraceError(f"{path}:{line}: column {col!r} is missing or empty")
     try:
-        v = conv(float(raw)) if conv is int else conv(raw)
+        v = float(raw)
     except ValueError:
         raise TraceError(f"{path}:{line}: column {col!r} has value {raw!r}, which is not a number") from None
+    if not math.isfinite(v) or abs(v) > _HIGH:
+        raise TraceError(f"{path}:{line}: column {col!r} has value {raw!r}; it must be a finite number below 1e15")
+    if conv is int:
+        if not v.is_integer():
+            raise TraceError(f"{path}:{line}: column {col!r} has value {raw!r}; it must be a whole number")
+        v = int(v)
+    low = _LOW.get(col)
+    if low is not None and (v <= 0 if low == ">0" else v < low):
+        bound = "> 0" if low == ">0" else f">= {low}"
+        raise TraceError(f"{path}:{line}: column {col!r} has value {raw!r}; it must be {bound}")
     return v
 
 
@@ -49,7 +90,7 @@ def _check(path: str, line: int, fn: Callable[[], JobSpec]) -> JobSpec:
 
 
 def _rows(path: str, required: tuple[str, ...]):
-    with open(path, newline="") as f:
+    with open_text(path) as f:
         reader = csv.DictReader(f)
         missing = [c for c in required if c not in (reader.fieldnames or [])]
         if missing:
@@ -92,13 +133,13 @@ def load_gavel(path: str, throughputs: Optional[str] = None, gpu: str = "v100") 
         throughputs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(path))),
                                    "simulation_throughputs.json")
     try:
-        with open(throughputs) as f:
+        with open_text(throughputs) as f:
             tables = json.load(f)
         table = tables[gpu]
     except (OSError, KeyError, ValueError) as exc:
         raise TraceError(f"{path}: cannot read the throughput table {throughputs} for {gpu}: {exc}") from None
     out = []
-    with open(path) as f:
+    with open_text(path) as f:
         for ln, line in enumerate(f, start=1):
             if not line.strip():
                 continue
@@ -142,11 +183,11 @@ def load_trace(path: str, fmt: str = "auto") -> list[JobSpec]:
         TraceError: the file is unreadable, of an unknown format, or has a bad row.
     """
     if fmt == "auto":
-        if path.endswith(".trace"):
+        if path.endswith((".trace", ".trace.gz")):
             fmt = "gavel"
         else:
             try:
-                with open(path) as f:
+                with open_text(path) as f:
                     header = f.readline()
             except OSError as exc:
                 raise TraceError(f"{path}: {exc.strerror}") from None
@@ -156,6 +197,16 @@ def load_trace(path: str, fmt: str = "auto") -> list[JobSpec]:
     if fmt not in loaders:
         raise TraceError(f"unknown trace format {fmt!r}; use one of {', '.join(loaders)}")
     try:
-        return loaders[fmt](path)
+        jobs = loaders[fmt](path)
     except OSError as exc:
-        raise TraceError(f"{path}: {exc.strerror}") from None
+        raise TraceError(f"{path}: {exc.strerror or exc}") from None
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise TraceError(f"{path}: not a text CSV file ({exc})") from None
+    if not jobs:
+        raise TraceError(f"{path}: the trace has no jobs (a header and at least one row are needed)")
+    ids = set()
+    for j in jobs:
+        if j.job_id in ids:
+            raise TraceError(f"{path}: job_id {j.job_id} appears twice; job ids must be unique")
+        ids.add(j.job_id)
+    return jobs

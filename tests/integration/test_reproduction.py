@@ -1,7 +1,7 @@
 """Reproduce the published average JCTs of SRTF, SRSF, Tiresias-L, Muri-S and Muri-L on the Muri traces.
 
 Published values: Muri's draw_fig9-10.py (64 GPUs, 8 nodes x 8), as listed in
-../shared/traces/README.md. Our engine runs with the ``muri`` preset (the reference
+traces/README.md (the traces ship with the project, gzipped). Our engine runs with the ``muri`` preset (the reference
 simulator's restart-cost and speed model). The target is 10%; SRTF, SRSF and Tiresias-L land
 within 0.5%, Muri-S and Muri-L within 9% (below the published values: see docs/simulator.md).
 The Muri runs of all six traces take about a minute, so the default run checks trace3 and
@@ -15,8 +15,7 @@ import pytest
 
 from elastictrain.sim.run import SimConfig, simulate
 
-ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "..",
-                    "shared", "traces", "muri", "simulator")
+ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "traces", "muri")
 TRACES = ["trace1", "trace1_pr", "trace3", "trace3_pr", "trace4", "trace4_pr"]
 PUBLISHED = {
     "srtf": [1370603, 2303544, 193082, 844395, 581983, 1430856],
@@ -31,9 +30,7 @@ MURI_PUBLISHED = {
 
 @pytest.mark.parametrize("trace", TRACES)
 def test_published_average_jct_within_10_percent(trace):
-    path = os.path.join(ROOT, f"{trace}.csv")
-    if not os.path.exists(path):
-        pytest.skip("../shared/traces is not present")
+    path = os.path.join(ROOT, f"{trace}.csv.gz")
     cfg = SimConfig(path, os.path.join(ROOT, "n8g8.csv"), list(PUBLISHED), preset="muri")
     results = {r.policy: statistics.fmean(j.jct for j in r.jobs) for r in simulate(cfg, progress=False)}
     for policy, values in PUBLISHED.items():
@@ -45,9 +42,7 @@ def test_published_average_jct_within_10_percent(trace):
 
 @pytest.mark.parametrize("trace", ["trace1", "trace3", "trace4"])
 def test_tiresias_beats_yarn_cs_and_best_effort_fifo(trace):
-    path = os.path.join(ROOT, f"{trace}.csv")
-    if not os.path.exists(path):
-        pytest.skip("../shared/traces is not present")
+    path = os.path.join(ROOT, f"{trace}.csv.gz")
     cfg = SimConfig(path, os.path.join(ROOT, "n8g8.csv"), ["tiresias-l", "yarn-cs", "fifo-be"], preset="muri")
     avg = {r.policy: statistics.fmean(j.jct for j in r.jobs) for r in simulate(cfg, progress=False)}
     assert avg["tiresias-l"] < avg["fifo-be"] < avg["yarn-cs"], avg
@@ -60,9 +55,7 @@ def _muri_traces():
 
 @pytest.mark.parametrize("trace", _muri_traces())
 def test_muri_published_average_jct_within_10_percent_and_the_papers_orderings(trace):
-    path = os.path.join(ROOT, f"{trace}.csv")
-    if not os.path.exists(path):
-        pytest.skip("../shared/traces is not present")
+    path = os.path.join(ROOT, f"{trace}.csv.gz")
     cfg = SimConfig(path, os.path.join(ROOT, "n8g8.csv"), list(MURI_PUBLISHED) + ["srtf", "srsf", "tiresias-l"],
                     preset="muri")
     avg = {r.policy: statistics.fmean(j.jct for j in r.jobs) for r in simulate(cfg, progress=False)}
@@ -77,9 +70,7 @@ def test_muri_published_average_jct_within_10_percent_and_the_papers_orderings(t
 @pytest.mark.parametrize("trace", ["trace3", pytest.param("trace1", marks=pytest.mark.slow)])
 def test_muri_ablation_worst_ordering_and_no_blossom_are_worse(trace):
     """Figure 11: Muri-L against its worst slot ordering and against grouping in priority order."""
-    path = os.path.join(ROOT, f"{trace}.csv")
-    if not os.path.exists(path):
-        pytest.skip("../shared/traces is not present")
+    path = os.path.join(ROOT, f"{trace}.csv.gz")
     cfg = SimConfig(path, os.path.join(ROOT, "n8g8.csv"), ["muri-l", "muri-l-worst", "muri-l-noblossom"],
                     preset="muri")
     avg = {r.policy: statistics.fmean(j.jct for j in r.jobs) for r in simulate(cfg, progress=False)}

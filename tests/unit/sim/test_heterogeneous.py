@@ -7,7 +7,7 @@ import pytest
 
 from elastictrain.errors import ConfigError, PolicyError
 from elastictrain.model import JobSpec
-from elastictrain.policies.api import Decision
+from elastictrain.policies.api import Decision, JobView
 from elastictrain.sim.cluster import heterogeneous_cluster, load_cluster
 from elastictrain.sim.engine import Simulator
 
@@ -102,8 +102,13 @@ def test_fairness_command_prints_the_table_and_names_the_fix_for_bad_input(tmp_p
                  "--hours", "2", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "ResNet-50 (batch size 64)" in out and "wrote" in out and (tmp_path / "fairness.png").exists()
-    assert main(["fairness", "heterogeneous"]) == 2
-    assert "pass --throughputs PATH" in capsys.readouterr().err
+    assert main(["fairness", "heterogeneous", "--throughputs", str(tmp_path / "nope.json")]) == 2
+    err = capsys.readouterr().err
+    assert "--throughputs" in err and "no such file" in err
+    assert main(["fairness", "heterogeneous", "--hours", "1"]) == 2
+    assert "warm-up" in capsys.readouterr().err
+    assert main(["fairness", "heterogeneous", "--hours", "1.5"]) == 0  # the shipped table is the default
+    assert "V100/K80" in capsys.readouterr().out
     assert main(["fairness", "homogeneous", "--hours", "1", "--policy", "gandiva-fair-global"]) == 0
     assert "GPU time / fair share" in capsys.readouterr().out
 
@@ -112,5 +117,8 @@ def test_gandiva_fair_refuses_a_gang_bigger_than_every_gpu_type():
     from elastictrain.policies import create
 
     cluster = heterogeneous_cluster({"v100": (1, 4), "k80": (1, 4)})
+    r = Simulator([JobSpec(0, 6, 0.0, 100, 1.0)], cluster, create("gandiva-fair")).run()
+    assert not r.jobs and "runs a gang on one GPU type, and the largest type has 4" in r.extra["rejected"][0][1]
+    policy = create("gandiva-fair")  # given one anyway (a live coordinator), the policy says why not
     with pytest.raises(PolicyError, match="more than any one GPU type has"):
-        Simulator([JobSpec(0, 6, 0.0, 100, 1.0)], cluster, create("gandiva-fair")).run()
+        policy._home(JobView(0, 6, 0.0), (4, 4), {"v100": [0], "k80": [1]}, {"v100": 4, "k80": 4})

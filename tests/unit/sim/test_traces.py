@@ -6,8 +6,8 @@ from elastictrain.sim.cluster import load_cluster
 from elastictrain.sim.traces import TraceError, load_trace
 
 DATA = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "data")
-SHARED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-    __file__))))), "..", "shared", "traces")
+SHIPPED = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+    __file__))))), "traces")
 
 
 def test_tiresias_csv_in_seconds():
@@ -26,6 +26,26 @@ def test_muri_csv_in_milliseconds(tmp_path):
     assert j.stage_times == (0.082, 0.075, 0.066)
 
 
+@pytest.mark.parametrize("text, words", [
+    ("", ["header lacks column(s) job_id"]),
+    ("job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n", ["has no jobs"]),
+    ("job_id,num_gpu\n1,2\n", [":1:", "header lacks column(s) submit_time, iterations"]),
+    ("job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n1,1,0,1,m,1,0\n1,1,0,1,m,1,0\n",
+     ["job_id 1 appears twice"]),
+])
+def test_empty_and_broken_files_say_what_is_wrong(tmp_path, text, words):
+    p = tmp_path / "x.csv"
+    p.write_text(text)
+    with pytest.raises(TraceError) as exc:
+        load_trace(str(p), "tiresias")
+    for w in words:
+        assert w in str(exc.value)
+    binary = tmp_path / "b.csv"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(TraceError, match="b.csv"):
+        load_trace(str(binary), "tiresias")
+
+
 def test_native_format(tmp_path):
     p = tmp_path / "n.csv"
     p.write_text("job_id,num_gpu,submit_time,iterations,iteration_time,model,user,stage_times\n"
@@ -37,7 +57,13 @@ def test_native_format(tmp_path):
 @pytest.mark.parametrize("row, words", [
     ("3,two,0,10,vgg16,5,0", ["x.csv:2", "'num_gpu'", "'two'"]),
     ("3,1,0,,vgg16,5,0", ["x.csv:2", "'iterations'", "missing"]),
-    ("3,0,0,10,vgg16,5,0", ["x.csv:2", "num_gpu >= 1"]),
+    ("3,0,0,10,vgg16,5,0", ["x.csv:2", "'num_gpu'", "'0'", ">= 1"]),
+    ("3,1.5,0,10,vgg16,5,0", ["x.csv:2", "'num_gpu'", "whole number"]),
+    ("3,1,-4,10,vgg16,5,0", ["x.csv:2", "'submit_time'", "'-4'", ">= 0"]),
+    ("3,1,nan,10,vgg16,5,0", ["x.csv:2", "'submit_time'", "'nan'", "finite"]),
+    ("3,1,0,inf,vgg16,5,0", ["x.csv:2", "'iterations'", "finite"]),
+    ("3,1,0,10,vgg16,0,0", ["x.csv:2", "'duration'", "> 0"]),
+    ("3,1,0,10,vgg16,1e300,0", ["x.csv:2", "'duration'", "below 1e15"]),
 ])
 def test_bad_rows_name_file_line_column_value(tmp_path, row, words):
     p = tmp_path / "x.csv"
@@ -48,10 +74,8 @@ def test_bad_rows_name_file_line_column_value(tmp_path, row, words):
         assert w in str(exc.value)
 
 
-def test_gavel_trace_if_shared_traces_exist():
-    path = os.path.join(SHARED, "gavel", "msr_seed0", "0e4a51.trace")
-    if not os.path.exists(path):
-        pytest.skip("../shared/traces not present")
+def test_gavel_trace_gzipped_with_its_throughput_table():
+    path = os.path.join(SHIPPED, "gavel", "msr_seed0", "0e4a51.trace.gz")
     jobs = load_trace(path)
     assert jobs and all(j.iteration_time > 0 and j.num_gpu >= 1 for j in jobs)
 

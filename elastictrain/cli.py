@@ -103,6 +103,17 @@ def get_parser() -> argparse.ArgumentParser:
     f.add_argument("--migration-cost", type=float, default=0.0, help="seconds a migrated running job loses")
     f.add_argument("--out", default=None, help="write fairness_total.csv, fairness_timeline.csv, fairness.png here")
 
+    tr = sub.add_parser("trace", help="make traces: `trace synth` writes a Philly-like synthetic trace")
+    tsub = tr.add_subparsers(dest="trace_command", required=True)
+    sy = tsub.add_parser("synth", help="a synthetic trace resampled from the shipped Philly-derived traces "
+                         "(see elastictrain/sim/synth.py for where the distributions come from)")
+    sy.add_argument("--jobs", type=int, required=True, help="number of jobs")
+    sy.add_argument("--seed", type=int, default=0)
+    sy.add_argument("--out", required=True, help="the trace file (native format; .gz to compress)")
+    sy.add_argument("--gpus", type=int, default=64, help="the cluster's GPUs the load is relative to (default 64)")
+    sy.add_argument("--load", type=float, default=0.9, help="offered GPU-seconds per second / GPUs (default 0.9)")
+    sy.add_argument("--users", type=int, default=8, help="users the jobs are spread over (fair-share policies)")
+
     sub.add_parser("version", help="print the version")
     return p
 
@@ -155,6 +166,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _profile(args)
         elif args.command == "fairness":
             _fairness(args)
+        elif args.command == "trace":
+            from .sim.synth import synthesize, write_native
+
+            jobs = synthesize(args.jobs, args.seed, args.gpus, args.load, args.users)
+            print(f"wrote {write_native(jobs, args.out)}: {len(jobs)} jobs over {jobs[-1].submit_time / 3600:.1f} h, "
+                  f"offered load {args.load:g} x {args.gpus} GPUs")
         elif args.command == "version":
             print(__version__)
     except ElasticTrainError as exc:

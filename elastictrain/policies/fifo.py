@@ -25,12 +25,11 @@ class Fifo:
     def decide(self, s: ClusterSnapshot) -> Decision:
         placer = make_placer(s, self.placement, self.packlimit, self.sticky)
         run = {}
-        for j in s.jobs:  # running jobs keep their GPUs
-            if j.running:
-                placer.take(j.placement)
-                run[j.job_id] = j.placement
-        waiting = sorted((j for j in s.jobs if not j.running), key=lambda j: (j.submit_time, j.job_id))
-        run.update(placer.fill(waiting, strict=self.strict))
+        for j in s.running:  # running jobs keep their GPUs
+            placer.take(j.placement)
+            run[j.job_id] = j.placement
+        # the snapshot lists jobs in arrival order: FIFO's order, with no sort per decision
+        run.update(placer.fill((j for j in s.jobs if not j.running), strict=self.strict))
         return Decision(run)
 
 

@@ -73,31 +73,36 @@ class Placer:
 
     def place(self, num_gpu: int, skew: float = 0.0, current: tuple = ()) -> Optional[tuple]:
         """A placement for a gang of ``num_gpu``, or None. ``current``: where the job runs now
-        (used when the placer is sticky)."""
+        (kept when the placer is sticky)."""
         if num_gpu > self.total_free:
             return None
-        if self.sticky:
-            if current:
-                if current[0][0] >= 0 and sum(g for _, g in current) == num_gpu and \
-                        all(self.free[n] >= g for n, g in current):
-                    return self._take(tuple(current), num_gpu, soft=True)
-                for n, g in current:
-                    if n >= 0:
-                        self.soft[n] = max(0, self.soft[n] - g)
-            elif any(self.soft):
-                free = self.free
-                self.free = [f - s for f, s in zip(free, self.soft)]
-                saved = self.total_free, self.max_free
-                self.total_free, self.max_free = sum(self.free), max(self.free)
-                try:
-                    out = self._place(num_gpu, skew) if num_gpu <= self.total_free else None
-                finally:
-                    self.free = free
-                    self.total_free, self.max_free = saved
-                if out is not None:
-                    return self._take(out, num_gpu, soft=False)
+        if not self.sticky:  # the common path, kept short: simulations place millions of gangs
+            if self.mode == "count":
+                self.total_free -= num_gpu
+                return ((-1, num_gpu),)
+            out = self._place(num_gpu, skew)
+            return None if out is None else self._take(out, num_gpu, soft=False)
+        if current:  # sticky: a running job keeps its GPUs if they are still free
+            if current[0][0] >= 0 and sum(g for _, g in current) == num_gpu and \
+                    all(self.free[n] >= g for n, g in current):
+                return self._take(tuple(current), num_gpu, soft=True)
+            for n, g in current:
+                if n >= 0:
+                    self.soft[n] = max(0, self.soft[n] - g)
+        elif any(self.soft):  # sticky: a newcomer first tries the GPUs no running job holds
+            free = self.free
+            self.free = [f - s for f, s in zip(free, self.soft)]
+            saved = self.total_free, self.max_free
+            self.total_free, self.max_free = sum(self.free), max(self.free)
+            try:
+                out = self._place(num_gpu, skew) if num_gpu <= self.total_free else None
+            finally:
+                self.free = free
+                self.total_free, self.max_free = saved
+            if out is not None:
+                return self._take(out, num_gpu, soft=False)
         out = self._place(num_gpu, skew)
-        return None if out is None else self._take(out, num_gpu, soft=self.sticky)
+        return None if out is None else self._take(out, num_gpu, soft=True)
 
     def _take(self, out: tuple, num_gpu: int, soft: bool) -> tuple:
         if out[0][0] >= 0:

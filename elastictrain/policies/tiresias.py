@@ -59,19 +59,34 @@ class Tiresias:
         self.knob, self.placement, self.packlimit, self.sticky = promote_knob, placement, packlimit, sticky
         self.needs = frozenset({"skew"}) if placement == "skew" else frozenset()
         self.table = gittins_table(gittins, delta) if gittins is not None else None
+        # the same table as plain lists: a bisect per lookup instead of a call into numpy
+        self._table_lists = (self.table[0].tolist(), self.table[1].tolist()) if self.table is not None else None
         self.name = "tiresias-g" if gittins is not None else "tiresias-l"
         self._state: dict = {}  # job key -> _Q
         self._queues: list[list] = [[] for _ in range(len(self.thresholds) + 1)]
+        self._sizes: list[dict] = [{} for _ in self._queues]  # per queue: GPUs -> jobs of that size
+        self._gkey: dict = {}  # 2D-Gittins: job key -> its sort key (changes only while it runs)
 
     def _move(self, jid, q: _Q, level: int) -> None:
         self._queues[q.queue].remove(jid)
+        self._count(q.queue, q.gpus, -1)
         q.queue = level
         self._queues[level].append(jid)
+        self._count(level, q.gpus, 1)
 
     def _enter(self, j) -> _Q:
         q = self._state[j.job_id] = _Q(j.num_gpu)
         self._queues[0].append(j.job_id)
+        self._count(0, j.num_gpu, 1)
         return q
+
+    def _count(self, level: int, gpus: int, d: int) -> None:
+        sizes = self._sizes[level]
+        n = sizes.get(gpus, 0) + d
+        if n:
+            sizes[gpus] = n
+        else:
+            sizes.pop(gpus, None)
 
     def decide(self, s: ClusterSnapshot) -> Decision:
         state, queues, th = self._state, self._queues, self.thresholds
@@ -79,12 +94,17 @@ class Tiresias:
             q = state.pop(jid, None)
             if q is not None:
                 queues[q.queue].remove(jid)
+                self._count(q.queue, q.gpus, -1)
+                self._gkey.pop(jid, None)
         for j in s.arrived:  # new jobs enter Q0 in arrival order (a repeated arrival is ignored)
             if j.job_id not in state:
                 self._enter(j)
         for j in s.running:  # only running jobs gain service: demote them
             q = state.get(j.job_id) or self._enter(j)
-            q.gpus = j.num_gpu
+            if q.gpus != j.num_gpu:  # an elastic job resized
+                self._count(q.queue, q.gpus, -1)
+                q.gpus = j.num_gpu
+                self._count(q.queue, q.gpus, 1)
             level = bisect.bisect_right(th, j.attained_gpu - q.offset)
             if level != q.queue:
                 self._move(j.job_id, q, level)
@@ -94,32 +114,55 @@ class Tiresias:
                     self._enter(j)
         if self.knob > 0:
             self._promote(s)
+        if self.table is not None:  # a waiting job's service, hence its Gittins key, does not change
+            gkey = self._gkey
+            for j in s.running:
+                gkey[j.job_id] = self._gittins_key(j.job_id, j)
+            if len(gkey) != len(state):
+                for jid in state:
+                    if jid not in gkey:
+                        gkey[jid] = self._gittins_key(jid, s.by_key.get(jid))
         placer = make_placer(s, self.placement, self.packlimit, self.sticky)
         run: dict = {}
         job = s.by_key.get
+        place, sticky = placer.place, self.sticky
+        # counting GPUs only, a running job is handed back its own placement: it stays where it is
+        # (jobs here never share GPUs), and the mechanism need not resolve it again
+        counting = self.placement == "count" and not sticky
         for k, queue in enumerate(queues):
             if placer.total_free == 0 or not queue:
                 continue
             if self.table is not None:
-                queue.sort(key=lambda jid: self._gittins_key(jid, job(jid)))
+                queue.sort(key=self._gkey.__getitem__)
             placed, skipped = [], []
             n = 0
+            left = dict(self._sizes[k])  # sizes of the jobs not visited yet
+            smallest = min(left, default=0)
             for jid in queue:
-                if placer.total_free == 0:
-                    break
+                if placer.total_free < smallest or placer.total_free == 0:
+                    break  # no job left in this queue is small enough for the GPUs still free
                 n += 1
+                g = state[jid].gpus
+                c = left[g] - 1
+                if c:
+                    left[g] = c
+                else:
+                    del left[g]
+                    if g == smallest:
+                        smallest = min(left, default=0)
                 j = job(jid)
                 if j is None:  # known but not runnable now (being stopped): keeps its place
                     skipped.append(jid)
                     continue
-                where = placer.place(j.num_gpu, j.skew, j.placement if j.running else ())
+                where = place(j.num_gpu, j.skew, j.placement if j.running else ())
                 if where is None:
                     skipped.append(jid)
                 else:
-                    run[jid] = where
+                    run[jid] = j.placement if counting and j.running else where
                     placed.append(jid)
-            # waiting jobs go behind the running ones of their queue, keeping their order
-            queues[k] = placed + skipped + queue[n:]
+            # waiting jobs go behind the running ones of their queue, keeping their order (only the
+            # visited head is rewritten: a long queue is not copied at every decision)
+            queue[:n] = placed + skipped
         return Decision(run, self._wakeup(s, run))
 
     def _gittins_key(self, jid, j) -> tuple:
@@ -143,6 +186,7 @@ class Tiresias:
                 if now - q.waited_from >= self.knob * (j.attained_gpu - q.offset) / j.num_gpu:
                     q.offset, q.waited_from = j.attained_gpu, None
                     self._move(jid, q, 0)
+                    self._gkey.pop(jid, None)  # its service restarts from 0: a new key
 
     def _wakeup(self, s: ClusterSnapshot, run: dict) -> Optional[float]:
         best = math.inf
@@ -177,6 +221,8 @@ class Tiresias:
         views = {str(j.job_id): j for j in jobs}
         self._state.clear()
         self._queues = [[] for _ in range(len(self.thresholds) + 1)]
+        self._sizes = [{} for _ in self._queues]
+        self._gkey = {}
         for level, keys in enumerate(data.get("queues", [])[:len(self._queues)]):
             for k in keys:
                 j = views.get(str(k))
@@ -184,10 +230,11 @@ class Tiresias:
                     q = self._state[j.job_id] = _Q(j.num_gpu)
                     q.queue, q.offset = level, float(data.get("offset", {}).get(str(k), 0.0))
                     self._queues[level].append(j.job_id)
+                    self._count(level, q.gpus, 1)
 
     def _gittins(self, attained: float) -> float:
-        xs, gi = self.table
-        return float(gi[min(np.searchsorted(xs, attained, side="right"), len(gi) - 1)])
+        xs, gi = self._table_lists
+        return gi[min(bisect.bisect_right(xs, attained), len(gi) - 1)]
 
 
 def gittins_table(samples: Sequence[float], delta: float) -> tuple[np.ndarray, np.ndarray]:

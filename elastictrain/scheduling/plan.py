@@ -50,7 +50,16 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
     used = [0] * nodes
     total = 0
     anywhere = []  # group leaders (or lone jobs) placed "on any node", resolved below
+    running = table.running
+    plain = not workers and not group_of
     for key, where in run.items():
+        if plain:
+            e = running.get(key)
+            if e is not None and where is e.placement:  # kept as it is: the mechanism's own tuple
+                total += e.num_gpu
+                for node, g in where:
+                    used[node] += g
+                continue
         view = get(key)
         if view is None:
             raise PolicyError(f"policy {policy}: placed job {key!r}, which is not runnable (unknown, ended, or "
@@ -94,7 +103,6 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
         if anywhere else None
 
     # ---- actions: preemptions, then the placed jobs in decision order
-    running = table.running
     actions = [Action(ActionKind.PREEMPT, key, (), e.placement, e.num_gpu) for key, e in running.items()
                if key not in run]
     slow = decision.slowdown
@@ -103,6 +111,8 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
         if resolved is not None:
             where = resolved.get(grp[0] if grp else key, where)
         e = running.get(key)
+        if e is not None and where is e.placement and plain:
+            continue  # keeps running as it is
         size = workers.get(key, e.num_gpu if e is not None else get(key).num_gpu) if workers else \
             (e.num_gpu if e is not None else get(key).num_gpu)
         group = grp or ()
@@ -120,6 +130,7 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
             kind = ActionKind.MIGRATE
         else:
             e.placement = where  # the same GPUs listed in another order
+            table.touch(key)
             continue
         actions.append(Action(kind, key, where, e.placement, size, group, slow.get(key), moved))
     return actions

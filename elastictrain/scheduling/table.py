@@ -16,6 +16,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Iterable, Optional
 
+from msgspec.structs import replace as _replace
+
 from ..errors import ConfigError
 from ..policies.api import EMPTY, ClusterSnapshot, JobView
 from .api import ClusterShape, JobStatus
@@ -131,7 +133,9 @@ class JobTable:
         return e
 
     def touch(self, key) -> None:
-        """The entry changed (e.g. a new measurement): rebuild its view at the next snapshot."""
+        """The entry changed (e.g. a new measurement): rebuild its view at the next snapshot.
+        (Between snapshots a running job's service and progress change by themselves; any other
+        field changed outside the table's own transitions needs this call.)"""
         self._dirty.add(key)
 
     def start(self, key, placement: tuple, group: tuple, now: float, workers: int = 0) -> Entry:
@@ -145,6 +149,7 @@ class JobTable:
         e.accrued_at = now
         e.status = JobStatus.RUNNING
         self.running[key] = e
+        self._dirty.add(key)
         return e
 
     def stop(self, key, now: float) -> Entry:
@@ -172,6 +177,7 @@ class JobTable:
         """A running job changes placement, group or size (it keeps running)."""
         e = self._entries[key]
         e.placement, e.group, e.num_gpu = placement, group, workers
+        self._dirty.add(key)
         return e
 
     def end(self, key, status: JobStatus, now: float) -> Entry:
@@ -216,14 +222,16 @@ class JobTable:
         return out
 
     def _refresh(self) -> None:
-        views, entries = self._views, self._entries
-        for key, e in self.running.items():
-            views[key] = e.view()
-        for key in self._dirty:
+        views, entries, dirty = self._views, self._entries, self._dirty
+        for key in dirty:
             e = entries.get(key)
             if e is not None:
                 views[key] = e.view()
-        self._dirty.clear()
+        for key, e in self.running.items():  # their service and progress grew: 3 fields change
+            if key not in dirty:
+                views[key] = _replace(views[key], attained=e.attained, attained_gpu=e.attained_gpu,
+                                      remaining_iterations=e.remaining_iterations)
+        dirty.clear()
 
 
 class Feed:

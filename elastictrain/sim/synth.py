@@ -1,0 +1,72 @@
+"""Synthetic traces of any size, Philly-like: ``elastictrain trace synth --jobs N --seed S --out F``.
+
+Where the distributions come from: each job is a job drawn at random (with replacement) from
+the three Philly-derived Muri traces shipped in ``traces/muri`` (trace1, trace3 and trace4:
+5,124 jobs of Microsoft's Philly cluster, as the Muri authors sampled and profiled them). So the
+GPU counts (1 to 32, mostly 1, 4 and 8), the durations (heavy-tailed: median about an hour,
+99th percentile about a month) and each job's model and stage profile are Philly's, jointly,
+as those traces have them. Arrivals are a Poisson process whose rate makes the offered load
+(GPU-seconds asked per second) ``load`` times the cluster's ``gpus``; job sizes are capped at
+``gpus``; users are assigned round-robin over ``users`` names.
+
+The output is the native trace format (seconds; ``stage_times`` ``;``-separated), gzipped when
+the file name ends in ``.gz``. The same seed always gives the same trace.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import os
+import random
+from typing import Optional
+
+from ..errors import ConfigError
+from ..model import JobSpec
+from .traces import SHIPPED, load_trace
+
+__all__ = ["synthesize", "write_native", "SOURCES"]
+
+SOURCES = tuple(os.path.join(SHIPPED, "muri", f"trace{i}.csv.gz") for i in (1, 3, 4))
+
+
+def synthesize(jobs: int, seed: int = 0, gpus: int = 64, load: float = 0.9, users: int = 8,
+               sources: Optional[tuple[str, ...]] = None) -> list[JobSpec]:
+    """``jobs`` jobs resampled from the Philly-derived traces (see the module docstring).
+
+    Raises:
+        ConfigError: a count or the load is out of range.
+    """
+    if not 1 <= jobs <= 10_000_000:
+        raise ConfigError(f"--jobs must be in [1, 10000000], got {jobs}")
+    if not 1 <= gpus <= 1_000_000 or not 0.01 <= load <= 100 or not 1 <= users <= 100_000:
+        raise ConfigError(f"--gpus must be in [1, 1000000], --load in [0.01, 100] and --users in [1, 100000]; got "
+                          f"{gpus}, {load}, {users}")
+    pool = [j for path in (sources or SOURCES) for j in load_trace(path)]
+    rng = random.Random(seed)
+    picks = [pool[rng.randrange(len(pool))] for _ in range(jobs)]
+    mean_demand = sum(min(p.num_gpu, gpus) * p.duration for p in picks) / jobs
+    rate = load * gpus / mean_demand  # jobs per second
+    t, out = 0.0, []
+    for i, p in enumerate(picks):
+        t += rng.expovariate(rate)
+        out.append(JobSpec(i, min(p.num_gpu, gpus), round(t, 3), p.iterations, p.iteration_time, p.model,
+                           p.stage_times, f"user{i % users}"))
+    return out
+
+
+def write_native(jobs: list[JobSpec], path: str) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["job_id", "num_gpu", "submit_time", "iterations", "iteration_time", "model", "user", "stage_times"])
+    for j in jobs:
+        w.writerow([j.job_id, j.num_gpu, repr(j.submit_time), repr(float(j.iterations)), repr(j.iteration_time),
+                    j.model, j.user, ";".join(repr(x) for x in j.stage_times)])
+    data = buf.getvalue().encode()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with (gzip.open(tmp, "wb", compresslevel=6) if path.endswith(".gz") else open(tmp, "wb")) as f:
+        f.write(data)
+    os.replace(tmp, path)
+    return path

@@ -1,53 +1,109 @@
-"""Simulator speed: wall time and events per second of each policy on Muri's traces 1, 3 and 4.
+"""Simulator speed: wall time per policy on the shipped traces and on synthetic traces 10x larger.
 
-Runs the ``muri`` preset (the configuration that reproduces the published tables) on
-../shared/traces/muri/simulator/{trace1,trace3,trace4}.csv, 64 GPUs. Baselines named for
-comparison (not run here: the reference simulator is not part of this repository): it takes
-2.5-8 s for SRTF on these traces, 83 s for Muri-L on trace3 and about 2 hours (projected) on
-trace1. Prints ``name: value unit``; ``--quick`` runs each policy once
-(the default takes the best of 3).
+1. The shipped Muri traces (trace1, trace3, trace4; ``muri`` preset, 64 GPUs): wall time and
+   events per second of each policy. Baseline named for comparison (not run here: the reference
+   simulator is not part of this repository): it takes 2.5-8 s for SRTF on these traces, 83 s for
+   Muri-L on trace3 and about 2 hours (projected) on trace1.
+2. Synthetic Philly-like traces (``elastictrain trace synth``: jobs resampled from the
+   Philly-derived Muri traces, Poisson arrivals at 0.9 offered load on 64 GPUs) of 10,000 and
+   50,000 jobs (``--quick``: 2,000 and 10,000): ``sim_synth<N>_<policy>_wall`` and the fitted
+   growth exponent between the two sizes, ``sim_scaling_<policy>_exponent`` (1 = linear).
+   Targets on this machine at 50,000 jobs: SRTF, SRSF, FIFO, Tiresias-L/G <= 10 s; Muri-S/L and
+   Gandiva-fair <= 60 s. A run is stopped after ``--limit`` seconds and printed as ``timeout``.
+
+Prints ``name: value unit``.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import multiprocessing as mp
 import os
 import statistics
 import sys
+import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
 
 from elastictrain.sim.run import SimConfig, simulate  # noqa: E402
+from elastictrain.sim.synth import synthesize, write_native  # noqa: E402
 
-ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "traces",
-                    "muri", "simulator")
-POLICIES = ["srtf", "srsf", "tiresias-l", "yarn-cs", "fifo-be", "gandiva-ts", "muri-s", "muri-l"]
+TRACES = os.path.join(ROOT, "traces", "muri")
+SHIPPED_POLICIES = ["srtf", "srsf", "tiresias-l", "yarn-cs", "fifo-be", "gandiva-ts", "muri-s", "muri-l"]
+SYNTH_POLICIES = ["srtf", "srsf", "fifo", "tiresias-l", "tiresias-g", "muri-s", "muri-l", "gandiva-fair"]
+OPTIONS = {"distribution": os.path.join(ROOT, "traces", "tiresias", "yarn-gput1000.csv")}
+
+
+def _timed(args) -> tuple:
+    trace, cluster, policy, preset = args
+    t = time.perf_counter()
+    (r,) = simulate(SimConfig(trace, cluster, [policy], preset=preset, policy_options=OPTIONS), progress=False)
+    return time.perf_counter() - t, r.events, statistics.fmean(j.jct for j in r.jobs) if r.jobs else 0.0
+
+
+def run_limited(trace: str, cluster: str, policy: str, preset: str, limit: float):
+    """(wall, events, mean JCT) of one simulation in a child process, or None past ``limit`` s."""
+    ctx = mp.get_context("fork")
+    with ctx.Pool(1) as pool:
+        res = pool.apply_async(_timed, ((trace, cluster, policy, preset),))
+        try:
+            return res.get(limit)
+        except mp.TimeoutError:
+            pool.terminate()
+            return None
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--traces", default="trace1,trace3,trace4")
+    ap.add_argument("--limit", type=float, default=None, help="seconds before a run counts as a timeout "
+                    "(default 120 with --quick, else 600)")
     args = ap.parse_args()
     reps = 1 if args.quick else 3
-    if not os.path.exists(ROOT):
-        sys.exit(f"{ROOT} not found: the benchmark reads the shared Muri traces")
-    print(f"# muri preset, n8g8 (64 GPUs); best of {reps}")
+    limit = args.limit or (120.0 if args.quick else 600.0)
+    print(f"# shipped traces, muri preset, n8g8 (64 GPUs); best of {reps}")
     for trace in args.traces.split(","):
-        for policy in POLICIES:
-            best, events, avg = float("inf"), 0, 0.0
+        path = os.path.join(TRACES, f"{trace}.csv.gz")
+        for policy in SHIPPED_POLICIES:
+            best = None
             for _ in range(reps):
-                cfg = SimConfig(os.path.join(ROOT, f"{trace}.csv"), os.path.join(ROOT, "n8g8.csv"), [policy],
-                                preset="muri")
-                t = time.perf_counter()
-                (r,) = simulate(cfg, progress=False)
-                best = min(best, time.perf_counter() - t)
-                events, avg = r.events, statistics.fmean(j.jct for j in r.jobs)
-            print(f"sim_{trace}_{policy}_wall: {best:.3f} s")
-            print(f"sim_{trace}_{policy}_events_per_s: {events / best:.0f} events/s")
-            print(f"sim_{trace}_{policy}_avg_jct: {avg:.0f} s")
+                r = run_limited(path, os.path.join(TRACES, "n8g8.csv"), policy, "muri", limit)
+                if r is not None and (best is None or r[0] < best[0]):
+                    best = r
+            if best is None:
+                print(f"sim_{trace}_{policy}_wall: timeout (> {limit:.0f} s)")
+                continue
+            print(f"sim_{trace}_{policy}_wall: {best[0]:.3f} s")
+            print(f"sim_{trace}_{policy}_events_per_s: {best[1] / best[0]:.0f} events/s")
+            print(f"sim_{trace}_{policy}_avg_jct: {best[2]:.0f} s")
             sys.stdout.flush()
+    sizes = (2_000, 10_000) if args.quick else (10_000, 50_000)
+    with tempfile.TemporaryDirectory(prefix="et-synth-") as tmp:
+        paths = {}
+        for n in sizes:
+            paths[n] = write_native(synthesize(n, seed=1, gpus=64, load=0.9), os.path.join(tmp, f"synth{n}.csv.gz"))
+        print(f"# synthetic Philly-like traces ({' and '.join(f'{n:,}' for n in sizes)} jobs, load 0.9 on 64 GPUs, "
+              "seed 1), default preset, one run each")
+        for policy in SYNTH_POLICIES:
+            walls = {}
+            for n in sizes:
+                r = run_limited(paths[n], "n8g8", policy, "default", limit)
+                if r is None:
+                    print(f"sim_synth{n // 1000}k_{policy}_wall: timeout (> {limit:.0f} s)")
+                    continue
+                walls[n] = r[0]
+                print(f"sim_synth{n // 1000}k_{policy}_wall: {r[0]:.2f} s")
+                print(f"sim_synth{n // 1000}k_{policy}_events: {r[1]} events")
+                sys.stdout.flush()
+            if len(walls) == 2:
+                a, b = sizes
+                print(f"sim_scaling_{policy}_exponent: {math.log(walls[b] / walls[a]) / math.log(b / a):.2f}")
+            else:
+                print(f"sim_scaling_{policy}_exponent: nan (a run timed out)")
 
 
 if __name__ == "__main__":

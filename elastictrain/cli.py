@@ -79,6 +79,7 @@ def get_parser() -> argparse.ArgumentParser:
     m.add_argument("--migration-cost", type=float, default=0.0,
                    help="seconds a running job loses when a decision moves it (gandiva-fair migrations)")
     m.add_argument("--no-progress", action="store_true")
+    m.add_argument("--parallel", type=int, default=1, help="run up to N policies at once, in separate processes")
 
     pr = sub.add_parser("profile", help="run a training command for N iterations; print its stage and "
                         "communication profiles", usage="elastictrain profile [-n N] [--warmup W] [--json FILE] "
@@ -254,7 +255,12 @@ def _simulate(args) -> None:
     opts = _policy_values(args)
     cfg = SimConfig(args.trace, args.cluster, [p for p in args.policy.split(",") if p], args.preset, args.format,
                     args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost)
-    results = simulate(cfg, progress=not args.no_progress)
+    results = simulate(cfg, progress=not args.no_progress, parallel=args.parallel)
+    for r in results:
+        for jid, why in r.extra.get("rejected", ())[:5]:
+            print(f"elastictrain: {r.policy}: job {jid} never runs: {why}", file=sys.stderr)
+        if len(r.extra.get("rejected", ())) > 5:
+            print(f"elastictrain: {r.policy}: {len(r.extra['rejected'])} jobs in all never run", file=sys.stderr)
     print(comparison_table([summarize(r) for r in results]))
     print()
     print(bins_table(results))

@@ -185,7 +185,7 @@ class GandivaFair:
                     free[sj.home] -= sj.size
                     sj.pass_ += sj.size / sj.tickets
                     run[j.job_id] = ((sj.home, sj.size),)
-            return Decision(run, self._next)
+            return Decision(run, self._wake(s, run))
         for t, nodes in nodes_of.items():
             claimed = self._central(nodes, caps, residents, central.get(t, []), run)
             free = {n: caps[n] for n in nodes if n not in claimed}
@@ -196,7 +196,12 @@ class GandivaFair:
                         run[jid] = ((n, self._jobs[jid].size),)
                         free[n] -= self._jobs[jid].size
             self._backfill(nodes, free, residents, by_id, run)
-        return Decision(run, self._next)
+        return Decision(run, self._wake(s, run))
+
+    def _wake(self, s: ClusterSnapshot, run: dict) -> Optional[float]:
+        """The next quantum, while some job waits; with nobody waiting there is nothing to slice
+        until a job arrives or ends (which brings a decision anyway, and a quantum then)."""
+        return self._next if len(run) < len(s.jobs) else None
 
     def _backfill(self, nodes: list[int], free: dict, residents: dict, by_id: dict, run: dict) -> None:
         """Work conservation: GPUs a local schedule leaves idle (gangs that do not fit) go, for
@@ -404,7 +409,7 @@ class GandivaFair:
                 sj.pass_ -= sj.size / sj.tickets
                 continue
             run[jid] = where
-        return Decision(run, self._next)
+        return Decision(run, self._wake(s, run))
 
 
 _OPTIONS = ("tickets", "default_tickets", "quantum", "placement", "packlimit", "split", "balance", "migrations",

@@ -108,7 +108,7 @@ class Simulator:
                  restart_cost: Union[str, float, Callable[[Entry], float]] = 0.0,
                  charge: str = "on_start", speed_factor: float = 1.0, interval: Optional[float] = None,
                  spread_slowdown: float = 1.0, skew_sensitive: float = 0.5, until: Optional[float] = None,
-                 progress: Optional[Callable[[int], None]] = None, migration_cost: float = 0.0,
+                 progress: Optional[Callable[[int, float], None]] = None, migration_cost: float = 0.0,
                  window: Optional[float] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
@@ -216,7 +216,7 @@ class Simulator:
                 used = 0
             util.append((now, used))
             if self.progress is not None:
-                self.progress(len(done))
+                self.progress(len(done), now)
             if self.until is not None and now >= self.until:
                 break
         done.sort(key=lambda r: r.job_id)

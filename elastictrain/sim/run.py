@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -38,41 +39,137 @@ class SimConfig:
     migration_cost: float = 0.0
 
 
-def simulate(cfg: SimConfig, progress: bool = True) -> list[SimResult]:
-    """Run every policy of ``cfg`` on its trace; returns one result per policy.
+def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[SimResult]:
+    """Run every policy of ``cfg`` on its trace; returns one result per policy, in order.
+
+    Every policy and option is checked before the first simulation starts. ``parallel``: run
+    up to that many policies at once, in separate processes. ``progress``: a bar per policy
+    on stderr, simulated hours against the trace's last arrival.
 
     Raises:
-        ConfigError: an unknown preset or policy, or a bad trace or cluster file.
+        ConfigError: an unknown preset or policy, a bad option, or a bad trace or cluster file.
     """
     if cfg.preset not in PRESETS:
-        raise ConfigError(f"preset {cfg.preset!r} is not one of {', '.join(PRESETS)}")
+        raise ConfigError(f"--preset {cfg.preset!r} is not one of {', '.join(PRESETS)}")
+    if not 1 <= parallel <= 64:
+        raise ConfigError(f"--parallel must be in [1, 64], got {parallel}")
     engine = dict(PRESETS[cfg.preset])
     if cfg.restart_cost is not None:
-        engine["restart_cost"] = cfg.restart_cost if cfg.restart_cost == "muri" else float(cfg.restart_cost)
+        try:
+            engine["restart_cost"] = cfg.restart_cost if cfg.restart_cost == "muri" else float(cfg.restart_cost)
+        except ValueError:
+            raise ConfigError(f"--restart-cost {cfg.restart_cost!r}: use 'muri' or a number of seconds") from None
+    opts = {k: v for k, v in cfg.policy_options.items() if v is not None}
+    for name in cfg.policies:  # every name and option is checked before anything runs
+        create(name, only_known=True, **opts)
     jobs = load_trace(cfg.trace, cfg.trace_format)
     cluster = load_cluster(cfg.cluster)
-    results = []
-    for name in cfg.policies:
-        opts = {k: v for k, v in cfg.policy_options.items() if v is not None}
-        policy = create(name, only_known=True, **opts)  # each policy takes the options it knows
-        bar = None
-        if progress:
-            try:
-                from tqdm import tqdm
+    horizon = max(j.submit_time for j in jobs)
+    bars = _Bars(cfg.policies, horizon, len(jobs)) if progress else None
+    try:
+        if parallel == 1 or len(cfg.policies) == 1:
+            results = []
+            for i, name in enumerate(cfg.policies):
+                tick = bars.callback(i) if bars else None
+                results.append(_run_one(name, opts, jobs, cluster, cfg, engine, tick))
+                if bars:
+                    bars.update(i, len(results[-1].jobs), results[-1].makespan)
+            return results
+        return _run_parallel(cfg, opts, jobs, cluster, engine, parallel, bars)
+    finally:
+        if bars is not None:
+            bars.close()
 
-                bar = tqdm(total=len(jobs), desc=f"{name:>11}", unit="job", file=sys.stderr, leave=True)
-            except ImportError:
-                bar = None
-        last = [0]
 
-        def tick(done: int) -> None:
-            if bar is not None and done != last[0]:
-                bar.update(done - last[0])
-                last[0] = done
+def _run_one(name, opts, jobs, cluster, cfg: SimConfig, engine: dict, tick=None) -> SimResult:
+    policy = create(name, only_known=True, **opts)  # each policy takes the options it knows
+    return Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick, spread_slowdown=cfg.spread_slowdown,
+                     migration_cost=cfg.migration_cost, **engine).run()
 
-        results.append(Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick,
-                                 spread_slowdown=cfg.spread_slowdown, migration_cost=cfg.migration_cost,
-                                 **engine).run())
-        if bar is not None:
+
+def _run_parallel(cfg, opts, jobs, cluster, engine, parallel: int, bars) -> list[SimResult]:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    manager = ctx.Manager() if bars else None
+    queue = manager.Queue() if manager else None
+    try:
+        with ProcessPoolExecutor(max_workers=min(parallel, len(cfg.policies)), mp_context=ctx) as pool:
+            futures = [pool.submit(_run_child, i, name, opts, jobs, cluster, cfg, engine, queue)
+                       for i, name in enumerate(cfg.policies)]
+            while bars is not None and not all(f.done() for f in futures):
+                bars.drain(queue, timeout=0.2)
+            results = [f.result() for f in futures]
+            if bars is not None:
+                bars.drain(queue, timeout=0.0)
+            return results
+    finally:
+        if manager is not None:
+            manager.shutdown()
+
+
+def _run_child(i, name, opts, jobs, cluster, cfg, engine, queue) -> SimResult:
+    tick = None
+    if queue is not None:
+        last = [0.0]
+
+        def tick(done: int, now: float) -> None:
+            t = time.monotonic()
+            if t - last[0] >= 0.2:
+                last[0] = t
+                queue.put((i, done, now))
+    result = _run_one(name, opts, jobs, cluster, cfg, engine, tick)
+    if queue is not None:
+        queue.put((i, len(result.jobs), result.makespan))
+    return result
+
+
+class _Bars:
+    """One tqdm bar per policy: simulated hours (against the last arrival) and jobs done."""
+
+    def __init__(self, names: list[str], horizon: float, jobs: int) -> None:
+        try:
+            from tqdm import tqdm
+        except ImportError:  # progress is optional
+            self.bars = []
+            return
+        total = max(horizon / 3600.0, 1e-9)
+        self.jobs = jobs
+        self.bars = [tqdm(total=round(total, 2), desc=f"{n:>11}", unit="h", file=sys.stderr, position=i, leave=True,
+                          bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.1f}/{total:.1f} simulated h{postfix} "
+                          "[{elapsed}]", postfix=f"0/{jobs} jobs") for i, n in enumerate(names)]
+
+    def update(self, i: int, done: int, now: float) -> None:
+        if self.bars:
+            bar = self.bars[i]
+            bar.n = round(now / 3600.0, 2)
+            if bar.n > bar.total:  # jobs still run after the last arrival: the bar's end moves with them
+                bar.total = bar.n
+            bar.set_postfix_str(f"{done}/{self.jobs} jobs", refresh=False)
+            bar.refresh()
+
+    def callback(self, i: int):
+        last = [0.0]
+
+        def tick(done: int, now: float) -> None:
+            t = time.monotonic()
+            if t - last[0] >= 0.1:
+                last[0] = t
+                self.update(i, done, now)
+        return tick
+
+    def drain(self, queue, timeout: float) -> None:
+        import queue as q
+
+        try:
+            item = queue.get(timeout=timeout) if timeout else queue.get_nowait()
+            while True:
+                self.update(*item)
+                item = queue.get_nowait()
+        except q.Empty:
+            pass
+
+    def close(self) -> None:
+        for bar in self.bars:
             bar.close()
-    return results

@@ -48,6 +48,19 @@ def _run(name, cluster, jobs, charge, cost):
 @settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
 @given(w=workloads())
 def test_every_policy_terminates_finishes_what_fits_and_never_overcommits(name, w):
+    _holds(name, w)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", POLICIES)
+@settings(max_examples=int(os.environ.get("ET_FUZZ_EXAMPLES_SLOW", "150")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(w=workloads())
+def test_every_policy_holds_on_many_more_random_traces(name, w):
+    _holds(name, w)
+
+
+def _holds(name, w):
     cluster, jobs, charge, cost = w
     t0 = time.perf_counter()
     r = _run(name, cluster, jobs, charge, cost)

@@ -86,3 +86,36 @@ def test_cluster_specs(tmp_path):
     p.write_text("num_switch,num_node_p_switch,num_gpu_p_node,num_cpu_p_node,mem_p_node\n2,4,8,92,520\n")
     c = load_cluster(str(p))
     assert (c.nodes, c.total_gpus) == (8, 64)
+
+
+def test_trace_synth_is_deterministic_philly_like_and_loads(tmp_path, capsys):
+    from elastictrain.cli import main
+
+    out = tmp_path / "s.csv.gz"
+    assert main(["trace", "synth", "--jobs", "500", "--seed", "3", "--out", str(out), "--gpus", "32"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    jobs = load_trace(str(out))
+    assert len(jobs) == 500 and all(1 <= j.num_gpu <= 32 for j in jobs)
+    assert {j.user for j in jobs} == {f"user{i}" for i in range(8)} and any(j.stage_times for j in jobs)
+    again = tmp_path / "again.csv.gz"
+    main(["trace", "synth", "--jobs", "500", "--seed", "3", "--out", str(again), "--gpus", "32"])
+    assert [(j.num_gpu, j.submit_time, j.iterations) for j in load_trace(str(again))] == \
+        [(j.num_gpu, j.submit_time, j.iterations) for j in jobs]
+    assert main(["trace", "synth", "--jobs", "0", "--out", str(out)]) == 2
+    assert "--jobs must be in" in capsys.readouterr().err
+
+
+def test_simulate_checks_every_policy_first_and_runs_them_in_parallel(tmp_path, capsys):
+    from elastictrain.cli import main
+
+    trace = os.path.join(SHIPPED, "tiresias", "60_job.csv")
+    assert main(["simulate", "--trace", trace, "--cluster", "n2g4", "--policy", "srtf,nope", "--no-progress"]) == 2
+    assert "'nope' is not registered" in capsys.readouterr().err  # before srtf ran
+    assert main(["simulate", "--trace", trace, "--cluster", "n2g4", "--policy", "tiresias-g", "--distribution",
+                 "/nonexistent.csv", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "--distribution /nonexistent.csv" in err and "Traceback" not in err
+    assert main(["simulate", "--trace", trace, "--cluster", "n2g4", "--policy", "srtf,srsf,fifo", "--parallel", "2",
+                 "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert all(p in out for p in ("srtf", "srsf", "yarn-cs"))  # fifo is YARN-CS

@@ -47,6 +47,14 @@ def get_parser() -> argparse.ArgumentParser:
                    help="debug, info (the default: listening, scheduling events as JSON lines), warning, error")
     c.add_argument("--public-read", action="store_true",
                    help="answer GET requests without the token (every route needs it by default)")
+    c.add_argument("--allow-insecure-token-file", action="store_true",
+                   help="accept a token file that other users can read (refused by default)")
+    c.add_argument("--header-timeout", type=float, default=10.0,
+                   help="seconds a request's head may take to arrive (slow clients get 408)")
+    c.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request's body may take to arrive")
+    c.add_argument("--keep-alive", type=float, default=30.0, help="seconds an idle connection stays open")
+    c.add_argument("--max-connections", type=int, default=1000, help="connections open at once; more are closed")
+    c.add_argument("--max-header-bytes", type=int, default=65536, help="largest request head (more: 431)")
     c.add_argument("--policy", default=_env("ET_POLICY", None),
                    help="run the live scheduler with this policy (e.g. tiresias-l, fifo, srtf, muri-s, gandiva-fair); "
                    "without it the coordinator only serves etrun jobs [ET_POLICY]")
@@ -129,6 +137,19 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quantum", type=float, default=None, help="time slice of gandiva-ts and gandiva-fair, seconds")
 
 
+def _limits(args):
+    from .coordinator.protocol import Limits
+    from .errors import ConfigError
+
+    checks = [("--header-timeout", args.header_timeout, 0.1, 3600), ("--body-timeout", args.body_timeout, 0.1, 3600),
+              ("--keep-alive", args.keep_alive, 0.1, 3600), ("--max-connections", args.max_connections, 1, 1_000_000),
+              ("--max-header-bytes", args.max_header_bytes, 1024, 1 << 24)]
+    for flag, value, lo, hi in checks:
+        if not lo <= value <= hi:  # NaN fails too
+            raise ConfigError(f"{flag} must be in [{lo}, {hi}], got {value}")
+    return Limits(args.header_timeout, args.body_timeout, args.max_header_bytes, args.max_connections, args.keep_alive)
+
+
 def _policy_values(args) -> dict:
     from .errors import ConfigError
 
@@ -156,7 +177,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 cluster = ClusterConfig(args.policy, _policy_values(args), args.interval, args.node_timeout)
             serve(ServerConfig(host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                sync=args.sync, ready_file=args.ready_file, public_read=args.public_read,
-                               cluster=cluster))
+                               cluster=cluster, allow_insecure_token_file=args.allow_insecure_token_file,
+                               limits=_limits(args)))
         elif args.command in ("node", "submit", "status", "cancel", "logs"):
             from .cluster_cli import run_command
 

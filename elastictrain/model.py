@@ -12,21 +12,28 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 
-__all__ = ["DatasetSpec", "JobSpec", "NAME_PATTERN", "check_name"]
+__all__ = ["DatasetSpec", "JobSpec", "NAME_RE", "CHECKPOINT_RE", "NAME_PATTERN", "check_name"]
 
-#: Job and dataset names: safe in URLs, file names and SQL parameters.
-NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: The one rule for names that become part of a URL, a file name or a database key: jobs,
+#: datasets, nodes, users (1-128 characters) and checkpoint ids (1-255). ASCII letters, digits and
+#: ``._-``, starting with a letter or digit: no path separator, no "..", no NUL, no newline,
+#: nothing that needs quoting. The wire schemas (``elastictrain.wire``) use the same patterns.
+NAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+CHECKPOINT_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}"
+NAME_PATTERN = re.compile(NAME_RE)
+_CHECKPOINT = re.compile(CHECKPOINT_RE)
 
 
 def check_name(kind: str, value: str) -> str:
-    """Return ``value`` if it is a valid job or dataset name.
+    """Return ``value`` if it is a valid name of ``kind`` (``checkpoint`` ids may be longer).
 
     Raises:
         ConfigError: the name is empty, too long or has characters outside ``[A-Za-z0-9._-]``.
     """
-    if not isinstance(value, str) or not NAME_PATTERN.match(value):
+    pattern, most = (_CHECKPOINT, 255) if kind == "checkpoint" else (NAME_PATTERN, 128)
+    if not isinstance(value, str) or not pattern.fullmatch(value):
         raise ConfigError(
-            f"{kind} name {value!r} is invalid: use 1-128 characters from [A-Za-z0-9._-], "
+            f"{kind} name {value!r} is invalid: use 1-{most} characters from [A-Za-z0-9._-], "
             "starting with a letter or digit"
         )
     return value

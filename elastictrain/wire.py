@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 
 import msgspec
 
-from .model import DatasetSpec
+from .model import CHECKPOINT_RE, NAME_RE, DatasetSpec
 
 API_VERSION = 1
 
@@ -27,6 +27,27 @@ __all__ = [
     "LogChunk", "NodePoll", "Task", "NodeTasks", "NodeLeave", "LogRecord", "LogList", "EventInfo", "EventList",
     "ClusterStatus",
 ]
+
+
+# ---------------------------------------------------------------- value ranges
+# Every number on the wire has a range, every name a pattern: out of range is a 400 whose reason
+# names the field (msgspec: ``Expected `int` <= 65535 - at `$.worker```). Integers stay well
+# inside SQLite's 64-bit range; floats must be finite.
+Count = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
+Worker = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+WorldSize = Annotated[int, msgspec.Meta(ge=1, le=65536)]
+Gpus = Annotated[int, msgspec.Meta(ge=1, le=65536)]
+Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=1e12)]
+Name = Annotated[str, msgspec.Meta(pattern=rf"^{NAME_RE}\Z")]
+#: a checkpoint id: it names a directory and a database key
+CheckpointName = Annotated[str, msgspec.Meta(pattern=rf"^{CHECKPOINT_RE}\Z")]
+Token = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+\Z")]
+Arg = Annotated[str, msgspec.Meta(max_length=4096, pattern=r"^[^\x00]*\Z")]
+EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")]
+Path = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^/[^\x00]*\Z")]
+Text = Annotated[str, msgspec.Meta(max_length=65536)]
+Short = Annotated[str, msgspec.Meta(max_length=256)]
+Updates = Annotated[list["ShardUpdate"], msgspec.Meta(max_length=100_000)]
 
 
 class _Msg(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_defaults=False):
@@ -50,9 +71,9 @@ class Version(_Msg):
 
 # ---------------------------------------------------------------- jobs and generations
 class JobCreate(_Msg):
-    job: str
-    min_workers: int = 1
-    max_workers: int = 1
+    job: Name
+    min_workers: WorldSize = 1
+    max_workers: WorldSize = 1
 
 
 class JobInfo(_Msg):
@@ -71,9 +92,9 @@ class GenerationCreate(_Msg):
     same world size, the reply describes that generation.
     """
 
-    expected: int
-    world_size: int
-    reason: str = "start"
+    expected: Count
+    world_size: WorldSize
+    reason: Short = "start"
 
 
 class GenerationInfo(_Msg):
@@ -96,12 +117,12 @@ class DatasetInfo(_Msg):
 
 
 class LeaseRequest(_Msg):
-    generation: int
-    worker: int
+    generation: Count
+    worker: Worker
     #: idempotency key: a retried request with the same id gets the same lease back
-    request_id: str
+    request_id: Token
     #: only hand out shards of epochs <= max_epoch (None: any epoch)
-    max_epoch: Optional[int] = None
+    max_epoch: Optional[Count] = None
 
 
 class Lease(_Msg):
@@ -124,18 +145,18 @@ class LeaseReply(_Msg):
 
 
 class ShardUpdate(_Msg):
-    shard_id: int
-    lease_id: int
+    shard_id: Count
+    lease_id: Count
     #: absolute position: everything in ``[start, offset)`` has been consumed
-    offset: int
+    offset: Count
 
 
 class ProgressRequest(_Msg):
     """Report consumption and extend every lease this worker holds (a heartbeat)."""
 
-    generation: int
-    worker: int
-    updates: list[ShardUpdate] = []
+    generation: Count
+    worker: Worker
+    updates: Updates = []
 
 
 class ProgressReply(_Msg):
@@ -151,12 +172,12 @@ class CommitRequest(_Msg):
     checkpoint's data cursor durable, once all ``world_size`` workers sent their part.
     """
 
-    generation: int
-    worker: int
-    world_size: int
-    checkpoint: str
-    step: int
-    updates: list[ShardUpdate] = []
+    generation: Count
+    worker: Worker
+    world_size: WorldSize
+    checkpoint: CheckpointName
+    step: Count
+    updates: Updates = []
 
 
 class CommitReply(_Msg):
@@ -170,8 +191,8 @@ class RestoreRequest(_Msg):
     Done once per generation; repeating it with the same checkpoint is a no-op.
     """
 
-    generation: int
-    checkpoint: Optional[str]
+    generation: Count
+    checkpoint: Optional[CheckpointName]
 
 
 class RestoreReply(_Msg):
@@ -183,8 +204,8 @@ class RestoreReply(_Msg):
 class ReleaseRequest(_Msg):
     """A worker leaves: the unconsumed remainder of each shard it holds returns to TODO."""
 
-    generation: int
-    worker: int
+    generation: Count
+    worker: Worker
 
 
 class ReleaseReply(_Msg):
@@ -206,29 +227,29 @@ class CommitList(_Msg):
 class AgentJoin(_Msg):
     """An ``etrun`` agent offers itself for the job's next generation."""
 
-    agent: str
-    host: str
-    nproc: int
+    agent: Token
+    host: Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
+    nproc: WorldSize
     #: a free port on ``host``; used as MASTER_PORT if this agent becomes node rank 0
-    port: int
-    min_nodes: int = 1
-    max_nodes: int = 1
-    max_restarts: int = 0
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)]
+    min_nodes: WorldSize = 1
+    max_nodes: WorldSize = 1
+    max_restarts: Annotated[int, msgspec.Meta(ge=0, le=100_000)] = 0
     #: seconds without a poll after which an agent counts as lost
-    agent_timeout: float = 10.0
+    agent_timeout: Annotated[float, msgspec.Meta(ge=0.1, le=86_400.0)] = 10.0
     #: a fixed node rank (torchrun's --node-rank), or -1 to let the coordinator assign one
-    node_rank: int = -1
+    node_rank: Annotated[int, msgspec.Meta(ge=-1, le=65535)] = -1
     #: seconds a round with at least min_nodes (but fewer than max_nodes) waits for more agents
-    last_call: float = 1.0
+    last_call: Annotated[float, msgspec.Meta(ge=0.0, le=3600.0)] = 1.0
     #: the scheduler's run (placement) this agent was started for; 0 outside cluster mode. An
     #: agent of an older run is told to exit.
-    run: int = 0
+    run: Annotated[int, msgspec.Meta(ge=0, le=2**31)] = 0
 
 
 class AgentPoll(_Msg):
-    agent: str
+    agent: Token
     #: the generation this agent is running (0 while waiting)
-    generation: int
+    generation: Count
 
 
 class Assignment(_Msg):
@@ -257,10 +278,10 @@ class AgentAction(_Msg):
 class AgentReport(_Msg):
     """What an agent's workers did: ``failed`` (counts as a restart), ``succeeded``, ``preempted``."""
 
-    agent: str
-    generation: int
-    event: str
-    detail: str = ""
+    agent: Token
+    generation: Count
+    event: Short
+    detail: Text = ""
 
 
 # ---------------------------------------------------------------- profiles
@@ -271,11 +292,11 @@ class StageProfile(_Msg):
     does not use is 0). ``device``: True when compute/sync were timed with CUDA events.
     """
 
-    worker: int
-    iterations: int
-    warmup: int
-    iteration_seconds: float
-    stages: dict[str, float]
+    worker: Worker
+    iterations: Annotated[int, msgspec.Meta(ge=1, le=2**31)]
+    warmup: Annotated[int, msgspec.Meta(ge=0, le=2**31)]
+    iteration_seconds: Seconds
+    stages: Annotated[dict[Short, Seconds], msgspec.Meta(max_length=16)]
     device: bool = False
 
 
@@ -283,17 +304,17 @@ class CommProfile(_Msg):
     """Gradient communication of one worker: per iteration and per collective, and the model's
     tensor sizes (``skew`` = largest tensor / total, compared with PACKLIMIT by placement)."""
 
-    worker: int
-    iterations: int
-    collectives_per_iteration: float
-    bytes_per_iteration: float
-    seconds_per_collective: float
-    seconds_per_iteration: float
-    tensor_count: int
-    total_bytes: int
-    largest_bytes: int
-    skew: float
-    size_histogram: dict[str, int]
+    worker: Worker
+    iterations: Count
+    collectives_per_iteration: Annotated[float, msgspec.Meta(ge=0.0, le=1e9)]
+    bytes_per_iteration: Annotated[float, msgspec.Meta(ge=0.0, le=1e18)]
+    seconds_per_collective: Seconds
+    seconds_per_iteration: Seconds
+    tensor_count: Count
+    total_bytes: Count
+    largest_bytes: Count
+    skew: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+    size_histogram: Annotated[dict[Short, Count], msgspec.Meta(max_length=256)]
 
 
 class ProfileReport(_Msg):
@@ -307,18 +328,6 @@ class ProfileList(_Msg):
 
 
 # ---------------------------------------------------------------- steps (progress measurement)
-# Ranges: every number below has one; out of range is a 400 that names the field.
-Count = Annotated[int, msgspec.Meta(ge=0, le=2**53)]
-Worker = Annotated[int, msgspec.Meta(ge=0, le=65535)]
-Gpus = Annotated[int, msgspec.Meta(ge=1, le=65536)]
-Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=1e12)]
-Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}\Z")]
-Arg = Annotated[str, msgspec.Meta(max_length=4096, pattern=r"^[^\x00]*\Z")]
-EnvName = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")]
-Path = Annotated[str, msgspec.Meta(min_length=1, max_length=4096, pattern=r"^/[^\x00]*\Z")]
-Text = Annotated[str, msgspec.Meta(max_length=65536)]
-
-
 class StepReport(_Msg):
     """A worker's training step, for measured progress and iteration time (rank 0 sends it)."""
 

@@ -100,6 +100,9 @@ class Rendezvous:
             if j.round_started is not None:
                 j.round_started = now
             self._jobs[job] = j
+        # jobs that ran before this coordinator started but whose round is not on disk (a database
+        # from before rounds were kept): their next generation says why it formed
+        self._restarted = {name for name, row in membership.jobs.items() if row.generation > 0} - set(self._jobs)
 
     def _save(self, job: str, j: _JobRdzv) -> None:
         if self._store is not None:
@@ -153,6 +156,9 @@ class Rendezvous:
             j = self._jobs[job] = _JobRdzv(req.min_nodes, req.max_nodes, req.max_restarts, run=req.run)
             if exp is not None and req.run == exp.run:
                 j.restart_reason, j.restarts = exp.reason, exp.restarts
+            elif job in self._restarted:
+                j.restart_reason = "coordinator_restart"
+            self._restarted.discard(job)
         elif (req.min_nodes, req.max_nodes) != (j.min_nodes, j.max_nodes):
             raise ConfigError(f"agent {req.agent} asks for {req.min_nodes}:{req.max_nodes} nodes but job "
                               f"{job!r} runs with {j.min_nodes}:{j.max_nodes}; give every agent the same --nnodes")

@@ -21,6 +21,7 @@ import uvicorn
 
 from ..errors import ConfigError
 from .app import MAX_BODY, Coordinator, CoordinatorApp
+from .protocol import Limits, guarded_protocol, quiet_accept_errors
 from .store import open_store
 
 __all__ = ["ServerConfig", "serve", "build_server", "load_or_create_token"]
@@ -41,15 +42,18 @@ class ServerConfig:
     public_read: bool = False
     #: cluster mode: the live scheduler's policy and settings (None: no scheduling)
     cluster: Optional[object] = None
+    limits: Limits = Limits()
+    allow_insecure_token_file: bool = False
 
 
-def load_or_create_token(token_file: Optional[str], use_env: bool = True) -> str:
+def load_or_create_token(token_file: Optional[str], use_env: bool = True, allow_insecure: bool = False) -> str:
     """The bearer token: ``$ET_TOKEN`` (unless ``use_env`` is False), else the token file, else a
     new random token written to the token file (mode 0600).
 
     Raises:
-        ConfigError: no token is given anywhere and there is no file to write one to, or the
-            file is empty.
+        ConfigError: no token is given anywhere and there is no file to write one to; the file
+            is empty, unreadable, in a directory that does not exist, or readable by other users
+            (group or others have any permission: pass ``allow_insecure`` to accept it).
     """
     env = os.environ.get("ET_TOKEN") if use_env else None
     if env:
@@ -58,14 +62,32 @@ def load_or_create_token(token_file: Optional[str], use_env: bool = True) -> str
         raise ConfigError("the coordinator needs a token: pass --token-file F (created with a random "
                           "token if missing) or set ET_TOKEN")
     try:
-        with open(token_file) as f:
-            token = f.read().strip()
+        fd = os.open(token_file, os.O_RDONLY)
     except FileNotFoundError:
+        parent = os.path.dirname(os.path.abspath(token_file))
+        if not os.path.isdir(parent):
+            raise ConfigError(f"--token-file {token_file}: the directory {parent} does not exist; create it or "
+                              "name a file in an existing directory") from None
         token = secrets.token_urlsafe(32)
-        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise ConfigError(f"--token-file {token_file}: cannot create it ({exc.strerror})") from None
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
         return token
+    except OSError as exc:
+        raise ConfigError(f"--token-file {token_file}: cannot read it ({exc.strerror})") from None
+    with os.fdopen(fd) as f:
+        mode = os.fstat(f.fileno()).st_mode & 0o777
+        token = f.read().strip()
+    if mode & 0o077 and not allow_insecure:
+        raise ConfigError(f"--token-file {token_file} is readable by other users (mode {mode:04o}): anyone who can "
+                          f"read it controls the coordinator; run `chmod 600 {token_file}`, or pass "
+                          "--allow-insecure-token-file to accept it")
+    if mode & 0o077:
+        log.warning("token file %s has mode %04o (readable by others); accepted because of "
+                    "--allow-insecure-token-file", token_file, mode)
     if not token:
         raise ConfigError(f"token file {token_file} is empty; put a token in it or delete it to get a new one")
     return token
@@ -95,21 +117,45 @@ def build_server(cfg: ServerConfig, coordinator: Coordinator, token: str) -> tup
     host, port = sock.getsockname()[:2]
     url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
     app = CoordinatorApp(coordinator, token, max_body=cfg.max_body, public_read=cfg.public_read)
-    config = uvicorn.Config(app, loop="uvloop" if _has("uvloop") else "asyncio",
-                            http="httptools" if _has("httptools") else "h11", lifespan="on",
-                            access_log=False, log_level=cfg.log_level, timeout_keep_alive=75,
+    lim = cfg.limits
+    config = uvicorn.Config(app, loop="none", http=guarded_protocol(lim), lifespan="on", access_log=False,
+                            log_level=cfg.log_level, timeout_keep_alive=lim.keep_alive, backlog=lim.backlog,
                             server_header=False, date_header=False)
     return uvicorn.Server(config), sock, url
 
 
+def event_loop_runner():
+    """An ``asyncio.Runner`` on uvloop where it is installed (uvicorn's ``loop="uvloop"`` only
+    applies when uvicorn starts the loop itself, which ``serve()`` does not), else asyncio's."""
+    factory = None
+    if os.environ.get("ET_EVENT_LOOP", "uvloop") != "asyncio" and _has("uvloop"):  # ET_EVENT_LOOP=asyncio: plain
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    return asyncio.Runner(loop_factory=factory)
+
+
+def _raise_fd_limit() -> None:
+    """Use the hard limit on open files: every connection is a file descriptor."""
+    try:
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 1 << 20), hard))
+    except (ImportError, ValueError, OSError):  # not permitted or not supported: keep the default
+        pass
+
+
 def serve(cfg: ServerConfig) -> None:
     """Serve until SIGTERM or SIGINT. Writes ``{"url", "pid"}`` to ``cfg.ready_file`` once listening."""
-    token = load_or_create_token(cfg.token_file)
+    token = load_or_create_token(cfg.token_file, allow_insecure=cfg.allow_insecure_token_file)
     coordinator = Coordinator(open_store(cfg.db, sync=cfg.sync), cluster=cfg.cluster)
     try:
         server, sock, url = build_server(cfg, coordinator, token)
 
         async def main() -> None:
+            quiet_accept_errors(asyncio.get_running_loop())
             task = asyncio.ensure_future(server.serve(sockets=[sock]))
             while not server.started and not task.done():
                 await asyncio.sleep(0.005)
@@ -123,7 +169,9 @@ def serve(cfg: ServerConfig) -> None:
                     os.replace(tmp, cfg.ready_file)
             await task
 
-        asyncio.run(main())
+        _raise_fd_limit()
+        with event_loop_runner() as runner:
+            runner.run(main())
     finally:
         coordinator.close()
 

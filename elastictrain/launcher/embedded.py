@@ -14,7 +14,7 @@ import time
 from typing import Optional
 
 from ..coordinator.app import Coordinator
-from ..coordinator.server import ServerConfig, build_server, load_or_create_token
+from ..coordinator.server import ServerConfig, build_server, event_loop_runner, load_or_create_token
 from ..coordinator.store import open_store
 from ..errors import CoordinatorUnavailableError
 
@@ -38,8 +38,11 @@ class EmbeddedCoordinator:
             logging.getLogger("elastictrain.coordinator").setLevel(logging.ERROR)
 
     def start(self, timeout: float = 10.0) -> str:
-        self._thread = threading.Thread(target=lambda: asyncio.run(self._server.serve(sockets=[self._sock])),
-                                        name="et-coordinator", daemon=True)
+        def serve() -> None:
+            with event_loop_runner() as runner:
+                runner.run(self._server.serve(sockets=[self._sock]))
+
+        self._thread = threading.Thread(target=serve, name="et-coordinator", daemon=True)
         self._thread.start()
         deadline = time.monotonic() + timeout
         while not self._server.started:

@@ -11,10 +11,15 @@ data cursor captured at the blocking part is committed with the coordinator unde
 checkpoint's id.
 
 A checkpoint directory ``step-<step>-g<generation>`` is *complete* when the manifest of every
-rank that saves is there and every checksum verifies. ``restore()`` picks the newest
-complete checkpoint (and, with a coordinator, the newest one whose data commit is complete),
-skipping and naming any that is truncated or corrupt; if none is valid it says so and the
-job starts fresh. Older checkpoints beyond ``keep`` are deleted after a save is durable.
+rank that saves is there and every checksum verifies. The manifest itself ends with a SHA-256
+trailer over its JSON and is checked against a schema (types, ranges, the tensor table within
+the data file), so a flipped byte anywhere in it makes the checkpoint corrupt, never a crash and
+never a silently different state. ``restore()`` picks the newest complete checkpoint (and, with
+a coordinator, the newest one whose data commit is complete), skipping and naming any that is
+truncated, corrupt or fails to load for any reason; if none is valid it says so and the job
+starts fresh. After a save is durable, rank 0 deletes checkpoints older than the newest ``keep``
+*committed* ones (with a coordinator; complete ones without), and never the newest committed
+one, however many uncommitted ones are newer.
 
 A save asked for while the previous one is still persisting is never dropped: with
 ``on_busy="wait"`` (default) it waits for the previous one, with ``"raise"`` it raises
@@ -24,6 +29,7 @@ A save asked for while the previous one is still persisting is never dropped: wi
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import mmap
@@ -33,23 +39,94 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Annotated, Any, Callable, Optional
 
+import msgspec
 import numpy as np
 
 from ..errors import ConfigError, ElasticTrainError
 from .storage import CHUNK as _CHUNK
 from .storage import open_storage
 
-__all__ = ["Checkpointer", "CheckpointBusyError", "CheckpointInfo", "register_leaf", "SaveStats"]
+__all__ = ["Checkpointer", "CheckpointBusyError", "CheckpointWriteError", "CheckpointInfo", "register_leaf", "SaveStats",
+           "ManifestError"]
 
 log = logging.getLogger(__name__)
 _ALIGN = 64
-FORMAT = 1
+FORMAT = 2  # 2: the manifest ends with a SHA-256 trailer (1: no trailer, still read)
+_TRAILER = b"\n#sha256:"
+
+
+class _Tensor(msgspec.Struct, forbid_unknown_fields=True):
+    path: str
+    dtype: str
+    shape: list[Annotated[int, msgspec.Meta(ge=0)]]
+    offset: Annotated[int, msgspec.Meta(ge=0)]
+    nbytes: Annotated[int, msgspec.Meta(ge=0)]
+    kind: str
+
+
+class _Manifest(msgspec.Struct, forbid_unknown_fields=True):
+    """One rank's manifest, as written by :meth:`Checkpointer._snapshot` and ``_persist``."""
+
+    format: int
+    name: str
+    step: Annotated[int, msgspec.Meta(ge=0)]
+    rank: Annotated[int, msgspec.Meta(ge=0)]
+    world_size: Annotated[int, msgspec.Meta(ge=1)]
+    sharded: bool
+    generation: int
+    time: float
+    size: Annotated[int, msgspec.Meta(ge=0)]
+    tensors: list[_Tensor]
+    skeleton: Any
+    extra: Any
+    cursor: Optional[list[list[int]]]
+    chunks: list[int]
+    chunk_size: Annotated[int, msgspec.Meta(ge=1)]
+
+
+class ManifestError(ValueError):
+    """A manifest is missing, truncated, corrupt or inconsistent; the message says how."""
+
+
+def _manifest_bytes(snap: dict) -> bytes:
+    body = json.dumps(snap).encode()
+    return body + _TRAILER + hashlib.sha256(body).hexdigest().encode() + b"\n"
+
+
+def _parse_manifest(raw: bytes, name: str, rank: int) -> dict:
+    """The manifest's content, checked; raises ManifestError (never anything else)."""
+    try:
+        body, sep, digest = raw.rpartition(_TRAILER)
+        if sep:
+            if digest.strip() != hashlib.sha256(body).hexdigest().encode():
+                raise ManifestError("its SHA-256 trailer does not match its content (corrupt)")
+        else:  # format 1: written before manifests carried a digest
+            body = raw
+        m = msgspec.convert(json.loads(body), _Manifest)
+        if sep and m.format < 2:
+            raise ManifestError(f"format {m.format} with a digest trailer")
+        if m.name != name or m.rank != rank:
+            raise ManifestError(f"it describes {m.name} rank {m.rank}, not {name} rank {rank}")
+        for t in m.tensors:
+            if t.offset + t.nbytes > m.size:
+                raise ManifestError(f"tensor {t.path} lies outside the data file")
+        if len(m.chunks) != (m.size + m.chunk_size - 1) // m.chunk_size:
+            raise ManifestError(f"{len(m.chunks)} chunk checksums for {m.size} bytes")
+        return msgspec.to_builtins(m)
+    except ManifestError:
+        raise
+    except Exception as exc:  # a damaged manifest can fail in any way; all of them mean "corrupt"
+        raise ManifestError(f"unreadable ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 class CheckpointBusyError(ElasticTrainError):
     """A save was asked for while the previous one was still persisting (``on_busy="raise"``)."""
+
+
+class CheckpointWriteError(ElasticTrainError):
+    """A save could not be written (the message names the step and the directory)."""
 
 
 # ---------------------------------------------------------------------------- array leaves
@@ -252,6 +329,11 @@ class Checkpointer:
         t0 = time.perf_counter()
         self._wait_previous()
         self._report(step)
+        if self.saves_here:
+            problem = self.store.writable()
+            if problem is not None:
+                raise CheckpointWriteError(f"cannot save step {step}: {problem}; fix its permissions or pass "
+                                           "another directory")
         name = f"step-{step:09d}-g{self.generation}"
         part = self.shards.cursor(step) if self.shards is not None else None
         snapshot, fence = None, None
@@ -266,7 +348,7 @@ class Checkpointer:
         durable = self._durable = threading.Event()  # this save's own: an older thread cannot set it
         work = lambda: self._persist(name, step, snapshot, part, durable, fence)  # noqa: E731
         if self.async_persist:
-            self._pending = threading.Thread(target=self._run_bg, args=(work, durable), name="et-ckpt-persist",
+            self._pending = threading.Thread(target=self._run_bg, args=(work, durable, step), name="et-ckpt-persist",
                                              daemon=True)
             self._pending.start()
             self._threads = [t for t in self._threads if t.is_alive()] + [self._pending]
@@ -296,16 +378,17 @@ class Checkpointer:
 
     def _raise_bg(self) -> None:
         if self._error is not None:
-            err, self._error = self._error, None
-            raise ElasticTrainError(f"a background checkpoint persist failed: {err}") from err
+            (step, err), self._error = self._error, None
+            raise CheckpointWriteError(f"the checkpoint of step {step} was not saved: writing it to {self.dir} "
+                                       f"failed ({err})") from err
 
-    def _run_bg(self, work, durable: threading.Event) -> None:
+    def _run_bg(self, work, durable: threading.Event, step: int) -> None:
         try:
             work()
         except BaseException as exc:  # handed to the training thread at its next save() or wait()
             self.stats.failures += 1
-            self._error = exc
-            log.error("checkpoint persist failed: %s", exc)
+            self._error = (step, exc)
+            log.error("checkpoint of step %d: persist failed: %s", step, exc)
         finally:
             durable.set()
 
@@ -368,7 +451,7 @@ class Checkpointer:
             data = memoryview(self._buf)[:snap["size"]]
             snap["chunks"] = st.write(st.join(d, f"rank{self.rank}.bin"), data, self.fsync)
             snap["chunk_size"] = _CHUNK
-            st.write(st.join(d, f"rank{self.rank}.json"), json.dumps(snap).encode(), self.fsync)
+            st.write(st.join(d, f"rank{self.rank}.json"), _manifest_bytes(snap), self.fsync)
             if self.fsync:
                 st.sync_dir(d)
                 st.sync_dir(st.root)
@@ -381,15 +464,31 @@ class Checkpointer:
                 self._prune()
 
     def _prune(self) -> None:
-        """Keep the newest ``keep`` complete checkpoints; drop everything older (incomplete ones too)."""
+        """Keep the newest ``keep`` restorable checkpoints (committed, with a coordinator;
+        complete, without) and whatever is newer; delete what is older, incomplete ones too. The
+        newest committed checkpoint is never deleted. If the coordinator cannot say what is
+        committed, nothing is deleted this time."""
         listed = self._list()
-        complete = [c for c in listed if self._verify(c[2], quick=True) is None]
-        if len(complete) < self.keep:
+        committed = self._committed()
+        if committed is False:
             return
-        oldest_kept = complete[self.keep - 1][0]
-        for c in listed:
-            if c[0] < oldest_kept or (c[0] == oldest_kept and c not in complete[:self.keep]):
-                self.store.rmtree(c[2])
+        kept = [c for c in listed if (committed is None or c[1] in committed)
+                and self._verify(c[2], quick=True) is None]
+        if len(kept) < self.keep:
+            return
+        oldest = listed.index(kept[self.keep - 1])  # listed is newest first
+        for c in listed[oldest + 1:]:
+            self.store.rmtree(c[2])
+
+    def _committed(self):
+        """Names of committed checkpoints; None without a coordinator; False if it cannot say."""
+        if self.job is None or self.shards is None:
+            return None
+        try:
+            return {c.checkpoint for c in self.job.client.commits(self.job.job_id, self.shards.spec.name).commits}
+        except ElasticTrainError as exc:
+            log.warning("not pruning old checkpoints: the coordinator did not say which are committed (%s)", exc)
+            return False
 
     # ------------------------------------------------------------------ restoring
     def _list(self) -> list[tuple[int, str, str]]:
@@ -402,19 +501,35 @@ class Checkpointer:
         out.sort(reverse=True)
         return [(step, name, path) for step, _gen, name, path in out]
 
-    def _verify(self, path: str, quick: bool = False) -> Optional[str]:
-        """None if the checkpoint at ``path`` is complete and intact, else the reason."""
+    def _manifest(self, path: str, rank: int) -> dict:
+        """Rank ``rank``'s manifest in ``path``, checked; raises ManifestError."""
         st = self.store
         try:
-            head = st.read_json(st.join(path, "rank0.json"))
+            raw = st.read_bytes(st.join(path, f"rank{rank}.json"))
         except (OSError, ValueError) as exc:
-            return f"rank 0's manifest is missing or unreadable ({exc.__class__.__name__})"
-        ranks = range(head["world_size"]) if head.get("sharded") else [0]
+            raise ManifestError(f"missing or unreadable ({exc.__class__.__name__})") from None
+        return _parse_manifest(raw, os.path.basename(path.rstrip("/")), rank)
+
+    def _verify(self, path: str, quick: bool = False) -> Optional[str]:
+        """None if the checkpoint at ``path`` is complete and intact, else the reason. Never
+        raises: whatever fails while verifying makes the checkpoint invalid."""
+        try:
+            return self._check(path, quick)
+        except Exception as exc:  # e.g. a storage error mid-read
+            return f"verifying it failed ({type(exc).__name__}: {exc})"
+
+    def _check(self, path: str, quick: bool) -> Optional[str]:
+        st = self.store
+        try:
+            head = self._manifest(path, 0)
+        except ManifestError as exc:
+            return f"rank 0's manifest is {exc}"
+        ranks = range(head["world_size"]) if head["sharded"] else [0]
         for r in ranks:
             try:
-                m = head if r == 0 else st.read_json(st.join(path, f"rank{r}.json"))
-            except (OSError, ValueError):
-                return f"rank {r}'s manifest is missing or unreadable"
+                m = head if r == 0 else self._manifest(path, r)
+            except ManifestError as exc:
+                return f"rank {r}'s manifest is {exc}"
             binp = st.join(path, f"rank{r}.bin")
             try:
                 size = st.size(binp)
@@ -429,23 +544,30 @@ class Checkpointer:
                     return f"rank {r}'s data fails its checksum in chunk {i} (corrupt)"
         return None
 
-    def latest(self) -> Optional[CheckpointInfo]:
+    def latest(self, skip: frozenset = frozenset()) -> Optional[CheckpointInfo]:
         """The newest complete, intact (and, with a job, committed) checkpoint, or None."""
         committed = None
         if self.job is not None and self.shards is not None:
             committed = {c.checkpoint for c in self.job.client.commits(self.job.job_id, self.shards.spec.name).commits}
         for step, name, path in self._list():
-            reason = self._verify(path)
-            if reason is not None:
-                log.warning("skipping checkpoint %s: %s", path, reason)
-                self.stats.events.append({"event": "checkpoint_skipped", "name": name, "reason": reason})
+            if name in skip:
                 continue
-            if committed is not None and name not in committed:
+            reason = self._verify(path)
+            if reason is None and committed is not None and name not in committed:
                 log.warning("skipping checkpoint %s: its data cursor was never committed", path)
                 continue
-            extra = _decode(self.store.read_json(self.store.join(path, "rank0.json"))["extra"], [])
-            return CheckpointInfo(name, step, path, extra)
+            if reason is None:
+                try:
+                    extra = _decode(self._manifest(path, 0)["extra"], [])
+                    return CheckpointInfo(name, step, path, extra)
+                except Exception as exc:
+                    reason = f"its extra data does not decode ({type(exc).__name__})"
+            self._skipped(name, path, reason)
         return None
+
+    def _skipped(self, name: str, path: str, reason: str) -> None:
+        log.warning("skipping checkpoint %s: %s", path, reason)
+        self.stats.events.append({"event": "checkpoint_skipped", "name": name, "reason": reason})
 
     def restore(self, info: Optional[CheckpointInfo] = None) -> Optional[CheckpointInfo]:
         """Load the newest valid checkpoint into ``state``; None (and a log line) if there is none.
@@ -456,6 +578,17 @@ class Checkpointer:
         that the newest checkpoint is not searched and checksummed a second time.
         """
         info = info or self.latest()  # a caller that already looked (and verified) passes it
+        bad: set = set()
+        while info is not None:  # a checkpoint that fails to load makes way for the next newest
+            try:
+                saved = self._load(info)
+                break
+            except ConfigError:
+                raise  # the caller's state does not match the checkpoint: a mistake to report, not skip
+            except Exception as exc:
+                self._skipped(info.name, info.path, f"it failed to load ({type(exc).__name__}: {str(exc)[:200]})")
+                bad.add(info.name)
+                info = self.latest(skip=frozenset(bad))
         if info is None:
             log.warning("no valid checkpoint in %s: starting fresh", self.dir)
             # every rank asks: the first call of a generation resets the cursor, later ones are
@@ -463,20 +596,6 @@ class Checkpointer:
             if self.shards is not None and self.job is not None:
                 self.job.restore(self.shards.spec.name, None)
             return None
-        r = self.rank if self.sharded else 0
-        st = self.store
-        m = st.read_json(st.join(info.path, f"rank{r}.json"))
-        mv = memoryview(st.read_all(st.join(info.path, f"rank{r}.bin")))
-        kinds = {k.tag: k for k in _KINDS}
-        leaves = []
-        for t in m["tensors"]:
-            kind = kinds.get(t["kind"])
-            if kind is None:
-                raise ConfigError(f"checkpoint {info.name} holds {t['kind']} arrays: import the glue that "
-                                  f"saved them (e.g. `import elastictrain_torch`) before restoring")
-            leaves.append(kind.rebuild(t["dtype"], tuple(t["shape"]), mv[t["offset"]:t["offset"] + t["nbytes"]],
-                                       t["kind"]))
-        saved = _decode(m["skeleton"], leaves)
         for k, v in list(self.state.items()):
             if k not in saved:
                 raise ConfigError(f"checkpoint {info.name} has no entry {k!r} (it has {sorted(saved)})")
@@ -490,6 +609,28 @@ class Checkpointer:
             self.job.restore(self.shards.spec.name, info.name)
         log.info("restored checkpoint %s (step %d)", info.name, info.step)
         return info
+
+    def _load(self, info: CheckpointInfo) -> dict:
+        """The saved state of ``info`` (this rank's part), rebuilt from its data file."""
+        r = self.rank if self.sharded else 0
+        st = self.store
+        m = self._manifest(info.path, r)
+        mv = memoryview(st.read_all(st.join(info.path, f"rank{r}.bin")))
+        if len(mv) != m["size"]:
+            raise ManifestError(f"rank {r}'s data file has {len(mv)} bytes, not {m['size']}")
+        kinds = {k.tag: k for k in _KINDS}
+        leaves = []
+        for t in m["tensors"]:
+            kind = kinds.get(t["kind"])
+            if kind is None:
+                raise ConfigError(f"checkpoint {info.name} holds {t['kind']} arrays: import the glue that "
+                                  f"saved them (e.g. `import elastictrain_torch`) before restoring")
+            leaves.append(kind.rebuild(t["dtype"], tuple(t["shape"]), mv[t["offset"]:t["offset"] + t["nbytes"]],
+                                       t["kind"]))
+        saved = _decode(m["skeleton"], leaves)
+        if not isinstance(saved, dict):
+            raise ManifestError("its state is not a mapping")
+        return saved
 
     def _report(self, step: int) -> None:
         report = getattr(self.job, "report_step", None)

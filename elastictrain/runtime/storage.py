@@ -13,7 +13,7 @@ import os
 import shutil
 import threading
 import zlib
-from typing import Iterator, Protocol
+from typing import Iterator, Optional, Protocol
 
 from ..errors import ConfigError
 
@@ -72,11 +72,28 @@ class _Readable:
         with self._open(path, "rb") as f:
             return bytearray(f.read())
 
+    def read_bytes(self, path: str, limit: int = 64 << 20) -> bytes:
+        """A small file's bytes (a manifest); refuses one larger than ``limit``."""
+        with self._open(path, "rb") as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise ValueError(f"{path} is larger than {limit} bytes")
+        return data
+
+    def writable(self) -> Optional[str]:
+        """Why checkpoints cannot be written here, or None (checked where that is cheap)."""
+        return None
+
 
 class LocalStorage(_Readable):
     def __init__(self, root: str) -> None:
         self.root = root
         os.makedirs(root, exist_ok=True)
+
+    def writable(self) -> Optional[str]:
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            return f"the checkpoint directory {self.root} is not writable by this process (permission denied)"
+        return None
 
     def join(self, *parts: str) -> str:
         return os.path.join(*parts)

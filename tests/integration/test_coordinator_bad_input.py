@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from elastictrain import CoordinatorClient, DatasetSpec
-from elastictrain.errors import AuthError, ConfigError, ConflictError, NotFoundError
+from elastictrain.errors import AuthError, BadRequestError, ConflictError, NotFoundError
 
 MP = "application/msgpack"
 
@@ -137,7 +137,7 @@ def test_client_raises_the_servers_error_classes(client, job):
         client.register_dataset("j", DatasetSpec("d", 999, 10))
     with pytest.raises(ConflictError, match="no generation 5"):
         client.lease("j", "d", 5, 0, "r")
-    with pytest.raises(ConfigError, match="job name"):
+    with pytest.raises(BadRequestError, match=r"\$\.job"):  # refused by the schema, naming the field
         client.create_job("bad/name")
 
 

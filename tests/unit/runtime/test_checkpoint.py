@@ -153,3 +153,123 @@ def test_fsspec_urls(tmp_path, scheme):
     info = Checkpointer(url, {"box": b}, rank=0, world_size=1).restore()
     assert info.step == 2 and np.array_equal(a.w, b.w)
     assert [c[1] for c in Checkpointer(url, {}, rank=0, world_size=1)._list()] == ["step-000000002-g0"]
+
+
+# ---------------------------------------------------------------- the manifest cannot lie (D5)
+def _saved(tmp_path):
+    """Two checkpoints (steps 2 and 3) of a small state; returns the states saved at each."""
+    states = {}
+    for step, lr in ((2, 0.05), (3, 0.04)):
+        box = Box(step)
+        box.meta = {"lr": lr, "step": step, "pair": [np.arange(3) + step, np.ones(2) * step]}
+        ck = Checkpointer(str(tmp_path), {"box": box}, rank=0, world_size=1, keep=5)
+        ck.save(step)
+        ck.wait()
+        states[step] = (box.w.copy(), box.meta["lr"], [x.copy() for x in box.meta["pair"]])
+    return states
+
+
+def _restored(tmp_path):
+    box = Box(99)
+    info = Checkpointer(str(tmp_path), {"box": box}, rank=0, world_size=1).restore()
+    return info, (box.w, box.meta["lr"], box.meta["pair"])
+
+
+def test_every_flipped_byte_of_the_manifest_is_caught_never_loaded_and_never_a_crash(tmp_path):
+    states = _saved(tmp_path)
+    path = tmp_path / "step-000000003-g0" / "rank0.json"
+    good = path.read_bytes()
+    outcomes = {"skipped": 0, "harmless": 0}
+    for i in range(len(good)):
+        for flip in (0x01, 0x80):
+            bad = bytearray(good)
+            bad[i] ^= flip
+            path.write_bytes(bytes(bad))
+            info, (w, lr, pair) = _restored(tmp_path)  # must not raise
+            want = states[info.step]
+            assert np.array_equal(w, want[0]) and lr == want[1] and all(
+                np.array_equal(a, b) for a, b in zip(pair, want[2])), f"byte {i} ^ {flip:#x}: wrong state restored"
+            outcomes["harmless" if info.step == 3 else "skipped"] += 1
+    path.write_bytes(good)
+    # the digest covers every byte of the JSON; only the line end after the digest can change
+    # harmlessly (to other whitespace), and then the very same state is restored
+    assert outcomes["skipped"] >= 2 * len(good) - 2 and outcomes["skipped"] + outcomes["harmless"] == 2 * len(good)
+
+
+def test_a_manifest_that_fails_any_check_is_skipped_with_its_reason(tmp_path):
+    _saved(tmp_path)
+    path = tmp_path / "step-000000003-g0" / "rank0.json"
+    body = json.loads(path.read_bytes().rpartition(b"\n#sha256:")[0])
+    body["tensors"][0]["nbytes"] = 10 ** 9  # well formed, digest recomputed, but impossible
+    import hashlib
+
+    raw = json.dumps(body).encode()
+    path.write_bytes(raw + b"\n#sha256:" + hashlib.sha256(raw).hexdigest().encode() + b"\n")
+    ck = Checkpointer(str(tmp_path), {"box": Box()}, rank=0, world_size=1)
+    assert ck.restore().step == 2
+    assert any("outside the data file" in e.get("reason", "") for e in ck.stats.events)
+
+
+# ---------------------------------------------------------------- pruning by commit status (D6)
+class _Commits:
+    def __init__(self, names):
+        self.names = names
+
+    def commits(self, job, ds):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(commits=[SimpleNamespace(checkpoint=n) for n in self.names])
+
+
+def test_pruning_keeps_the_newest_committed_checkpoints_whatever_is_newer(tmp_path):
+    from types import SimpleNamespace
+
+    committed = []
+    job = SimpleNamespace(job_id="j", client=_Commits(committed), restore=lambda *a: None)
+    shards = SimpleNamespace(spec=SimpleNamespace(name="d"), cursor=lambda step: None, commit=lambda *a: None)
+    box = Box()
+    for gen, steps, commit in ((1, (10, 20), True), (2, (30, 40, 50, 60), False)):
+        ck = Checkpointer(str(tmp_path), {"box": box}, rank=0, world_size=1, generation=gen, keep=1, job=job,
+                          shards=shards)
+        for step in steps:
+            ck.save(step)
+            ck.close()
+            if commit:
+                committed.append(f"step-{step:09d}-g{gen}")
+    names = sorted(os.listdir(tmp_path))
+    # generation 2 never committed anything (it failed): its four complete checkpoints are newer,
+    # yet the only committed one, step 20, is kept; step 10 (older than it) goes
+    assert "step-000000020-g1" in names and "step-000000010-g1" not in names, names
+    restored = Checkpointer(str(tmp_path), {"box": Box()}, rank=0, world_size=1, job=job, shards=shards).restore()
+    assert restored.name == "step-000000020-g1"
+
+    class Down:
+        def commits(self, job, ds):
+            from elastictrain.errors import CoordinatorUnavailableError
+
+            raise CoordinatorUnavailableError("down")
+
+    job.client = Down()  # the coordinator cannot say what is committed: nothing is deleted
+    before = sorted(os.listdir(tmp_path))
+    ck = Checkpointer(str(tmp_path), {"box": box}, rank=0, world_size=1, generation=3, keep=1, job=job, shards=shards)
+    ck._prune()
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+# ---------------------------------------------------------------- errors name the save that hit them
+def test_an_unwritable_directory_is_reported_at_the_save_that_hit_it(tmp_path, monkeypatch):
+    from elastictrain.runtime.checkpoint import CheckpointWriteError
+
+    ck = Checkpointer(str(tmp_path), {"box": Box()}, rank=0, world_size=1)
+    monkeypatch.setattr(ck.store, "writable", lambda: f"the checkpoint directory {tmp_path} is not writable")
+    with pytest.raises(CheckpointWriteError, match=r"cannot save step 7: the checkpoint directory .* not writable"):
+        ck.save(7)
+    monkeypatch.undo()
+
+    def broken(path, data, fsync):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(ck.store, "write", broken)  # a failure only the background write can see
+    ck.save(8)
+    with pytest.raises(CheckpointWriteError, match=r"step 8 was not saved: .*Permission denied"):
+        ck.wait()

@@ -1,0 +1,36 @@
+"""Rendezvous rounds survive a coordinator restart; a round that was lost says why it re-formed."""
+
+from elastictrain.clock import ManualClock
+from elastictrain.coordinator.app import Coordinator
+from elastictrain.coordinator.store import open_store
+from elastictrain.wire import AgentJoin
+
+
+def _coord(tmp_path, clock):
+    return Coordinator(open_store(str(tmp_path / "db")), clock)
+
+
+def test_a_formed_generation_is_readopted_after_a_restart(tmp_path):
+    clock = ManualClock(100.0)
+    c = _coord(tmp_path, clock)
+    a = c.rendezvous.join("j", AgentJoin("agent-1", "h", 2, 1000, last_call=0.0))
+    assert a.action == "run" and a.assignment.generation == 1
+    c.store.close()  # kill -9
+    clock.advance(30)  # a 30 s outage: longer than the agent timeout, yet the agent is not lost
+    c = _coord(tmp_path, clock)
+    again = c.rendezvous.poll("j", __import__("elastictrain.wire", fromlist=["AgentPoll"]).AgentPoll("agent-1", 1))
+    assert again.action == "run" and again.assignment == a.assignment  # no new generation
+    c.store.close()
+
+
+def test_a_round_not_on_disk_reforms_with_reason_coordinator_restart(tmp_path):
+    clock = ManualClock(100.0)
+    c = _coord(tmp_path, clock)
+    c.rendezvous.join("j", AgentJoin("agent-1", "h", 1, 1000, last_call=0.0))
+    with c.store.transaction() as tx:
+        tx.delete_rdzv("j")  # as a database from before rounds were durable would be
+    c.store.close()
+    c = _coord(tmp_path, clock)
+    a = c.rendezvous.join("j", AgentJoin("agent-1", "h", 1, 1000, last_call=0.0))
+    assert a.action == "run" and a.assignment.generation == 2 and a.assignment.reason == "coordinator_restart"
+    c.store.close()

@@ -184,13 +184,15 @@ class Rendezvous:
 
     def report(self, job: str, req: AgentReport) -> AgentAction:
         j = self._jobs.get(job)
+        if req.event == "leaving":  # a node drained or reclaimed: the others re-form without it
+            return self._leave(job, j, req)
         if j is None or req.agent not in j.agents:
             return AgentAction("restart", detail="unknown agent (coordinator restarted?): join again")
         a = j.agents[req.agent]
         a.last_seen = self._clock.now()
         current = self._m.get(job).generation
         if req.event not in ("failed", "succeeded", "preempted"):
-            raise ConfigError(f"event must be failed, succeeded or preempted, not {req.event!r}")
+            raise ConfigError(f"event must be failed, succeeded, preempted or leaving, not {req.event!r}")
         if req.generation != current or req.agent not in j.members:
             return self._poll(job, j, req.agent, req.generation)  # a late report of an old generation
         if req.event == "succeeded":
@@ -211,6 +213,22 @@ class Rendezvous:
         action = self._poll(job, j, req.agent, req.generation)
         self._save(job, j)
         return action
+
+    def _leave(self, job: str, j: Optional[_JobRdzv], req: AgentReport) -> AgentAction:
+        """An agent leaves on purpose (SIGTERM: a drain, a spot reclaim). Its generation restarts
+        smaller (``scale_down``, not counted as a restart); if nobody is left, the job was
+        preempted as a whole."""
+        if j is None or req.agent not in j.agents:
+            return AgentAction("exit", status="left")
+        del j.agents[req.agent]
+        if j.status == "running" and req.agent in j.members:
+            if not any(m in j.agents for m in j.members):
+                j.status, j.detail = "preempted", f"every node left ({req.detail})"
+            elif j.restart_reason is None:
+                j.restart_reason = "scale_down"
+                log.info("job %s: agent %s leaves (%s); the others re-form without it", job, req.agent, req.detail)
+        self._save(job, j)
+        return AgentAction("exit", status="left")
 
     def _poll(self, job: str, j: _JobRdzv, agent: str, generation: int) -> AgentAction:
         self._expire(job, j)

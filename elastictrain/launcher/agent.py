@@ -157,9 +157,16 @@ class Agent:
                 group.stop(0)
                 return 0
             if state == "preempted":
+                group.stop(0)
+                # the workers stopped at an agreed step: the whole job is preempted, unless another
+                # node left (a drain): then the coordinator asks this one to re-form smaller
+                action = self.client.agent_poll(cfg.run_id, self.agent_id, a.generation)
+                if action.action == "restart":
+                    log.info("generation %d: the workers checkpointed because a node left; re-forming (%s)",
+                             a.generation, action.detail)
+                    return None
                 self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "preempted",
                                          "workers exited with the preempted code")
-                group.stop(0)
                 return PREEMPTED_EXIT_CODE
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + cfg.poll_interval
@@ -175,15 +182,15 @@ class Agent:
 
     def _shutdown(self, group: WorkerGroup, a) -> int:
         sig = self._signal or signal.SIGTERM
-        print(f"etrun: got {signal.Signals(sig).name}; forwarding SIGTERM to the workers, "
+        name = signal.Signals(sig).name
+        try:  # first tell the coordinator: the other nodes re-form without this one (not a failure)
+            self.client.agent_report(self.cfg.run_id, self.agent_id, a.generation, "leaving", f"etrun got {name}")
+        except ElasticTrainError as exc:
+            log.warning("could not tell the coordinator that this node leaves: %s", exc)
+        print(f"etrun: got {name}; leaving the job: forwarding SIGTERM to the workers, "
               f"{self.cfg.shutdown_grace:.0f} s to checkpoint before SIGKILL", file=sys.stderr)
         group.stop(self.cfg.shutdown_grace, signal.SIGTERM)
         if group.state() == "preempted":  # every worker exited, with the preempted code among them
-            try:
-                self.client.agent_report(self.cfg.run_id, self.agent_id, a.generation, "preempted",
-                                         f"etrun got {signal.Signals(sig).name}")
-            except ElasticTrainError:
-                pass
             return PREEMPTED_EXIT_CODE
         return 128 + sig
 

@@ -60,6 +60,13 @@ class Job:
         """The coordinator's name for this job's dataset ``name``."""
         return name if not self.namespace or name.startswith(self.namespace) else self.namespace + name
 
+    def register_dataset(self, spec: DatasetSpec):
+        """Register ``spec`` with the coordinator under this job's name for it (inside
+        ``etrun --group``, ``<job>.<dataset>``); idempotent. :meth:`shards` does it for you."""
+        if self.namespace:
+            spec = dataclasses.replace(spec, name=self.dataset_name(spec.name))
+        return self.client.register_dataset(self.job_id, spec)
+
     def shards(self, spec: DatasetSpec, **kwargs) -> ShardIterator:
         """A :class:`ShardIterator` over ``spec`` for this worker (registers the dataset)."""
         if self.namespace:

@@ -275,3 +275,40 @@ def test_two_agents_shrink_and_grow_with_exactly_once_data(coordinator, tmp_path
     assert info.finished and info.last_commit == "final"
     counts = np.load(open(tmp_path / "ckpt" / "final.npy", "rb"))
     assert counts.min() == 1 and counts.max() == 1, "exactly-once broken"
+
+
+def test_a_node_that_leaves_is_a_scale_down_not_a_failure(coordinator, tmp_path):
+    """SIGTERM to one agent (a drain, a spot reclaim) with --max-restarts 0: it announces that it
+    leaves, the other re-forms alone (scale_down), both checkpoint, and the job finishes with every
+    sample trained on exactly once."""
+    job = os.path.join(ROOT, "examples", "torch_cluster_job.py")
+    client = CoordinatorClient(coordinator.url, coordinator.token)
+    args = ["--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-id", "leave", "--coordinator", coordinator.url,
+            "--token-file", coordinator.token_file, "--max-restarts", "0", "--local-addr", "127.0.0.1", "--tee", "3",
+            "--shutdown-grace", "20", job, "--epochs", "4", "--samples", "1200", "--step-sleep", "0.03",
+            "--ckpt-dir", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out.json")]
+    a = etrun(args, cwd=tmp_path)
+    b = etrun(args, cwd=tmp_path)
+    try:
+        deadline = time.monotonic() + 90
+        while not (_world(client, "leave") == 2 and list((tmp_path / "ckpt").glob("step-*"))):
+            assert time.monotonic() < deadline, "the two agents never trained together"
+            time.sleep(0.1)
+        b.send_signal(signal.SIGTERM)
+        code_b, _, err_b = finish(b, 60)
+        code_a, out_a, err_a = finish(a, 180)
+    finally:
+        kill_tree(a.pid)
+        kill_tree(b.pid)
+    assert code_b == 75, err_b[-2000:]  # it saved and left
+    assert code_a == 0, err_a[-3000:]  # no restart was used: --max-restarts 0 still finished
+    assert "(scale_down), world 1" in out_a, out_a[-2000:]
+    r = json.loads((tmp_path / "out.json").read_text())
+    assert r["min"] == r["max"] == 1 and r["world"] == 1, r
+
+
+def _world(client, job):
+    try:
+        return client.job(job).world_size
+    except Exception:  # not created yet
+        return 0

@@ -53,7 +53,7 @@ def main() -> int:
     spec = et.DatasetSpec("train", N, SHARD, epochs=EPOCHS, seed=7, lease_ttl=20)
     obj = [None]
     if rank == 0:
-        job.client.register_dataset(job.job_id, spec)
+        job.register_dataset(spec)
         latest = job.latest_commit("train")
         job.restore("train", latest)
         obj = [latest]

@@ -1,0 +1,49 @@
+"""The README's quick start, verbatim: 2 ranks under etrun, a worker killed after the first
+checkpoint, and every rank resumes from the same checkpoint, step and data cursor."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+pytest.importorskip("torch")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def quickstart() -> str:
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    section = text[text.index("## Quick start for your training script"):]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+def test_the_readme_quick_start_survives_a_killed_worker_and_resumes_every_rank(tmp_path):
+    (tmp_path / "train.py").write_text(quickstart())
+    etrun = subprocess.Popen([sys.executable, "-m", "elastictrain.launcher.cli", "--nproc-per-node", "2",
+                              "--max-restarts", "2", "train.py"], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(tmp_path.glob("checkpoints/step-000000050-*")):  # the first checkpoint is on disk
+            assert time.monotonic() < deadline and etrun.poll() is None, "no checkpoint at step 50"
+            time.sleep(0.05)
+        time.sleep(1.0)  # and committed (its data cursor), a moment later
+        workers = [p for p in psutil.Process(etrun.pid).children(recursive=True)
+                   if "elastictrain.launcher.runner" in " ".join(p.cmdline())]
+        assert len(workers) >= 2
+        os.kill(workers[-1].pid, signal.SIGKILL)  # one rank dies without warning
+        out, _ = etrun.communicate(timeout=180)
+    finally:
+        if etrun.poll() is None:
+            os.killpg(etrun.pid, signal.SIGKILL)
+    assert etrun.returncode == 0, out[-3000:]
+    resumed = re.findall(r"rank (\d): resumed from (step-\d+-g\d+) at step (\d+)", out)
+    assert sorted(r[0] for r in resumed) == ["0", "1"], out[-3000:]
+    assert len({(name, step) for _, name, step in resumed}) == 1, f"the ranks resumed differently: {resumed}"
+    done = re.findall(r"rank (\d): done at step (\d+)", out)
+    assert sorted(r[0] for r in done) == ["0", "1"] and len({s for _, s in done}) == 1, out[-2000:]

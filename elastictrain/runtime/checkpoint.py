@@ -246,7 +246,8 @@ class Checkpointer:
     """Save and restore a training state.
 
     Args:
-        directory: where ``step-*`` directories go (local or shared filesystem path).
+        directory: where ``step-*`` directories go (local or shared filesystem path); inside
+            ``etrun --group``, ``<directory>/<job name>``, so grouped jobs never share one.
         state: ``{name: object}``; objects with ``state_dict()``/``load_state_dict()`` are saved
             through them, anything else (dicts of arrays, numbers...) is saved as is and handed
             back by :meth:`restore`.
@@ -270,6 +271,11 @@ class Checkpointer:
             raise ConfigError(f"on_busy must be 'wait' or 'raise', got {on_busy!r}")
         if keep < 1:
             raise ConfigError(f"keep must be >= 1, got {keep}")
+        from .jobctx import current
+
+        ctx = current()
+        if ctx is not None:  # inside etrun --group: each job its own directory, whatever it passed
+            directory = directory.rstrip("/") + "/" + ctx.name
         self.dir = directory
         self.store = open_storage(directory)
         self.state = state

@@ -47,3 +47,15 @@ def test_the_readme_quick_start_survives_a_killed_worker_and_resumes_every_rank(
     assert len({(name, step) for _, name, step in resumed}) == 1, f"the ranks resumed differently: {resumed}"
     done = re.findall(r"rank (\d): done at step (\d+)", out)
     assert sorted(r[0] for r in done) == ["0", "1"] and len({s for _, s in done}) == 1, out[-2000:]
+
+
+def test_the_readme_quick_start_runs_twice_interleaved_under_etrun_group(tmp_path):
+    """Two copies in one etrun --group: each job gets its own process group, datasets and
+    checkpoint directory, through the same calls as alone."""
+    (tmp_path / "train.py").write_text(quickstart())
+    r = subprocess.run([sys.executable, "-m", "elastictrain.launcher.cli", "--nproc-per-node", "2", "--group",
+                        "train.py", ":", "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    assert len(re.findall(r"rank \d: done at step \d+", out)) == 4, out[-3000:]
+    assert len({p.parent.name for p in tmp_path.glob("checkpoints/*/step-*")}) == 2  # a directory per job

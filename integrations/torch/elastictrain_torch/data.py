@@ -101,8 +101,13 @@ def even_batches(batches: Iterable[Any], group: Optional[dist.ProcessGroup] = No
 
     Dynamic shards give ranks uneven amounts of data; a rank that has run out yields None
     (run a step with no samples, or skip the forward pass but join the collectives) while
-    others still have data. Costs one small all-reduce per step.
+    others still have data. Costs one small all-reduce per step, on ``group`` (default: the
+    job's own group, which inside ``etrun --group`` is not the default one).
     """
+    if group is None:
+        from .distributed import job_group
+
+        group = job_group()
     it = iter(batches)
     flag = torch.zeros(1, dtype=torch.int32)
     while True:

@@ -175,8 +175,8 @@ def _status(args) -> int:
         return _job_status(client, job, args.json)
     try:
         st = client.cluster_status()
-    except ConflictError as exc:
-        raise ConfigError(f"{exc}; for a job run with etrun, pass its id: elastictrain status JOB") from None
+    except ConflictError:  # no scheduler: the jobs etrun and the library created
+        return _job_list(client, args.json)
     if args.json:
         print(msgspec.json.encode(st).decode())
         return 0
@@ -211,6 +211,27 @@ def _status(args) -> int:
     return 0
 
 
+def _job_list(client, as_json: bool) -> int:
+    jobs = client.jobs()
+    if as_json:
+        print(msgspec.json.encode(jobs).decode())
+        return 0
+    if not jobs:
+        print(f"no jobs at {client.url}")
+        return 0
+    rows = [("job", "state", "generation", "world size", "nodes", "datasets")]
+    for j in jobs:
+        rows.append((j.job, j.status or "-", str(j.generation), str(j.world_size) if _live(j) else "-",
+                     f"{j.nodes} of {j.min_nodes}:{j.max_nodes}" if j.max_nodes else "-",
+                     ",".join(j.datasets) or "-"))
+    print(table(rows, right_align=False))
+    return 0
+
+
+def _live(j) -> bool:
+    return j.status in ("", "running")
+
+
 def _job_status(client, job: str, as_json: bool) -> int:
     info = rdzv = None
     try:
@@ -241,16 +262,27 @@ def _job_status(client, job: str, as_json: bool) -> int:
         if info.reason:
             print(f"  reason: {info.reason}")
     if rdzv is not None:
-        live = info is None or info.status == "running"
+        live = (info is None or info.status == "running") and _live(rdzv)
         where = f"generation {rdzv.generation}, world size {rdzv.world_size}" if live else \
             f"last generation {rdzv.generation} (world size {rdzv.world_size})"
-        print(f"{'job ' + rdzv.job + ': ' if info is None else '  '}{where}")
+        if rdzv.max_nodes:
+            where += f"; nodes {rdzv.nodes} (--nnodes {rdzv.min_nodes}:{rdzv.max_nodes})"
+        if info is None:
+            state = f"{rdzv.status}" + (f": {rdzv.detail}" if rdzv.detail and not live else "") if rdzv.status else ""
+            print(f"job {rdzv.job}: " + (state + "\n  " if state else "") + where)
+        else:
+            print("  " + where)
     if datasets:
         rows = [("dataset", "epochs", "todo", "doing", "done", "total", "finished", "last commit")]
         for d in datasets:
             rows.append((d.spec.name, str(d.spec.epochs), str(d.todo), str(d.doing), str(d.done), str(d.total),
                          "yes" if d.finished else "no", d.last_commit or "-"))
         print(table(rows, right_align=False))
+        ended = rdzv is not None and not _live(rdzv)
+        for d in datasets:
+            if ended and not d.finished and d.doing:
+                print(f"  {d.spec.name}: {d.doing} shard(s) were leased and never committed: the job ended without "
+                      "committing or closing its iterator; they go back to todo when their leases expire")
     if any(r.stage is not None for r in profiles):
         from .cli import _stage_table
 

@@ -77,12 +77,26 @@ class JobCreate(_Msg):
 
 
 class JobInfo(_Msg):
+    """A job as the coordinator knows it. ``min_workers``/``max_workers`` count workers; for a
+    job launched by etrun, ``min_nodes``/``max_nodes`` are its ``--nnodes`` and ``status`` is its
+    rendezvous' state (``running``, ``succeeded``, ``failed``, ``preempted``; ``""`` for a job
+    that only uses the library)."""
+
     job: str
     generation: int
     world_size: int
     min_workers: int
     max_workers: int
     datasets: list[str]
+    status: str = ""
+    detail: str = ""
+    min_nodes: int = 0
+    max_nodes: int = 0
+    nodes: int = 0  # agents in the current generation
+
+
+class JobList(_Msg):
+    jobs: list[JobInfo]
 
 
 class GenerationCreate(_Msg):

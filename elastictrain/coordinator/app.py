@@ -33,7 +33,7 @@ from ..errors import AuthError, BadRequestError, ConflictError, ElasticTrainErro
 from ..model import DatasetSpec
 from ..wire import (
     API_VERSION, AgentJoin, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
-    GenerationInfo, Health, JobCreate, JobInfo, JobSubmit, LeaseRequest, NodeLeave, NodePoll, NodeRegister,
+    GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, NodeLeave, NodePoll, NodeRegister,
     ProfileReport, ProgressRequest, ReleaseRequest, RestoreRequest, StepInfo, StepReport, Version,
 )
 from .membership import Membership
@@ -72,8 +72,12 @@ class Coordinator:
 
     def job_info(self, job: str) -> JobInfo:
         r = self.members.get(job)
-        return JobInfo(r.job, r.generation, r.world_size, r.min_workers, r.max_workers,
-                       self.shards.datasets(job))
+        shape = self.rendezvous.shape(job) or ("", "", 0, 0, 0)
+        return JobInfo(r.job, r.generation, r.world_size, r.min_workers, r.max_workers, self.shards.datasets(job),
+                       *shape)
+
+    def job_list(self) -> JobList:
+        return JobList([self.job_info(name) for name in sorted(self.members.jobs)])
 
     def step(self, job: str, req: StepReport) -> StepInfo:
         self.members.get(job)
@@ -141,7 +145,8 @@ class CoordinatorApp:
             "/v1/health": {"GET": _Route("GET", None, lambda: Health("ok"), public=True)},
             "/v1/version": {"GET": _Route("GET", None, lambda: Version(API_VERSION, __version__,
                                                                        coordinator.store.kind), public=True)},
-            "/v1/jobs": {"POST": _Route("POST", JobCreate, self._create_job)},
+            "/v1/jobs": {"POST": _Route("POST", JobCreate, self._create_job),
+                         "GET": _Route("GET", None, coordinator.job_list)},
             "/v1/cluster": {"GET": _Route("GET", None, lambda: sched().status())},
             "/v1/cluster/jobs": {"GET": _Route("GET", None, lambda: sched().jobs()),
                                  "POST": _Route("POST", JobSubmit, lambda b: sched().submit(b))},

@@ -138,6 +138,23 @@ class Rendezvous:
                 tx.delete_rdzv(job)
         self._expect.pop(job, None)
 
+    def shape(self, job: str) -> Optional[tuple[str, str, int, int, int]]:
+        """``(status, detail, min nodes, max nodes, nodes in the generation)``, or None for a job
+        no agent joined."""
+        j = self._jobs.get(job)
+        if j is None:
+            return None
+        return j.status, j.detail, j.min_nodes, j.max_nodes, len(j.members)
+
+    def others_polling(self, job: str, agent: str, within: float) -> bool:
+        """Whether an agent of ``job`` other than ``agent`` was heard from in the last ``within``
+        seconds (a hosting agent keeps serving until the others are gone)."""
+        j = self._jobs.get(job)
+        if j is None:
+            return False
+        now = self._clock.now()
+        return any(name != agent and now - a.last_seen < within for name, a in list(j.agents.items()))
+
     # ------------------------------------------------------------------ agents
     def join(self, job: str, req: AgentJoin) -> AgentAction:
         if not 1 <= req.nproc <= 65536 or not 1 <= req.min_nodes <= req.max_nodes <= 65536:
@@ -150,7 +167,7 @@ class Rendezvous:
         exp = self._expect.get(job)
         if req.run and exp is not None and req.run < exp.run:
             return AgentAction("exit", status="preempted", detail=f"run {req.run} was superseded by run {exp.run}")
-        self._m.create_job(job, req.min_nodes, req.max_nodes)
+        self._m.create_job(job, min(65536, req.min_nodes * req.nproc), min(65536, req.max_nodes * req.nproc))
         j = self._jobs.get(job)
         if j is None or j.status != "running" or (req.run and req.run > j.run):
             j = self._jobs[job] = _JobRdzv(req.min_nodes, req.max_nodes, req.max_restarts, run=req.run)

@@ -24,7 +24,7 @@ from .app import MAX_BODY, Coordinator, CoordinatorApp
 from .protocol import Limits, guarded_protocol, quiet_accept_errors
 from .store import open_store
 
-__all__ = ["ServerConfig", "serve", "build_server", "load_or_create_token"]
+__all__ = ["ServerConfig", "serve", "build_server", "load_or_create_token", "write_token_file"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,15 @@ class ServerConfig:
     cluster: Optional[object] = None
     limits: Limits = Limits()
     allow_insecure_token_file: bool = False
+
+
+def write_token_file(path: str, token: str) -> None:
+    """Write ``token`` to ``path`` with mode 0600 (replacing what is there)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(tmp, path)
 
 
 def load_or_create_token(token_file: Optional[str], use_env: bool = True, allow_insecure: bool = False) -> str:

@@ -9,6 +9,8 @@ says restart (a failure anywhere, a lost or a new agent) stop the workers and jo
 from __future__ import annotations
 
 import datetime
+import hashlib
+import ipaddress
 import logging
 import os
 import shutil
@@ -57,6 +59,8 @@ class Agent:
         from ..runtime.client import CoordinatorClient, token_from_file
 
         cfg = self.cfg
+        if cfg.rdzv_host is not None:
+            return self._host_or_join()
         if cfg.coordinator is None:
             from .embedded import EmbeddedCoordinator
 
@@ -67,13 +71,44 @@ class Agent:
         client = CoordinatorClient(cfg.coordinator, token, retry_for=60.0)
         return client, cfg.coordinator, cfg.token_file or os.environ.get("ET_TOKEN_FILE")
 
+    def _host_or_join(self):
+        """torchrun's c10d habit: the node that owns ``--rdzv-endpoint`` serves the coordinator
+        there (embedded); every other agent, and a second agent on that node, joins it."""
+        from ..coordinator.server import write_token_file
+        from ..runtime.client import CoordinatorClient, token_from_file
+
+        cfg = self.cfg
+        host, port = cfg.rdzv_host
+        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+        if cfg.token_file:
+            token = token_from_file(cfg.token_file, "--token-file")
+        else:  # as torchrun's store: whoever knows the endpoint and the run id may join
+            token = os.environ.get("ET_TOKEN") or hashlib.sha256(f"etrun-rdzv\0{cfg.run_id}".encode()).hexdigest()
+        if cfg.is_host is not False:
+            from .embedded import EmbeddedCoordinator
+
+            for bind in _bind_candidates(host, cfg.is_host):
+                try:
+                    self._embedded = EmbeddedCoordinator(self._state_dir(), host=bind, port=port, token=token)
+                except ConfigError as exc:  # in use (another agent hosts) or not this machine's address
+                    if cfg.is_host:
+                        raise ConfigError(f"--rdzv-conf is_host=1 but {exc}") from None
+                    continue
+                self._embedded.start()
+                log.info("hosting the rendezvous for job %s on %s:%d", cfg.run_id, bind, port)
+                return CoordinatorClient(url, token, retry_for=30.0), url, self._embedded.token_file
+        token_file = os.path.join(self._state_dir(), "token")
+        write_token_file(token_file, token)
+        log.info("joining the rendezvous for job %s at %s", cfg.run_id, url)
+        return CoordinatorClient(url, token, retry_for=cfg.join_timeout), url, token_file
+
     def _on_signal(self, signum, _frame) -> None:
         self._signal = signum
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
         cfg = self.cfg
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        old = {s: signal.signal(s, self._on_signal) for s in cfg.signals}
         pool = None
         try:
             client, url, token_file = self._connect()
@@ -101,6 +136,8 @@ class Agent:
             if pool is not None:
                 pool.close()
             if self._embedded is not None:
+                if cfg.rdzv_host is not None:  # the other nodes learn the outcome from this one
+                    self._embedded.linger(cfg.run_id, self.agent_id, limit=max(5.0, 3 * cfg.agent_timeout))
                 self._embedded.stop()
             if self._tmp is not None:
                 shutil.rmtree(self._tmp, ignore_errors=True)
@@ -109,7 +146,12 @@ class Agent:
 
     def _rendezvous(self) -> AgentAction:
         cfg = self.cfg
-        host = cfg.local_addr or (cfg.master_addr if cfg.coordinator is None else socket.gethostname())
+        if cfg.local_addr:
+            host = cfg.local_addr
+        elif cfg.rdzv_host is not None:  # every node on loopback: the workers meet there too
+            host = "127.0.0.1" if _is_loopback(cfg.rdzv_host[0]) else socket.gethostname()
+        else:
+            host = cfg.master_addr if cfg.coordinator is None else socket.gethostname()
         join = AgentJoin(self.agent_id, host, cfg.nproc_per_node, free_port(), cfg.min_nodes, cfg.max_nodes,
                          cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call, cfg.run)
         action = self.client.agent_join(cfg.run_id, join)
@@ -187,9 +229,10 @@ class Agent:
             self.client.agent_report(self.cfg.run_id, self.agent_id, a.generation, "leaving", f"etrun got {name}")
         except ElasticTrainError as exc:
             log.warning("could not tell the coordinator that this node leaves: %s", exc)
-        print(f"etrun: got {name}; leaving the job: forwarding SIGTERM to the workers, "
+        forward = signal.SIGTERM if sig in _STOP_SIGNALS else sig  # workers checkpoint on SIGTERM
+        print(f"etrun: got {name}; leaving the job: forwarding {signal.Signals(forward).name} to the workers, "
               f"{self.cfg.shutdown_grace:.0f} s to checkpoint before SIGKILL", file=sys.stderr)
-        group.stop(self.cfg.shutdown_grace, signal.SIGTERM)
+        group.stop(self.cfg.shutdown_grace, forward)
         if group.state() == "preempted":  # every worker exited, with the preempted code among them
             return PREEMPTED_EXIT_CODE
         return 128 + sig
@@ -204,6 +247,38 @@ class Agent:
         return 1
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind_candidates(host: str, forced: Optional[bool]) -> list[str]:
+    """Addresses to try listening on for the endpoint ``host``: binding fails with
+    EADDRNOTAVAIL where ``host`` is not this machine, and EADDRINUSE where another agent here
+    already hosts, so a successful bind is the test of "this node hosts"."""
+    try:
+        ipaddress.ip_address(host)
+        return [host]
+    except ValueError:
+        pass
+    if host == "localhost":
+        return ["127.0.0.1"]
+    names = {socket.gethostname().lower(), socket.getfqdn().lower()}
+    if forced or host.lower() in names or host.lower().split(".")[0] in {n.split(".")[0] for n in names}:
+        return ["0.0.0.0"]
+    try:
+        return list(dict.fromkeys(ai[4][0] for ai in socket.getaddrinfo(host, None, socket.AF_INET)))
+    except OSError:
+        return []
+
+
 def _one_line(f: Optional[Failure]) -> str:
     if f is None:
         return "unknown failure"
@@ -214,7 +289,13 @@ def _print_failure(f: Optional[Failure], a, cfg: LaunchConfig, action: AgentActi
     if f is None:
         return
     when = datetime.datetime.fromtimestamp(f.at).strftime("%Y-%m-%d %H:%M:%S")
-    tb = "\n".join("    " + line for line in f.traceback.strip().splitlines()[-15:])
+    lines = f.traceback.strip().splitlines()[-15:]
+    if f.from_output:
+        label = (f"  its last {len(lines)} line(s) of stderr before it died:" if lines
+                 else "  it wrote nothing to stderr")
+    else:
+        label = "  its traceback:"
+    tb = "\n".join([label] + ["    " + line for line in lines])
     nxt = (f"restart {a.restart_count + 1}/{cfg.max_restarts}" if action.action != "exit"
            else f"no restarts left ({cfg.max_restarts} allowed)")
     print(f"etrun: worker failure in generation {a.generation}; {nxt}\n"

@@ -17,11 +17,13 @@ import uuid
 from typing import Optional, Sequence
 
 from ..errors import ConfigError
-from .config import LaunchConfig, parse_nnodes, parse_nproc, parse_rdzv_conf, parse_std_spec
+from .config import (LaunchConfig, parse_endpoint, parse_nnodes, parse_nproc, parse_rdzv_conf, parse_signals,
+                     parse_std_spec)
 
 __all__ = ["get_args_parser", "config_from_args", "launch", "main"]
 
 log = logging.getLogger("etrun")
+_BACKENDS = ("elastictrain", "c10d", "static", "etcd", "etcd-v2")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,11 +34,23 @@ class _Parser(argparse.ArgumentParser):
         flags = self.known_flags()
         for token in message.replace(",", " ").split():
             if token.startswith("-") and token not in flags:
-                close = difflib.get_close_matches(token.split("=")[0], flags, n=1, cutoff=0.5)
+                close = _closest(token.split("=")[0], flags)
                 if close:
-                    message += f" (did you mean {close[0]}?)"
+                    message += f" (did you mean {close}?)"
                 break
         super().error(message)
+
+
+def _closest(token: str, flags: list[str]) -> Optional[str]:
+    """The known flag ``token`` most likely misspells, or None: names are compared without their
+    dashes (``--profile`` is not ``--role``), and a unique known flag it begins is taken."""
+    bare = token.lstrip("-").replace("_", "-")
+    longs = {f.lstrip("-"): f for f in flags if f.startswith("--") and "_" not in f}
+    starts = [f for name, f in longs.items() if name.startswith(bare)]
+    if len(bare) >= 3 and len(starts) == 1:
+        return starts[0]
+    close = difflib.get_close_matches(bare, list(longs), n=1, cutoff=0.8)
+    return longs[close[0]] if close else None
 
 
 def _env(flag: str, default):
@@ -60,34 +74,53 @@ def get_args_parser() -> argparse.ArgumentParser:
     # ---- torchrun's flags
     _add(p, "nnodes", default="1:1", help="N or MIN:MAX agents (nodes)")
     _add(p, "nproc-per-node", default="1", help="workers per node: a number, auto, cpu or gpu")
-    _add(p, "rdzv-backend", default="elastictrain",
-         help="accepted for compatibility; rendezvous always goes through the coordinator")
+    _add(p, "rdzv-backend", default="elastictrain", choices=_BACKENDS,
+         help="elastictrain (default): --rdzv-endpoint is a running coordinator; c10d or static: as torchrun, "
+         "the node that owns --rdzv-endpoint HOST:PORT hosts the coordinator there, the others join it")
     _add(p, "rdzv-endpoint", default="", help="HOST:PORT or URL of the coordinator (same as --coordinator)")
     _add(p, "rdzv-id", default=None, help="job id shared by every agent of the job (TORCHELASTIC_RUN_ID)")
-    _add(p, "rdzv-conf", default="", help="key=value,...: agent_timeout, join_timeout, last_call_timeout, poll_interval, run (set by the "
-         "node daemon)")
+    _add(p, "rdzv-conf", default="", help="key=value,...: agent_timeout, join_timeout, last_call_timeout, poll_interval, "
+         "is_host (c10d: 1 hosts the coordinator, 0 joins), run (set by the node daemon)")
     _add(p, "standalone", action="store_true", help="single node with an embedded coordinator")
     _add(p, "max-restarts", type=int, default=0, help="worker-failure restarts before the job fails")
     _add(p, "monitor-interval", type=float, default=0.1, help="seconds between worker checks")
     _add(p, "start-method", default="spawn", choices=["spawn", "fork", "forkserver"],
          help="accepted for compatibility; workers are always fresh processes")
+    _add(p, "event-log-handler", default="null",
+         help="accepted for compatibility; etrun's events go to the coordinator's event log")
     _add(p, "role", default="default", help="worker role (ROLE_NAME)")
     _add(p, "log-dir", default=None, help="per-rank logs, error files and the embedded coordinator's db")
     _add(p, "redirects", "-r", default="0", help="0|1|2|3 or 0:1,1:2: streams to log files only")
     _add(p, "tee", "-t", default="0", help="0|1|2|3 or 0:1,1:2: streams to log files and the console")
     _add(p, "local-ranks-filter", default="", help="local ranks whose output reaches the console, e.g. 0,1")
+    _add(p, "duplicate-stdout-filters", default="",
+         help="comma-separated words: workers' stdout lines containing one are also written to "
+         "filtered_stdout.log in the attempt's log directory")
+    _add(p, "duplicate-stderr-filters", default="", help="the same for stderr (filtered_stderr.log)")
     _add(p, "node-rank", type=int, default=-1, help="fixed node rank (default: assigned by the coordinator)")
     _add(p, "master-addr", default="127.0.0.1", help="for --nnodes 1 without a coordinator")
     _add(p, "master-port", type=int, default=None, help="fixed MASTER_PORT (default: a free port per generation)")
     _add(p, "local-addr", default=None, help="this node's address as other nodes reach it")
+    _add(p, "logs-specs", default=None, help="accepted for compatibility; etrun lays out logs itself (--log-dir)")
+    _add(p, "numa-binding", default=None, choices=["node", "socket", "exclusive", "core-complex"],
+         help="bind each worker to the CPUs of its GPU's NUMA node (node); without GPUs it is ignored "
+         "with a warning")
+    _add(p, "signals-to-handle", default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+         help="signals the agent handles: the node leaves the job and the signal goes on to the workers "
+         "(SIGINT and SIGHUP as SIGTERM, so workers checkpoint); e.g. add SIGUSR1 under Slurm")
+    _add(p, "virtual-local-rank", action="store_true",
+         help="every worker sees LOCAL_RANK=0 and only its own GPU (CUDA_VISIBLE_DEVICES)")
     _add(p, "module", "-m", action="store_true", help="run the entrypoint as a module (python -m)")
     _add(p, "no-python", action="store_true", help="run the entrypoint as a program, not a Python script")
     _add(p, "run-path", action="store_true", help="run the script with runpy.run_path")
     # ---- ours
     _add(p, "coordinator", default=os.environ.get("ET_COORDINATOR"), help="URL of a running coordinator")
     _add(p, "token-file", default=os.environ.get("ET_TOKEN_FILE"), help="the coordinator's token file")
-    _add(p, "shutdown-grace", type=float, default=60.0,
-         help="seconds workers get after SIGTERM to checkpoint before SIGKILL")
+    p.add_argument("--shutdown-grace", "--shutdown_grace", "--shutdown-timeout", "--shutdown_timeout",
+                   dest="shutdown_grace", type=float,
+                   default=_env("shutdown-grace", os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", 60.0)),
+                   help="seconds workers get after SIGTERM to checkpoint before SIGKILL (torchrun's "
+                   "--shutdown-timeout; default 60, or $TORCH_ELASTIC_SHUTDOWN_TIMEOUT)")
     _add(p, "restart-grace", type=float, default=3.0,
          help="seconds surviving workers get after SIGTERM when the group restarts")
     _add(p, "warm-spares", type=int, default=-1,
@@ -110,6 +143,43 @@ def _coordinator_url(args) -> Optional[str]:
     return url
 
 
+def _hosted_endpoint(args, max_nodes: int) -> Optional[tuple[str, int]]:
+    """torchrun's habits where one of the nodes serves the rendezvous: ``--rdzv-backend c10d``
+    (or ``static``) with ``--rdzv-endpoint HOST:PORT``, or the classic multi-node static launch
+    ``--nnodes 2 --node-rank R --master-addr A --master-port P``. None: not such a launch."""
+    if args.standalone or args.coordinator:
+        return None
+    if args.rdzv_backend in ("etcd", "etcd-v2"):
+        raise ConfigError(f"--rdzv-backend {args.rdzv_backend}: etcd is not supported; use c10d with "
+                          "--rdzv-endpoint HOST:PORT (one node hosts the rendezvous), or a coordinator")
+    if args.rdzv_backend in ("c10d", "static") and args.rdzv_endpoint:
+        return parse_endpoint(args.rdzv_endpoint)
+    if not args.rdzv_endpoint and max_nodes > 1 and args.master_port:
+        return parse_endpoint(f"{args.master_addr}:{args.master_port}", "--master-addr/--master-port")
+    return None
+
+
+def _warn_ignored(args) -> None:
+    if args.event_log_handler not in (None, "null"):
+        log.warning("--event-log-handler %s is ignored: etrun's events go to the coordinator's event log "
+                    "(`elastictrain status`)", args.event_log_handler)
+    if args.logs_specs:
+        log.warning("--logs-specs %s is ignored: etrun writes logs under --log-dir itself", args.logs_specs)
+    if args.numa_binding and not _gpus_visible():
+        log.warning("--numa-binding %s is ignored: no GPU is visible, so there is no GPU to bind near",
+                    args.numa_binding)
+
+
+def _gpus_visible() -> bool:
+    from .config import _gpu_count
+
+    return _gpu_count() > 0
+
+
+def _filters(value: str) -> tuple[str, ...]:
+    return tuple(x for x in (v.strip() for v in str(value).split(",")) if x)
+
+
 def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     """Validate parsed flags into a :class:`LaunchConfig`.
 
@@ -127,7 +197,20 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
             filt = frozenset(int(x) for x in str(args.local_ranks_filter).split(","))
         except ValueError:
             raise ConfigError(f"--local-ranks-filter {args.local_ranks_filter!r}: use ranks like 0,1") from None
-    run_id = args.rdzv_id if args.rdzv_id not in (None, "none") else uuid.uuid4().hex[:12]
+    hosted = _hosted_endpoint(args, hi)
+    if hosted is not None and args.rdzv_id in (None, "none"):
+        run_id = "none"  # torchrun's default id, the same on every node
+    else:
+        run_id = args.rdzv_id if args.rdzv_id not in (None, "none") else uuid.uuid4().hex[:12]
+    is_host = conf.get("is_host")
+    if is_host is not None:
+        if is_host.lower() not in ("0", "1", "true", "false"):
+            raise ConfigError(f"--rdzv-conf is_host={is_host!r}: use 1 (this node hosts) or 0 (it joins)")
+        is_host = is_host.lower() in ("1", "true")
+    master_port = int(args.master_port) if args.master_port else None
+    if hosted is not None and master_port == hosted[1]:
+        master_port = None  # the coordinator listens there; the workers' store takes a free port
+    _warn_ignored(args)
     entrypoint, script_args, module = args.training_script, tuple(args.training_script_args), bool(args.module)
     if args.group:
         if args.module or args.no_python:
@@ -139,7 +222,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     return LaunchConfig(
         entrypoint=entrypoint, args=script_args,
         min_nodes=lo, max_nodes=hi, nproc_per_node=nproc, run_id=run_id,
-        coordinator=_coordinator_url(args), token_file=args.token_file, role=args.role,
+        coordinator=None if hosted else _coordinator_url(args), token_file=args.token_file, role=args.role,
         max_restarts=int(args.max_restarts), monitor_interval=float(args.monitor_interval),
         poll_interval=float(conf.get("poll_interval", 0.2)),
         agent_timeout=float(conf.get("agent_timeout", 10.0)), join_timeout=float(conf.get("join_timeout", 600)),
@@ -148,10 +231,14 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         redirects=parse_std_spec(str(args.redirects), nproc, "--redirects"),
         tee=parse_std_spec(str(args.tee), nproc, "--tee"), local_ranks_filter=filt,
         node_rank=int(args.node_rank), master_addr=args.master_addr,
-        master_port=int(args.master_port) if args.master_port else None, local_addr=args.local_addr,
+        master_port=master_port, local_addr=args.local_addr,
         module=module, no_python=bool(args.no_python), run_path=bool(args.run_path),
         shutdown_grace=float(args.shutdown_grace), restart_grace=float(args.restart_grace),
         warm_spares=int(args.warm_spares), preload=tuple(x for x in str(args.preload).split(",") if x),
+        rdzv_host=hosted, is_host=is_host, virtual_local_rank=bool(args.virtual_local_rank),
+        numa_binding=args.numa_binding if args.numa_binding and _gpus_visible() else None,
+        signals=parse_signals(str(args.signals_to_handle)),
+        stdout_filters=_filters(args.duplicate_stdout_filters), stderr_filters=_filters(args.duplicate_stderr_filters),
     )
 
 
@@ -173,8 +260,9 @@ def launch(config: LaunchConfig) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    logging.basicConfig(level=os.environ.get("ET_LOG_LEVEL", "WARNING").upper(),
-                        format="[etrun] %(levelname)s %(message)s")
+    level = os.environ.get("ET_LOG_LEVEL", "").upper()
+    logging.basicConfig(level=level or "WARNING", format="[etrun] %(levelname)s %(message)s")
+    log.setLevel(level or "INFO")  # generations, restarts and the rendezvous are shown by default
     parser = get_args_parser()
     args = parser.parse_args(argv)
     try:

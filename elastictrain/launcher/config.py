@@ -5,12 +5,14 @@ from __future__ import annotations
 import glob
 import os
 import shutil
+import signal
 from dataclasses import dataclass, field
 from typing import Optional
 
 from ..errors import ConfigError
 
-__all__ = ["LaunchConfig", "parse_nnodes", "parse_nproc", "parse_std_spec", "parse_rdzv_conf", "Std"]
+__all__ = ["LaunchConfig", "parse_nnodes", "parse_nproc", "parse_std_spec", "parse_rdzv_conf", "parse_signals",
+           "parse_endpoint", "Std"]
 
 
 class Std:
@@ -53,6 +55,15 @@ class LaunchConfig:
     warm_spares: int = -1  # -1: one per local worker when the entrypoint is Python
     preload: tuple[str, ...] = ("torch",)
     run: int = 0  # cluster mode: the scheduler's run this agent belongs to (--rdzv-conf run=N)
+    # torchrun's c10d/static habit: the agent that can listen on this (host, port) serves the
+    # coordinator there, embedded; the others join it (None: --coordinator or --standalone)
+    rdzv_host: Optional[tuple[str, int]] = None
+    is_host: Optional[bool] = None  # --rdzv-conf is_host=1/0 forces the choice
+    virtual_local_rank: bool = False  # every worker sees LOCAL_RANK=0 and one GPU
+    signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    numa_binding: Optional[str] = None  # torchrun's modes; applied where a GPU is visible
+    stdout_filters: tuple[str, ...] = ()  # lines of any worker containing one go to filtered_stdout.log
+    stderr_filters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -65,10 +76,11 @@ class LaunchConfig:
             raise ConfigError("--monitor-interval must be > 0 and --shutdown-grace >= 0")
         if self.module and self.no_python:
             raise ConfigError("--module and --no-python cannot be used together")
-        if self.max_nodes > 1 and self.coordinator is None:
+        if self.max_nodes > 1 and self.coordinator is None and self.rdzv_host is None:
             raise ConfigError("--nnodes with more than one node needs a shared coordinator: start "
-                              "`elastictrain coordinator` and pass --coordinator http://HOST:PORT "
-                              "(or --rdzv-endpoint HOST:PORT) to every etrun")
+                              "`elastictrain coordinator` and pass --coordinator http://HOST:PORT to every "
+                              "etrun, or let one node host it as torchrun does: --rdzv-backend c10d "
+                              "--rdzv-endpoint HOST:PORT (HOST is one of the nodes)")
 
     @property
     def python_entry(self) -> bool:
@@ -140,3 +152,40 @@ def parse_rdzv_conf(value: str) -> dict[str, str]:
         k, v = item.split("=", 1)
         out[k.strip()] = v.strip()
     return out
+
+
+def parse_signals(value: str) -> tuple[int, ...]:
+    """torchrun's ``--signals-to-handle``: ``SIGTERM,SIGINT,SIGUSR1`` (names or numbers)."""
+    out = []
+    for item in filter(None, (x.strip() for x in value.split(","))):
+        name = item.upper()
+        try:
+            sig = signal.Signals(int(name)) if name.isdigit() else signal.Signals[name if name.startswith("SIG")
+                                                                                   else "SIG" + name]
+        except (KeyError, ValueError):
+            raise ConfigError(f"--signals-to-handle {item!r}: not a signal; use names like SIGTERM,SIGUSR1") from None
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            raise ConfigError(f"--signals-to-handle {sig.name}: this signal cannot be handled or forwarded")
+        out.append(int(sig))
+    if not out:
+        raise ConfigError("--signals-to-handle is empty; name at least one signal, e.g. SIGTERM")
+    return tuple(dict.fromkeys(out))
+
+
+def parse_endpoint(value: str, flag: str = "--rdzv-endpoint") -> tuple[str, int]:
+    """``HOST:PORT`` (``[v6]:PORT``) -> (host, port); torchrun's default port 29400 when absent."""
+    host, port = value.strip(), "29400"
+    if host.startswith("["):
+        end = host.find("]")
+        host, rest = host[1:end], host[end + 1:]
+        if rest.startswith(":"):
+            port = rest[1:]
+    elif host.count(":") == 1:
+        host, port = host.split(":")
+    try:
+        num = int(port)
+    except ValueError:
+        num = -1
+    if not host or not 0 < num < 65536:
+        raise ConfigError(f"{flag} {value!r}: use HOST:PORT with a port in 1..65535, e.g. node0:29400")
+    return host, num

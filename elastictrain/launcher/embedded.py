@@ -14,7 +14,8 @@ import time
 from typing import Optional
 
 from ..coordinator.app import Coordinator
-from ..coordinator.server import ServerConfig, build_server, event_loop_runner, load_or_create_token
+from ..coordinator.server import (ServerConfig, build_server, event_loop_runner, load_or_create_token,
+                                  write_token_file)
 from ..coordinator.store import open_store
 from ..errors import CoordinatorUnavailableError
 
@@ -22,17 +23,32 @@ __all__ = ["EmbeddedCoordinator"]
 
 
 class EmbeddedCoordinator:
-    """Serve a coordinator on ``host`` (a free port) with its SQLite file in ``state_dir``."""
+    """Serve a coordinator on ``host``:``port`` (0: a free port) with its SQLite file in ``state_dir``.
 
-    def __init__(self, state_dir: str, host: str = "127.0.0.1") -> None:
+    ``token``: the bearer token (a node hosting a multi-node job shares it with the others);
+    by default a new random one. Either way it is written to ``token_file`` for the workers.
+
+    Raises:
+        ConfigError: cannot listen on ``host``:``port``.
+    """
+
+    def __init__(self, state_dir: str, host: str = "127.0.0.1", port: int = 0, token: Optional[str] = None) -> None:
         os.makedirs(state_dir, exist_ok=True)
         self.db = os.path.join(state_dir, "coordinator.db")
         self.token_file = os.path.join(state_dir, "token")
-        # workers read the token from this file, so it must exist even if $ET_TOKEN is set
-        self.token = load_or_create_token(self.token_file, use_env=False)
+        if token is None:
+            # workers read the token from this file, so it must exist even if $ET_TOKEN is set
+            self.token = load_or_create_token(self.token_file, use_env=False)
+        else:
+            self.token = token
+            write_token_file(self.token_file, token)
         self._coordinator = Coordinator(open_store(self.db))
-        self._server, self._sock, self.url = build_server(ServerConfig(host=host, port=0), self._coordinator,
-                                                          self.token)
+        try:
+            self._server, self._sock, self.url = build_server(ServerConfig(host=host, port=port),
+                                                              self._coordinator, self.token)
+        except BaseException:
+            self._coordinator.close()
+            raise
         self._thread: Optional[threading.Thread] = None
         if "ET_LOG_LEVEL" not in os.environ:  # etrun reports failures itself; avoid saying it twice
             logging.getLogger("elastictrain.coordinator").setLevel(logging.ERROR)
@@ -50,6 +66,13 @@ class EmbeddedCoordinator:
                 raise CoordinatorUnavailableError("the embedded coordinator did not start")
             time.sleep(0.002)
         return self.url
+
+    def linger(self, job: str, agent: str, limit: float, quiet: float = 1.0) -> None:
+        """Keep serving while other agents of ``job`` still talk to this coordinator (they learn
+        the job's outcome from it), up to ``limit`` seconds."""
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline and self._coordinator.rendezvous.others_polling(job, agent, quiet):
+            time.sleep(0.1)
 
     def stop(self) -> None:
         if self._thread is not None:

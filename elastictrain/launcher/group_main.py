@@ -15,7 +15,8 @@ environment torchrun gives. It:
    handlers in the main thread and forwards them to every job's checkpointer;
 4. when a job fails here, tells the other ranks through the store, and cancels the job there at
    its next stage; the other jobs go on;
-5. prints one line per job and exits 0 if every job succeeded, 75 if every unfinished job stopped
+5. starts every line a job prints with ``[job] ``;
+6. prints one line per job and exits 0 if every job succeeded, 75 if every unfinished job stopped
    for preemption, else 1 (and writes the failures to ``TORCHELASTIC_ERROR_FILE``).
 
 Scripts must get their process group from ``elastictrain_torch.init_process_group()`` (and
@@ -218,6 +219,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     timeout = float(os.environ.get("ET_GROUP_TIMEOUT", "300"))
     probe = int(os.environ.get("ET_GROUP_PROBE", "3"))
     jobctx.install_argv_proxy()
+    sys.stdout, sys.stderr = jobctx.PrefixedStream(sys.stdout), jobctx.PrefixedStream(sys.stderr)
     for s in specs:  # a script imports its neighbours, as `python a.py` would let it
         d = os.path.dirname(os.path.abspath(s.script))
         if d not in sys.path:

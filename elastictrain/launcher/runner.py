@@ -57,6 +57,18 @@ def _die_with_launcher(parent: int) -> None:
     threading.Thread(target=watch, name="et-launcher-watch", daemon=True).start()
 
 
+def _bind_numa(mode: str, gpu: int) -> None:
+    """``etrun --numa-binding``: bind this worker's threads to the CPUs near its GPU, with
+    torch's own topology code (torch.numa.binding); a failure is reported, not fatal."""
+    try:
+        from torch.numa.binding import AffinityMode, NumaOptions, _maybe_apply_numa_binding_to_current_process
+
+        _maybe_apply_numa_binding_to_current_process(
+            gpu_index=gpu, numa_options=NumaOptions(AffinityMode(mode), should_fall_back_if_binding_fails=True))
+    except Exception as exc:  # an older torch, no topology in /sys: run unbound
+        print(f"etrun: --numa-binding {mode} not applied on GPU {gpu}: {exc}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     _die_with_launcher(os.getppid())
     args = sys.argv[1:]
@@ -82,6 +94,8 @@ def main() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if os.environ.get("ET_NUMA_BINDING"):
+        _bind_numa(os.environ["ET_NUMA_BINDING"], int(os.environ.get("ET_GPU_INDEX", "0")))
     entry = cmd["entrypoint"]
     sys.argv = [entry, *cmd["args"]]
     try:

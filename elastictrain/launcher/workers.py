@@ -33,7 +33,8 @@ class Failure:
     exit_code: int
     at: float
     message: str
-    traceback: str
+    traceback: str  # the Python traceback, or the worker's last stderr lines (``from_output``)
+    from_output: bool = False
 
 
 def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_file: Optional[str],
@@ -58,9 +59,25 @@ def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_fi
     })
     if token_file:
         env["ET_TOKEN_FILE"] = os.path.abspath(token_file)
+    gpus = _visible_gpus(env)
+    if cfg.virtual_local_rank:  # torchrun's --virtual-local-rank: each worker sees one device, as 0
+        env["LOCAL_RANK"] = "0"
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
+    if cfg.numa_binding:
+        env["ET_NUMA_BINDING"], env["ET_GPU_INDEX"] = cfg.numa_binding, str(local_rank)
     if cfg.nproc_per_node > 1 and "OMP_NUM_THREADS" not in (base or os.environ):
         env["OMP_NUM_THREADS"] = "1"
     return env
+
+
+def _visible_gpus(env: dict[str, str]) -> list[str]:
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [d.strip() for d in visible.split(",") if d.strip() and d.strip() != "-1"]
+    from .config import _gpu_count
+
+    return [str(i) for i in range(_gpu_count())]
 
 
 def free_port(host: str = "") -> int:
@@ -151,10 +168,16 @@ class WorkerGroup:
         self.changed = threading.Event()
         self.host = socket.gethostname()
         self.started_at = 0.0
+        self._filtered: dict[str, tuple[tuple[bytes, ...], IO[bytes]]] = {}  # stream -> (words, file)
 
     def start(self) -> "WorkerGroup":
         cfg = self.cfg
         self.started_at = time.time()
+        for name, words in (("stdout", cfg.stdout_filters), ("stderr", cfg.stderr_filters)):
+            if words:  # torchrun's --duplicate-*-filters: one file per stream for the local workers
+                os.makedirs(self.dir, exist_ok=True)
+                self._filtered[name] = (tuple(w.encode() for w in words),
+                                        open(os.path.join(self.dir, f"filtered_{name}.log"), "ab"))
         for lr in range(cfg.nproc_per_node):
             wdir = os.path.join(self.dir, str(lr))
             os.makedirs(wdir, exist_ok=True)
@@ -192,7 +215,9 @@ class WorkerGroup:
             to_console = shown and not (red & bit)
             t = threading.Thread(target=_pump, daemon=True,
                                  args=(pipe, console.buffer if to_console else None, f, prefix,
-                                       w.tail if bit == Std.ERR else None))
+                                       w.tail if bit == Std.ERR else None,
+                                       self._filtered[name] + (f"[{cfg.role}{w.local_rank}]:".encode(),)
+                                       if name in self._filtered else None))
             t.start()
             w.threads.append(t)
 
@@ -218,7 +243,7 @@ class WorkerGroup:
         if not failed:
             return None
         w = min(failed, key=lambda x: x.exited_at)
-        message, tb = "", b"".join(w.tail).decode(errors="replace")
+        message, tb, from_output = "", b"".join(w.tail).decode(errors="replace"), False
         try:
             with open(w.error_file) as f:
                 data = json.load(f)["message"]
@@ -228,7 +253,8 @@ class WorkerGroup:
             code = w.exit_code
             message = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
                        f"exited with code {code}") + " (no error file: the worker raised no Python exception)"
-        return Failure(w.rank, w.local_rank, self.host, w.exit_code, w.exited_at, message, tb)
+            from_output = True
+        return Failure(w.rank, w.local_rank, self.host, w.exit_code, w.exited_at, message, tb, from_output)
 
     def stop(self, grace: float, sig: int = signal.SIGTERM) -> None:
         """Send ``sig`` to every worker's process group; SIGKILL whatever is left after ``grace``."""
@@ -248,6 +274,8 @@ class WorkerGroup:
                 t.join(5)
             for f in w.files:
                 f.close()
+        for _, f in self._filtered.values():
+            f.close()
 
 
 def _killpg(proc: subprocess.Popen, sig: int) -> None:
@@ -258,11 +286,15 @@ def _killpg(proc: subprocess.Popen, sig: int) -> None:
 
 
 def _pump(pipe: IO[bytes], console: Optional[IO[bytes]], f: Optional[IO[bytes]], prefix: bytes,
-          tail: Optional[deque]) -> None:
+          tail: Optional[deque], filtered: Optional[tuple[tuple[bytes, ...], IO[bytes], bytes]] = None) -> None:
     for line in iter(pipe.readline, b""):
         if f is not None:
             f.write(line)
             f.flush()
+        if filtered is not None and any(word in line for word in filtered[0]):
+            with _console_lock:
+                filtered[1].write(filtered[2] + line)
+                filtered[1].flush()
         if console is not None:
             with _console_lock:
                 console.write(prefix + line)

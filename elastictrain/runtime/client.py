@@ -23,7 +23,7 @@ from ..model import DatasetSpec
 from ..wire import (
     AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterJobInfo, ClusterJobList, ClusterStatus, CommitList,
     CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health, JobCreate,
-    JobInfo, JobSubmit, LeaseReply, LeaseRequest, LogList, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks,
+    JobInfo, JobList, JobSubmit, LeaseReply, LeaseRequest, LogList, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks,
     ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
     RestoreRequest, ShardUpdate, StepInfo, StepReport, Version,
 )
@@ -130,6 +130,10 @@ class CoordinatorClient:
 
     def job(self, job: str) -> JobInfo:
         return self._call("GET", f"/v1/jobs/{job}", JobInfo)
+
+    def jobs(self) -> list[JobInfo]:
+        """Every job the coordinator knows (``GET /v1/jobs``)."""
+        return self._call("GET", "/v1/jobs", JobList).jobs
 
     def open_generation(self, job: str, expected: int, world_size: int, reason: str = "start") -> GenerationInfo:
         return self._call("POST", f"/v1/jobs/{job}/generations", GenerationInfo,

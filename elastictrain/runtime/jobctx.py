@@ -107,3 +107,34 @@ def notify_preempt() -> None:
         listeners = list(_preempt_listeners)
     for fn in listeners:
         fn()
+
+
+class PrefixedStream:
+    """A text stream that starts each line a job writes with ``[job] `` (the job bound to the
+    writing thread); lines written outside any job pass unchanged. ``etrun --group`` puts one
+    over ``sys.stdout`` and ``sys.stderr`` so interleaved jobs' output can be told apart."""
+
+    def __init__(self, stream) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._at_start: dict[int, bool] = {}
+
+    def write(self, text: str) -> int:
+        ctx = current()
+        if ctx is None or not text:
+            return self._stream.write(text)
+        me = threading.get_ident()
+        with self._lock:
+            for piece in text.splitlines(keepends=True):
+                if self._at_start.get(me, True):
+                    self._stream.write(f"[{ctx.name}] ")
+                self._stream.write(piece)
+                self._at_start[me] = piece.endswith("\n")
+        return len(text)
+
+    def writelines(self, lines) -> None:
+        for line in lines:
+            self.write(line)
+
+    def __getattr__(self, name):  # flush, fileno, buffer, encoding, isatty, ...
+        return getattr(self._stream, name)

@@ -123,6 +123,24 @@ def test_unmodified_torchrun_script_sees_torchrun_env(tmp_path):
     assert e[0]["MASTER_PORT"] == e[1]["MASTER_PORT"] and e[0]["ET_COORDINATOR"] == e[1]["ET_COORDINATOR"]
 
 
+def test_a_killed_workers_report_names_the_signal_and_labels_its_output(tmp_path):
+    script = write(tmp_path, "killed.py", """
+        import os, signal, sys, time
+        print("no valid checkpoint; starting fresh", file=sys.stderr, flush=True)
+        if os.environ["RANK"] == "1":
+            print("about to be killed", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(30)
+    """)
+    code, out, err = finish(etrun(["--nproc-per-node", "2", "--rdzv-id", "k", "--warm-spares", "0", script],
+                                  cwd=tmp_path), 120)
+    assert code == 1
+    assert "rank 1 (local rank 1)" in err and "killed by signal SIGKILL" in err
+    report = err[err.index("root cause"):]
+    assert "its last 2 line(s) of stderr before it died:" in report and "about to be killed" in report
+    assert "traceback" not in report.lower()
+
+
 def test_root_cause_logs_and_restarts_exhausted(tmp_path):
     script = write(tmp_path, "fail.py", """
         import os
@@ -136,6 +154,7 @@ def test_root_cause_logs_and_restarts_exhausted(tmp_path):
     assert code == 1
     assert "root cause" in err and "rank 1 (local rank 1)" in err
     assert "ValueError: bad batch shape (on purpose)" in err and 'fail.py", line 5' in err
+    assert "its traceback:" in err
     assert "restart 1/1" in err and "no restarts left" in err
     assert "[default0]:hello from 0" in out  # tee prefixes, as torchrun
     logs = tmp_path / "logs" / "f"

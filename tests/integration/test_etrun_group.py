@@ -54,6 +54,8 @@ def test_interleaved_jobs_end_as_they_do_alone(tmp_path, jobs):
     assert grouped == alone and len(grouped) == len(jobs)
     assert all(len(set(by_rank.values())) == 1 and len(by_rank) == 2 for by_rank in grouped.values())
     assert out.count(": ok (") == 2 * len(jobs)  # one line per job per rank
+    # every line a job prints carries the job's name
+    assert all(re.match(r"\[torch_group_job(-\d)?\] ", line) for line in out.splitlines() if "[group-job" in line)
 
 
 def test_a_failing_job_leaves_the_group_and_the_others_finish(tmp_path):

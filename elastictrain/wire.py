@@ -258,6 +258,9 @@ class AgentJoin(_Msg):
     #: the scheduler's run (placement) this agent was started for; 0 outside cluster mode. An
     #: agent of an older run is told to exit.
     run: Annotated[int, msgspec.Meta(ge=0, le=2**31)] = 0
+    #: one free port on ``host`` per local worker, for frameworks that want an address per
+    #: worker (TensorFlow's ``TF_CONFIG``); empty: the agent offers none
+    worker_ports: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=65535)]], msgspec.Meta(max_length=65536)] = []
 
 
 class AgentPoll(_Msg):
@@ -278,6 +281,8 @@ class Assignment(_Msg):
     restart_count: int
     reason: str
     prev_world_size: int
+    #: ``host:port`` of every worker in global rank order, when every node offered worker ports
+    workers: list[str] = []
 
 
 class AgentAction(_Msg):

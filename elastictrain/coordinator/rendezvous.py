@@ -299,9 +299,12 @@ class Rendezvous:
         j.members = [a.join.agent for a in ranked]
         j.assignment.clear()
         offset = 0
+        workers = [f"{a.join.host}:{p}" for a in ranked for p in a.join.worker_ports] \
+            if all(len(a.join.worker_ports) == a.join.nproc for a in ranked) else []
         for node_rank, a in enumerate(ranked):
             j.assignment[a.join.agent] = Assignment(row.generation, node_rank, len(ranked), offset, world,
-                                                    head.host, head.port, j.restarts, reason, j.prev_world)
+                                                    head.host, head.port, j.restarts, reason, j.prev_world,
+                                                    workers)
             offset += a.join.nproc
             a.waiting = False
         j.prev_world = world

@@ -27,13 +27,14 @@ from ..errors import ConfigError, ElasticTrainError
 from ..wire import AgentAction, AgentJoin
 from .config import LaunchConfig
 from .. import PREEMPTED_EXIT_CODE
-from .workers import Failure, SparePool, WorkerGroup, free_port
+from .workers import Failure, SparePool, WorkerGroup, free_port, free_ports
 
 __all__ = ["Agent"]
 
 log = logging.getLogger("etrun")
 _SPARE_DELAY_FIRST = 5.0  # seconds after the first generation starts (cold workers import torch)
 _SPARE_DELAY = 2.0  # after a restart (warm workers start at once)
+_MAX_WORKER_PORTS = 1024  # a node with more local workers offers no per-worker ports (no TF_CONFIG)
 
 
 class Agent:
@@ -153,7 +154,8 @@ class Agent:
         else:
             host = cfg.master_addr if cfg.coordinator is None else socket.gethostname()
         join = AgentJoin(self.agent_id, host, cfg.nproc_per_node, free_port(), cfg.min_nodes, cfg.max_nodes,
-                         cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call, cfg.run)
+                         cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call, cfg.run,
+                         free_ports(cfg.nproc_per_node) if cfg.nproc_per_node <= _MAX_WORKER_PORTS else [])
         action = self.client.agent_join(cfg.run_id, join)
         deadline = time.monotonic() + cfg.join_timeout
         while action.action == "wait":

@@ -59,6 +59,9 @@ def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_fi
     })
     if token_file:
         env["ET_TOKEN_FILE"] = os.path.abspath(token_file)
+    if a.workers:  # tf.distribute.MultiWorkerMirroredStrategy's cluster, from the same generation
+        env["TF_CONFIG"] = json.dumps({"cluster": {"worker": list(a.workers)},
+                                       "task": {"type": "worker", "index": rank}})
     gpus = _visible_gpus(env)
     if cfg.virtual_local_rank:  # torchrun's --virtual-local-rank: each worker sees one device, as 0
         env["LOCAL_RANK"] = "0"
@@ -84,6 +87,20 @@ def free_port(host: str = "") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def free_ports(n: int, host: str = "") -> list[int]:
+    """``n`` distinct free ports (all held open while choosing, so none repeats)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind((host, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 class SparePool:

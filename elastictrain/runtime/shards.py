@@ -107,6 +107,10 @@ class ShardIterator:
         """True once every sample of every epoch has been consumed (by any worker)."""
         return self._finished or self._client.dataset(self.job, self.spec.name).finished
 
+    def info(self):
+        """The coordinator's counts for this dataset (:class:`~elastictrain.wire.DatasetInfo`)."""
+        return self._client.dataset(self.job, self.spec.name)
+
     def __iter__(self) -> Iterator[int]:
         for _epoch, index in self.samples():
             yield index

@@ -15,7 +15,7 @@ import keras
 
 from elastictrain.runtime.checkpoint import Checkpointer
 
-__all__ = ["KerasState", "TFCheckpointer", "ElasticKerasCallback", "elastic_fit"]
+__all__ = ["KerasState", "TFCheckpointer", "ElasticKerasCallback"]
 
 
 class KerasState:
@@ -102,22 +102,3 @@ class ElasticKerasCallback(keras.callbacks.Callback):
 
     def on_train_end(self, logs=None) -> None:
         self.ckpt.wait()
-
-
-def elastic_fit(model: keras.Model, data, *, epochs: int, callback: ElasticKerasCallback, callbacks=(),
-                **fit_kwargs):
-    """``model.fit`` one epoch at a time, from the checkpoint's epoch, until done or preempted.
-
-    Why not one ``fit(epochs=...)``: Keras infers an epoch's length from the first epoch it sees
-    of a dataset of unknown size and stops later epochs there, while elastic epochs differ in
-    length (a resumed epoch is shorter; with dynamic shards each rank's share varies).
-    Returns the last ``History``.
-    """
-    history = None
-    for epoch in range(callback.initial_epoch, epochs):
-        history = model.fit(data.dataset, epochs=epoch + 1, initial_epoch=epoch,
-                            callbacks=[callback, *callbacks], **fit_kwargs)
-        if callback.preempted:
-            break
-    return history
-

@@ -8,6 +8,7 @@ from typing import Callable, Optional
 import numpy as np
 import tensorflow as tf
 
+from elastictrain.errors import ConfigError
 from elastictrain.runtime.shards import ShardIterator
 
 __all__ = ["ElasticTFData"]
@@ -49,6 +50,25 @@ class ElasticTFData:
     def set_epoch(self, epoch: int) -> None:
         self.shards.set_max_epoch(epoch)
 
+    def distributed(self, strategy: tf.distribute.Strategy):
+        """This worker's batches as a distributed dataset of ``strategy`` (one replica per
+        worker): each worker feeds its own shards, nothing is re-sharded or re-batched."""
+        if strategy.extended.worker_devices and len(strategy.extended.worker_devices) != 1:
+            raise ConfigError(f"{len(strategy.extended.worker_devices)} replicas on this worker: elastictrain "
+                              "runs one replica per worker process; start one worker per device with etrun")
+        return strategy.distribute_datasets_from_function(lambda _ctx: self.dataset)
+
+    def steps_hint(self, epoch: int, replicas: int = 1) -> Optional[int]:
+        """About how many steps ``epoch`` has left (for a progress bar); None if unknown."""
+        from .fit import steps_hint
+
+        try:
+            return steps_hint(self.shards.info(), epoch, self.batch_size, replicas)
+        except Exception:  # noqa: BLE001 - a hint only; the bar then says "Unknown"
+            return None
+
     def batch_done(self) -> None:
-        """The oldest batch handed out has been trained on."""
-        self.shards.mark_consumed(self._sizes.popleft())
+        """The oldest batch handed out has been trained on. A step on which this worker had no
+        data left (the others still had) consumes nothing."""
+        if self._sizes:
+            self.shards.mark_consumed(self._sizes.popleft())

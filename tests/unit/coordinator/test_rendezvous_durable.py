@@ -34,3 +34,26 @@ def test_a_round_not_on_disk_reforms_with_reason_coordinator_restart(tmp_path):
     a = c.rendezvous.join("j", AgentJoin("agent-1", "h", 1, 1000, last_call=0.0))
     assert a.action == "run" and a.assignment.generation == 2 and a.assignment.reason == "coordinator_restart"
     c.store.close()
+
+
+def test_worker_addresses_follow_global_rank_order_and_survive_a_restart(tmp_path):
+    clock = ManualClock(100.0)
+    c = _coord(tmp_path, clock)
+    first = c.rendezvous.join("j", AgentJoin("agent-b", "hb", 2, 1000, 2, 2, worker_ports=[5001, 5002],
+                                             node_rank=1))
+    assert first.action == "wait"
+    a = c.rendezvous.join("j", AgentJoin("agent-a", "ha", 2, 1000, 2, 2, worker_ports=[4001, 4002], node_rank=0))
+    assert a.action == "run" and a.assignment.workers == ["ha:4001", "ha:4002", "hb:5001", "hb:5002"]
+    c.store.close()
+    c = _coord(tmp_path, clock)
+    again = c.rendezvous.poll("j", __import__("elastictrain.wire", fromlist=["AgentPoll"]).AgentPoll("agent-a", 1))
+    assert again.assignment.workers == a.assignment.workers
+    c.store.close()
+
+
+def test_no_worker_addresses_unless_every_node_offers_them(tmp_path):
+    c = _coord(tmp_path, ManualClock(100.0))
+    c.rendezvous.join("j", AgentJoin("agent-b", "hb", 2, 1000, 2, 2, worker_ports=[5001], node_rank=1))
+    a = c.rendezvous.join("j", AgentJoin("agent-a", "ha", 2, 1000, 2, 2, worker_ports=[4001, 4002], node_rank=0))
+    assert a.action == "run" and a.assignment.workers == []
+    c.store.close()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -68,7 +69,38 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def one_run(cmd: list[str], env: dict, recovery_timeout: float) -> dict:
+def _phases(rows, t_kill: float, nxt, log_path: str) -> dict:
+    """Where the time from kill to the next step went: the launcher's own phases (etrun logs
+    them), then the new worker's: process start, imports, init (process group, DDP, torch.load)
+    and the first step."""
+    out: dict = {}
+    gen = nxt[2]
+    new = [r for r in rows if r[2] == gen and r[0] > t_kill]
+    starts = [r[0] for r in new if r[4] == "start"]
+    if starts:
+        out["phase_kill_to_worker_start"] = min(starts) - t_kill
+        for label, what in (("phase_imports", "imported"), ("phase_init", "joined")):
+            ts = [r[0] for r in new if r[4] == what]
+            if ts:
+                out[label] = max(ts) - (max(starts) if label == "phase_imports" else
+                                        max(r[0] for r in new if r[4] == "imported"))
+        joined = [r[0] for r in new if r[4] == "joined"]
+        if joined:
+            out["phase_first_step"] = nxt[0] - max(joined)
+    try:
+        text = open(log_path, errors="replace").read()
+    except OSError:
+        return out
+    m = re.search(r"recovery into generation \d+ \(s\): (.*?); detected at ([0-9.]+)", text)
+    if m:
+        out["phase_detect"] = float(m.group(2)) - t_kill
+        for name, value in re.findall(r"(\w+) ([0-9.]+)", m.group(1)):
+            if name != "detect":
+                out[f"phase_{name}"] = float(value)
+    return out
+
+
+def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: float) -> dict:
     work = tempfile.mkdtemp(prefix="et-launch-")
     events = os.path.join(work, "events")
     env = dict(env, BENCH_EVENTS=events)
@@ -85,7 +117,7 @@ def one_run(cmd: list[str], env: dict, recovery_timeout: float) -> dict:
             return res
         res["start"] = min(starts) - t0
         res["first_step"] = first[0] - t0
-        time.sleep(3.0)  # steady state (etrun's warm spares are ready by now)
+        time.sleep(kill_after)  # a failure comes after the job settled (etrun's spares are warm by then)
         victim = [r for r in read(events) if r[1] == 1 and r[2] == 0][-1][3]
         t_kill = time.time()
         os.kill(victim, signal.SIGKILL)
@@ -93,6 +125,7 @@ def one_run(cmd: list[str], env: dict, recovery_timeout: float) -> dict:
         res["recovered"] = nxt is not None
         if nxt is not None:
             res["kill_to_step"] = nxt[0] - t_kill
+            res.update(_phases(read(events), t_kill, nxt, os.path.join(work, "launcher.log")))
         open(events + ".stop", "w").close()
         try:
             proc.wait(20)
@@ -115,6 +148,8 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2 runs per launcher")
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--recovery-timeout", type=float, default=20.0)
+    ap.add_argument("--kill-after", type=float, default=10.0,
+                    help="seconds of training before the kill (etrun's spares start 5 s in and then import)")
     args = ap.parse_args()
     runs = args.runs or (2 if args.quick else 5)
     base = dict(os.environ)
@@ -130,7 +165,7 @@ def main() -> None:
     for name, (cmd, env) in launchers.items():
         results = []
         for i in range(runs):
-            r = one_run(cmd, env, args.recovery_timeout)
+            r = one_run(cmd, env, args.recovery_timeout, args.kill_after)
             results.append(r)
             print(f"# {name} run {i + 1}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
                                                          for k, v in r.items()), flush=True)
@@ -146,6 +181,10 @@ def main() -> None:
                 print(f"{name}_{label}_min: nan s")
                 print(f"{name}_{label}_median: nan s")
         print(f"{name}_recoveries: {ok}/{runs} runs")
+        phases = sorted({k for r in results for k in r if k.startswith("phase_")})
+        for key in phases:
+            vals = [r[key] for r in results if key in r]
+            print(f"{name}_recovery_{key}_median: {statistics.median(vals):.3f} s")
         sys.stdout.flush()
 
     def ratio(key: str, base_name: str) -> str:

@@ -267,6 +267,8 @@ class AgentPoll(_Msg):
     agent: Token
     #: the generation this agent is running (0 while waiting)
     generation: Count
+    #: seconds to hold the answer while the generation runs unchanged (a long poll); 0: answer now
+    wait: Annotated[float, msgspec.Meta(ge=0.0, le=60.0)] = 0.0
 
 
 class Assignment(_Msg):

@@ -164,7 +164,7 @@ class CoordinatorApp:
         r = coordinator.rendezvous
         self._agents = {
             "join": {"POST": _Route("POST", AgentJoin, r.join)},
-            "poll": {"POST": _Route("POST", AgentPoll, r.poll)},
+            "poll": {"POST": _Route("POST", AgentPoll, r.long_poll)},
             "report": {"POST": _Route("POST", AgentReport, r.report)},
         }
         self._ds = {"GET": _Route("GET", None, s.info)}

@@ -25,7 +25,9 @@ told to exit, so a stopped placement can never join its successor's round.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -88,6 +90,7 @@ class Rendezvous:
         self._store = store
         self._jobs: dict[str, _JobRdzv] = {}
         self._expect: dict[str, _Expect] = {}
+        self._changed: dict[str, asyncio.Event] = {}  # wakes the long polls of a job
         now = clock.now()
         for job, raw in rows or ():
             try:
@@ -108,6 +111,28 @@ class Rendezvous:
         if self._store is not None:
             with self._store.transaction() as tx:
                 tx.put_rdzv(job, _ENC.encode(j))
+        self._notify(job)
+
+    def _notify(self, job: str) -> None:
+        ev = self._changed.pop(job, None)
+        if ev is not None:
+            ev.set()
+
+    async def long_poll(self, job: str, req: AgentPoll) -> AgentAction:
+        """:meth:`poll`, but an agent whose generation runs on waits up to ``req.wait`` seconds
+        for a change of its job (a failure, a node leaving or joining, the job ending) and learns
+        of it in the same moment, rather than at its next poll."""
+        action = self.poll(job, req)
+        deadline = time.monotonic() + req.wait
+        while action.action == "run" and req.generation and time.monotonic() < deadline:
+            ev = self._changed.setdefault(job, asyncio.Event())
+            try:
+                # at least once a second: the poll also notices agents that went silent
+                await asyncio.wait_for(ev.wait(), max(0.0, min(1.0, deadline - time.monotonic())))
+            except asyncio.TimeoutError:
+                pass
+            action = self.poll(job, req)  # also refreshes the agent's last_seen
+        return action
 
     # ------------------------------------------------------------------ cluster mode hooks
     def expect(self, job: str, run: int, reason: str, restarts: int) -> None:
@@ -117,6 +142,7 @@ class Rendezvous:
         j = self._jobs.get(job)
         if j is not None and j.run < run and j.status == "running":
             j.status, j.detail = "preempted", "superseded by a new placement"
+            self._notify(job)
             self._save(job, j)
 
     def stop(self, job: str, detail: str) -> None:

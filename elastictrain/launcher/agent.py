@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from importlib.util import find_spec
@@ -45,6 +46,8 @@ class Agent:
         self._embedded = None
         self._tmp: Optional[str] = None
         self.attempt = 0
+        self._phases = _Phases()
+        self._wake: Optional[threading.Event] = None
 
     # ------------------------------------------------------------------ set-up
     def _state_dir(self) -> str:
@@ -105,6 +108,8 @@ class Agent:
 
     def _on_signal(self, signum, _frame) -> None:
         self._signal = signum
+        if self._wake is not None:
+            self._wake.set()
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
@@ -116,13 +121,15 @@ class Agent:
             self.client = client
             spares = cfg.warm_spares if cfg.warm_spares >= 0 else cfg.nproc_per_node
             if cfg.python_entry and spares > 0:
-                preload = tuple(m for m in cfg.preload if find_spec(m) is not None)
+                # the top-level name only: find_spec("torch.x") would import torch into the agent
+                preload = tuple(m for m in cfg.preload if find_spec(m.partition(".")[0]) is not None)
                 env = dict(os.environ)
                 if cfg.nproc_per_node > 1:
                     env.setdefault("OMP_NUM_THREADS", "1")
                 pool = SparePool(spares, preload, env)
             while True:
                 action = self._rendezvous()
+                self._phases.mark("rendezvous")
                 if action.action == "exit":
                     return self._exit_code(action)
                 if action.action != "run":  # interrupted by a signal while waiting
@@ -178,22 +185,39 @@ class Agent:
         log.info("generation %d: node %d/%d, ranks %d..%d of %d (%s)", a.generation, a.node_rank, a.nnodes,
                  a.rank_offset, a.rank_offset + cfg.nproc_per_node - 1, a.world_size, a.reason)
         group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool).start()
+        self._phases.started(a.generation)
+        self._wake = group.changed
         if pool is not None:
             # top up the spares once the new workers are past their own start-up: on a small
             # machine the spares' imports would otherwise slow the workers they are meant to help
             pool.fill_later(_SPARE_DELAY_FIRST if self.attempt == 1 else _SPARE_DELAY)
-        next_poll = time.monotonic() + cfg.poll_interval
+        poller = _Poller(self.client, cfg.run_id, self.agent_id, a.generation,
+                         min(_LONG_POLL, cfg.agent_timeout / 3), group.changed)
+        try:
+            return self._watch(group, a, poller)
+        finally:
+            poller.stop()
+
+    def _watch(self, group: WorkerGroup, a, poller: "_Poller") -> Optional[int]:
+        cfg = self.cfg
         while True:
-            group.changed.wait(max(0.0, min(cfg.monitor_interval, next_poll - time.monotonic())))
+            # woken at once by a worker's exit (a blocking wait per worker), the coordinator's
+            # answer to the long poll, or a signal; the timeout is only a safety net
+            group.changed.wait(cfg.monitor_interval)
             group.changed.clear()
             if self._signal is not None:
                 return self._shutdown(group, a)
             state = group.state()
             if state == "failed":
                 failure = group.first_failure()
-                group.stop(cfg.restart_grace)
+                self._phases.detected(failure.at if failure else None)
+                # tell the coordinator first: the other nodes learn of it from their long polls
+                # while this one stops its survivors
                 action = self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "failed",
                                                   _one_line(failure))
+                self._phases.mark("report")
+                group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
+                self._phases.mark("stop")
                 _print_failure(failure, a, cfg, action)
                 return self._exit_code(action) if action.action == "exit" else None
             if state == "succeeded":
@@ -212,16 +236,16 @@ class Agent:
                 self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "preempted",
                                          "workers exited with the preempted code")
                 return PREEMPTED_EXIT_CODE
-            if time.monotonic() >= next_poll:
-                next_poll = time.monotonic() + cfg.poll_interval
-                action = self.client.agent_poll(cfg.run_id, self.agent_id, a.generation)
+            action = poller.take()
+            if action is not None:
                 if action.action == "restart":
-                    log.warning("generation %d: restart asked by the coordinator (%s)", a.generation,
-                                action.detail)
-                    group.stop(cfg.restart_grace)
+                    self._phases.detected(None)
+                    log.info("generation %d: restart asked by the coordinator (%s)", a.generation, action.detail)
+                    group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
+                    self._phases.mark("stop")
                     return None
                 if action.action == "exit":
-                    group.stop(cfg.restart_grace)
+                    group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
                     return self._exit_code(action)
 
     def _shutdown(self, group: WorkerGroup, a) -> int:
@@ -250,6 +274,77 @@ class Agent:
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+_LONG_POLL = 5.0  # seconds the coordinator may hold an agent's poll while nothing changes
+
+
+class _Poller:
+    """Long-polls the coordinator while a generation runs, from its own thread and connection;
+    an answer other than "run" (restart, exit) is kept for the agent, which is woken at once."""
+
+    def __init__(self, client, job: str, agent: str, generation: int, wait: float, wake: threading.Event) -> None:
+        from ..runtime.client import CoordinatorClient
+
+        self._client = CoordinatorClient(client.url, client.token, timeout=client.timeout, retry_for=client.retry_for)
+        self._job, self._agent, self._gen, self._wait, self._wake = job, agent, generation, wait, wake
+        self._action: Optional[AgentAction] = None
+        self._error: Optional[BaseException] = None
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="etrun-poll", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                action = self._client.agent_poll(self._job, self._agent, self._gen, self._wait)
+            except ElasticTrainError as exc:  # e.g. the coordinator gone for longer than retry_for
+                self._error = exc
+                self._wake.set()
+                return
+            if self._stopped.is_set():
+                return
+            if action.action != "run":
+                self._action = action
+                self._wake.set()
+                return
+
+    def take(self) -> Optional[AgentAction]:
+        if self._error is not None:
+            raise self._error
+        action, self._action = self._action, None
+        return action
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+class _Phases:
+    """Timestamps of one recovery, logged as one line once the next generation's workers start:
+    detected (the worker's exit seen), report, stop (survivors gone), rendezvous, spawn."""
+
+    def __init__(self) -> None:
+        self._t0: Optional[float] = None
+        self._died: Optional[float] = None
+        self._marks: list[tuple[str, float]] = []
+
+    def detected(self, died_at: Optional[float]) -> None:
+        self._t0, self._died, self._marks = time.time(), died_at, []
+
+    def mark(self, name: str) -> None:
+        if self._t0 is not None:
+            self._marks.append((name, time.time()))
+
+    def started(self, generation: int) -> None:
+        if self._t0 is None:
+            return
+        self.mark("spawn")
+        parts, prev = [], self._t0
+        if self._died is not None:
+            parts.append(f"detect {self._t0 - self._died:.3f}")
+        for name, t in self._marks:
+            parts.append(f"{name} {t - prev:.3f}")
+            prev = t
+        log.info("recovery into generation %d (s): %s; detected at %.6f", generation, ", ".join(parts), self._t0)
+        self._t0 = None
 
 
 def _is_loopback(host: str) -> bool:

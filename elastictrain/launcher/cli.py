@@ -17,8 +17,8 @@ import uuid
 from typing import Optional, Sequence
 
 from ..errors import ConfigError
-from .config import (LaunchConfig, parse_endpoint, parse_nnodes, parse_nproc, parse_rdzv_conf, parse_signals,
-                     parse_std_spec)
+from .config import (DEFAULT_PRELOAD, LaunchConfig, parse_endpoint, parse_nnodes, parse_nproc, parse_rdzv_conf,
+                     parse_signals, parse_std_spec)
 
 __all__ = ["get_args_parser", "config_from_args", "launch", "main"]
 
@@ -125,7 +125,8 @@ def get_args_parser() -> argparse.ArgumentParser:
          help="seconds surviving workers get after SIGTERM when the group restarts")
     _add(p, "warm-spares", type=int, default=-1,
          help="pre-started interpreters kept for fast restarts (-1: one per local worker, 0: none)")
-    _add(p, "preload", default="torch", help="modules warm spares import ahead (comma-separated)")
+    _add(p, "preload", default=",".join(DEFAULT_PRELOAD),
+         help="modules warm spares import ahead (comma-separated; default: what a DDP step imports)")
     _add(p, "group", action="store_true",
          help="interleave 2-4 scripts in one process per local rank (Muri): `--group a.py b.py`, or with "
          "arguments `--group a.py --lr 0.1 : b.py --steps 9`")

@@ -21,6 +21,12 @@ class Std:
     NONE, OUT, ERR, ALL = 0, 1, 2, 3
 
 
+#: what a DDP training step imports, measured with ``python -X importtime`` after ``import torch``
+#: (torch 2.13: DDP pulls torch._dynamo, and with it sympy, about 1-2 s on a small machine);
+#: tests/unit/launcher/test_preload.py fails when a torch release makes this list short
+DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.optim", "torch._dynamo")
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     entrypoint: str
@@ -53,7 +59,7 @@ class LaunchConfig:
     shutdown_grace: float = 60.0
     restart_grace: float = 3.0
     warm_spares: int = -1  # -1: one per local worker when the entrypoint is Python
-    preload: tuple[str, ...] = ("torch",)
+    preload: tuple[str, ...] = DEFAULT_PRELOAD
     run: int = 0  # cluster mode: the scheduler's run this agent belongs to (--rdzv-conf run=N)
     # torchrun's c10d/static habit: the agent that can listen on this (host, port) serves the
     # coordinator there, embedded; the others join it (None: --coordinator or --standalone)

@@ -166,6 +166,7 @@ class _Worker:
     tail: deque = field(default_factory=lambda: deque(maxlen=40))
     exit_code: Optional[int] = None
     exited_at: float = 0.0
+    marker: str = ""  # exists while the worker persists a checkpoint (ET_PERSIST_MARKER)
     threads: list[threading.Thread] = field(default_factory=list)
     files: list[IO[bytes]] = field(default_factory=list)
 
@@ -200,6 +201,7 @@ class WorkerGroup:
             os.makedirs(wdir, exist_ok=True)
             error_file = os.path.join(wdir, "error.json")
             env = worker_env(cfg, self.a, lr, self._coordinator, self._token_file, error_file)
+            env["ET_PERSIST_MARKER"] = os.path.join(wdir, "persisting")
             if cfg.no_python:
                 proc = _spawn([cfg.entrypoint, *cfg.args], env)
                 proc.stdin.close()
@@ -211,7 +213,7 @@ class WorkerGroup:
                        "module": cfg.module}
                 proc.stdin.write(json.dumps(cmd).encode() + b"\n")
                 proc.stdin.close()
-            w = _Worker(lr, self.a.rank_offset + lr, proc, error_file)
+            w = _Worker(lr, self.a.rank_offset + lr, proc, error_file, marker=env["ET_PERSIST_MARKER"])
             self._route(w, wdir)
             waiter = threading.Thread(target=self._wait, args=(w,), daemon=True)
             waiter.start()
@@ -240,9 +242,12 @@ class WorkerGroup:
 
     def _wait(self, w: _Worker) -> None:
         code = w.proc.wait()
+        exited_at = time.time()
+        # the last output lines arrive at once unless a child of the worker (a DataLoader worker)
+        # still holds its pipes: do not let that delay the agent
         for t in w.threads:
-            t.join(5)
-        w.exit_code, w.exited_at = code, time.time()
+            t.join(0.2)
+        w.exit_code, w.exited_at = code, exited_at
         self.changed.set()
 
     # ------------------------------------------------------------------ state
@@ -273,16 +278,32 @@ class WorkerGroup:
             from_output = True
         return Failure(w.rank, w.local_rank, self.host, w.exit_code, w.exited_at, message, tb, from_output)
 
-    def stop(self, grace: float, sig: int = signal.SIGTERM) -> None:
-        """Send ``sig`` to every worker's process group; SIGKILL whatever is left after ``grace``."""
+    def stop(self, grace: float, sig: int = signal.SIGTERM, persist_grace: float = 0.0) -> None:
+        """Send ``sig`` to every worker's process group; SIGKILL whatever is left after ``grace``,
+        except that a worker whose checkpoint is still persisting (its marker file exists) gets up
+        to ``persist_grace`` seconds in all to finish it."""
         for w in self.workers:
-            _killpg(w.proc, sig)
-        deadline = time.monotonic() + grace
+            if w.exit_code is None:
+                _killpg(w.proc, sig)
+        start = time.monotonic()
+        deadline = start + grace
         for w in self.workers:
             try:
                 w.proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
+        persisting = [w for w in self.workers if w.proc.poll() is None and os.path.exists(w.marker)]
+        if persisting and persist_grace > grace:
+            log.info("waiting up to %.0f s for %d worker(s) to finish persisting a checkpoint", persist_grace - grace,
+                     len(persisting))
+            limit = start + persist_grace
+            while time.monotonic() < limit and any(w.proc.poll() is None and os.path.exists(w.marker)
+                                                   for w in persisting):
+                time.sleep(0.01)
+            late = [w.rank for w in persisting if w.proc.poll() is None and os.path.exists(w.marker)]
+            if late:
+                log.warning("rank(s) %s still persisting a checkpoint after %.0f s: killed; that checkpoint is "
+                            "lost (raise --shutdown-grace)", late, persist_grace)
         for w in self.workers:
             _killpg(w.proc, signal.SIGKILL)  # also reaps grandchildren left in the group
             w.proc.wait()

@@ -298,6 +298,10 @@ class Checkpointer:
         self._prune_lock = threading.Lock()
         self._durable = threading.Event()
         self._durable.set()
+        # etrun names a file per worker that exists while a background persist runs, so that a
+        # launcher stopping this worker gives the persist time to finish (see _begin_persist)
+        self._marker = os.environ.get("ET_PERSIST_MARKER") or None
+        self._term_deferred = False
 
     def reserve(self, nbytes: int) -> None:
         """Allocate and fault in the host buffer in the background, so that the first save only
@@ -354,6 +358,7 @@ class Checkpointer:
         durable = self._durable = threading.Event()  # this save's own: an older thread cannot set it
         work = lambda: self._persist(name, step, snapshot, part, durable, fence)  # noqa: E731
         if self.async_persist:
+            self._begin_persist()
             self._pending = threading.Thread(target=self._run_bg, args=(work, durable, step), name="et-ckpt-persist",
                                              daemon=True)
             self._pending.start()
@@ -397,6 +402,39 @@ class Checkpointer:
             log.error("checkpoint of step %d: persist failed: %s", step, exc)
         finally:
             durable.set()
+            self._end_persist()
+
+    def _begin_persist(self) -> None:
+        """Mark a background persist as running: the marker file for the launcher, and if
+        SIGTERM would kill this process outright (no handler), a handler that lets the persist
+        finish first (its process then exits with 128 + SIGTERM)."""
+        if self._marker:
+            try:
+                with open(self._marker, "w") as f:
+                    f.write(str(os.getpid()))
+            except OSError:
+                pass
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+            signal.signal(signal.SIGTERM, self._on_term_while_persisting)
+
+    def _on_term_while_persisting(self, signum, _frame) -> None:
+        if self._durable.is_set():  # nothing in flight: die as SIGTERM would have
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        log.warning("SIGTERM during a checkpoint persist: exiting once it is durable")
+        self._term_deferred = True
+
+    def _end_persist(self) -> None:
+        if self._marker:
+            try:
+                os.unlink(self._marker)
+            except OSError:
+                pass
+        if self._term_deferred:
+            logging.shutdown()
+            os._exit(128 + signal.SIGTERM)
 
     def wait(self) -> None:
         """Block until the last save is durable (and committed); old checkpoints may still be

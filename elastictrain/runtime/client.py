@@ -184,8 +184,11 @@ class CoordinatorClient:
     def agent_join(self, job: str, req: AgentJoin) -> AgentAction:
         return self._call("POST", f"/v1/jobs/{job}/agents/join", AgentAction, req)
 
-    def agent_poll(self, job: str, agent: str, generation: int) -> AgentAction:
-        return self._call("POST", f"/v1/jobs/{job}/agents/poll", AgentAction, AgentPoll(agent, generation))
+    def agent_poll(self, job: str, agent: str, generation: int, wait: float = 0.0) -> AgentAction:
+        """The agent's state; with ``wait`` > 0 the coordinator holds the answer until the job
+        changes or ``wait`` seconds pass (a long poll)."""
+        return self._call("POST", f"/v1/jobs/{job}/agents/poll", AgentAction, AgentPoll(agent, generation, wait),
+                          timeout=None if wait <= 0 else max(self.timeout, wait + 5.0))
 
     def agent_report(self, job: str, agent: str, generation: int, event: str, detail: str = "") -> AgentAction:
         return self._call("POST", f"/v1/jobs/{job}/agents/report", AgentAction,

@@ -1,0 +1,42 @@
+"""Warm spares preload what a DDP step imports: after importing DEFAULT_PRELOAD, a first DDP
+step (gloo, world size 1) imports almost nothing more. Measured with ``python -X importtime``, so
+this fails when a torch release moves a heavy lazy import (as torch._dynamo once was) out of the
+list."""
+
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from elastictrain.launcher.config import DEFAULT_PRELOAD  # noqa: E402
+
+PROBE = """
+import os, sys, tempfile
+for name in {preload!r}:
+    __import__(name)
+print("=== preloaded ===", file=sys.stderr, flush=True)
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+model = DDP(torch.nn.Linear(8, 8))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+loss = model(torch.randn(4, 8)).sum()
+opt.zero_grad(); loss.backward(); opt.step()
+dist.destroy_process_group()
+"""
+
+
+def test_a_ddp_step_imports_little_after_the_preload():
+    r = subprocess.run([sys.executable, "-X", "importtime", "-c", PROBE.format(preload=DEFAULT_PRELOAD)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    after = r.stderr.split("=== preloaded ===", 1)[1]
+    rows = [line.split("|") for line in after.splitlines() if line.startswith("import time:")]
+    self_us = {row[2].strip(): int(row[0].split(":")[1]) for row in rows if row[0].split(":")[1].strip().isdigit()}
+    heavy = sorted(((us, name) for name, us in self_us.items()), reverse=True)[:5]
+    assert sum(self_us.values()) < 150_000, f"a DDP step still imports {sum(self_us.values()) / 1e3:.0f} ms of " \
+        f"modules after the preload; add the heaviest to DEFAULT_PRELOAD: {heavy}"

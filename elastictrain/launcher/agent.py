@@ -47,6 +47,7 @@ class Agent:
         self._tmp: Optional[str] = None
         self.attempt = 0
         self._phases = _Phases()
+        self._carry: Optional[WorkerGroup] = None  # survivors waiting for the next generation
         self._wake: Optional[threading.Event] = None
 
     # ------------------------------------------------------------------ set-up
@@ -133,6 +134,9 @@ class Agent:
                 if action.action == "exit":
                     return self._exit_code(action)
                 if action.action != "run":  # interrupted by a signal while waiting
+                    if self._carry is not None:
+                        self._carry.stop(cfg.shutdown_grace, signal.SIGTERM)
+                        self._carry = None
                     return 128 + (self._signal or signal.SIGTERM)
                 code = self._run_generation(action.assignment, url, token_file, pool)
                 if code is not None:
@@ -141,6 +145,9 @@ class Agent:
             print(f"etrun: error: {exc}", file=sys.stderr)
             return 1
         finally:
+            if self._carry is not None:  # survivors kept for a generation that never came
+                self._carry.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
+                self._carry = None
             if pool is not None:
                 pool.close()
             if self._embedded is not None:
@@ -184,7 +191,12 @@ class Agent:
         self.attempt += 1
         log.info("generation %d: node %d/%d, ranks %d..%d of %d (%s)", a.generation, a.node_rank, a.nnodes,
                  a.rank_offset, a.rank_offset + cfg.nproc_per_node - 1, a.world_size, a.reason)
-        group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool).start()
+        carry, self._carry = self._carry, None
+        control = os.path.join(self._state_dir(), "control")
+        group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool, control_root=control).start(carry)
+        if group.carried:
+            log.info("generation %d: local rank(s) %s continue in their own process (in-process recovery)",
+                     a.generation, ",".join(map(str, group.carried)))
         self._phases.started(a.generation)
         self._wake = group.changed
         if pool is not None:
@@ -213,11 +225,15 @@ class Agent:
                 self._phases.detected(failure.at if failure else None)
                 # tell the coordinator first: the other nodes learn of it from their long polls
                 # while this one stops its survivors
+                keep = group.keepable()  # survivors that opted in stay; decided before the report
                 action = self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "failed",
                                                   _one_line(failure))
                 self._phases.mark("report")
-                group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
-                self._phases.mark("stop")
+                if keep and action.action != "exit":
+                    self._carry = group
+                else:
+                    group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
+                    self._phases.mark("stop")
                 _print_failure(failure, a, cfg, action)
                 return self._exit_code(action) if action.action == "exit" else None
             if state == "succeeded":
@@ -241,6 +257,9 @@ class Agent:
                 if action.action == "restart":
                     self._phases.detected(None)
                     log.info("generation %d: restart asked by the coordinator (%s)", a.generation, action.detail)
+                    if group.keepable():
+                        self._carry = group
+                        return None
                     group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
                     self._phases.mark("stop")
                     return None

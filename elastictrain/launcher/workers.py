@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import IO, Optional
 
 from .. import PREEMPTED_EXIT_CODE
+from ..runtime.control import ASSIGNMENT, INPROCESS, opted_in, write_assignment
 from .config import LaunchConfig, Std
 
 __all__ = ["WorkerGroup", "SparePool", "Failure", "worker_env"]
@@ -167,6 +168,7 @@ class _Worker:
     exit_code: Optional[int] = None
     exited_at: float = 0.0
     marker: str = ""  # exists while the worker persists a checkpoint (ET_PERSIST_MARKER)
+    notify: threading.Event = field(default_factory=threading.Event)  # its group's ``changed``
     threads: list[threading.Thread] = field(default_factory=list)
     files: list[IO[bytes]] = field(default_factory=list)
 
@@ -179,7 +181,7 @@ class WorkerGroup:
     """
 
     def __init__(self, cfg: LaunchConfig, assignment, attempt_dir: str, coordinator: str,
-                 token_file: Optional[str], pool: Optional[SparePool]) -> None:
+                 token_file: Optional[str], pool: Optional[SparePool], control_root: Optional[str] = None) -> None:
         self.cfg, self.a, self.dir = cfg, assignment, attempt_dir
         self._coordinator, self._token_file, self._pool = coordinator, token_file, pool
         self.workers: list[_Worker] = []
@@ -187,8 +189,13 @@ class WorkerGroup:
         self.host = socket.gethostname()
         self.started_at = 0.0
         self._filtered: dict[str, tuple[tuple[bytes, ...], IO[bytes]]] = {}  # stream -> (words, file)
+        self._control_root = control_root
+        self.carried: list[int] = []  # local ranks whose process survived from the last generation
 
-    def start(self) -> "WorkerGroup":
+    def start(self, carry: Optional["WorkerGroup"] = None) -> "WorkerGroup":
+        """Start the local workers; with ``carry`` (the previous generation's group, whose live
+        workers all opted in to in-process recovery), its live workers are handed their place in
+        this generation through their control directory and only the dead ones are replaced."""
         cfg = self.cfg
         self.started_at = time.time()
         for name, words in (("stdout", cfg.stdout_filters), ("stderr", cfg.stderr_filters)):
@@ -202,6 +209,21 @@ class WorkerGroup:
             error_file = os.path.join(wdir, "error.json")
             env = worker_env(cfg, self.a, lr, self._coordinator, self._token_file, error_file)
             env["ET_PERSIST_MARKER"] = os.path.join(wdir, "persisting")
+            ctl = os.path.join(self._control_root, str(lr)) if self._control_root else None
+            old = carry.workers[lr] if carry is not None and lr < len(carry.workers) else None
+            if old is not None and ctl and old.proc.poll() is None and opted_in(ctl, old.proc.pid):
+                env["ET_CONTROL_DIR"] = ctl
+                env["ET_PERSIST_MARKER"] = old.marker  # its checkpointer keeps the path it read
+                old.rank, old.error_file, old.notify = self.a.rank_offset + lr, error_file, self.changed
+                write_assignment(ctl, self.a.generation, env)
+                self.workers.append(old)
+                self.carried.append(lr)
+                if old.exit_code is not None:  # it died between the check and now: seen as a failure
+                    self.changed.set()
+                continue
+            if ctl:
+                _reset_control(ctl)
+                env["ET_CONTROL_DIR"] = ctl
             if cfg.no_python:
                 proc = _spawn([cfg.entrypoint, *cfg.args], env)
                 proc.stdin.close()
@@ -213,7 +235,8 @@ class WorkerGroup:
                        "module": cfg.module}
                 proc.stdin.write(json.dumps(cmd).encode() + b"\n")
                 proc.stdin.close()
-            w = _Worker(lr, self.a.rank_offset + lr, proc, error_file, marker=env["ET_PERSIST_MARKER"])
+            w = _Worker(lr, self.a.rank_offset + lr, proc, error_file, marker=env["ET_PERSIST_MARKER"],
+                        notify=self.changed)
             self._route(w, wdir)
             waiter = threading.Thread(target=self._wait, args=(w,), daemon=True)
             waiter.start()
@@ -248,7 +271,7 @@ class WorkerGroup:
         for t in w.threads:
             t.join(0.2)
         w.exit_code, w.exited_at = code, exited_at
-        self.changed.set()
+        w.notify.set()  # the group the worker belongs to now (a survivor moves to the next one)
 
     # ------------------------------------------------------------------ state
     def state(self) -> str:
@@ -259,6 +282,15 @@ class WorkerGroup:
         if all(c is not None for c in codes):
             return "preempted" if PREEMPTED_EXIT_CODE in codes else "succeeded"
         return "running"
+
+    def keepable(self) -> bool:
+        """Whether every live worker opted in to in-process recovery (then a peer's failure
+        need not stop them)."""
+        if not self._control_root:
+            return False
+        alive = [w for w in self.workers if w.proc.poll() is None]
+        return bool(alive) and all(opted_in(os.path.join(self._control_root, str(w.local_rank)), w.proc.pid)
+                                   for w in alive)
 
     def first_failure(self) -> Optional[Failure]:
         failed = [w for w in self.workers if w.exit_code not in (None, 0, PREEMPTED_EXIT_CODE)]
@@ -314,6 +346,15 @@ class WorkerGroup:
                 f.close()
         for _, f in self._filtered.values():
             f.close()
+
+
+def _reset_control(directory: str) -> None:
+    os.makedirs(directory, exist_ok=True)
+    for name in (INPROCESS, ASSIGNMENT):
+        try:
+            os.unlink(os.path.join(directory, name))
+        except FileNotFoundError:
+            pass
 
 
 def _killpg(proc: subprocess.Popen, sig: int) -> None:

@@ -293,6 +293,9 @@ class Checkpointer:
         self.alloc_buffer: Optional[Callable[[int], Any]] = None  # e.g. pinned host memory
         self.copy_fence: Optional[Callable[[], Callable[[], None]]] = None  # after async device copies
         self.agree: Optional[Callable[[bool], bool]] = None  # e.g. all-reduce a flag across ranks
+        # in-process recovery (elastictrain_torch.elastic.run): raises MembershipChanged when the
+        # job formed a newer generation; checked at every save() and preempted()
+        self.membership_check: Optional[Callable[[], None]] = None
         self._reserving: Optional[threading.Thread] = None
         self._threads: list[threading.Thread] = []
         self._prune_lock = threading.Lock()
@@ -337,6 +340,8 @@ class Checkpointer:
             ElasticTrainError: the previous background persist failed (its error is re-raised once).
         """
         t0 = time.perf_counter()
+        if self.membership_check is not None:
+            self.membership_check()
         self._wait_previous()
         self._report(step)
         if self.saves_here:
@@ -694,6 +699,19 @@ class Checkpointer:
         for s in signals:
             signal.signal(s, lambda *_: self._preempt.set())
 
+    def rebase(self, rank: int, world_size: int, generation: int) -> None:
+        """This worker's new place after in-process recovery; waits for a persist in flight."""
+        self.wait_quietly()
+        self.rank, self.world_size, self.generation = rank, world_size, generation
+
+    def wait_quietly(self) -> None:
+        """Wait for a persist in flight; its failure is logged, not raised (teardown paths)."""
+        self._durable.wait()
+        try:
+            self._raise_bg()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("the last checkpoint did not persist: %s", exc)
+
     def request_preemption(self) -> None:
         """Ask for a checkpoint-and-stop at the next step boundary (e.g. a coordinator decision)."""
         self._preempt.set()
@@ -706,6 +724,8 @@ class Checkpointer:
         """Call at each step boundary. If preemption was asked for (on any rank, with the torch
         glue): save, wait until durable, and return True; the caller then exits with
         ``elastictrain.PREEMPTED_EXIT_CODE``."""
+        if self.membership_check is not None:
+            self.membership_check()
         self._report(step)
         flag = self._preempt.is_set()
         if self.agree is not None:

@@ -89,6 +89,18 @@ class Job:
         are recorded. Training goes on; the returned event is set once the report went out."""
         return report_when_ready(self.client, self.job_id, recorder(), warmup, iterations, self.rank)
 
+    def rebase(self) -> None:
+        """Re-read this worker's place in the job from the environment (in-process recovery
+        moved it to a new generation)."""
+        prev = os.environ.get("ET_PREV_WORLD_SIZE")
+        self.generation = _int_env("ET_GENERATION", 1)
+        self.rank, self.world_size = _int_env("RANK", 0), _int_env("WORLD_SIZE", 1)
+        self.local_rank = _int_env("LOCAL_RANK", 0)
+        self.restart_count = _int_env("TORCHELASTIC_RESTART_COUNT", 0)
+        self.restart_reason = os.environ.get("ET_RESTART_REASON", "start")
+        self.prev_world_size = int(prev) if prev else None
+        self._steps = None  # rank 0's reporter is made again by whoever is rank 0 now
+
     def restore(self, dataset: str, checkpoint: Optional[str]) -> None:
         """Reset ``dataset`` to the cursor committed with ``checkpoint`` (once per generation)."""
         self.client.restore(self.job_id, self.dataset_name(dataset), self.generation, checkpoint)

@@ -291,6 +291,27 @@ class ShardIterator:
                 log.warning("could not return leases of worker %d on close: %s", self.worker, exc)
         self._bg.close()
 
+    def rebase(self, generation: int, worker: int) -> None:
+        """Continue as ``worker`` of ``generation`` (in-process recovery): the background thread
+        stops, everything leased and not committed is forgotten here (the coordinator takes it
+        back when the next restore resets the cursor), and leasing starts again on next use."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=30)
+        with self._lock:
+            self.generation, self.worker = generation, worker
+            self._ready.clear()
+            self._pending.clear()
+            self._consumed.clear()
+            self._reported.clear()
+            self._touched.clear()
+            self._ended = self._finished = self._closed = False
+            self._error = None
+            self.epoch = None
+        self._thread = threading.Thread(target=self._run, name=f"et-shards-{self.spec.name}", daemon=True)
+
     def __enter__(self) -> "ShardIterator":
         return self
 

@@ -1,0 +1,101 @@
+"""The channel between an ``etrun`` agent and a worker that recovers in process.
+
+A worker that opts in (``elastictrain_torch.elastic.run``) writes ``inprocess`` (its pid) into
+the directory named by ``ET_CONTROL_DIR``. When a peer fails, or the job's membership changes, an
+agent whose local workers all opted in does not stop them: once the next generation is formed it
+writes ``assignment.json`` (the generation and the worker's new environment: ``RANK``,
+``WORLD_SIZE``, ``MASTER_PORT``, ``ET_GENERATION``, ...) for each survivor and starts a
+replacement only for the worker that died. Both files are written atomically (rename).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Optional
+
+from ..errors import ElasticTrainError
+
+__all__ = ["ControlChannel", "MembershipChanged", "write_assignment", "opted_in", "INPROCESS", "ASSIGNMENT"]
+
+INPROCESS = "inprocess"
+ASSIGNMENT = "assignment.json"
+
+
+class MembershipChanged(ElasticTrainError):
+    """The job formed a newer generation: leave the current process group and join the new one."""
+
+
+def _write(path: str, data: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
+def write_assignment(directory: str, generation: int, env: dict[str, str]) -> None:
+    """Agent side: hand a surviving worker its place in ``generation``."""
+    _write(os.path.join(directory, ASSIGNMENT), json.dumps({"generation": generation, "env": env}))
+
+
+def opted_in(directory: str, pid: int) -> bool:
+    """Agent side: did the worker with this pid opt in to in-process recovery?"""
+    try:
+        with open(os.path.join(directory, INPROCESS)) as f:
+            return f.read().strip() == str(pid)
+    except OSError:
+        return False
+
+
+class ControlChannel:
+    """Worker side of the channel (None from :meth:`from_env` outside etrun)."""
+
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self._path = os.path.join(directory, ASSIGNMENT)
+        self._seen: Optional[float] = None
+
+    @classmethod
+    def from_env(cls) -> Optional["ControlChannel"]:
+        directory = os.environ.get("ET_CONTROL_DIR")
+        return cls(directory) if directory and os.path.isdir(directory) else None
+
+    def announce(self) -> None:
+        _write(os.path.join(self.dir, INPROCESS), str(os.getpid()))
+
+    def newer(self, generation: int) -> Optional[dict]:
+        """The assignment of a generation after ``generation``, if the agent wrote one (cheap:
+        one ``stat`` unless the file changed)."""
+        try:
+            mtime = os.stat(self._path).st_mtime_ns
+        except OSError:
+            return None
+        if mtime == self._seen:
+            return None
+        try:
+            with open(self._path) as f:
+                data = json.load(f)
+        except (OSError, ValueError):
+            return None
+        if int(data.get("generation", 0)) > generation:
+            return data
+        self._seen = mtime
+        return None
+
+    def wait(self, generation: int, timeout: float) -> dict:
+        """Block until the agent hands out a generation after ``generation``.
+
+        Raises:
+            ElasticTrainError: none came within ``timeout`` seconds (the agent gave up on this
+                worker, e.g. the job ended, and will stop it).
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            data = self.newer(generation)
+            if data is not None:
+                return data
+            if time.monotonic() > deadline:
+                raise ElasticTrainError(f"no generation after {generation} within {timeout:.0f} s: the agent did not "
+                                        "re-form the job around this worker")
+            time.sleep(0.002)

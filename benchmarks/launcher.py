@@ -6,8 +6,13 @@ log: launch -> worker process start, launch -> first completed step, and SIGKILL
 -> the next completed step of the restarted group, plus how many recoveries succeeded
 (a recovery that shows no step within ``--recovery-timeout`` seconds failed).
 
-Baselines: ``torchrun`` with default settings, and ``torchrun`` with
-``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (which avoids stale store addresses on restart).
+Baselines: ``torchrun`` with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (the ratios' baseline:
+it avoids stale store addresses on restart) and with default settings. etrun runs the same
+unmodified script (``etrun``; ``etrun_cold`` kills before the warm spares are ready), and
+``launcher_toy_inprocess.py``, the toy written for in-process recovery (``etrun_inprocess``;
+the survivor's pid before and after shows it was not restarted). Each recovery is split into
+phases: etrun's own (detect, report, stop, rendezvous, spawn, from its log) and the new
+worker's (process start, imports, init, first step, from the toy's events).
 Prints ``name: value unit`` lines; ``--quick`` does 2 runs per launcher instead of 5.
 """
 
@@ -26,6 +31,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOY = os.path.join(HERE, "launcher_toy.py")
+TOY_INPROCESS = os.path.join(HERE, "launcher_toy_inprocess.py")
 BIN = os.path.dirname(sys.executable)
 
 
@@ -100,13 +106,13 @@ def _phases(rows, t_kill: float, nxt, log_path: str) -> dict:
     return out
 
 
-def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: float) -> dict:
+def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: float, toy: str = TOY) -> dict:
     work = tempfile.mkdtemp(prefix="et-launch-")
     events = os.path.join(work, "events")
     env = dict(env, BENCH_EVENTS=events)
     out = open(os.path.join(work, "launcher.log"), "wb")
     t0 = time.time()
-    proc = subprocess.Popen(cmd + ["--nproc-per-node", "2", "--max-restarts", "3", "--standalone", TOY],
+    proc = subprocess.Popen(cmd + ["--nproc-per-node", "2", "--max-restarts", "3", "--standalone", toy],
                             env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     res: dict = {}
     try:
@@ -118,7 +124,8 @@ def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: floa
         res["start"] = min(starts) - t0
         res["first_step"] = first[0] - t0
         time.sleep(kill_after)  # a failure comes after the job settled (etrun's spares are warm by then)
-        victim = [r for r in read(events) if r[1] == 1 and r[2] == 0][-1][3]
+        before = {r[1]: r[3] for r in read(events) if r[2] == 0}
+        victim = before[1]
         t_kill = time.time()
         os.kill(victim, signal.SIGKILL)
         nxt = wait_for(events, lambda r: r[4].startswith("step") and r[2] >= 1 and r[0] > t_kill, recovery_timeout)
@@ -126,6 +133,9 @@ def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: floa
         if nxt is not None:
             res["kill_to_step"] = nxt[0] - t_kill
             res.update(_phases(read(events), t_kill, nxt, os.path.join(work, "launcher.log")))
+            time.sleep(0.5)
+            after = {r[1]: r[3] for r in read(events) if r[2] == nxt[2]}
+            res["pids"] = f"rank0 {before.get(0)}->{after.get(0)} rank1 {before.get(1)}->{after.get(1)}"
         open(events + ".stop", "w").close()
         try:
             proc.wait(20)
@@ -154,49 +164,63 @@ def main() -> None:
     runs = args.runs or (2 if args.quick else 5)
     base = dict(os.environ)
     base.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
+    etrun, torchrun = [os.path.join(BIN, "etrun")], [os.path.join(BIN, "torchrun")]
+    # name: (command, environment, script, seconds of training before the kill)
     launchers = {
-        "torchrun": ([os.path.join(BIN, "torchrun")], base),
-        "torchrun_noshare": ([os.path.join(BIN, "torchrun")], dict(base, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")),
-        "etrun": ([os.path.join(BIN, "etrun")], base),
+        "torchrun": (torchrun, base, TOY, args.kill_after),
+        "torchrun_noshare": (torchrun, dict(base, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"), TOY, args.kill_after),
+        "etrun": (etrun, base, TOY, args.kill_after),
+        # a failure before the warm spares are ready: a cold replacement, as torchrun's always is
+        "etrun_cold": (etrun, base, TOY, 2.0),
+        "etrun_inprocess": (etrun, base, TOY_INPROCESS, args.kill_after),
     }
-    print(f"# toy: {TOY}, 2 workers on gloo, {runs} runs per launcher, recovery timeout "
-          f"{args.recovery_timeout:.0f} s, {os.cpu_count()} CPUs")
+    print(f"# toy: {TOY} (in-process: {TOY_INPROCESS}), 2 workers on gloo, {runs} runs per launcher, kill after "
+          f"{args.kill_after:.0f} s of training (etrun_cold: 2 s), recovery timeout {args.recovery_timeout:.0f} s, "
+          f"{os.cpu_count()} CPUs")
     summary: dict[str, dict[str, list[float]]] = {}
-    for name, (cmd, env) in launchers.items():
+    for name, (cmd, env, toy, kill_after) in launchers.items():
         results = []
         for i in range(runs):
-            r = one_run(cmd, env, args.recovery_timeout, args.kill_after)
+            r = one_run(cmd, env, args.recovery_timeout, kill_after, toy)
             results.append(r)
             print(f"# {name} run {i + 1}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
                                                          for k, v in r.items()), flush=True)
         s = summary[name] = {k: [r[k] for r in results if k in r] for k in ("start", "first_step", "kill_to_step")}
         ok = sum(1 for r in results if r.get("recovered"))
-        for key, label in (("start", "launch_to_worker_start"), ("first_step", "launch_to_first_step"),
-                           ("kill_to_step", "kill_to_next_step")):
+        for key, label in (("start", "launch_to_worker_start"), ("first_step", "launch_to_first_step")):
             vals = s[key]
-            if vals:
-                print(f"{name}_{label}_min: {min(vals):.3f} s")
-                print(f"{name}_{label}_median: {statistics.median(vals):.3f} s")
-            else:
-                print(f"{name}_{label}_min: nan s")
-                print(f"{name}_{label}_median: nan s")
-        print(f"{name}_recoveries: {ok}/{runs} runs")
+            print(f"{name}_{label}_median: {statistics.median(vals):.3f} s" if vals else f"{name}_{label}_median: nan s")
+        vals = s["kill_to_step"]
+        print(f"recovery_kill_to_next_step_median_{name}: {statistics.median(vals):.3f} s" if vals else
+              f"recovery_kill_to_next_step_median_{name}: nan s")
+        if vals:
+            print(f"recovery_kill_to_next_step_min_{name}: {min(vals):.3f} s")
+        print(f"recovery_successes_{name}: {ok}/{runs} kills")
         phases = sorted({k for r in results for k in r if k.startswith("phase_")})
         for key in phases:
-            vals = [r[key] for r in results if key in r]
-            print(f"{name}_recovery_{key}_median: {statistics.median(vals):.3f} s")
+            pv = [r[key] for r in results if key in r]
+            print(f"recovery_{key}_median_{name}: {statistics.median(pv):.3f} s")
+        if name == "etrun_inprocess":
+            kept = 0
+            for r in results:
+                m = re.match(r"rank0 (\d+)->(\d+) rank1 (\d+)->(\d+)", r.get("pids", ""))
+                kept += bool(m and m.group(1) == m.group(2) and m.group(3) != m.group(4))
+            print(f"recovery_inprocess_survivor_kept_pid: {kept}/{runs} kills")
         sys.stdout.flush()
 
-    def ratio(key: str, base_name: str) -> str:
-        a, b = summary["etrun"].get(key), summary[base_name].get(key)
-        if not a or not b:
-            return "nan"
-        return f"{statistics.median(a) / statistics.median(b):.2f}"
+    def median(name: str, key: str = "kill_to_step") -> float:
+        vals = summary[name].get(key)
+        return statistics.median(vals) if vals else float("nan")
 
-    print(f"etrun_vs_torchrun_launch_to_worker_start: {ratio('start', 'torchrun')} ratio")
-    print(f"etrun_vs_torchrun_launch_to_first_step: {ratio('first_step', 'torchrun')} ratio")
-    print(f"etrun_vs_torchrun_noshare_kill_to_next_step: {ratio('kill_to_step', 'torchrun_noshare')} ratio")
-    print(f"etrun_vs_torchrun_kill_to_next_step: {ratio('kill_to_step', 'torchrun')} ratio")
+    base_rec = median("torchrun_noshare")
+    print(f"recovery_etrun_vs_torchrun: {median('etrun') / base_rec:.2f} x")
+    print(f"recovery_etrun_cold_vs_torchrun: {median('etrun_cold') / base_rec:.2f} x")
+    print(f"recovery_inprocess_kill_to_next_step_median: {median('etrun_inprocess'):.3f} s")
+    print(f"recovery_inprocess_vs_torchrun: {median('etrun_inprocess') / base_rec:.2f} x")
+    print(f"recovery_etrun_vs_torchrun_default_store: {median('etrun') / median('torchrun'):.2f} x")
+    print(f"etrun_vs_torchrun_launch_to_worker_start: {median('etrun', 'start') / median('torchrun', 'start'):.2f} x")
+    print(f"etrun_vs_torchrun_launch_to_first_step: "
+          f"{median('etrun', 'first_step') / median('torchrun', 'first_step'):.2f} x")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,10 @@
   many steps; noisier, as it includes the machine's jitter).
 * ``comm_hook_overhead``: a DDP step (gloo, one process on loopback) with DDP's default
   all-reduce against our profiling hook (baseline: DDP's own hook, same run).
+* ``resource_monitor_sample_cost``: one sample of the worker's resource monitor (psutil: CPU,
+  memory, I/O, children); ``resource_monitor_overhead_default``: that cost per default 5 s
+  period as a share of the time; ``resource_monitor_overhead_real_step``: a short torch step
+  with the monitor sampling every 50 ms (100x the default rate) against without (same run).
 
 Prints ``name: value unit``; ``--quick`` measures fewer steps.
 """
@@ -107,6 +111,36 @@ def comm_hook(steps: int) -> tuple[float, float]:
         dist.destroy_process_group()
 
 
+def monitor_costs(steps: int) -> tuple[float, float, float]:
+    from elastictrain.runtime.monitor import ResourceMonitor
+
+    mon = ResourceMonitor(None, "bench", 0, period=3600.0, batch=1024)  # sampled by hand here
+    n = 200
+    t = time.perf_counter()
+    for i in range(n):
+        mon.step(i)
+        mon.sample()
+    cost = (time.perf_counter() - t) / n
+    mon._stop.set()
+    a = torch.randn(256, 256)
+
+    def step_median(k: int) -> float:
+        times = []
+        for _ in range(k):
+            t0 = time.perf_counter()
+            x = a
+            for _ in range(12):
+                x = torch.tanh(x @ a)
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    plain = step_median(steps)
+    fast = ResourceMonitor(None, "bench", 0, period=0.05, batch=1024)  # never sends: batch not reached
+    monitored = step_median(steps)
+    fast._stop.set()
+    return cost, plain, monitored
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -123,6 +157,12 @@ def main() -> None:
     print(f"comm_step_ddp_default_hook: {base * 1e3:.3f} ms")
     print(f"comm_step_profiling_hook: {prof * 1e3:.3f} ms")
     print(f"comm_hook_overhead: {100 * (prof / base - 1):.3f} %")
+    cost, plain, monitored = monitor_costs(100 if args.quick else 800)
+    print(f"resource_monitor_sample_cost: {cost * 1e3:.3f} ms")
+    print(f"resource_monitor_overhead_default: {100 * cost / 5.0:.4f} %")
+    print(f"resource_monitor_step_plain: {plain * 1e3:.3f} ms")
+    print(f"resource_monitor_step_sampled_every_50ms: {monitored * 1e3:.3f} ms")
+    print(f"resource_monitor_overhead_real_step: {100 * (monitored / plain - 1):.3f} %")
 
 
 if __name__ == "__main__":

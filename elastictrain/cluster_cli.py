@@ -245,9 +245,10 @@ def _job_status(client, job: str, as_json: bool) -> int:
             raise NotFoundError(f"no job {job!r} at {client.url}") from None
     datasets = [client.dataset(job, name) for name in rdzv.datasets] if rdzv else []
     profiles = client.profiles(job).reports if rdzv else []
+    resources = client.resources(job).workers if rdzv else []
     if as_json:
         print(msgspec.json.encode({"job": info, "rendezvous": rdzv, "datasets": datasets,
-                                   "profiles": profiles}).decode())
+                                   "profiles": profiles, "resources": resources}).decode())
         return 0
     if info is not None:
         print(f"job {info.id} ({info.name}) of {info.user}: {info.status}" + (" (stopping)" if info.stopping else ""))
@@ -283,6 +284,8 @@ def _job_status(client, job: str, as_json: bool) -> int:
             if ended and not d.finished and d.doing:
                 print(f"  {d.spec.name}: {d.doing} shard(s) were leased and never committed: the job ended without "
                       "committing or closing its iterator; they go back to todo when their leases expire")
+    if resources:
+        print(_resource_table(resources))
     if any(r.stage is not None for r in profiles):
         from .cli import _stage_table
 
@@ -291,6 +294,31 @@ def _job_status(client, job: str, as_json: bool) -> int:
         print(_stage_table([r.stage for r in profiles if r.stage is not None], "comm skew",
                            lambda st: skew.get(st.worker, "-")))
     return 0
+
+
+def _resource_table(workers) -> str:
+    """Each worker's latest resource sample (``ET_MONITOR_PERIOD``), GPU columns or why not."""
+    def mib(v):
+        return "-" if v is None else f"{v / 2**20:.0f} MiB"
+    rows = [("worker", "age", "cpu %", "rss", "read", "written", "step", "step time", "gpu")]
+    now = time.time()
+    absent = set()
+    for w in workers:
+        s = w.latest
+        if s.gpu_util is not None:
+            gpu = f"{s.gpu_util:.0f}% {mib(s.gpu_mem_used)}/{mib(s.gpu_mem_total)} {s.gpu_power_w or 0:.0f} W"
+            if s.torch_peak_bytes is not None:
+                gpu += f", torch peak {mib(s.torch_peak_bytes)}"
+        else:
+            gpu = "-"
+            absent.add(s.gpu_absent or "not reported")
+        rows.append((str(w.worker), f"{max(0.0, now - s.t):.0f} s", f"{s.cpu_percent:.0f}", mib(s.rss_bytes),
+                     mib(s.read_bytes), mib(s.write_bytes), "-" if s.step is None else str(s.step),
+                     "-" if s.step_time is None else f"{s.step_time:.3f} s", gpu))
+    text = table(rows, right_align=False)
+    if absent:
+        text += "\n  no GPU figures: " + "; ".join(sorted(absent))
+    return text + f"\n  ({workers[0].history if workers else 0} samples kept per worker)"
 
 
 def _gpus(j) -> str:

@@ -362,6 +362,45 @@ class StepInfo(_Msg):
     iteration_time: Optional[float]
 
 
+# ---------------------------------------------------------------- resource use (every worker)
+Gauge = Annotated[float, msgspec.Meta(ge=0.0, le=1e18)]
+
+
+class ResourceSample(_Msg):
+    """One worker's resource use at time ``t`` (seconds since the epoch, the worker's clock).
+    GPU fields are None where there is no GPU or no pynvml; ``gpu_absent`` then says why."""
+
+    t: Gauge
+    cpu_percent: Gauge  # of one core: 200 = two cores busy
+    rss_bytes: Gauge
+    read_bytes: Gauge = 0.0  # since the worker started
+    write_bytes: Gauge = 0.0
+    step: Optional[Count] = None
+    step_time: Optional[Gauge] = None  # seconds per step over the sampling period
+    gpu_util: Optional[Gauge] = None  # percent
+    gpu_mem_used: Optional[Gauge] = None
+    gpu_mem_total: Optional[Gauge] = None
+    gpu_power_w: Optional[Gauge] = None
+    torch_peak_bytes: Optional[Gauge] = None  # torch.cuda.max_memory_allocated
+    gpu_absent: Short = ""
+
+
+class ResourceReport(_Msg):
+    worker: Worker
+    samples: Annotated[list[ResourceSample], msgspec.Meta(max_length=1024)]
+
+
+class WorkerResources(_Msg):
+    worker: int
+    latest: ResourceSample
+    history: int  # samples kept for this worker
+
+
+class ResourceList(_Msg):
+    job: str
+    workers: list[WorkerResources]
+
+
 # ---------------------------------------------------------------- cluster mode (the live scheduler)
 class JobSubmit(_Msg):
     """A job for the scheduler (``elastictrain submit``). ``command``: the script (or module)

@@ -34,10 +34,11 @@ from ..model import DatasetSpec
 from ..wire import (
     API_VERSION, AgentJoin, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
     GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, NodeLeave, NodePoll, NodeRegister,
-    ProfileReport, ProgressRequest, ReleaseRequest, RestoreRequest, StepInfo, StepReport, Version,
+    ProfileReport, ProgressRequest, ReleaseRequest, ResourceReport, RestoreRequest, StepInfo, StepReport, Version,
 )
 from .membership import Membership
 from .profiles import ProfileBook
+from .resources import ResourceBook
 from .rendezvous import Rendezvous
 from .shards import ShardManager
 from .store import Store
@@ -64,6 +65,7 @@ class Coordinator:
         self.shards.load(loaded)
         self.rendezvous = Rendezvous(self.members, self.clock, store, loaded.rdzv)
         self.profiles = ProfileBook(store, self.members, self.clock, loaded.profiles)
+        self.resources = ResourceBook(self.members)
         self.cluster = None
         if cluster is not None:
             from .scheduler import ClusterScheduler
@@ -109,6 +111,17 @@ class _Route:
     handler: Callable[..., Any]
     public: bool = False  # no token needed (health, version)
     query: bool = False  # the handler takes the query string as a dict
+
+
+def _all_routes(table) -> list["_Route"]:
+    """Every :class:`_Route` in nested dicts of routes."""
+    out = []
+    for v in table.values():
+        if isinstance(v, _Route):
+            out.append(v)
+        elif isinstance(v, dict):
+            out.extend(_all_routes(v))
+    return out
 
 
 class _Codec:
@@ -157,6 +170,8 @@ class CoordinatorApp:
         self._job_sub = {
             "generations": {"POST": _Route("POST", GenerationCreate, self._open_generation)},
             "datasets": {"POST": _Route("POST", DatasetSpec, s.register)},
+            "resources": {"POST": _Route("POST", ResourceReport, coordinator.resources.put),
+                          "GET": _Route("GET", None, coordinator.resources.list)},
             "profiles": {"POST": _Route("POST", ProfileReport, coordinator.profiles.put),
                          "GET": _Route("GET", None, coordinator.profiles.list)},
             "steps": {"POST": _Route("POST", StepReport, coordinator.step)},
@@ -187,9 +202,10 @@ class CoordinatorApp:
             "poll": {"POST": _Route("POST", NodePoll, lambda n, b: sched().node_poll(n, b))},
             "leave": {"POST": _Route("POST", NodeLeave, lambda n, b: sched().node_leave(n, b))},
         }
-        self._codec = _Codec([JobCreate, GenerationCreate, DatasetSpec, LeaseRequest, ProgressRequest,
-                              CommitRequest, RestoreRequest, ReleaseRequest, AgentJoin, AgentPoll,
-                              AgentReport, ProfileReport, StepReport, JobSubmit, NodeRegister, NodePoll, NodeLeave])
+        # one decoder per body type of every route, found from the routes themselves, so that a
+        # new route cannot miss its decoder
+        bodies = {r.body for r in _all_routes(vars(self)) if r.body is not None}
+        self._codec = _Codec(sorted(bodies, key=lambda t: t.__name__))
 
     def _events(self, query: dict):
         job = query.get("job")

@@ -24,7 +24,8 @@ class Std:
 #: what a DDP training step imports, measured with ``python -X importtime`` after ``import torch``
 #: (torch 2.13: DDP pulls torch._dynamo, and with it sympy, about 1-2 s on a small machine);
 #: tests/unit/launcher/test_preload.py fails when a torch release makes this list short
-DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.optim", "torch._dynamo")
+DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.optim", "torch._dynamo",
+                   "elastictrain_torch")
 
 
 @dataclass(frozen=True)

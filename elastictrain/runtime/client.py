@@ -25,7 +25,7 @@ from ..wire import (
     CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health, JobCreate,
     JobInfo, JobList, JobSubmit, LeaseReply, LeaseRequest, LogList, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks,
     ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
-    RestoreRequest, ShardUpdate, StepInfo, StepReport, Version,
+    ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, Version,
 )
 
 __all__ = ["CoordinatorClient", "read_token", "token_from_file"]
@@ -138,6 +138,14 @@ class CoordinatorClient:
     def open_generation(self, job: str, expected: int, world_size: int, reason: str = "start") -> GenerationInfo:
         return self._call("POST", f"/v1/jobs/{job}/generations", GenerationInfo,
                           GenerationCreate(expected, world_size, reason))
+
+    # ------------------------------------------------------------------ resource use
+    def report_resources(self, job: str, report: ResourceReport) -> ResourceList:
+        return self._call("POST", f"/v1/jobs/{job}/resources", ResourceList, report)
+
+    def resources(self, job: str) -> ResourceList:
+        """Every worker's latest resource sample of ``job`` (and how many the coordinator keeps)."""
+        return self._call("GET", f"/v1/jobs/{job}/resources", ResourceList)
 
     # ------------------------------------------------------------------ profiles
     def report_profile(self, job: str, report: ProfileReport) -> ProfileList:

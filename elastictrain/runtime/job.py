@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import threading
@@ -13,6 +14,7 @@ from ..model import DatasetSpec, check_name
 from ..wire import ProfileList, ProfileReport
 from .client import CoordinatorClient
 from .jobctx import current
+from .monitor import ResourceMonitor, start_from_env
 from .profiler import report_when_ready
 from .progress import StepReporter
 from .shards import ShardIterator
@@ -44,11 +46,16 @@ class Job:
     #: ``<name>.`` for a job in an ``etrun --group`` (its datasets are kept apart), else ""
     namespace: str = ""
     _steps: Optional[StepReporter] = dataclasses.field(default=None, repr=False)
+    #: this worker's resource monitor (``ET_MONITOR_PERIOD``; None when off)
+    monitor: Optional[ResourceMonitor] = dataclasses.field(default=None, repr=False)
 
     def report_step(self, step: int) -> None:
         """Tell the coordinator this job's training step (cheap; call it every step). The
         scheduler measures iteration time and progress from it. Rank 0's reports are sent, in the
-        background; the checkpointer calls this for you at every ``save``/``preempted``."""
+        background; every rank's step time goes out with its resource samples. The checkpointer
+        calls this for you at every ``save``/``preempted``."""
+        if self.monitor is not None:
+            self.monitor.step(step)
         if self.rank != 0:
             return
         if self._steps is None:
@@ -100,6 +107,8 @@ class Job:
         self.restart_reason = os.environ.get("ET_RESTART_REASON", "start")
         self.prev_world_size = int(prev) if prev else None
         self._steps = None  # rank 0's reporter is made again by whoever is rank 0 now
+        if self.monitor is not None:
+            self.monitor.worker = self.rank
 
     def restore(self, dataset: str, checkpoint: Optional[str]) -> None:
         """Reset ``dataset`` to the cursor committed with ``checkpoint`` (once per generation)."""
@@ -136,7 +145,7 @@ def init(coordinator: Optional[str] = None, job_id: Optional[str] = None) -> Job
     job_id = check_name("job", job_id or os.environ.get("ET_JOB_ID", "default"))
     prev = os.environ.get("ET_PREV_WORLD_SIZE")
     ctx = current()
-    return Job(
+    job = Job(
         client=CoordinatorClient(url),
         job_id=job_id,
         generation=_int_env("ET_GENERATION", 1),
@@ -148,3 +157,8 @@ def init(coordinator: Optional[str] = None, job_id: Optional[str] = None) -> Job
         prev_world_size=int(prev) if prev else None,
         namespace=f"{ctx.name}." if ctx is not None else "",
     )
+    if ctx is None:  # in etrun --group the process is shared: its resource use is not one job's
+        job.monitor = start_from_env(job.client, job.job_id, job.rank)
+        if job.monitor is not None:
+            atexit.register(job.monitor.stop)
+    return job

@@ -1,0 +1,38 @@
+"""Every worker's resource use, as its monitor reports it: the latest sample and a short history
+per worker, in memory (a restarted coordinator starts empty; the workers keep reporting)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ..errors import BadRequestError
+from ..wire import ResourceList, ResourceReport, ResourceSample, WorkerResources
+from .membership import Membership
+
+__all__ = ["ResourceBook", "HISTORY"]
+
+HISTORY = 120  # samples kept per worker (10 minutes at the default 5 s period)
+_MAX_WORKERS = 4096  # per job: a report from more distinct workers than this is refused
+
+
+class ResourceBook:
+    def __init__(self, members: Membership) -> None:
+        self._m = members
+        self._jobs: dict[str, dict[int, deque[ResourceSample]]] = {}
+
+    def put(self, job: str, req: ResourceReport) -> ResourceList:
+        self._m.get(job)  # NotFoundError for an unknown job
+        workers = self._jobs.setdefault(job, {})
+        if req.worker not in workers and len(workers) >= _MAX_WORKERS:
+            raise BadRequestError(f"job {job!r} already has resource reports from {_MAX_WORKERS} workers")
+        hist = workers.setdefault(req.worker, deque(maxlen=HISTORY))
+        hist.extend(sorted(req.samples, key=lambda s: s.t))
+        return self.list(job)
+
+    def list(self, job: str) -> ResourceList:
+        self._m.get(job)
+        workers = self._jobs.get(job, {})
+        return ResourceList(job, [WorkerResources(w, h[-1], len(h)) for w, h in sorted(workers.items()) if h])
+
+    def history(self, job: str, worker: int) -> list[ResourceSample]:
+        return list(self._jobs.get(job, {}).get(worker, ()))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -62,6 +64,21 @@ class Job:
             self._steps = StepReporter(self.client, self.job_id, self.rank,
                                        float(os.environ.get("ET_STEP_REPORT_INTERVAL", 1.0)))
         self._steps.step(step)
+
+    @contextlib.contextmanager
+    def hang_watch_paused(self):
+        """Inside this block (an evaluation pass, a long save, anything without training steps)
+        the monitor does not take the missing steps for a hang."""
+        mon = self.monitor
+        saved = mon.hang_timeout if mon is not None else None
+        if mon is not None:
+            mon.hang_timeout = 0
+        try:
+            yield
+        finally:
+            if mon is not None:
+                mon.hang_timeout = saved
+                mon._changed_at = time.monotonic() if mon._changed_at is not None else None
 
     def dataset_name(self, name: str) -> str:
         """The coordinator's name for this job's dataset ``name``."""

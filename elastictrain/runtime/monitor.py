@@ -10,6 +10,12 @@ memory. Without a GPU, or without pynvml, the GPU fields are None and ``gpu_abse
 ``ET_MONITOR_PERIOD`` (seconds, default 5; 0 turns it off) sets the sampling period; samples are
 sent every ``ET_MONITOR_BATCH`` samples (default 6), so one request per 30 s by default. The cost
 is measured by ``benchmarks/profiling_overhead.py`` (``resource_monitor_overhead``).
+
+Hangs: once the worker reported a step, no new step for ``ET_HANG_TIMEOUT`` seconds (default:
+5 x the longest step seen, at least 60 s; 0 turns it off) makes the monitor dump every thread's
+Python stack to stderr (faulthandler), write the error file naming the frame the main thread is
+stuck in, and end the worker with :data:`HANG_EXIT_CODE`; etrun then restarts the group as after
+any failure.
 """
 
 from __future__ import annotations
@@ -24,7 +30,9 @@ from typing import Optional
 from ..errors import ConfigError, ElasticTrainError
 from ..wire import ResourceReport, ResourceSample
 
-__all__ = ["ResourceMonitor", "start_from_env"]
+__all__ = ["ResourceMonitor", "start_from_env", "HANG_EXIT_CODE"]
+
+HANG_EXIT_CODE = 124  # as coreutils' timeout
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +62,8 @@ def _gpu_probe():
 
 
 class ResourceMonitor:
-    def __init__(self, client, job: str, worker: int, period: float = 5.0, batch: int = 6) -> None:
+    def __init__(self, client, job: str, worker: int, period: float = 5.0, batch: int = 6,
+                 hang_timeout: Optional[float] = None) -> None:
         if not 0.01 <= period <= 3600:
             raise ConfigError(f"the monitor's period must be in [0.01, 3600] s, got {period}")
         if not 1 <= batch <= 1024:
@@ -67,6 +76,10 @@ class ResourceMonitor:
         self._children: dict[int, object] = {}
         self._step: Optional[int] = None
         self._last: Optional[tuple[float, int]] = None
+        # hang watch: None = default (5 x the longest step, >= 60 s), 0 = off
+        self.hang_timeout = hang_timeout
+        self._changed_at: Optional[float] = None  # monotonic time of the last new step
+        self._longest = 0.0
         self._pending: list[ResourceSample] = []
         self._gpu, self._gpu_absent = _gpu_probe()
         self._stop = threading.Event()
@@ -74,7 +87,27 @@ class ResourceMonitor:
         self._thread.start()
 
     def step(self, step: int) -> None:
+        if step != self._step:
+            now = time.monotonic()
+            if self._changed_at is not None and self._step is not None and step > self._step:
+                self._longest = max(self._longest, (now - self._changed_at) / (step - self._step))
+            self._changed_at = now
         self._step = step
+
+    def _hang_limit(self) -> Optional[float]:
+        if self.hang_timeout is not None:
+            return self.hang_timeout or None
+        return max(60.0, 5 * self._longest)
+
+    def check_hang(self) -> None:
+        """End the worker, with every thread's stack in its output, if it made no step for too long."""
+        limit = self._hang_limit()
+        if limit is None or self._changed_at is None:
+            return
+        idle = time.monotonic() - self._changed_at
+        if idle < limit:
+            return
+        _dump_and_exit(self.worker, self._step, idle, limit)
 
     def sample(self) -> ResourceSample:
         now = time.time()
@@ -120,6 +153,7 @@ class ResourceMonitor:
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
+            self.check_hang()
             try:
                 self._pending.append(self.sample())
             except Exception as exc:  # noqa: BLE001 - monitoring must never break training
@@ -142,13 +176,51 @@ class ResourceMonitor:
         self.flush()
 
 
+def _dump_and_exit(worker: int, step: Optional[int], idle: float, limit: float) -> None:
+    import faulthandler
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as f:
+        faulthandler.dump_traceback(file=f, all_threads=True)
+        f.seek(0)
+        dump = f.read()
+    main = f"Thread 0x{threading.main_thread().ident:016x}"
+    frame = "an unknown frame"
+    lines = dump.splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith(main) or (line.startswith("Current thread") and
+                                     threading.current_thread() is threading.main_thread()):
+            if i + 1 < len(lines) and lines[i + 1].strip().startswith("File"):
+                frame = lines[i + 1].strip()
+            break
+    message = (f"hang: rank {worker} made no training step for {idle:.0f} s after step {step} (limit {limit:.0f} s, "
+               f"ET_HANG_TIMEOUT); its main thread is stuck in {frame}")
+    sys.stderr.write(f"etrun: {message}\nevery thread's stack (most recent call first):\n{dump}")
+    sys.stderr.flush()
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        from ..launcher.runner import write_error
+
+        write_error(error_file, message, dump)
+    if "torch/distributed" in frame.replace("\\", "/"):
+        # waiting in a collective: most likely for the rank that hung, which ends first and
+        # so is the failure etrun reports as the root cause
+        time.sleep(1.5)
+    os._exit(HANG_EXIT_CODE)
+
+
 def start_from_env(client, job: str, worker: int) -> Optional[ResourceMonitor]:
     """The monitor ``et.init()`` starts: ``ET_MONITOR_PERIOD`` seconds (default 5; 0: none)."""
     try:
         period = float(os.environ.get("ET_MONITOR_PERIOD", "5"))
         batch = int(os.environ.get("ET_MONITOR_BATCH", "6"))
+        raw = os.environ.get("ET_HANG_TIMEOUT")
+        hang = None if raw in (None, "") else float(raw)
     except ValueError:
-        raise ConfigError("ET_MONITOR_PERIOD must be a number of seconds and ET_MONITOR_BATCH an integer") from None
+        raise ConfigError("ET_MONITOR_PERIOD and ET_HANG_TIMEOUT must be numbers of seconds and ET_MONITOR_BATCH "
+                          "an integer") from None
+    if hang is not None and not 0 <= hang <= 7 * 86400:
+        raise ConfigError(f"ET_HANG_TIMEOUT must be in [0, 604800] s (0: off), got {hang}")
     if period <= 0:
         return None
     try:
@@ -159,4 +231,4 @@ def start_from_env(client, job: str, worker: int) -> Optional[ResourceMonitor]:
     from .client import CoordinatorClient
 
     bg = CoordinatorClient(client.url, client.token, timeout=min(client.timeout, 3.0), retry_for=1.0)
-    return ResourceMonitor(bg, job, worker, period, batch)
+    return ResourceMonitor(bg, job, worker, period, batch, hang)

@@ -56,6 +56,9 @@ def main() -> None:
     ap.add_argument("--ckpt-dir", default="runs/demo/checkpoints")
     ap.add_argument("--ckpt-every", type=int, default=20)
     ap.add_argument("--crash-at-step", type=int, default=-1, help="rank 1 dies once at this step")
+    ap.add_argument("--alloc-at-step", type=int, default=-1,
+                    help="rank 1 allocates --alloc-mib MiB at this step, in every generation (for --memory-limit)")
+    ap.add_argument("--alloc-mib", type=int, default=0)
     args = ap.parse_args()
 
     job = et.init()
@@ -110,6 +113,10 @@ def main() -> None:
             seen[idx] += 1
             total_loss += torch.tensor([loss.item(), len(y)])
             step += 1
+            if step == args.alloc_at_step and rank == 1:
+                big = torch.ones(args.alloc_mib * 2**20, dtype=torch.uint8)  # a memory-hungry step
+                say(f"[demo] rank 1 allocated {big.numel() >> 20} MiB")
+                del big
             if step == args.crash_at_step and rank == 1 and job.restart_count == 0:
                 os._exit(13)  # a worker dies without warning
             if step % args.ckpt_every == 0:

@@ -8,6 +8,7 @@ says restart (a failure anywhere, a lost or a new agent) stop the workers and jo
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import ipaddress
@@ -223,6 +224,14 @@ class Agent:
             if state == "failed":
                 failure = group.first_failure()
                 self._phases.detected(failure.at if failure else None)
+                if cfg.memory_limit and failure is not None and _out_of_memory(failure):
+                    if not self._raise_memory_limit(failure):  # already at the largest allowed
+                        self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "leaving",
+                                                 "out of memory at --max-memory-limit")
+                        group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
+                        _print_failure(failure, a, cfg, AgentAction("exit", status="failed"),
+                                       "out of memory at --max-memory-limit: the job fails")
+                        return 1
                 # tell the coordinator first: the other nodes learn of it from their long polls
                 # while this one stops its survivors
                 keep = group.keepable()  # survivors that opted in stay; decided before the report
@@ -266,6 +275,21 @@ class Agent:
                 if action.action == "exit":
                     group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
                     return self._exit_code(action)
+
+    def _raise_memory_limit(self, f: Failure) -> bool:
+        """Double --memory-limit for the next generation (up to --max-memory-limit); False if it
+        is there already."""
+        cfg = self.cfg
+        if cfg.memory_limit >= cfg.max_memory_limit:
+            print(f"etrun: job failed: rank {f.rank} ran out of memory at the largest allowed limit, "
+                  f"{_size(cfg.memory_limit)} (--max-memory-limit)", file=sys.stderr)
+            return False
+        new = min(2 * cfg.memory_limit, cfg.max_memory_limit)
+        log.warning("out of memory: rank %d hit its %s limit; the next generation runs with %s per worker "
+                    "(--memory-limit doubled, up to %s)", f.rank, _size(cfg.memory_limit), _size(new),
+                    _size(cfg.max_memory_limit))
+        self.cfg = dataclasses.replace(cfg, memory_limit=new)
+        return True
 
     def _shutdown(self, group: WorkerGroup, a) -> int:
         sig = self._signal or signal.SIGTERM
@@ -366,6 +390,24 @@ class _Phases:
         self._t0 = None
 
 
+_OOM_WORDS = ("memoryerror", "out of memory", "can't allocate memory", "cannot allocate memory",
+              "outofmemoryerror", "std::bad_alloc")
+
+
+def _out_of_memory(f: Failure) -> bool:
+    """A worker that failed for lack of memory (under --memory-limit: MemoryError, torch's
+    allocator error, CUDA out of memory)."""
+    text = f"{f.message}\n{f.traceback[-2000:]}".lower()
+    return any(w in text for w in _OOM_WORDS)
+
+
+def _size(n: int) -> str:
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= div:
+            return f"{n / div:.4g} {unit}"
+    return f"{n} B"
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -401,7 +443,8 @@ def _one_line(f: Optional[Failure]) -> str:
     return f"rank {f.rank} on {f.host} exited with code {f.exit_code}: {f.message}"[:500]
 
 
-def _print_failure(f: Optional[Failure], a, cfg: LaunchConfig, action: AgentAction) -> None:
+def _print_failure(f: Optional[Failure], a, cfg: LaunchConfig, action: AgentAction,
+                   outcome: Optional[str] = None) -> None:
     if f is None:
         return
     when = datetime.datetime.fromtimestamp(f.at).strftime("%Y-%m-%d %H:%M:%S")
@@ -412,8 +455,8 @@ def _print_failure(f: Optional[Failure], a, cfg: LaunchConfig, action: AgentActi
     else:
         label = "  its traceback:"
     tb = "\n".join([label] + ["    " + line for line in lines])
-    nxt = (f"restart {a.restart_count + 1}/{cfg.max_restarts}" if action.action != "exit"
-           else f"no restarts left ({cfg.max_restarts} allowed)")
+    nxt = outcome or (f"restart {a.restart_count + 1}/{cfg.max_restarts}" if action.action != "exit"
+                      else f"no restarts left ({cfg.max_restarts} allowed)")
     print(f"etrun: worker failure in generation {a.generation}; {nxt}\n"
           f"  root cause (first observed failure):\n"
           f"    rank {f.rank} (local rank {f.local_rank}) on {f.host}, exit code {f.exit_code}, at {when}\n"

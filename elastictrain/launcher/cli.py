@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 from ..errors import ConfigError
 from .config import (DEFAULT_PRELOAD, LaunchConfig, parse_endpoint, parse_nnodes, parse_nproc, parse_rdzv_conf,
-                     parse_signals, parse_std_spec)
+                     parse_signals, parse_size, parse_std_spec)
 
 __all__ = ["get_args_parser", "config_from_args", "launch", "main"]
 
@@ -127,6 +127,12 @@ def get_args_parser() -> argparse.ArgumentParser:
          help="pre-started interpreters kept for fast restarts (-1: one per local worker, 0: none)")
     _add(p, "preload", default=",".join(DEFAULT_PRELOAD),
          help="modules warm spares import ahead (comma-separated; default: what a DDP step imports)")
+    _add(p, "memory-limit", default=None,
+         help="each worker's memory limit (RLIMIT_DATA), e.g. 2G; after an out-of-memory failure the next "
+         "generation gets twice as much, up to --max-memory-limit")
+    _add(p, "max-memory-limit", default=None,
+         help="the largest limit the doubling may reach (default: this machine's memory); a worker that runs out "
+         "of memory there fails the job")
     _add(p, "group", action="store_true",
          help="interleave 2-4 scripts in one process per local rank (Muri): `--group a.py b.py`, or with "
          "arguments `--group a.py --lr 0.1 : b.py --steps 9`")
@@ -240,7 +246,25 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         numa_binding=args.numa_binding if args.numa_binding and _gpus_visible() else None,
         signals=parse_signals(str(args.signals_to_handle)),
         stdout_filters=_filters(args.duplicate_stdout_filters), stderr_filters=_filters(args.duplicate_stderr_filters),
+        **_memory_limits(args),
     )
+
+
+def _memory_limits(args) -> dict:
+    if args.memory_limit is None:
+        if args.max_memory_limit is not None:
+            raise ConfigError("--max-memory-limit needs --memory-limit (the limit to start from)")
+        return {}
+    limit = parse_size(args.memory_limit, "--memory-limit")
+    if args.max_memory_limit is not None:
+        top = parse_size(args.max_memory_limit, "--max-memory-limit")
+    else:
+        import psutil
+
+        top = max(limit, psutil.virtual_memory().total)
+    if top < limit:
+        raise ConfigError(f"--max-memory-limit {args.max_memory_limit} is below --memory-limit {args.memory_limit}")
+    return {"memory_limit": limit, "max_memory_limit": top}
 
 
 def _int_conf(conf: dict, key: str) -> int:

@@ -71,6 +71,10 @@ class LaunchConfig:
     numa_binding: Optional[str] = None  # torchrun's modes; applied where a GPU is visible
     stdout_filters: tuple[str, ...] = ()  # lines of any worker containing one go to filtered_stdout.log
     stderr_filters: tuple[str, ...] = ()
+    # each worker's data-segment limit (RLIMIT_DATA) in bytes; doubled after an out-of-memory
+    # failure up to max_memory_limit, as DLRover's OOM plan does (None: no limit)
+    memory_limit: Optional[int] = None
+    max_memory_limit: Optional[int] = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:
@@ -177,6 +181,24 @@ def parse_signals(value: str) -> tuple[int, ...]:
     if not out:
         raise ConfigError("--signals-to-handle is empty; name at least one signal, e.g. SIGTERM")
     return tuple(dict.fromkeys(out))
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+def parse_size(value: str, flag: str) -> int:
+    """``512M``, ``2G``, ``1.5GiB`` or a number of bytes; at least 64 MiB, at most 1 PiB."""
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in _UNITS:
+        raise ConfigError(f"{flag} {value!r}: give a size like 512M, 2G or 1.5GiB")
+    size = int(float(m.group(1)) * _UNITS[unit])
+    if not 64 * 2**20 <= size <= 2**50:
+        raise ConfigError(f"{flag} {value!r}: must be between 64 MiB and 1 PiB")
+    return size
 
 
 def parse_endpoint(value: str, flag: str = "--rdzv-endpoint") -> tuple[str, int]:

@@ -69,6 +69,22 @@ def _bind_numa(mode: str, gpu: int) -> None:
         print(f"etrun: --numa-binding {mode} not applied on GPU {gpu}: {exc}", file=sys.stderr, flush=True)
 
 
+def _limit_memory(limit: int) -> None:
+    """etrun's --memory-limit: cap this worker's data segment (heap and anonymous mappings, what
+    tensors and arrays use; not the shared libraries torch maps), so that running out raises
+    MemoryError (torch: "can't allocate memory") in the worker instead of waking the host's OOM
+    killer."""
+    import resource
+
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY:
+        limit = min(limit, hard)
+    try:
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
+    except (ValueError, OSError) as exc:
+        print(f"etrun: --memory-limit not applied: {exc}", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     _die_with_launcher(os.getppid())
     args = sys.argv[1:]
@@ -94,6 +110,8 @@ def main() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    if os.environ.get("ET_MEMORY_LIMIT", "").isdigit():
+        _limit_memory(int(os.environ["ET_MEMORY_LIMIT"]))
     if os.environ.get("ET_NUMA_BINDING"):
         _bind_numa(os.environ["ET_NUMA_BINDING"], int(os.environ.get("ET_GPU_INDEX", "0")))
     entry = cmd["entrypoint"]

@@ -68,6 +68,8 @@ def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_fi
         env["LOCAL_RANK"] = "0"
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
+    if cfg.memory_limit:
+        env["ET_MEMORY_LIMIT"] = str(cfg.memory_limit)
     if cfg.numa_binding:
         env["ET_NUMA_BINDING"], env["ET_GPU_INDEX"] = cfg.numa_binding, str(local_rank)
     if cfg.nproc_per_node > 1 and "OMP_NUM_THREADS" not in (base or os.environ):
@@ -265,12 +267,12 @@ class WorkerGroup:
 
     def _wait(self, w: _Worker) -> None:
         code = w.proc.wait()
-        exited_at = time.time()
+        w.exited_at = time.time()
+        w.exit_code = code  # seen by the agent at its next wake-up, whoever woke it
         # the last output lines arrive at once unless a child of the worker (a DataLoader worker)
         # still holds its pipes: do not let that delay the agent
         for t in w.threads:
             t.join(0.2)
-        w.exit_code, w.exited_at = code, exited_at
         w.notify.set()  # the group the worker belongs to now (a survivor moves to the next one)
 
     # ------------------------------------------------------------------ state
@@ -293,10 +295,18 @@ class WorkerGroup:
                                    for w in alive)
 
     def first_failure(self) -> Optional[Failure]:
-        failed = [w for w in self.workers if w.exit_code not in (None, 0, PREEMPTED_EXIT_CODE)]
+        """The root cause: the earliest failure, except that a worker that only lost a peer
+        (its collective failed because another worker died) gives way to one that failed of its
+        own within the same moment."""
+        time.sleep(0.01)  # a failure and its peers' are milliseconds apart: let the first exits all land
+        failed = [self._failure(w) for w in self.workers if w.exit_code not in (None, 0, PREEMPTED_EXIT_CODE)]
         if not failed:
             return None
-        w = min(failed, key=lambda x: x.exited_at)
+        first = min(failed, key=lambda f: f.at)
+        own = [f for f in failed if not _peer_gone(f) and f.at - first.at < 2.0]
+        return min(own, key=lambda f: f.at) if own and _peer_gone(first) else first
+
+    def _failure(self, w: "_Worker") -> Failure:
         message, tb, from_output = "", b"".join(w.tail).decode(errors="replace"), False
         try:
             with open(w.error_file) as f:
@@ -346,6 +356,14 @@ class WorkerGroup:
                 f.close()
         for _, f in self._filtered.values():
             f.close()
+
+
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "remote worker crashing", "broken pipe")
+
+
+def _peer_gone(f: Failure) -> bool:
+    text = f"{f.message}\n{f.traceback[-1500:]}".lower()
+    return any(w in text for w in _PEER_GONE)
 
 
 def _reset_control(directory: str) -> None:

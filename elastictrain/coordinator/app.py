@@ -285,6 +285,14 @@ class CoordinatorApp:
                 log.exception("lease sweep failed")
 
     async def _http(self, scope, receive, send) -> None:
+        if scope["path"] in ("/ui", "/ui/") and scope["method"] == "GET":  # the status page: no data in it
+            from .ui import PAGE
+
+            await send({"type": "http.response.start", "status": 200, "headers": [
+                (b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(PAGE)).encode()),
+                (b"content-security-policy", b"default-src 'self' 'unsafe-inline'")]})
+            await send({"type": "http.response.body", "body": PAGE})
+            return
         headers = dict(scope["headers"])
         ctype = headers.get(b"content-type", MSGPACK).split(b";")[0].strip().lower()
         # JSON when the client sent JSON, or (a GET) did not ask for msgpack: a plain curl reads text

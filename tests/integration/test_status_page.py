@@ -1,0 +1,69 @@
+"""GET /ui serves the status page without a token (it holds no data), and every API read the
+page's script makes answers JSON to a browser-style request with the bearer token."""
+
+import json
+import re
+import urllib.request
+
+
+def _get(url, token=None):
+    headers = {"Accept": "application/json"}
+    if token:
+        headers["Authorization"] = "Bearer " + token
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as r:
+        return r.status, r.headers.get("content-type", ""), r.read()
+
+
+def test_the_status_page_and_the_reads_it_makes(coordinator, client):
+    status, ctype, body = _get(coordinator.url + "/ui")
+    assert status == 200 and ctype.startswith("text/html")
+    page = body.decode()
+    assert "<script>" in page and "Authorization" in page
+    client.create_job("web", 1, 2)
+    client.register_dataset("web", __import__("elastictrain").DatasetSpec("train", 100, 10))
+    paths = set(re.findall(r'get\("(/v1/[a-z]+)"\)', page))
+    assert {"/v1/jobs", "/v1/cluster"} <= paths, paths
+    status, ctype, body = _get(coordinator.url + "/v1/jobs", coordinator.token)
+    jobs = json.loads(body)["jobs"]
+    assert ctype.startswith("application/json") and [j["job"] for j in jobs] == ["web"]
+    for path in ("/v1/jobs/web", "/v1/jobs/web/datasets/train", "/v1/jobs/web/resources"):
+        status, ctype, body = _get(coordinator.url + path, coordinator.token)
+        assert status == 200 and ctype.startswith("application/json"), path
+        json.loads(body)
+    try:
+        _get(coordinator.url + "/v1/jobs")  # the data still needs the token
+        raise AssertionError("an unauthenticated read was answered")
+    except urllib.error.HTTPError as exc:
+        assert exc.code == 401
+
+
+def test_the_page_script_renders_live_data(tmp_path, coordinator, client):
+    """The page's own script, run by node against this coordinator with a minimal DOM."""
+    import os
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from elastictrain.coordinator.ui import PAGE
+    from elastictrain.wire import ResourceReport, ResourceSample
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the page's script is checked only by the test above")
+    script = tmp_path / "page.js"
+    script.write_text(PAGE.decode().split("<script>")[1].split("</script>")[0])
+    client.create_job("web", 1, 2)
+    client.register_dataset("web", __import__("elastictrain").DatasetSpec("train", 100, 10))
+    client.report_resources("web", ResourceReport(0, [ResourceSample(1.0, 97.0, 300 * 2**20, step=5, step_time=0.25,
+                                                                     gpu_absent="no GPU on this machine")]))
+    harness = os.path.join(os.path.dirname(__file__), "ui_harness.js")
+    r = subprocess.run([node, harness, str(script), coordinator.url, coordinator.token, "web"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["err"] == "", out
+    assert "<td>web</td>" in out["jobs"]
+    assert "no scheduling policy" in out["cluster"]
+    assert "<td>train</td>" in out["job"] and "<td>97</td>" in out["job"] and "300 MiB" in out["job"]
+    assert "0.250 s" in out["job"] and "no GPU on this machine" in out["job"]

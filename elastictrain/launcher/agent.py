@@ -147,8 +147,8 @@ class Agent:
             return 1
         finally:
             if self._carry is not None:  # survivors kept for a generation that never came
-                self._carry.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
-                self._carry = None
+                carry, self._carry = self._carry, None
+                self._keep_or_stop(carry, False)
             if pool is not None:
                 pool.close()
             if self._embedded is not None:
@@ -228,7 +228,7 @@ class Agent:
                     if not self._raise_memory_limit(failure):  # already at the largest allowed
                         self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "leaving",
                                                  "out of memory at --max-memory-limit")
-                        group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
+                        self._keep_or_stop(group, False)
                         _print_failure(failure, a, cfg, AgentAction("exit", status="failed"),
                                        "out of memory at --max-memory-limit: the job fails")
                         return 1
@@ -238,11 +238,7 @@ class Agent:
                 action = self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "failed",
                                                   _one_line(failure))
                 self._phases.mark("report")
-                if keep and action.action != "exit":
-                    self._carry = group
-                else:
-                    group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
-                    self._phases.mark("stop")
+                self._keep_or_stop(group, keep and action.action != "exit")
                 _print_failure(failure, a, cfg, action)
                 return self._exit_code(action) if action.action == "exit" else None
             if state == "succeeded":
@@ -266,15 +262,20 @@ class Agent:
                 if action.action == "restart":
                     self._phases.detected(None)
                     log.info("generation %d: restart asked by the coordinator (%s)", a.generation, action.detail)
-                    if group.keepable():
-                        self._carry = group
-                        return None
-                    group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
-                    self._phases.mark("stop")
+                    self._keep_or_stop(group, group.keepable())
                     return None
                 if action.action == "exit":
-                    group.stop(cfg.restart_grace, persist_grace=cfg.shutdown_grace)
+                    self._keep_or_stop(group, False)
                     return self._exit_code(action)
+
+    def _keep_or_stop(self, group: WorkerGroup, keep: bool) -> None:
+        """Keep the live workers for the next generation (they opted in to in-process recovery),
+        or stop them: SIGTERM, --restart-grace, and up to --shutdown-grace for a persist in flight."""
+        if keep:
+            self._carry = group
+            return
+        group.stop(self.cfg.restart_grace, persist_grace=self.cfg.shutdown_grace)
+        self._phases.mark("stop")
 
     def _raise_memory_limit(self, f: Failure) -> bool:
         """Double --memory-limit for the next generation (up to --max-memory-limit); False if it
@@ -336,19 +337,22 @@ class _Poller:
         self._thread.start()
 
     def _run(self) -> None:
-        while not self._stopped.is_set():
-            try:
-                action = self._client.agent_poll(self._job, self._agent, self._gen, self._wait)
-            except ElasticTrainError as exc:  # e.g. the coordinator gone for longer than retry_for
-                self._error = exc
-                self._wake.set()
-                return
-            if self._stopped.is_set():
-                return
-            if action.action != "run":
-                self._action = action
-                self._wake.set()
-                return
+        try:
+            while not self._stopped.is_set():
+                try:
+                    action = self._client.agent_poll(self._job, self._agent, self._gen, self._wait)
+                except ElasticTrainError as exc:  # e.g. the coordinator gone for longer than retry_for
+                    self._error = exc
+                    self._wake.set()
+                    return
+                if self._stopped.is_set():
+                    return
+                if action.action != "run":
+                    self._action = action
+                    self._wake.set()
+                    return
+        finally:
+            self._client.close()  # one connection per generation: closed when its poll ends
 
     def take(self) -> Optional[AgentAction]:
         if self._error is not None:

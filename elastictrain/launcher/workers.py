@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import IO, Optional
 
 from .. import PREEMPTED_EXIT_CODE
-from ..runtime.control import ASSIGNMENT, INPROCESS, opted_in, write_assignment
+from ..runtime.control import ASSIGNMENT, INPROCESS, PEER_GONE, opted_in, write_assignment
 from .config import LaunchConfig, Std
 
 __all__ = ["WorkerGroup", "SparePool", "Failure", "worker_env"]
@@ -358,12 +358,9 @@ class WorkerGroup:
             f.close()
 
 
-_PEER_GONE = ("connection closed by peer", "connection reset by peer", "remote worker crashing", "broken pipe")
-
-
 def _peer_gone(f: Failure) -> bool:
     text = f"{f.message}\n{f.traceback[-1500:]}".lower()
-    return any(w in text for w in _PEER_GONE)
+    return any(w in text for w in PEER_GONE)
 
 
 def _reset_control(directory: str) -> None:

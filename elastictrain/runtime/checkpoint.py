@@ -302,7 +302,7 @@ class Checkpointer:
         self._durable = threading.Event()
         self._durable.set()
         # etrun names a file per worker that exists while a background persist runs, so that a
-        # launcher stopping this worker gives the persist time to finish (see _begin_persist)
+        # launcher stopping this worker gives the persist time to finish (see _run_bg)
         self._marker = os.environ.get("ET_PERSIST_MARKER") or None
         self._term_deferred = False
 
@@ -363,7 +363,7 @@ class Checkpointer:
         durable = self._durable = threading.Event()  # this save's own: an older thread cannot set it
         work = lambda: self._persist(name, step, snapshot, part, durable, fence)  # noqa: E731
         if self.async_persist:
-            self._begin_persist()
+            self._defer_sigterm()
             self._pending = threading.Thread(target=self._run_bg, args=(work, durable, step), name="et-ckpt-persist",
                                              daemon=True)
             self._pending.start()
@@ -399,6 +399,12 @@ class Checkpointer:
                                        f"failed ({err})") from err
 
     def _run_bg(self, work, durable: threading.Event, step: int) -> None:
+        if self._marker:  # written here, not in save(): the training thread does no extra I/O
+            try:
+                with open(self._marker, "w") as f:
+                    f.write(str(os.getpid()))
+            except OSError:
+                pass
         try:
             work()
         except BaseException as exc:  # handed to the training thread at its next save() or wait()
@@ -409,16 +415,10 @@ class Checkpointer:
             durable.set()
             self._end_persist()
 
-    def _begin_persist(self) -> None:
-        """Mark a background persist as running: the marker file for the launcher, and if
-        SIGTERM would kill this process outright (no handler), a handler that lets the persist
-        finish first (its process then exits with 128 + SIGTERM)."""
-        if self._marker:
-            try:
-                with open(self._marker, "w") as f:
-                    f.write(str(os.getpid()))
-            except OSError:
-                pass
+    def _defer_sigterm(self) -> None:
+        """If SIGTERM would kill this process outright (no handler), install one that lets a
+        background persist finish first (its process then exits with 128 + SIGTERM). The
+        launcher's marker file is written by the persist thread itself (see _run_bg)."""
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
             signal.signal(signal.SIGTERM, self._on_term_while_persisting)

@@ -17,7 +17,11 @@ from typing import Optional
 
 from ..errors import ElasticTrainError
 
-__all__ = ["ControlChannel", "MembershipChanged", "write_assignment", "opted_in", "INPROCESS", "ASSIGNMENT"]
+__all__ = ["ControlChannel", "MembershipChanged", "write_assignment", "opted_in", "INPROCESS", "ASSIGNMENT",
+           "PEER_GONE"]
+
+#: words of the error a worker's collective raises when a peer's process is gone (lower case)
+PEER_GONE = ("connection closed by peer", "connection reset by peer", "remote worker crashing", "broken pipe")
 
 INPROCESS = "inprocess"
 ASSIGNMENT = "assignment.json"

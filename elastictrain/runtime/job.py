@@ -7,7 +7,6 @@ import contextlib
 import dataclasses
 import os
 import threading
-import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -65,20 +64,10 @@ class Job:
                                        float(os.environ.get("ET_STEP_REPORT_INTERVAL", 1.0)))
         self._steps.step(step)
 
-    @contextlib.contextmanager
     def hang_watch_paused(self):
         """Inside this block (an evaluation pass, a long save, anything without training steps)
         the monitor does not take the missing steps for a hang."""
-        mon = self.monitor
-        saved = mon.hang_timeout if mon is not None else None
-        if mon is not None:
-            mon.hang_timeout = 0
-        try:
-            yield
-        finally:
-            if mon is not None:
-                mon.hang_timeout = saved
-                mon._changed_at = time.monotonic() if mon._changed_at is not None else None
+        return self.monitor.hang_watch_paused() if self.monitor is not None else contextlib.nullcontext()
 
     def dataset_name(self, name: str) -> str:
         """The coordinator's name for this job's dataset ``name``."""

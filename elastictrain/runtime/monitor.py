@@ -20,6 +20,7 @@ any failure.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
@@ -93,6 +94,17 @@ class ResourceMonitor:
                 self._longest = max(self._longest, (now - self._changed_at) / (step - self._step))
             self._changed_at = now
         self._step = step
+
+    @contextlib.contextmanager
+    def hang_watch_paused(self):
+        """See :meth:`Job.hang_watch_paused`; the idle time starts again when the block ends."""
+        saved, self.hang_timeout = self.hang_timeout, 0
+        try:
+            yield
+        finally:
+            self.hang_timeout = saved
+            if self._changed_at is not None:
+                self._changed_at = time.monotonic()
 
     def _hang_limit(self) -> Optional[float]:
         if self.hang_timeout is not None:

@@ -1,4 +1,4 @@
-"""A new user's first hour, in a copy of the repository with nothing beside it (no ``../shared``):
+"""A new user's first hour, in a copy of the repository with nothing beside it (no sibling folders):
 the README's demo, its quick start under etrun, and every command block in docs/ fenced as
 ```` ```bash runnable ````, each exiting 0. The copy's own code is imported (PYTHONPATH), the
 installed venv supplies the dependencies."""

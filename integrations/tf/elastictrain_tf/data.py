@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import Callable, Optional
 
@@ -59,13 +60,19 @@ class ElasticTFData:
         return strategy.distribute_datasets_from_function(lambda _ctx: self.dataset)
 
     def steps_hint(self, epoch: int, replicas: int = 1) -> Optional[int]:
-        """About how many steps ``epoch`` has left (for a progress bar); None if unknown."""
-        from .fit import steps_hint
-
+        """About how many steps ``epoch`` has left, from the coordinator's counts (a progress
+        bar's total; the bar settles on the real count at the epoch's end); None if unknown."""
         try:
-            return steps_hint(self.shards.info(), epoch, self.batch_size, replicas)
+            info = self.shards.info()
         except Exception:  # noqa: BLE001 - a hint only; the bar then says "Unknown"
             return None
+        spec = info.spec
+        per_epoch = math.ceil(spec.num_samples / spec.shard_size)
+        left = max(0, min(per_epoch, (epoch + 1) * per_epoch - info.done))
+        if left == 0:
+            return None
+        samples = min(spec.num_samples, left * spec.shard_size)
+        return max(1, math.ceil(samples / (self.batch_size * replicas)))
 
     def batch_done(self) -> None:
         """The oldest batch handed out has been trained on. A step on which this worker had no

@@ -22,7 +22,6 @@ worker checkpoints and stops at the same step.
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Optional
 
@@ -149,14 +148,3 @@ def elastic_fit(model: keras.Model, data, *, epochs: int, callback, callbacks=()
         ckpt.agree = previous_agree
     return model.history
 
-
-def steps_hint(info, epoch: int, batch_size: int, replicas: int) -> Optional[int]:
-    """Expected steps of ``epoch`` from the coordinator's dataset counts (the progress bar's
-    total; the bar settles on the real count at the epoch's end)."""
-    spec = info.spec
-    per_epoch = math.ceil(spec.num_samples / spec.shard_size)
-    left = max(0, min(per_epoch, (epoch + 1) * per_epoch - info.done))
-    if left == 0:
-        return None
-    samples = min(spec.num_samples, left * spec.shard_size)
-    return max(1, math.ceil(samples / (batch_size * replicas)))

@@ -111,6 +111,14 @@ class TorchCheckpointer(Checkpointer):
             hint += 2 * sum(p.numel() * p.element_size() for p in params) + 3 * 64 * len(params)
         self.reserve(hint + hint // 100 + (1 << 20))  # slack for small state the guess misses
 
+    def use_group(self, group) -> None:
+        """Save and agree on ``group`` from now on: this rank's place in it, and (with more than
+        one rank) the all-reduce that makes every rank stop at the same step. In-process
+        recovery calls it with each new generation's group."""
+        self.group = group
+        self.rank, self.world_size = dist.get_rank(group), dist.get_world_size(group)
+        self.agree = self._agree if self.world_size > 1 else None
+
     def _pinned(self, size: int, populate: bool = False):
         self._pinned_tensor = torch.empty(size, dtype=torch.uint8, pin_memory=True)
         return self._pinned_tensor.numpy()

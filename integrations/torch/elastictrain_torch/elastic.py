@@ -39,16 +39,16 @@ from typing import Any, Callable, Optional
 import torch.distributed as dist
 
 from elastictrain.errors import ConfigError, StaleGenerationError
-from elastictrain.runtime.control import ControlChannel, MembershipChanged
+from elastictrain.runtime.control import PEER_GONE, ControlChannel, MembershipChanged
 from elastictrain.runtime.jobctx import current
 
 __all__ = ["run", "MembershipChanged"]
 
 log = logging.getLogger("elastictrain.elastic")
 
-#: words of the errors a collective raises when a peer's process is gone
-_PEER_GONE = ("connection reset", "connection closed", "broken pipe", "connection refused", "peer",
-              "gloo", "nccl", "timed out", "socket")
+#: the launcher's words for a collective whose peer is gone, and broader ones: a survivor may also
+#: fail connecting, timing out, or anywhere in the backend while its peer's process is gone
+_PEER_GONE = PEER_GONE + ("connection refused", "peer", "gloo", "nccl", "timed out", "socket")
 
 
 def _peer_failure(exc: BaseException, channel: ControlChannel, generation: int) -> bool:
@@ -138,9 +138,7 @@ def _join(ckpt, backend: str, init_kwargs: dict):
     if not dist.is_initialized():
         dist.init_process_group(backend, **init_kwargs)
     group = dist.group.WORLD
-    ckpt.rank, ckpt.world_size = dist.get_rank(), dist.get_world_size()
-    ckpt.group = group
-    ckpt.agree = ckpt._agree if ckpt.world_size > 1 else None
+    ckpt.use_group(group)
     return group
 
 

@@ -150,3 +150,144 @@ def test_a_job_cancelled_before_the_group_starts_never_runs_a_stage():
     a, b = group.run(timeout=60)
     assert a.ok and a.iterations == 5
     assert isinstance(b.error, JobCancelled) and b.iterations == 0
+
+
+# ---------------------------------------------------------------- the work-conserving gate
+def test_a_job_whose_next_resource_is_free_is_not_held_back():
+    """While "a" sits in its load stage, "b" (compute only) runs compute again and again: its
+    resource is free. Muri's lockstep slots would hold "b" at the barrier until "a" leaves load
+    (this test would then time out); the work-conserving gate does not."""
+    b_ran = threading.Event()
+    count = [0]
+
+    def a():
+        for _ in range(3):
+            with et.stage("load"):
+                b_ran.wait(10)  # leaves load only once b has computed 5 times meanwhile
+                b_ran.clear()
+                count[0] = 0
+            with et.stage("compute"):
+                pass
+
+    def b():
+        for _ in range(400):
+            with et.stage("compute"):
+                time.sleep(0.001)
+            count[0] += 1
+            if count[0] == 5:
+                b_ran.set()
+
+    group = InterleaveGroup([GroupJob("a", a, {"load": 1.0, "compute": 0.1}),
+                             GroupJob("b", b, {"compute": 0.1})], resources=("load", "compute"))
+    t0 = time.monotonic()
+    ra, rb = group.run(timeout=60)
+    assert ra.ok and rb.ok, (ra.traceback, rb.traceback)
+    assert group.schedule == "work"
+    assert time.monotonic() - t0 < 9, "a waited in load for b, which the gate held back"
+
+
+def test_each_resource_serves_one_job_at_a_time_and_waiters_take_turns():
+    spans, lock = [], threading.Lock()
+
+    def job(name, steps=30):
+        def run():
+            for _ in range(steps):
+                with et.stage("compute"):
+                    t0 = time.perf_counter()
+                    time.sleep(0.001)
+                    with lock:
+                        spans.append((name, t0, time.perf_counter()))
+        return run
+
+    group = InterleaveGroup([GroupJob(n, job(n), {"compute": 0.001}) for n in "abc"],
+                            resources=("load", "preprocess", "compute"))
+    assert all(r.ok for r in group.run(timeout=60))
+    spans.sort(key=lambda s: s[1])
+    for (n1, a1, b1), (n2, a2, b2) in zip(spans, spans[1:]):
+        assert a2 >= b1 - 1e-4, f"compute used by {n1} and {n2} at once"
+    # all three always want compute: the ring hands it to each in turn (none runs twice in a row
+    # while another waits), so each gets every third turn
+    order = [n for n, _, _ in spans]
+    assert all(len(set(order[i:i + 3])) == 3 for i in range(0, 60, 3)), order[:60]
+
+
+class _FakeEvent:
+    def __init__(self, done: threading.Event) -> None:
+        self.done = done
+
+    def query(self) -> bool:
+        return self.done.is_set()
+
+
+class _FakeDevice:
+    """Device work that completes when the test says so (what a CUDA event reports)."""
+
+    def __init__(self) -> None:
+        self.finish = threading.Event()
+        self.events = 0
+
+    def event(self):
+        self.events += 1
+        return _FakeEvent(self.finish)
+
+
+def test_a_device_stage_is_in_flight_until_its_device_work_completes():
+    """The device is shared (its kernels interleave, as concurrent CUDA streams do), but a job
+    has at most device_depth (2) stages in flight: its third waits until the event recorded at
+    the end of an earlier one completes; another job is not held back by it."""
+    device = _FakeDevice()
+    a_two, a_three, b_in = threading.Event(), threading.Event(), threading.Event()
+
+    def a():
+        for n in range(3):
+            with et.stage("compute"):
+                pass  # launches work and returns at once, as a CUDA stage does
+            if n == 1:
+                a_two.set()
+        a_three.set()
+
+    def b():
+        a_two.wait(10)
+        with et.stage("compute"):
+            b_in.set()
+
+    group = InterleaveGroup([GroupJob("a", a, {"compute": 1.0}), GroupJob("b", b, {"compute": 1.0})],
+                            resources=("load", "compute"), device=device)
+    out = {}
+    runner = threading.Thread(target=lambda: out.setdefault("r", group.run(timeout=30)))
+    runner.start()
+    assert a_two.wait(10), "a's second stage was held back"
+    assert b_in.wait(10), "b was held back by a's device work"
+    assert not a_three.wait(0.3), "a ran a third stage ahead of its device work"
+    device.finish.set()  # a's kernels complete: the gate sees it by polling the events
+    assert a_three.wait(5)
+    runner.join(30)
+    assert all(r.ok for r in out["r"]) and device.events == 4
+
+
+def test_the_order_follows_a_job_whose_phase_changes():
+    """Re-derived every 10 iterations from the latest 20: after a's phase change the group runs
+    in the order eq. 3 picks for the new profiles."""
+    from elastictrain.policies.interleaving import best_ordering
+
+    res = ("load", "preprocess", "compute")
+    before, after = (0.004, 0.0005, 0.001), (0.0005, 0.004, 0.001)  # both begin with load
+    other = (0.001, 0.0, 0.004)
+    first = best_ordering([before, other], 3)[1]
+    second = best_ordering([after, other], 3)[1]
+    assert first != second  # the test needs a phase change that changes the best order
+
+    def job(phases):
+        def run():
+            for prof, steps in phases:
+                for _ in range(steps):
+                    for stage, secs in zip(res, prof):
+                        if secs:
+                            with et.stage(stage):
+                                time.sleep(secs)
+        return run
+
+    group = InterleaveGroup([GroupJob("a", job([(before, 30), (after, 60)])), GroupJob("b", job([(other, 90)]))],
+                            resources=res, probe=3, reorder_every=10)
+    assert all(r.ok for r in group.run(timeout=60))
+    assert group.reorders >= 1 and group.offsets == second

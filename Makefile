@@ -52,6 +52,7 @@ bench: $(FULL)
 	$(PY) benchmarks/profiling_overhead.py --quick
 	$(PY) benchmarks/fairness.py --quick
 	$(PY) benchmarks/scheduler.py --quick
+	$(PY) benchmarks/autoscale.py --quick
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -135,6 +135,13 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packlimit", type=float, default=None, help="Tiresias PACKLIMIT for skew placement")
     p.add_argument("--distribution", default=None, help="job GPU-time samples CSV for tiresias-g")
     p.add_argument("--quantum", type=float, default=None, help="time slice of gandiva-ts and gandiva-fair, seconds")
+    p.add_argument("--scale-threshold", type=float, default=None,
+                   help="autoscale: least marginal efficiency of a step of workers that pays (default 0.3)")
+    p.add_argument("--rate-window", type=float, default=None,
+                   help="autoscale: seconds of training one throughput measurement covers (default 10)")
+    p.add_argument("--scale-drop", type=float, default=None,
+                   help="autoscale: re-check a settled job when its throughput falls by this fraction (default 0.2)")
+    p.add_argument("--scale-step", type=int, default=None, help="autoscale: workers per step (default 1)")
 
 
 def _limits(args):
@@ -158,7 +165,9 @@ def _policy_values(args) -> dict:
     except ValueError:
         raise ConfigError(f"--thresholds {args.thresholds!r}: use numbers separated by commas, e.g. 3250,7200") from None
     return {"placement": args.placement, "packlimit": args.packlimit, "promote_knob": args.promote_knob,
-            "distribution": args.distribution, "quantum": args.quantum, "thresholds": thresholds}
+            "distribution": args.distribution, "quantum": args.quantum, "thresholds": thresholds,
+            "threshold": args.scale_threshold, "rate_window": args.rate_window, "drop": args.scale_drop,
+            "step": args.scale_step}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -179,7 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                sync=args.sync, ready_file=args.ready_file, public_read=args.public_read,
                                cluster=cluster, allow_insecure_token_file=args.allow_insecure_token_file,
                                limits=_limits(args)))
-        elif args.command in ("node", "submit", "status", "cancel", "logs"):
+        elif args.command in ("node", "submit", "status", "cancel", "logs", "events"):
             from .cluster_cli import run_command
 
             return run_command(args)

@@ -82,6 +82,13 @@ def add_commands(sub) -> None:
     lg.add_argument("job")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
 
+    ev = sub.add_parser("events", help="the scheduler's event log: starts, preemptions, resizes, plans, failures")
+    _connection(ev)
+    ev.add_argument("--job", default=None, help="only this job's events")
+    ev.add_argument("--kind", default=None, help="only events of these kinds, comma-separated (e.g. plan,resize)")
+    ev.add_argument("--json", action="store_true", help="one JSON object per line")
+    ev.add_argument("-f", "--follow", action="store_true", help="keep printing new events (Ctrl-C to stop)")
+
 
 def _client(args, timeout: float = 10.0):
     from .runtime.client import CoordinatorClient, token_from_file
@@ -91,7 +98,8 @@ def _client(args, timeout: float = 10.0):
 
 
 def run_command(args) -> int:
-    return {"node": _node, "submit": _submit, "status": _status, "cancel": _cancel, "logs": _logs}[args.command](args)
+    return {"node": _node, "submit": _submit, "status": _status, "cancel": _cancel, "logs": _logs,
+            "events": _events}[args.command](args)
 
 
 # ---------------------------------------------------------------------- node
@@ -256,8 +264,9 @@ def _job_status(client, job: str, as_json: bool) -> int:
         print(f"  workers: {_gpus(info)}; placement: {_where(info) or '-'}; run {info.run}; preemptions "
               f"{info.preemptions}; restarts {info.restarts}/{info.max_restarts}")
         it = f"{info.iteration_time:.3f} s" if info.iteration_time else "not measured yet"
+        rate = f"; throughput {info.rate:.1f} samples/s" if info.rate else ""
         print(f"  attained {info.attained:.1f} s, {info.attained_gpu:.1f} GPU-s; step {info.step}"
-              f"{'/' + str(info.steps) if info.steps else ''}; iteration time {it}")
+              f"{'/' + str(info.steps) if info.steps else ''}; iteration time {it}{rate}")
         if info.info:
             print("  policy: " + ", ".join(f"{k} {v}" for k, v in info.info.items()))
         if info.reason:
@@ -339,6 +348,35 @@ def _cancel(args) -> int:
     info = _client(args).cancel(args.job)
     print(f"job {info.id} cancelled")
     return 0
+
+
+def _events(args) -> int:
+    import msgspec
+
+    from .model import check_name
+
+    if args.job is not None:
+        check_name("--job", args.job)
+    kinds = set(args.kind.split(",")) if args.kind else None
+    client = _client(args)
+    after = 0
+    while True:
+        page = client.events(after, args.job)
+        for e in page.events:
+            if kinds is None or e.kind in kinds:
+                if args.json:
+                    print(msgspec.json.encode(e).decode())
+                else:
+                    detail = " ".join(f"{k}={v}" for k, v in e.detail.items())
+                    print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(e.time))}  {e.kind:<10} "
+                          f"{e.job or '-'}  {e.node or '-'}  {detail}")
+        sys.stdout.flush()
+        after = page.next
+        if page.events:
+            continue
+        if not args.follow:
+            return 0
+        time.sleep(1.0)
 
 
 def _logs(args) -> int:

@@ -354,6 +354,9 @@ class StepReport(_Msg):
 
     worker: Worker
     step: Count
+    #: the reporting worker's generation: a report of an older one (a worker still stopping
+    #: after a restart) is not taken for the new run's progress
+    generation: Optional[Count] = None
 
 
 class StepInfo(_Msg):
@@ -456,6 +459,8 @@ class ClusterJobInfo(_Msg):
     run: int  # placements so far (a resume is a new run)
     stopping: bool  # told to stop; its workers are checkpointing
     info: dict[str, str]  # the policy's view of the job (e.g. its Tiresias queue)
+    workers: int = 0  # the worker count of its current (or last) run
+    rate: Optional[float] = None  # measured data samples/s of the current run (None: not measured)
 
 
 class ClusterJobList(_Msg):

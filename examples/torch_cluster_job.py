@@ -43,6 +43,10 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=20)
     ap.add_argument("--ckpt-every", type=int, default=10)
     ap.add_argument("--step-sleep", type=float, default=0.05)
+    ap.add_argument("--hidden", type=int, default=16, help="the model's width (larger: more compute per sample)")
+    ap.add_argument("--shard-size", type=int, default=100, help="samples per data shard (lease)")
+    ap.add_argument("--cpu-work", type=int, default=0,
+                    help="CPU work per step (matmuls of 256x256, no parameters): a CPU-bound input pipeline")
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -54,9 +58,10 @@ def main() -> int:
     g = torch.Generator().manual_seed(1)
     x = torch.randn(args.samples, 8, generator=g)
     y = (x[:, :2].sum(1) > 0).long()
-    model = DDP(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)))
+    model = DDP(nn.Sequential(nn.Linear(8, args.hidden), nn.ReLU(), nn.Linear(args.hidden, args.hidden), nn.ReLU(),
+                              nn.Linear(args.hidden, 2)))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
-    spec = et.DatasetSpec("train", args.samples, 100, epochs=args.epochs, seed=5)
+    spec = et.DatasetSpec("train", args.samples, args.shard_size, epochs=args.epochs, seed=5)
     shards = job.shards(spec)
     ledger = torch.zeros(args.epochs, args.samples, dtype=torch.int32)
     reasons: list = []
@@ -71,12 +76,16 @@ def main() -> int:
           f"{'resumed from ' + info.name if info else 'fresh start'} at step {step}", flush=True)
     loader = ElasticDataLoader(TensorDataset(x, y, torch.arange(args.samples)), shards, batch_size=args.batch)
     pad = torch.full((args.batch,), -1, dtype=torch.long)
+    work = torch.randn(256, 256, generator=g) / 16
     for epoch in range(epoch0, args.epochs):
         loader.set_epoch(epoch)
         for batch in even_batches(loader):
             idx = pad.clone()
             # a rank out of data still runs an (empty) step, so DDP's allreduce stays in step
             xb, yb, ib = batch if batch is not None else (x[:0], y[:0], torch.arange(0))
+            w = work
+            for _ in range(args.cpu_work):  # augmentation-like CPU work on the batch's way in
+                w = torch.tanh(w @ work)
             loss = nn.functional.cross_entropy(model(xb), yb, reduction="sum") / args.batch
             idx[:len(ib)] = ib
             opt.zero_grad()

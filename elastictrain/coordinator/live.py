@@ -23,7 +23,7 @@ import msgspec
 
 from .. import PREEMPTED_EXIT_CODE
 from ..clock import Clock
-from ..scheduling import Action, ClusterShape, Entry, JobStatus, JobTable
+from ..scheduling import Action, ActionKind, ClusterShape, Entry, JobStatus, JobTable
 from .events import EventLog
 from .nodes import Exit, NodeBook, TaskRec
 from .rendezvous import Rendezvous
@@ -81,6 +81,7 @@ class LiveBackend:
         self.table, self.nodes, self.rdzv, self.events, self.clock = table, nodes, rendezvous, events, clock
         self.records, self._touched = records, touched
         self._codes: dict = {}
+        self.first_generation: dict[str, int] = {}  # job -> the first generation its current run can open
 
     # ------------------------------------------------------------------ Backend
     def shape(self) -> ClusterShape:
@@ -102,15 +103,20 @@ class LiveBackend:
     def restart(self, e: Entry, a: Action) -> None:
         rec = self.records[e.key]
         kind = a.kind.value
+        before = sum(g for _, g in a.previous)
         self._emit(kind, rec, placement=self._names(a.placement), previous=self._names(a.previous), run=rec.run,
-                   workers=a.workers)
+                   workers=a.workers, previous_workers=before)
         self.nodes.unwant(rec.id, rec.run)
-        self._launch(rec, a.placement, kind, None, group=list(a.group))
+        reason = kind  # a resize starts its run as torchrun users know it: scale_up or scale_down
+        if a.kind is ActionKind.RESIZE:
+            reason = "scale_up" if a.workers > before else "scale_down"
+        self._launch(rec, a.placement, reason, None, group=list(a.group))
 
     # ------------------------------------------------------------------ runs and tasks
     def _launch(self, rec: JobRecord, placement: tuple, reason: str, event: Optional[str], group: list) -> None:
         rec.run += 1
         rec.reason = ""
+        self.first_generation[rec.id] = self.rdzv.generation(rec.id) + 1
         for node, g in placement:
             self.nodes.add(TaskRec(rec.id, rec.run, self.nodes.name_of(node), g))
         self.rdzv.expect(rec.id, rec.run, reason, rec.restarts)
@@ -142,6 +148,7 @@ class LiveBackend:
     def _end(self, rec: JobRecord, status: JobStatus) -> None:
         """The job leaves the table: its record keeps the final state."""
         self._codes.pop((rec.id, rec.run), None)
+        self.first_generation.pop(rec.id, None)
         e = self.table.end(rec.id, status, self.clock.now())
         rec.status, rec.end_time = e.status.value, e.end_time
         rec.attained, rec.attained_gpu, rec.preemptions = e.attained, e.attained_gpu, e.preemptions

@@ -158,6 +158,11 @@ class Rendezvous:
         j = self._jobs.get(job)
         return None if j is None else (j.status, j.detail, j.restarts)
 
+    def generation(self, job: str) -> int:
+        """The job's current membership generation (0 before its first)."""
+        row = self._m.jobs.get(job)
+        return row.generation if row is not None else 0
+
     def forget(self, job: str) -> None:
         if self._jobs.pop(job, None) is not None and self._store is not None:
             with self._store.transaction() as tx:

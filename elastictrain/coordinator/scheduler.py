@@ -50,6 +50,7 @@ _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(JobRecord)
 ASSUMED_ITERATION_TIME = 1.0  # seconds per step until a job reports two steps
 ASSUMED_REMAINING = 3600.0  # seconds of work left when a job gives neither --steps nor --epochs
+RATE_WINDOW = 10.0  # seconds a job's measured throughput covers (a policy's ``rate_window`` overrides it)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class ClusterScheduler:
         self.records: dict[str, JobRecord] = {}
         self.table = JobTable()
         self._dirty: set[str] = set()
+        self._rates: dict[str, tuple] = {}  # job -> (run, [(time, samples consumed)]): throughput
         self._seq = int(loaded.meta.get("job_seq", "0"))
         self.backend = LiveBackend(self.table, self.nodes, coordinator.rendezvous, self.events, self.clock,
                                    self.records, self._dirty.add)
@@ -206,7 +208,38 @@ class ClusterScheduler:
                 self._assume(rec, "profile", "no stage profile yet: the job runs alone (it is never grouped)")
         if "skew" in needs and not comm:
             self._assume(rec, "skew", "skew 0 until the job reports a comm profile")
+        e.rate, e.rate_window = self._rate(rec)
         self.table.touch(rec.id)
+
+    def _first_generation(self, rec: JobRecord) -> int:
+        """The oldest generation that belongs to the job's current run (0: not known, e.g. after a
+        coordinator restart)."""
+        return self.backend.first_generation.get(rec.id, 0)
+
+    def _rate(self, rec: JobRecord) -> tuple[float, float]:
+        """Samples/s of the job's current run over its latest ``policy.rate_window`` seconds (from
+        the shard cursors its workers report), counted from the first step of a generation the
+        run opened (a restart within the run starts the count again); (0, 0) before."""
+        if rec.status != "running" or rec.stopping:
+            self._rates.pop(rec.id, None)
+            return 0.0, 0.0
+        gen = self.c.rendezvous.generation(rec.id)
+        run, hist = self._rates.get(rec.id, (None, []))
+        if run != rec.run or (hist and hist[0][2] != gen):
+            hist = []  # a new run, or a restart within the run (a failure): new processes
+        self._rates[rec.id] = (rec.run, hist)
+        if gen < self._first_generation(rec) or rec.step_run != rec.run or rec.step_time is None:
+            return 0.0, 0.0
+        now, got = self.clock.now(), self.c.shards.consumed(rec.id)
+        if len(hist) == 1 and got == hist[0][1]:
+            hist[0] = (now, got, gen)  # the count starts once the generation consumes its first samples
+        elif not hist or now - hist[-1][0] >= 0.5:
+            hist.append((now, got, gen))
+        span = getattr(self.policy, "rate_window", RATE_WINDOW)
+        while len(hist) > 2 and now - hist[1][0] >= span:
+            del hist[0]
+        t0, c0, _ = hist[0]
+        return ((got - c0) / (now - t0), now - t0) if now > t0 else (0.0, 0.0)
 
     def _total_steps(self, rec: JobRecord) -> Optional[float]:
         if rec.steps is not None:
@@ -232,6 +265,8 @@ class ClusterScheduler:
         rec = self.records.get(job)
         if rec is None:
             return StepInfo(job, req.step, None)
+        if req.generation is not None and req.generation < self._first_generation(rec):
+            return StepInfo(job, rec.step, rec.iteration_time)  # a worker of an older run, still stopping
         if rec.step_time is not None and rec.step_run == rec.run and req.step > rec.step and \
                 rec.status == "running":
             sample = (now - rec.step_time) / (req.step - rec.step)
@@ -317,7 +352,8 @@ class ClusterScheduler:
         return ClusterJobInfo(rec.id, rec.name, rec.user, rec.priority, rec.status, rec.gpus, rec.min_gpus,
                               rec.command, rec.workdir, rec.submit_time, rec.start_time, rec.end_time, rec.attained,
                               rec.attained_gpu, where, rec.preemptions, rec.restarts, rec.max_restarts, reason,
-                              rec.step, rec.steps, rec.epochs, rec.iteration_time, rec.run, rec.stopping, info)
+                              rec.step, rec.steps, rec.epochs, rec.iteration_time, rec.run, rec.stopping, info,
+                              rec.workers, round(e.rate, 3) if e is not None and e.rate > 0 else None)
 
     def status(self) -> ClusterStatus:
         return ClusterStatus(self.cfg.policy, self.clock.now(), [n.info() for n in self.nodes.by_index],
@@ -397,6 +433,9 @@ class ClusterScheduler:
             self.sched.tick()
             for key in self.sched.deferred:
                 self._emit("deferred", key, "", why="its GPUs are still held by stopping jobs")
+            for key, detail in self.sched.notes:
+                self._emit("plan", str(key), "", policy=self.cfg.policy, **detail)
+            self.sched.notes = ()
         self.nodes.release()
         self._flush(everything=now - self._last_persist >= self.cfg.persist_every)
 

@@ -93,6 +93,7 @@ class _Dataset:
     restored_from: Optional[str] = None
     restored_generation: int = 0
     commits: dict[str, _Commit] = field(default_factory=dict)  # in commit order
+    consumed: int = 0  # samples reported consumed since this coordinator started (throughput; not durable)
 
     def row(self) -> DatasetRow:
         return DatasetRow(self.job, self.spec.name, self.spec_blob, self.fresh, self.lease_seq,
@@ -215,6 +216,9 @@ class ShardManager:
 
     def _apply_live(self, d: _Dataset, changed: list[tuple[int, _Live]]) -> None:
         for sid, new in changed:
+            old = d.live.get(sid)
+            if old is not None and new.offset > old.offset:
+                d.consumed += new.offset - old.offset
             d.live[sid] = new
             if new.state == DONE:
                 self._unhold(d, sid, new)
@@ -245,6 +249,11 @@ class ShardManager:
         last = next(reversed(d.commits)) if d.commits else None
         return DatasetInfo(d.spec, todo, doing, d.spec.total_shards - todo - doing, d.spec.total_shards,
                            d.finished, last, d.restored_from)
+
+    def consumed(self, job: str) -> int:
+        """Samples the job's workers reported consumed, over all its datasets, since this
+        coordinator started (work redone after a restart counts again: it is throughput)."""
+        return sum(d.consumed for (j, _), d in self._ds.items() if j == job)
 
     def datasets(self, job: str) -> list[str]:
         return sorted(name for (j, name) in self._ds if j == job)

@@ -70,10 +70,11 @@ class LocalCluster:
         p.wait()
 
     def submit(self, name: str, gpus: int, command: list[str], steps: Optional[int] = None,
-               grace: float = 20.0) -> str:
-        """Queue ``command`` (a script and its arguments, run in ``tmp``); returns the job id."""
-        info = self.client.submit(JobSubmit(list(command), self.tmp, name=name, gpus=gpus, steps=steps, grace=grace,
-                                            env={"OMP_NUM_THREADS": "1"}))
+               grace: float = 20.0, min_gpus: Optional[int] = None) -> str:
+        """Queue ``command`` (a script and its arguments, run in ``tmp``); returns the job id.
+        ``min_gpus``: an elastic job of ``min_gpus..gpus`` workers."""
+        info = self.client.submit(JobSubmit(list(command), self.tmp, name=name, gpus=gpus, min_gpus=min_gpus,
+                                            steps=steps, grace=grace, env={"OMP_NUM_THREADS": "1"}))
         return info.id
 
     def result(self, name: str) -> dict:

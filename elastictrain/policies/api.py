@@ -46,6 +46,8 @@ class JobView(msgspec.Struct, frozen=True, gc=False):
     ``num_gpu`` GPUs; ``remaining_iterations`` what is left (measured or assumed: policies
     that use durations may rely on it). ``placement`` is ``((node, gpus), ...)`` while running.
     ``speeds``: GPU type -> speed relative to ``iteration_time`` (empty: the same everywhere).
+    ``rate``: measured throughput (samples/s from the shard cursors) over the latest
+    ``rate_window`` seconds of the current run (live jobs; 0 in the simulator and until measured).
     """
 
     job_id: Any
@@ -70,6 +72,8 @@ class JobView(msgspec.Struct, frozen=True, gc=False):
     min_gpu: int = 0  # 0: the same as num_gpu
     max_gpu: int = 0
     priority: int = 0
+    rate: float = 0.0  # measured data samples/s of the current run, at num_gpu workers (0: not yet)
+    rate_window: float = 0.0  # seconds that measurement covers (all since the run's first step)
 
     @property
     def remaining_time(self) -> float:
@@ -127,6 +131,9 @@ class Decision:
     ``wakeup``: the next time the policy wants to decide again even if nothing arrives or ends
     (e.g. a Tiresias queue demotion), or None.
 
+    ``notes``: the policy's reasons, as ``(job key, dict)`` pairs; the coordinator writes each
+    to its event log as a ``plan`` event (the simulator ignores them).
+
     ``groups``: jobs that share their GPUs by interleaving (Muri); the members of a group have
     one placement and use its GPUs once. ``slowdown``: job key -> factor on its iteration time
     while it runs this way (a group's interleaved iteration over the job's own); 1 if absent.
@@ -137,6 +144,7 @@ class Decision:
     groups: tuple = ()
     slowdown: dict = field(default_factory=dict)
     workers: dict = field(default_factory=dict)
+    notes: tuple = ()  # (job key, {field: value}) the backend writes to its event log: why
 
 
 class Policy(Protocol):
@@ -214,5 +222,5 @@ def create(name: str, *, only_known: bool = False, **options) -> Policy:
 
 
 def _load_builtin() -> None:
-    for mod in ("fifo", "srtf", "tiresias", "timeslice", "gandiva_fair", "muri"):
+    for mod in ("fifo", "srtf", "tiresias", "timeslice", "gandiva_fair", "muri", "autoscale"):
         importlib.import_module(f".{mod}", __package__)

@@ -203,8 +203,8 @@ class CoordinatorClient:
                           AgentReport(agent, generation, event, detail))
 
     # ------------------------------------------------------------------ progress
-    def report_step(self, job: str, worker: int, step: int) -> StepInfo:
-        return self._call("POST", f"/v1/jobs/{job}/steps", StepInfo, StepReport(worker, step))
+    def report_step(self, job: str, worker: int, step: int, generation: Optional[int] = None) -> StepInfo:
+        return self._call("POST", f"/v1/jobs/{job}/steps", StepInfo, StepReport(worker, step, generation))
 
     # ------------------------------------------------------------------ cluster mode
     def submit(self, req: JobSubmit) -> ClusterJobInfo:

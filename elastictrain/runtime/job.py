@@ -61,7 +61,7 @@ class Job:
             return
         if self._steps is None:
             self._steps = StepReporter(self.client, self.job_id, self.rank,
-                                       float(os.environ.get("ET_STEP_REPORT_INTERVAL", 1.0)))
+                                       float(os.environ.get("ET_STEP_REPORT_INTERVAL", 1.0)), self.generation)
         self._steps.step(step)
 
     def hang_watch_paused(self):

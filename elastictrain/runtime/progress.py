@@ -21,8 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class StepReporter:
-    def __init__(self, client, job_id: str, worker: int, interval: float = 2.0) -> None:
+    def __init__(self, client, job_id: str, worker: int, interval: float = 2.0,
+                 generation: Optional[int] = None) -> None:
         self._client, self._job, self._worker, self.interval = client, job_id, worker, interval
+        self._generation = generation
         self._step: Optional[int] = None
         self._sent: Optional[int] = None
         self._thread: Optional[threading.Thread] = None
@@ -47,7 +49,7 @@ class StepReporter:
         if step is None or step == self._sent:
             return
         try:
-            self._client.report_step(self._job, self._worker, step)
+            self._client.report_step(self._job, self._worker, step, self._generation)
             self._sent = step
         except ElasticTrainError as exc:  # progress is advisory: training goes on
             log.debug("step report failed: %s", exc)

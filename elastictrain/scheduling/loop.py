@@ -44,6 +44,7 @@ class Scheduler:
         self.failures = 0
         self.last_snapshot: Optional[ClusterSnapshot] = None
         self.deferred: list = []  # starts of the last decision that wait for stopping jobs' GPUs
+        self.notes: tuple = ()  # the last decision's reasons (Decision.notes)
 
     def tick(self) -> list[Action]:
         """One decision; returns the actions taken (empty if the policy failed)."""
@@ -71,6 +72,7 @@ class Scheduler:
         self.feed.consumed()
         self.decisions += 1
         self.wakeup = decision.wakeup
+        self.notes = decision.notes
         self.act(actions, now)
         return actions
 

@@ -57,6 +57,12 @@ def test_submit_status_logs_cancel_and_a_failure_with_its_root_cause(cluster):
     logs = et(c, "logs", ok).stdout
     assert "[default0]:[train] done: 30 steps" in logs, logs[-2000:]
     assert et(c, "cancel", long).stdout.strip() == f"job {long} cancelled"
+    events = et(c, "events", "--job", ok).stdout
+    assert " start " in events and " finish " in events and f"  {ok}  " in events, events
+    kinds = [json.loads(line)["kind"] for line in et(c, "events", "--kind", "submit", "--json").stdout.splitlines()]
+    assert kinds == ["submit"] * 3, kinds
+    bad_job = et(c, "events", "--job", "../x", check=False)
+    assert bad_job.returncode == 2 and "--job" in bad_job.stderr
     c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(failing) == "failed"
            and all(n.used == 0 for n in st.nodes), 120, "the failing job to fail and the slots to be free")
     info = c.client.cluster_job(failing)

@@ -1,0 +1,210 @@
+"""Auto-scaling of elastic jobs on measured throughput, DLRover-style: sample, optimize, adjust.
+
+A pure policy on the same contract as the schedulers: it sees each job's measured throughput
+(``JobView.rate``: data samples/s from the shard cursors, over the latest ``rate_window``
+seconds of the current run, at ``num_gpu`` workers) and decides every elastic job's worker
+count within its ``min_gpu..max_gpu``. Jobs are admitted first come, first served (a job that
+does not fit is skipped, as best-effort FIFO does); rigid jobs run at their size.
+
+* **Sample.** A new elastic job starts at the size its script settled at last time (the
+  finished jobs of the same name, ``JobView.model``), else at its minimum.
+* **Optimize.** Once the rate at the current size is measured (``rate_window`` seconds of
+  training since the run's first step), the job grows by ``step`` workers if the cluster has
+  them free. After a step from ``a`` to ``b`` workers the step's *marginal efficiency* is
+  ``(rate_b - rate_a) / (rate_a / a * (b - a))``: what each added worker contributed, as a
+  fraction of what an average worker contributed at ``a`` (1 = linear scaling). The job keeps
+  growing while that is at least ``threshold`` (0.3, the figure DLRover's comparison used for
+  its auto-scaling heuristic), and otherwise goes back to ``a`` and settles there.
+* **Adjust.** A settled job whose rate stays more than ``drop`` (20%) below its level at that
+  size (a slow average of its measurements) for a whole ``rate_window``, with no size change,
+  is checked again: it shrinks by one step, and stays smaller (and keeps shrinking) while the
+  step it undid was worth less than ``threshold``, else it returns to the larger size.
+
+Every resize is a restart of the job's run at a checkpoint boundary (the coordinator stops the
+run, the workers save and commit their data cursor, a new run starts at the new size), so the
+data stays exactly-once. Each choice is returned as a note (``Decision.notes``), which the
+coordinator writes to its event log as a ``plan`` event with the measured rates.
+
+In the simulator the rates are 0 (no shards are consumed there), so jobs stay at their
+starting size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..errors import ConfigError
+from .api import ClusterSnapshot, Decision, JobView, register
+
+__all__ = ["AutoScale", "marginal_efficiency"]
+
+
+def marginal_efficiency(a: int, rate_a: float, b: int, rate_b: float) -> float:
+    """What each worker added (or removed) between sizes ``a`` and ``b`` contributed, as a
+    fraction of an average worker's contribution at the smaller size (1.0 = linear scaling)."""
+    lo, hi, r_lo, r_hi = (a, b, rate_a, rate_b) if a < b else (b, a, rate_b, rate_a)
+    if lo < 1 or hi <= lo or r_lo <= 0:
+        raise ConfigError(f"need 1 <= smaller size < larger size and a positive rate, got {a}, {b}, {rate_a}")
+    return (r_hi - r_lo) / (r_lo / lo * (hi - lo))
+
+
+@dataclass
+class _Plan:
+    target: int
+    phase: str = "measure"  # measure -> (resize, measure)* -> settled
+    came_from: Optional[int] = None  # the size before the step being measured
+    rates: dict = field(default_factory=dict)  # size -> rate measured there
+    ref: float = 0.0  # the settled size's throughput (a slow average of its measurements)
+    low_since: Optional[float] = None  # when its throughput fell below (1 - drop) x ref
+    model: str = ""
+
+
+class AutoScale:
+    """Auto-scaling of elastic jobs (see the module docstring).
+
+    Args:
+        threshold: the least marginal efficiency (0..1) for which a step of ``step`` workers pays.
+        rate_window: seconds of training at one size a measurement covers.
+        drop: a settled job is checked again when its rate falls by more than this fraction.
+        step: workers added or removed per step.
+    """
+
+    name = "autoscale"
+    needs = ()
+
+    def __init__(self, threshold: float = 0.3, rate_window: float = 10.0, drop: float = 0.2, step: int = 1) -> None:
+        if not 0.0 < threshold <= 1.0:
+            raise ConfigError(f"threshold must be in (0, 1], got {threshold!r}")
+        if not 1.0 <= rate_window <= 3600.0:
+            raise ConfigError(f"rate_window must be in [1, 3600] seconds, got {rate_window!r}")
+        if not 0.0 < drop < 1.0:
+            raise ConfigError(f"drop must be in (0, 1), got {drop!r}")
+        if not (isinstance(step, int) and 1 <= step <= 64):
+            raise ConfigError(f"step must be an integer in [1, 64], got {step!r}")
+        self.threshold, self.rate_window, self.drop, self.step = threshold, float(rate_window), drop, step
+        self.plans: dict = {}  # job key -> _Plan
+        self.history: dict[str, int] = {}  # job name -> the size its last finished run settled at
+
+    # ------------------------------------------------------------------ memory across restarts
+    def export_state(self) -> dict:
+        return {"history": dict(self.history)}
+
+    def import_state(self, state: dict, jobs) -> None:
+        self.history = {str(k): int(v) for k, v in dict(state.get("history", {})).items()}
+
+    def annotate(self, key) -> dict:
+        """The plan of job ``key`` as ``status`` shows it."""
+        p = self.plans.get(key)
+        if p is None:
+            return {}
+        return {"plan": p.phase, "plan_workers": p.target,
+                "measured": ", ".join(f"{n}: {r:.1f}/s" for n, r in sorted(p.rates.items())) or "not yet"}
+
+    # ------------------------------------------------------------------ decide
+    def decide(self, s: ClusterSnapshot) -> Decision:
+        for key in s.ended:
+            p = self.plans.pop(key, None)
+            if p is not None and p.phase == "settled" and p.model:
+                self.history[p.model] = p.target
+        free = s.total_gpus
+        notes: list = []
+        for j in s.running:
+            free -= j.num_gpu
+        run, workers = {}, {}
+        for j in s.jobs:
+            if not j.running:
+                continue
+            p = self._plan(j)
+            if j.elastic:
+                self._optimize(s, j, p, free, notes)
+                free -= p.target - j.num_gpu
+            size = p.target if j.elastic else j.num_gpu
+            if size == j.num_gpu:
+                run[j.job_id] = j.placement
+            else:
+                run[j.job_id] = ((-1, size),)
+                workers[j.job_id] = size
+        for j in s.jobs:  # first come, first served; a job that does not fit waits
+            if j.running:
+                continue
+            p = self._plan(j)
+            size = p.target if j.elastic else j.num_gpu
+            if size <= free:
+                free -= size
+                run[j.job_id] = ((-1, size),)
+                if j.elastic:
+                    workers[j.job_id] = size
+        return Decision(run, workers=workers, notes=tuple(notes))
+
+    def _plan(self, j: JobView) -> _Plan:
+        p = self.plans.get(j.job_id)
+        if p is None:
+            lo, hi = j.min_gpu or j.num_gpu, j.max_gpu or j.num_gpu
+            start = min(max(self.history.get(j.model, lo), lo), hi) if j.elastic else j.num_gpu
+            p = self.plans[j.job_id] = _Plan(start, model=j.model)
+        return p
+
+    def _optimize(self, s: ClusterSnapshot, j: JobView, p: _Plan, free: int, notes: list) -> None:
+        """One look at a running elastic job: measure, then grow, step back, settle or re-check."""
+        size = j.num_gpu
+        if size != p.target or j.rate <= 0 or j.rate_window < self.rate_window:
+            return  # restarting at its new size, or not measured long enough yet
+        lo, hi, r = j.min_gpu or size, j.max_gpu or size, j.rate
+        if p.phase == "settled":
+            if r >= (1 - self.drop) * p.ref:
+                p.low_since = None
+                p.ref = 0.9 * p.ref + 0.1 * r if p.ref > 0 else r
+            elif p.low_since is None:
+                p.low_since = s.now
+            elif s.now - p.low_since >= self.rate_window and size - self.step >= lo:  # a whole window low
+                p.rates, p.low_since = {size: r}, None
+                self._go(j, p, size - self.step, "measure", notes, f"throughput fell {1 - r / p.ref:.0%} below "
+                         f"its level at {size} workers for {self.rate_window:g} s: checking {size - self.step}",
+                         rate=r, level=p.ref)
+            return
+        p.rates[size] = r
+        a = p.came_from
+        if a is None or a not in p.rates:  # the first measurement
+            if size + self.step <= hi and free >= self.step:
+                self._go(j, p, size + self.step, "measure", notes, "measured; trying one step more", rate=r)
+            else:
+                self._settle(j, p, size, notes, "measured; no larger size allowed or free", rate=r)
+            return
+        eff = marginal_efficiency(a, p.rates[a], size, r)
+        detail = {"rate": r, "from_workers": a, "from_rate": p.rates[a], "marginal_efficiency": round(eff, 3),
+                  "threshold": self.threshold}
+        if size > a:  # grew
+            if eff < self.threshold:
+                self._settle(j, p, a, notes, f"the step {a}->{size} did not pay: going back", **detail)
+            elif size + self.step <= hi and free >= self.step:
+                self._go(j, p, size + self.step, "measure", notes, f"the step {a}->{size} paid: one more", **detail)
+            else:
+                self._settle(j, p, size, notes, f"the step {a}->{size} paid; no larger size allowed or free",
+                             **detail)
+        else:  # shrank after a drop
+            if eff >= self.threshold:
+                self._settle(j, p, a, notes, f"the step {size}->{a} pays: going back", **detail)
+            elif size - self.step >= lo:
+                self._go(j, p, size - self.step, "measure", notes, f"the step {size}->{a} did not pay: one less",
+                         **detail)
+            else:
+                self._settle(j, p, size, notes, f"the step {size}->{a} did not pay; at the minimum", **detail)
+
+    def _go(self, j: JobView, p: _Plan, size: int, phase: str, notes: list, why: str, **detail) -> None:
+        p.came_from, p.target, p.phase = j.num_gpu, size, phase
+        notes.append((j.job_id, {"decision": "resize", "workers": size, "at": j.num_gpu, "why": why,
+                                 **_rounded(detail)}))
+
+    def _settle(self, j: JobView, p: _Plan, size: int, notes: list, why: str, **detail) -> None:
+        p.target, p.phase, p.came_from = size, "settled", None
+        p.ref, p.low_since = p.rates.get(size, 0.0), None
+        notes.append((j.job_id, {"decision": "settle", "workers": size, "at": j.num_gpu, "why": why,
+                                 **_rounded(detail)}))
+
+
+def _rounded(d: dict) -> dict:
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}
+
+
+register("autoscale", lambda **kw: AutoScale(**kw), ("threshold", "rate_window", "drop", "step"))

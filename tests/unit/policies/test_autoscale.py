@@ -1,0 +1,125 @@
+"""The auto-scaling plan maker as a pure policy: sample, optimize, adjust."""
+
+import pytest
+
+from elastictrain.errors import ConfigError
+from elastictrain.policies import create
+from elastictrain.policies.api import ClusterSnapshot, JobView
+from elastictrain.policies.autoscale import AutoScale, marginal_efficiency
+
+# samples/s of a CPU-bound job on a 2-core machine by worker count: the third worker does not pay
+RATES = {1: 100.0, 2: 180.0, 3: 190.0, 4: 170.0}
+
+
+class Loop:
+    """Drives the policy as the coordinator does: a job restarts at the size decided, and its rate
+    is measured once it has trained ``rate_window`` seconds at that size."""
+
+    def __init__(self, policy: AutoScale, rates=RATES, lo: int = 1, hi: int = 4, gpus: int = 4, name: str = "train"):
+        self.p, self.rates, self.lo, self.hi, self.gpus, self.name = policy, dict(rates), lo, hi, gpus, name
+        self.now, self.size, self.since, self.running = 0.0, 0, 0.0, False
+        self.sizes, self.notes = [], []
+
+    def view(self) -> JobView:
+        measured = self.running and self.now - self.since >= self.p.rate_window
+        return JobView("j1", self.size or self.lo, 0.0, model=self.name, running=self.running,
+                       placement=((0, self.size),) if self.running else (), min_gpu=self.lo, max_gpu=self.hi,
+                       rate=self.rates[self.size] if measured else 0.0,
+                       rate_window=min(self.now - self.since, self.p.rate_window) if self.running else 0.0)
+
+    def step(self, dt: float = 1.0, ended: tuple = ()) -> None:
+        v = self.view()
+        snap = ClusterSnapshot(self.now, (v,) if not ended else (), (self.gpus,), 1,
+                               running=(v,) if self.running and not ended else (), ended=ended)
+        d = self.p.decide(snap)
+        self.notes += [n for _, n in d.notes]
+        if not ended and "j1" in d.run:
+            size = d.workers.get("j1", v.num_gpu)
+            assert sum(g for _, g in d.run["j1"]) == size
+            if size != self.size or not self.running:
+                self.size, self.since, self.running = size, self.now, True  # a restart at the new size
+                self.sizes.append(size)
+        self.now += dt
+
+    def until_settled(self, limit: float = 600.0) -> None:
+        while self.now < limit and not (self.notes and self.notes[-1]["decision"] == "settle"
+                                        and self.size == self.notes[-1]["workers"]):
+            self.step()
+
+
+def test_marginal_efficiency():
+    assert marginal_efficiency(1, 100.0, 2, 200.0) == pytest.approx(1.0)  # linear
+    assert marginal_efficiency(2, 180.0, 3, 190.0) == pytest.approx(10 / 90)
+    assert marginal_efficiency(3, 190.0, 2, 180.0) == pytest.approx(10 / 90)  # either direction
+    with pytest.raises(ConfigError):
+        marginal_efficiency(2, 0.0, 3, 1.0)
+
+
+def test_grows_while_a_step_pays_then_settles_where_the_next_stops_paying():
+    loop = Loop(AutoScale(threshold=0.3, rate_window=10))
+    loop.until_settled()
+    assert loop.size == 2 and loop.sizes == [1, 2, 3, 2]
+    last = loop.notes[-1]
+    assert last["decision"] == "settle" and last["from_workers"] == 2 and last["marginal_efficiency"] < 0.3
+    assert [n["decision"] for n in loop.notes] == ["resize", "resize", "settle"]
+
+
+def test_linear_scaling_grows_to_the_maximum_and_a_low_threshold_keeps_the_third_worker():
+    loop = Loop(AutoScale(rate_window=5), rates={1: 100, 2: 200, 3: 300, 4: 400})
+    loop.until_settled()
+    assert loop.size == 4
+    loop = Loop(AutoScale(threshold=0.1, rate_window=5))
+    loop.until_settled()
+    assert loop.size == 3
+
+
+def test_a_drop_in_throughput_is_checked_by_shrinking_and_the_smaller_size_kept_if_the_step_no_longer_pays():
+    loop = Loop(AutoScale(rate_window=5))
+    loop.until_settled()
+    assert loop.size == 2
+    for _ in range(20):  # settled: nothing changes while the rate holds
+        loop.step()
+    assert loop.sizes == [1, 2, 3, 2]
+    loop.rates[2] = 110.0  # a dip shorter than the window is noise: nothing changes
+    for _ in range(3):
+        loop.step()
+    loop.rates[2] = 180.0
+    for _ in range(10):
+        loop.step()
+    assert loop.sizes == [1, 2, 3, 2]
+    loop.rates[2] = 110.0  # contention: 2 workers now barely beat 1 (100), for good
+    for _ in range(60):
+        loop.step()
+    assert loop.size == 1 and loop.notes[-1]["decision"] == "settle"
+    assert "fell" in loop.notes[-2]["why"]
+
+
+def test_the_size_a_script_settled_at_is_where_its_next_job_starts():
+    p = AutoScale(rate_window=5)
+    loop = Loop(p)
+    loop.until_settled()
+    loop.step(ended=("j1",))
+    assert p.history == {"train": 2}
+    again = Loop(p)
+    again.step()
+    assert again.sizes == [2]
+    assert AutoScale().export_state() == {"history": {}}
+    q = AutoScale()
+    q.import_state(p.export_state(), [])
+    assert q.history == {"train": 2}
+
+
+def test_no_free_worker_means_no_growth_and_rigid_jobs_run_at_their_size():
+    loop = Loop(AutoScale(rate_window=5), gpus=1)
+    loop.until_settled(limit=100)
+    assert loop.sizes == [1] and loop.notes[-1]["decision"] == "settle"
+    rigid = JobView("r", 2, 0.0)
+    d = AutoScale().decide(ClusterSnapshot(0.0, (rigid,), (4,), 1))
+    assert d.run == {"r": ((-1, 2),)} and d.workers == {}
+
+
+@pytest.mark.parametrize("bad", [{"threshold": 0}, {"threshold": 1.5}, {"rate_window": 0.5}, {"drop": 1.0},
+                                 {"step": 0}, {"nope": 1}])
+def test_bad_options_are_refused(bad):
+    with pytest.raises(ConfigError):
+        create("autoscale", **bad)

@@ -111,11 +111,13 @@ def _bind(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
         sock.bind((host, port))
+        # listen inside the try: with SO_REUSEADDR, two processes racing for one port can both
+        # bind it (neither listens yet), and the loser learns it only here (EADDRINUSE)
+        sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror}; pick another --port "
                           "(0 picks a free one)") from exc
-    sock.listen(2048)
     sock.set_inheritable(True)
     return sock
 

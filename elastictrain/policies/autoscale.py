@@ -39,6 +39,8 @@ from .api import ClusterSnapshot, Decision, JobView, register
 
 __all__ = ["AutoScale", "marginal_efficiency"]
 
+HISTORY = 10_000  # job names whose settled size is remembered
+
 
 def marginal_efficiency(a: int, rate_a: float, b: int, rate_b: float) -> float:
     """What each worker added (or removed) between sizes ``a`` and ``b`` contributed, as a
@@ -106,7 +108,10 @@ class AutoScale:
         for key in s.ended:
             p = self.plans.pop(key, None)
             if p is not None and p.phase == "settled" and p.model:
-                self.history[p.model] = p.target
+                self.history.pop(p.model, None)
+                self.history[p.model] = p.target  # newest last; the oldest go past HISTORY names
+                while len(self.history) > HISTORY:
+                    del self.history[next(iter(self.history))]
         free = s.total_gpus
         notes: list = []
         for j in s.running:

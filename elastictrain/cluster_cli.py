@@ -261,7 +261,8 @@ def _job_status(client, job: str, as_json: bool) -> int:
     if info is not None:
         print(f"job {info.id} ({info.name}) of {info.user}: {info.status}" + (" (stopping)" if info.stopping else ""))
         print(f"  command: {shlex.join(info.command)}  (in {info.workdir})")
-        print(f"  workers: {_gpus(info)}; placement: {_where(info) or '-'}; run {info.run}; preemptions "
+        now = f" (this run: {info.workers})" if info.min_gpus != info.gpus and info.workers else ""
+        print(f"  workers: {_gpus(info)}{now}; placement: {_where(info) or '-'}; run {info.run}; preemptions "
               f"{info.preemptions}; restarts {info.restarts}/{info.max_restarts}")
         it = f"{info.iteration_time:.3f} s" if info.iteration_time else "not measured yet"
         rate = f"; throughput {info.rate:.1f} samples/s" if info.rate else ""

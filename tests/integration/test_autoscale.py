@@ -4,6 +4,8 @@ plan must settle where one more worker stops paying (the core count here), not a
 resize is a checkpointed restart, and the job's exactly-once ledger holds across them."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -24,9 +26,15 @@ def test_a_cpu_bound_job_settles_where_one_more_worker_stops_paying(tmp_path):
                "--samples", "100000", "--epochs", "4", "--batch", "64", "--cpu-work", "60", "--shard-size", "1000",
                "--step-sleep", "0", "--ckpt-every", "200"]
         jid = c.submit("scale", 4, cmd, min_gpus=1)
-        c.wait_all(1, timeout=800)
+        c.wait(lambda st: st.jobs[0].status == "running" and any(
+            e.kind == "plan" and e.detail.get("decision") == "settle" for e in c.events()), 600, "the plan to settle")
+        shown = subprocess.run([sys.executable, "-m", "elastictrain", "status", "--job", jid], env=c.env(),
+                               capture_output=True, text=True, timeout=60).stdout
+        c.wait_all(1, timeout=600)
         events = c.events()
         st = c.client.cluster_status()
+        plans = subprocess.run([sys.executable, "-m", "elastictrain", "events", "--job", jid, "--kind", "plan"],
+                               env=c.env(), capture_output=True, text=True, timeout=60).stdout
     job = st.jobs[0]
     assert job.status == "finished", c.tail()
     plan = [e.detail for e in events if e.job == jid and e.kind == "plan"]
@@ -37,6 +45,8 @@ def test_a_cpu_bound_job_settles_where_one_more_worker_stops_paying(tmp_path):
     assert 2 <= workers <= CORES, f"settled at {workers} workers on {CORES} cores: {plan}"
     assert resizes[:2] == [2, 3], resizes  # it grew while a step paid ...
     assert settle[0]["from_workers"] == workers and settle[0]["marginal_efficiency"] < 0.3  # ... and stepped back
+    assert f"workers: 1:4 (this run: {workers})" in shown and "plan settled" in shown, shown
+    assert plans.count(" plan ") == len(plan) and "marginal_efficiency=" in plans, plans
     out = c.result("scale")
     assert out["min"] == 1 and out["max"] == 1, out  # every sample exactly once across the resizes
     assert len(out["reasons"]) >= 1 + len(resizes)

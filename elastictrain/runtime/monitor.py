@@ -76,7 +76,8 @@ class ResourceMonitor:
         self._proc.cpu_percent(None)  # the first call starts the measurement interval
         self._children: dict[int, object] = {}
         self._step: Optional[int] = None
-        self._last: Optional[tuple[float, int]] = None
+        self._last: Optional[tuple[float, int]] = None  # (report time, step) of the last sample's step
+        self._stamp: Optional[tuple[int, float]] = None
         # hang watch: None = default (5 x the longest step, >= 60 s), 0 = off
         self.hang_timeout = hang_timeout
         self._changed_at: Optional[float] = None  # monotonic time of the last new step
@@ -93,6 +94,7 @@ class ResourceMonitor:
             if self._changed_at is not None and self._step is not None and step > self._step:
                 self._longest = max(self._longest, (now - self._changed_at) / (step - self._step))
             self._changed_at = now
+            self._stamp = (step, now)  # one assignment: the sampling thread reads both together
         self._step = step
 
     @contextlib.contextmanager
@@ -142,11 +144,12 @@ class ResourceMonitor:
         except (AttributeError, OSError):
             read = written = 0.0
         step, step_time = self._step, None
-        if step is not None:
-            if self._last is not None and step > self._last[1]:
-                step_time = (now - self._last[0]) / (step - self._last[1])
-            if self._last is None or step != self._last[1]:
-                self._last = (now, step)
+        stamp = self._stamp  # (step, when it was reported): step time between reports, not samples
+        if stamp is not None:
+            if self._last is not None and stamp[0] > self._last[1]:
+                step_time = (stamp[1] - self._last[0]) / (stamp[0] - self._last[1])
+            if self._last is None or stamp[0] != self._last[1]:
+                self._last = (stamp[1], stamp[0])
         s = ResourceSample(now, cpu, float(rss), read, written, step, step_time, gpu_absent=self._gpu_absent or "")
         if self._gpu is not None:
             try:

@@ -218,8 +218,8 @@ class ClusterScheduler:
 
     def _rate(self, rec: JobRecord) -> tuple[float, float]:
         """Samples/s of the job's current run over its latest ``policy.rate_window`` seconds (from
-        the shard cursors its workers report), counted from the first step of a generation the
-        run opened (a restart within the run starts the count again); (0, 0) before."""
+        the shard cursors its workers report), counted from the first samples consumed by a
+        generation the run opened (a restart within the run starts the count again); (0, 0) before."""
         if rec.status != "running" or rec.stopping:
             self._rates.pop(rec.id, None)
             return 0.0, 0.0

@@ -265,10 +265,8 @@ class _WorkGate(_Gate):
 
     def set_offsets(self, offsets: Sequence[int]) -> None:
         with self.cond:
-            for m, o in zip(self.members, offsets):
-                m.offset = o
-            self.ring = sorted(range(len(self.members)), key=lambda i: (self.members[i].offset % self.k, i))
-            self.cond.notify_all()
+            self.ring = sorted(range(len(self.members)), key=lambda i: (offsets[i] % self.k, i))
+            super().set_offsets(offsets)
 
     def set_device_times(self, seconds: Sequence[float]) -> None:
         """Each member's device seconds per stage (its profile): the run-ahead bound is the same

@@ -6,7 +6,7 @@ SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 CORE := $(VENV)/.core-$(SUM)
 FULL := $(VENV)/.full-$(SUM)
 
-.PHONY: demo demo-cluster test test-slow bench install clean
+.PHONY: demo demo-cluster test test-slow test-horovod horovod bench install clean
 
 # torch (CPU) + elastictrain: what the demo needs
 $(CORE): pyproject.toml
@@ -53,6 +53,33 @@ bench: $(FULL)
 	$(PY) benchmarks/fairness.py --quick
 	$(PY) benchmarks/scheduler.py --quick
 	$(PY) benchmarks/autoscale.py --quick
+
+# Horovod (optional): 0.28.1, the last release, built from its PyPI sdist for CPU + gloo + PyTorch.
+# Its CMake files ask for C++14 and torch 2.x headers need C++17 (fixed upstream after the
+# release, never released), so the standard is raised before the build (~10 minutes on 2 cores).
+# CMake 4 refuses the gloo submodule's cmake_minimum_required, so CMake 3 is pinned.
+HVD_VERSION := 0.28.1
+HVD := $(VENV)/.horovod-$(HVD_VERSION)
+$(HVD): $(CORE)
+	$(PY) -m pip install -q 'cmake>=3.13,<4' cloudpickle psutil pyyaml packaging numpy wheel setuptools
+	rm -rf build/horovod && mkdir -p build/horovod
+	$(PY) -m pip download -q --no-deps --no-binary :all: -d build/horovod horovod==$(HVD_VERSION)
+	tar -xzf build/horovod/horovod-$(HVD_VERSION).tar.gz -C build/horovod
+	sed -i 's/CMAKE_CXX_STANDARD 14/CMAKE_CXX_STANDARD 17/' \
+	    build/horovod/horovod-$(HVD_VERSION)/CMakeLists.txt \
+	    build/horovod/horovod-$(HVD_VERSION)/horovod/torch/CMakeLists.txt
+	cd build/horovod/horovod-$(HVD_VERSION) && PATH=$(abspath $(VENV))/bin:$$PATH \
+	    HOROVOD_WITH_PYTORCH=1 HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 \
+	    HOROVOD_WITHOUT_MPI=1 HOROVOD_WITH_GLOO=1 MAKEFLAGS=-j2 \
+	    $(abspath $(PY)) -m pip install -q --no-build-isolation --no-deps .
+	$(PY) -c 'import horovod.torch as hvd; assert hvd.gloo_built(), "horovod built without gloo"'
+	touch $(HVD)
+
+horovod: $(HVD)
+
+# The Horovod tests (they skip in `make test` when Horovod is not built).
+test-horovod: $(FULL) $(HVD)
+	$(PY) -m pytest -q -p no:cacheprovider -m horovod
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

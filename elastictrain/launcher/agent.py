@@ -50,6 +50,8 @@ class Agent:
         self._phases = _Phases()
         self._carry: Optional[WorkerGroup] = None  # survivors waiting for the next generation
         self._wake: Optional[threading.Event] = None
+        self._group: Optional[WorkerGroup] = None  # the generation running now
+        self._horovod = None  # launcher/horovod.py's rendezvous, with --horovod
 
     # ------------------------------------------------------------------ set-up
     def _state_dir(self) -> str:
@@ -108,6 +110,37 @@ class Agent:
         log.info("joining the rendezvous for job %s at %s", cfg.run_id, url)
         return CoordinatorClient(url, token, retry_for=cfg.join_timeout), url, token_file
 
+    # ------------------------------------------------------------------ Horovod
+    def _start_horovod(self) -> None:
+        from .horovod import HorovodRendezvous
+
+        host = self.cfg.master_addr if self.cfg.coordinator is None else "127.0.0.1"
+        self._horovod = HorovodRendezvous(host, socket.gethostname(), wait=max(60.0, self.cfg.join_timeout / 5),
+                                          on_register=self._horovod_registered)
+        log.info("serving Horovod's gloo rendezvous on %s:%d", host, self._horovod.port)
+
+    def _horovod_registered(self, local_rank: int) -> None:
+        """A worker registered for Horovod's elastic notifications: it recovers in process
+        (``hvd.elastic.run``), so mark it as opted in, as ``elastictrain_torch.elastic.run`` does."""
+        from ..runtime.control import mark_inprocess
+
+        group = self._group
+        if group is None or local_rank >= len(group.workers):
+            return
+        mark_inprocess(os.path.join(self._state_dir(), "control", str(local_rank)), group.workers[local_rank].proc.pid)
+
+    def _horovod_generation(self, a):
+        """Open the rendezvous for generation ``a``; returns each fresh worker's Horovod variables."""
+        from .horovod import Slot, horovod_env
+
+        cfg, rdzv = self.cfg, self._horovod
+        n = cfg.nproc_per_node
+        slots = {lr: Slot(a.rank_offset + lr, a.world_size, lr, n, a.node_rank, a.nnodes) for lr in range(n)}
+        rdzv.begin(a.generation, slots)
+        host = self.cfg.master_addr if self.cfg.coordinator is None else "127.0.0.1"
+        iface = None if "HOROVOD_GLOO_IFACE" in os.environ or not _is_loopback(host) else _loopback_iface()
+        return lambda lr: horovod_env(slots[lr], rdzv.hostname, host, rdzv.port, elastic=True, iface=iface)
+
     def _on_signal(self, signum, _frame) -> None:
         self._signal = signum
         if self._wake is not None:
@@ -121,6 +154,8 @@ class Agent:
         try:
             client, url, token_file = self._connect()
             self.client = client
+            if cfg.horovod:
+                self._start_horovod()
             spares = cfg.warm_spares if cfg.warm_spares >= 0 else cfg.nproc_per_node
             if cfg.python_entry and spares > 0:
                 # the top-level name only: find_spec("torch.x") would import torch into the agent
@@ -151,6 +186,8 @@ class Agent:
                 self._keep_or_stop(carry, False)
             if pool is not None:
                 pool.close()
+            if self._horovod is not None:
+                self._horovod.close()
             if self._embedded is not None:
                 if cfg.rdzv_host is not None:  # the other nodes learn the outcome from this one
                     self._embedded.linger(cfg.run_id, self.agent_id, limit=max(5.0, 3 * cfg.agent_timeout))
@@ -194,7 +231,13 @@ class Agent:
                  a.rank_offset, a.rank_offset + cfg.nproc_per_node - 1, a.world_size, a.reason)
         carry, self._carry = self._carry, None
         control = os.path.join(self._state_dir(), "control")
-        group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool, control_root=control).start(carry)
+        extra = None
+        if self._horovod is not None:
+            extra = self._horovod_generation(a)
+        group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool, control_root=control, extra_env=extra)
+        self._group = group.start(carry)
+        if self._horovod is not None:
+            self._horovod.started(a.generation, set(range(cfg.nproc_per_node)) - set(group.carried))
         if group.carried:
             log.info("generation %d: local rank(s) %s continue in their own process (in-process recovery)",
                      a.generation, ",".join(map(str, group.carried)))
@@ -410,6 +453,18 @@ def _size(n: int) -> str:
         if n >= div:
             return f"{n / div:.4g} {unit}"
     return f"{n} B"
+
+
+def _loopback_iface() -> Optional[str]:
+    """The loopback interface's name (gloo binds to an interface by name), where it can be found."""
+    try:
+        for name in os.listdir("/sys/class/net"):
+            with open(f"/sys/class/net/{name}/type") as f:
+                if f.read().strip() == "772":  # ARPHRD_LOOPBACK
+                    return name
+    except OSError:
+        pass
+    return None
 
 
 def _is_loopback(host: str) -> bool:

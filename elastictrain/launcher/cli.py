@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import uuid
+from importlib.util import find_spec
 from typing import Optional, Sequence
 
 from ..errors import ConfigError
@@ -136,6 +137,9 @@ def get_args_parser() -> argparse.ArgumentParser:
     _add(p, "group", action="store_true",
          help="interleave 2-4 scripts in one process per local rank (Muri): `--group a.py b.py`, or with "
          "arguments `--group a.py --lr 0.1 : b.py --steps 9`")
+    _add(p, "horovod", default="auto", choices=["auto", "on", "off"],
+         help="give the workers Horovod's gloo environment (HOROVOD_RANK, ...) and serve its rendezvous, "
+         "elastic recovery included (auto: when Horovod is installed; single-node jobs)")
     p.add_argument("training_script", help="the script (or module / program) to run")
     p.add_argument("training_script_args", nargs=argparse.REMAINDER)
     return p
@@ -246,8 +250,27 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         numa_binding=args.numa_binding if args.numa_binding and _gpus_visible() else None,
         signals=parse_signals(str(args.signals_to_handle)),
         stdout_filters=_filters(args.duplicate_stdout_filters), stderr_filters=_filters(args.duplicate_stderr_filters),
-        **_memory_limits(args),
+        horovod=_horovod(args, hi), **_memory_limits(args),
     )
+
+
+def _horovod(args, max_nodes: int) -> bool:
+    if args.horovod == "off":
+        return False
+    if args.group:
+        if args.horovod == "on":
+            raise ConfigError("--horovod on cannot run with --group: Horovod keeps one context per process (its "
+                              "global state), so two Horovod jobs cannot share a process")
+        return False
+    if max_nodes > 1:
+        if args.horovod == "on":
+            raise ConfigError("--horovod on runs single-node jobs only (--nnodes 1); for several nodes use horovodrun "
+                              "(docs/horovod.md says why)")
+        return False
+    installed = find_spec("horovod") is not None
+    if args.horovod == "on" and not installed:
+        raise ConfigError("--horovod on: Horovod is not installed in this environment; build it with `make horovod`")
+    return installed
 
 
 def _memory_limits(args) -> dict:

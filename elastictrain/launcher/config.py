@@ -75,6 +75,8 @@ class LaunchConfig:
     # failure up to max_memory_limit, as DLRover's OOM plan does (None: no limit)
     memory_limit: Optional[int] = None
     max_memory_limit: Optional[int] = None
+    # Horovod's gloo environment and rendezvous for the workers (launcher/horovod.py)
+    horovod: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:

@@ -13,7 +13,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 from .. import PREEMPTED_EXIT_CODE
 from ..runtime.control import ASSIGNMENT, INPROCESS, PEER_GONE, opted_in, write_assignment
@@ -183,8 +183,10 @@ class WorkerGroup:
     """
 
     def __init__(self, cfg: LaunchConfig, assignment, attempt_dir: str, coordinator: str,
-                 token_file: Optional[str], pool: Optional[SparePool], control_root: Optional[str] = None) -> None:
+                 token_file: Optional[str], pool: Optional[SparePool], control_root: Optional[str] = None,
+                 extra_env: Optional[Callable[[int], dict]] = None) -> None:
         self.cfg, self.a, self.dir = cfg, assignment, attempt_dir
+        self._extra_env = extra_env  # local rank -> more variables for a worker started fresh (Horovod's)
         self._coordinator, self._token_file, self._pool = coordinator, token_file, pool
         self.workers: list[_Worker] = []
         self.changed = threading.Event()
@@ -211,6 +213,8 @@ class WorkerGroup:
             error_file = os.path.join(wdir, "error.json")
             env = worker_env(cfg, self.a, lr, self._coordinator, self._token_file, error_file)
             env["ET_PERSIST_MARKER"] = os.path.join(wdir, "persisting")
+            if self._extra_env is not None:
+                env.update(self._extra_env(lr))
             ctl = os.path.join(self._control_root, str(lr)) if self._control_root else None
             old = carry.workers[lr] if carry is not None and lr < len(carry.workers) else None
             if old is not None and ctl and old.proc.poll() is None and opted_in(ctl, old.proc.pid):

@@ -17,7 +17,7 @@ from typing import Optional
 
 from ..errors import ElasticTrainError
 
-__all__ = ["ControlChannel", "MembershipChanged", "write_assignment", "opted_in", "INPROCESS", "ASSIGNMENT",
+__all__ = ["ControlChannel", "MembershipChanged", "write_assignment", "opted_in", "mark_inprocess", "INPROCESS", "ASSIGNMENT",
            "PEER_GONE"]
 
 #: words of the error a worker's collective raises when a peer's process is gone (lower case)
@@ -41,6 +41,13 @@ def _write(path: str, data: str) -> None:
 def write_assignment(directory: str, generation: int, env: dict[str, str]) -> None:
     """Agent side: hand a surviving worker its place in ``generation``."""
     _write(os.path.join(directory, ASSIGNMENT), json.dumps({"generation": generation, "env": env}))
+
+
+def mark_inprocess(directory: str, pid: int) -> None:
+    """Agent side: record that the worker with this pid recovers in process (for workers that
+    cannot write it themselves: Horovod's, which register with the agent's rendezvous instead)."""
+    os.makedirs(directory, exist_ok=True)
+    _write(os.path.join(directory, INPROCESS), str(pid))
 
 
 def opted_in(directory: str, pid: int) -> bool:

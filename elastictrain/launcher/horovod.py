@@ -1,0 +1,269 @@
+"""Horovod under ``etrun``: the environment Horovod's gloo controller reads and the rendezvous it
+calls, served by the agent (what ``horovodrun --gloo`` does with its own driver).
+
+Horovod's gloo controller (``horovod/common/gloo/gloo_context.cc``) reads its rank, size, local and
+cross ranks and the rendezvous address from ``HOROVOD_*`` variables, then builds three gloo contexts
+(global, local to the host, across hosts) through an HTTP key-value store: ``PUT/GET/DELETE
+/<scope>/<key>``, a scope being ``global``, ``local_<host>`` or ``cross_<local rank>``. When every
+member of a scope has said it is done (``DELETE``), the scope is cleared.
+
+Elastic Horovod (``hvd.elastic.run``, ``HOROVOD_ELASTIC=1``) adds two calls: a worker registers its
+notification service (``PUT /worker_addresses/<host>:<local rank>``), and after a failure each
+survivor asks for its place in the next membership round (``GET /rank_and_size/<host>:<local
+rank>``, answered ``rank,size,local_rank,local_size,cross_rank,cross_size``, or ``-1`` for a worker
+that is no longer in the job). The agent answers that from the generation the coordinator formed,
+holding the request until that generation exists. A worker that registered is one that recovers in
+process, so the agent keeps it across its peer's failure (as it keeps workers that opted in through
+``elastictrain_torch.elastic.run``) and replaces only the one that died.
+
+The store has no authentication, as horovodrun's has none: it listens on the agent's address
+(loopback for a single-node job) and only for the job's lifetime.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Optional
+
+__all__ = ["HorovodRendezvous", "Slot", "horovod_env", "MAX_VALUE", "RANK_AND_SIZE", "WORKER_ADDRESSES"]
+
+log = logging.getLogger("etrun")
+
+RANK_AND_SIZE = "rank_and_size"
+WORKER_ADDRESSES = "worker_addresses"
+MAX_VALUE = 16 << 20  # bytes in one PUT (a gloo address is ~100 bytes; pickled worker addresses ~1 KB)
+MAX_KEYS = 100_000  # keys held at once, over all scopes
+_READ_TIMEOUT = 10.0  # seconds a client has to send its request
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One worker's place in a generation, as Horovod names it."""
+
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+    def response(self) -> bytes:
+        return ",".join(map(str, (self.rank, self.size, self.local_rank, self.local_size, self.cross_rank,
+                                  self.cross_size))).encode("ascii")
+
+
+REMOVED = b"-1,-1,-1,-1,-1,-1"
+
+
+def horovod_env(slot: Slot, hostname: str, addr: str, port: int, *, elastic: bool, iface: Optional[str]) -> dict:
+    """The variables ``horovodrun --gloo`` sets for one worker (``horovod/runner/gloo_run.py``)."""
+    env = {
+        "HOROVOD_HOSTNAME": hostname, "HOROVOD_RANK": str(slot.rank), "HOROVOD_SIZE": str(slot.size),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank), "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank), "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+    }
+    if iface:
+        env["HOROVOD_GLOO_IFACE"] = iface
+    if elastic:
+        env["HOROVOD_ELASTIC"] = "1"
+    return env
+
+
+class HorovodRendezvous:
+    """The key-value store and membership answers Horovod's gloo workers call (module docstring).
+
+    Args:
+        host: the address to listen on.
+        hostname: the ``HOROVOD_HOSTNAME`` of this agent's workers (the key of their requests).
+        wait: seconds a ``rank_and_size`` request is held for the next generation before the
+            worker is told it is no longer in the job.
+        on_register: called with the local rank of a worker that registered for elastic
+            notifications (it recovers in process).
+    """
+
+    def __init__(self, host: str, hostname: str, *, wait: float = 120.0,
+                 on_register: Optional[Callable[[int], None]] = None) -> None:
+        self.hostname, self.wait = hostname, wait
+        self._on_register = on_register
+        self._lock = threading.Condition()
+        self._kv: dict[str, dict[str, bytes]] = {}
+        self._done: dict[str, set[str]] = {}
+        self._sizes: dict[str, int] = {}
+        self._generation = 0
+        self._slots: dict[int, Slot] = {}  # local rank -> slot, in the current generation
+        self._answered: dict[int, int] = {}  # local rank -> the generation it last got (or started in)
+        self.registered: set[int] = set()
+        self._closed = False
+        handler = type("_Handler", (_Handler,), {"rdzv": self})
+        self._httpd = ThreadingHTTPServer((host, 0), handler)
+        self._httpd.daemon_threads = True
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="et-horovod-rdzv", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ agent side
+    def begin(self, generation: int, slots: dict[int, Slot]) -> None:
+        """A new generation, before its workers start: its slots for this host's local ranks.
+        The store is cleared, and survivors waiting for their place get it."""
+        with self._lock:
+            self._generation = generation
+            self._slots = dict(slots)
+            self._kv.clear()
+            self._done.clear()
+            self._sizes.clear()
+            for s in slots.values():
+                self._sizes["global"] = s.size
+                self._sizes[f"local_{self.hostname}"] = s.local_size
+                self._sizes[f"cross_{s.local_rank}"] = s.cross_size
+            self._lock.notify_all()
+
+    def started(self, generation: int, fresh: set[int]) -> None:
+        """The local ranks started fresh in ``generation``: their environment names it already, so
+        their next request for a place waits for a newer one."""
+        with self._lock:
+            for lr in fresh:
+                self._answered[lr] = generation
+                self.registered.discard(lr)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._lock.notify_all()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(5.0)
+
+    # ------------------------------------------------------------------ requests
+    def get(self, scope: str, key: str) -> Optional[bytes]:
+        if scope == RANK_AND_SIZE:
+            return self._rank_and_size(key)
+        with self._lock:
+            return self._kv.get(scope, {}).get(key)
+
+    def put(self, scope: str, key: str, value: bytes) -> Optional[str]:
+        """Store a value; returns an error message, or None."""
+        with self._lock:
+            if sum(len(v) for v in self._kv.values()) >= MAX_KEYS:
+                return f"the store holds {MAX_KEYS} keys already"
+            self._kv.setdefault(scope, {})[key] = value
+        if scope == WORKER_ADDRESSES:
+            lr = self._local_rank(key)
+            if lr is not None:
+                with self._lock:
+                    self.registered.add(lr)
+                if self._on_register is not None:
+                    self._on_register(lr)
+        return None
+
+    def delete(self, scope: str, key: str) -> None:
+        with self._lock:
+            if scope in self._sizes:  # a member is done with the scope; the last one clears it
+                done = self._done.setdefault(scope, set())
+                done.add(key)
+                if len(done) >= self._sizes[scope]:
+                    self._kv.pop(scope, None)
+                    self._done.pop(scope, None)
+            else:
+                self._kv.get(scope, {}).pop(key, None)
+                if scope in self._kv and not self._kv[scope]:
+                    del self._kv[scope]
+
+    def _local_rank(self, key: str) -> Optional[int]:
+        host, _, lr = key.rpartition(":")
+        if host != self.hostname or not lr.isdigit():
+            return None
+        return int(lr)
+
+    def _rank_and_size(self, key: str) -> bytes:
+        """Hold a survivor's request until a generation newer than its last one is formed."""
+        lr = self._local_rank(key)
+        if lr is None:
+            return REMOVED
+        deadline = time.monotonic() + self.wait
+        with self._lock:
+            while not self._closed:
+                last = self._answered.get(lr, 0)
+                if self._generation > last:
+                    slot = self._slots.get(lr)
+                    self._answered[lr] = self._generation
+                    if slot is None:
+                        return REMOVED
+                    log.info("horovod: local rank %d recovers in process as rank %d of %d (generation %d)",
+                             lr, slot.rank, slot.size, self._generation)
+                    return slot.response()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._lock.wait(min(left, 1.0))
+        log.warning("horovod: local rank %d asked for its place in the next generation, none came in %.0f s", lr,
+                    self.wait)
+        return REMOVED
+
+
+class _Handler(BaseHTTPRequestHandler):
+    rdzv: HorovodRendezvous
+    timeout = _READ_TIMEOUT
+    protocol_version = "HTTP/1.1"
+
+    def _path(self) -> Optional[tuple[str, str]]:
+        parts = self.path.split("/")
+        if len(parts) != 3 or parts[0] or not parts[1] or not parts[2] or len(self.path) > 1024:
+            self._reply(400, b"expected /<scope>/<key>")
+            return None
+        return parts[1], parts[2]
+
+    def _reply(self, code: int, body: bytes = b"") -> None:
+        self.send_response(code)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if body:
+            self.wfile.write(body)
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server names
+        p = self._path()
+        if p is None:
+            return
+        value = self.rdzv.get(*p)
+        if value is None:
+            self._reply(404)
+        else:
+            self._reply(200, value)
+
+    def do_PUT(self) -> None:  # noqa: N802
+        p = self._path()
+        if p is None:
+            return
+        try:
+            n = int(self.headers.get("Content-Length", ""))
+        except ValueError:
+            self._reply(411, b"Content-Length required")
+            return
+        if not 0 <= n <= MAX_VALUE:
+            self._reply(413, f"a value is at most {MAX_VALUE} bytes".encode())
+            return
+        try:
+            value = self.rfile.read(n)
+        except OSError:
+            self._reply(408)
+            return
+        if len(value) != n:
+            self._reply(400, b"body shorter than Content-Length")
+            return
+        err = self.rdzv.put(p[0], p[1], value)
+        self._reply(413 if err else 200, (err or "").encode())
+
+    def do_DELETE(self) -> None:  # noqa: N802
+        p = self._path()
+        if p is None:
+            return
+        self.rdzv.delete(*p)
+        self._reply(200)
+
+    def log_message(self, fmt: str, *args) -> None:  # requests are not logged
+        pass

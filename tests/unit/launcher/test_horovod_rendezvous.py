@@ -1,0 +1,138 @@
+"""The rendezvous etrun serves to Horovod's gloo workers, over real HTTP (no Horovod needed):
+the key-value store Horovod's HTTPStore calls, the scope clearing of its finalize, the elastic
+``rank_and_size`` answer held until the next generation, and bad requests."""
+
+import http.client
+import threading
+import time
+
+import pytest
+
+from elastictrain.launcher.horovod import MAX_VALUE, REMOVED, HorovodRendezvous, Slot, horovod_env
+
+
+@pytest.fixture
+def rdzv():
+    r = HorovodRendezvous("127.0.0.1", "hostA", wait=3.0)
+    yield r
+    r.close()
+
+
+def _req(r, method, path, body=None, headers=None):
+    c = http.client.HTTPConnection("127.0.0.1", r.port, timeout=10)
+    try:
+        c.request(method, path, body=body, headers=headers or {})
+        resp = c.getresponse()
+        return resp.status, resp.read()
+    finally:
+        c.close()
+
+
+def _slots(gen_size=2):
+    return {lr: Slot(lr, gen_size, lr, gen_size, 0, 1) for lr in range(gen_size)}
+
+
+def test_put_get_delete_and_scope_cleared_when_every_member_finished(rdzv):
+    rdzv.begin(1, _slots())
+    assert _req(rdzv, "GET", "/global/0") == (404, b"")
+    assert _req(rdzv, "PUT", "/global/0", b"addr-of-0")[0] == 200
+    assert _req(rdzv, "PUT", "/global/1", b"addr-of-1")[0] == 200
+    assert _req(rdzv, "GET", "/global/1") == (200, b"addr-of-1")
+    assert _req(rdzv, "DELETE", "/global/0")[0] == 200  # rank 0 finalized: the scope stays for rank 1
+    assert _req(rdzv, "GET", "/global/0") == (200, b"addr-of-0")
+    assert _req(rdzv, "DELETE", "/global/1")[0] == 200  # both done: cleared
+    assert _req(rdzv, "GET", "/global/0")[0] == 404
+    # an ad-hoc scope (a process set's): DELETE removes the key only
+    _req(rdzv, "PUT", "/global_process_set_hash_x/0", b"v")
+    _req(rdzv, "PUT", "/global_process_set_hash_x/1", b"w")
+    _req(rdzv, "DELETE", "/global_process_set_hash_x/0")
+    assert _req(rdzv, "GET", "/global_process_set_hash_x/0")[0] == 404
+    assert _req(rdzv, "GET", "/global_process_set_hash_x/1") == (200, b"w")
+
+
+def test_a_new_generation_clears_the_store(rdzv):
+    rdzv.begin(1, _slots())
+    _req(rdzv, "PUT", "/global/0", b"old")
+    rdzv.begin(2, _slots())
+    assert _req(rdzv, "GET", "/global/0")[0] == 404
+
+
+def test_rank_and_size_waits_for_the_next_generation(rdzv):
+    rdzv.begin(1, _slots())
+    rdzv.started(1, {0, 1})
+    got = {}
+
+    def ask():
+        got["t0"] = time.monotonic()
+        got["reply"] = _req(rdzv, "GET", "/rank_and_size/hostA:0")
+        got["t1"] = time.monotonic()
+
+    t = threading.Thread(target=ask)
+    t.start()
+    time.sleep(0.5)
+    assert "reply" not in got  # held: generation 1 is the one it already has
+    rdzv.begin(2, {0: Slot(0, 3, 0, 3, 0, 1)})
+    t.join(5)
+    assert got["reply"] == (200, b"0,3,0,3,0,1")
+    assert got["t1"] - got["t0"] >= 0.4
+
+
+def test_rank_and_size_of_a_worker_left_out_or_unknown_is_removed(rdzv):
+    rdzv.begin(1, _slots())
+    rdzv.started(1, {0, 1})
+    rdzv.begin(2, {0: Slot(0, 1, 0, 1, 0, 1)})  # local rank 1 is not in generation 2
+    assert _req(rdzv, "GET", "/rank_and_size/hostA:1") == (200, REMOVED)
+    assert _req(rdzv, "GET", "/rank_and_size/otherhost:0") == (200, REMOVED)
+    assert _req(rdzv, "GET", "/rank_and_size/hostA:x") == (200, REMOVED)
+
+
+def test_no_generation_in_time_answers_removed():
+    r = HorovodRendezvous("127.0.0.1", "h", wait=0.3)
+    try:
+        r.begin(1, _slots())
+        r.started(1, {0})
+        assert _req(r, "GET", "/rank_and_size/h:0") == (200, REMOVED)
+    finally:
+        r.close()
+
+
+def test_registration_marks_the_worker(rdzv):
+    seen = []
+    r = HorovodRendezvous("127.0.0.1", "hostA", on_register=seen.append)
+    try:
+        assert _req(r, "PUT", "/worker_addresses/hostA:1", b"pickled")[0] == 200
+        assert _req(r, "PUT", "/worker_addresses/elsewhere:0", b"pickled")[0] == 200
+        assert seen == [1] and r.registered == {1}
+    finally:
+        r.close()
+
+
+@pytest.mark.parametrize("path", ["/", "/onlyscope", "/a/b/c", "//key", "/scope/"])
+def test_bad_paths_get_400_naming_the_form(rdzv, path):
+    status, body = _req(rdzv, "GET", path)
+    assert status == 400 and b"/<scope>/<key>" in body
+    assert _req(rdzv, "PUT", path, b"x")[0] == 400
+
+
+def test_oversized_and_unsized_bodies_are_refused(rdzv):
+    status, body = _req(rdzv, "PUT", "/global/0", headers={"Content-Length": str(MAX_VALUE + 1)})
+    assert status == 413 and b"at most" in body
+    c = http.client.HTTPConnection("127.0.0.1", rdzv.port, timeout=10)
+    try:
+        c.putrequest("PUT", "/global/0")
+        c.putheader("Content-Length", "abc")
+        c.endheaders()
+        assert c.getresponse().status == 411
+    finally:
+        c.close()
+    assert _req(rdzv, "GET", "/global/0")[0] == 404  # nothing was stored
+
+
+def test_environment_is_what_horovodrun_sets():
+    env = horovod_env(Slot(3, 4, 1, 2, 1, 2), "hostA", "127.0.0.1", 5555, elastic=True, iface="lo")
+    assert env == {
+        "HOROVOD_HOSTNAME": "hostA", "HOROVOD_RANK": "3", "HOROVOD_SIZE": "4", "HOROVOD_LOCAL_RANK": "1",
+        "HOROVOD_LOCAL_SIZE": "2", "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "5555",
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "lo",
+        "HOROVOD_ELASTIC": "1"}

@@ -14,6 +14,14 @@ the survivor's pid before and after shows it was not restarted). Each recovery i
 phases: etrun's own (detect, report, stop, rendezvous, spawn, from its log) and the new
 worker's (process start, imports, init, first step, from the toy's events).
 Prints ``name: value unit`` lines; ``--quick`` does 2 runs per launcher instead of 5.
+
+``--horovod`` (needs ``make horovod``) instead compares elastic Horovod: launcher_toy_horovod.py
+(``hvd.elastic.run``, unmodified) under etrun and under horovodrun's own elastic mode
+(``horovodrun -np 2 --min-np 1 --max-np 2 --host-discovery-script``, two host names of this
+machine with one slot each, so that the failed worker's host can be blacklisted while the other
+goes on), killing rank 1: ``recovery_horovod_kill_to_next_step_median_<launcher>`` is the time from
+the SIGKILL to the survivor's next step, and ``recovery_horovod_etrun_vs_horovodrun`` their ratio.
+Under horovodrun the job goes on with 1 worker; under etrun a replacement joins at once (2).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOY = os.path.join(HERE, "launcher_toy.py")
 TOY_INPROCESS = os.path.join(HERE, "launcher_toy_inprocess.py")
+TOY_HOROVOD = os.path.join(HERE, "launcher_toy_horovod.py")
 BIN = os.path.dirname(sys.executable)
 
 
@@ -153,6 +162,82 @@ def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: floa
         shutil.rmtree(work, ignore_errors=True)
 
 
+def horovod_run(launcher: str, recovery_timeout: float, kill_after: float) -> dict:
+    """One elastic Horovod run under ``launcher`` (etrun or horovodrun): kill rank 1 after
+    ``kill_after`` s of training; the survivor's next step after the kill ends the recovery."""
+    work = tempfile.mkdtemp(prefix="et-hvd-")
+    events = os.path.join(work, "events")
+    env = dict(os.environ, BENCH_EVENTS=events)
+    if launcher == "etrun":
+        cmd = [os.path.join(BIN, "etrun"), "--nproc-per-node", "2", "--max-restarts", "3", "--horovod", "on",
+               TOY_HOROVOD]
+    else:
+        discover = os.path.join(work, "discover.sh")
+        with open(discover, "w") as f:
+            f.write("#!/bin/sh\necho localhost:1\necho 127.0.0.1:1\n")
+        os.chmod(discover, 0o755)
+        cmd = [os.path.join(BIN, "horovodrun"), "-np", "2", "--min-np", "1", "--max-np", "2", "--gloo",
+               "--host-discovery-script", discover, sys.executable, TOY_HOROVOD]
+    out = open(os.path.join(work, "launcher.log"), "wb")
+    proc = subprocess.Popen(cmd, env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    res: dict = {}
+    try:
+        if wait_for(events, lambda r: r[4].startswith("step") and r[1] == 1, 90) is None:
+            res["error"] = "no first step"
+            return res
+        time.sleep(kill_after)
+        before = {r[1]: r[3] for r in read(events) if r[2] == 0}
+        survivor = before[0]
+        t_kill = time.time()
+        os.kill(before[1], signal.SIGKILL)
+        nxt = wait_for(events, lambda r: r[4].startswith("step") and r[3] == survivor and r[2] >= 1
+                       and r[0] > t_kill, recovery_timeout)
+        res["recovered"] = nxt is not None
+        if nxt is not None:
+            res["kill_to_step"] = nxt[0] - t_kill
+            time.sleep(1.0)
+            res["workers_after"] = len({r[3] for r in read(events) if r[0] > nxt[0]})
+            res["survivor_kept"] = any(r[3] == survivor for r in read(events) if r[0] > t_kill)
+        open(events + ".stop", "w").close()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            pass
+        return res
+    finally:
+        kill_tree(proc)
+        for pid in {r[3] for r in read(events)}:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out.close()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main_horovod(runs: int, recovery_timeout: float, kill_after: float) -> None:
+    print(f"# toy: {TOY_HOROVOD} (hvd.elastic.run), 2 workers on gloo, {runs} runs per launcher, kill rank 1 after "
+          f"{kill_after:.0f} s of training, recovery timeout {recovery_timeout:.0f} s, {os.cpu_count()} CPUs")
+    med = {}
+    for name in ("horovodrun", "etrun"):
+        results = []
+        for i in range(runs):
+            r = horovod_run(name, recovery_timeout, kill_after)
+            results.append(r)
+            print(f"# horovod {name} run {i + 1}: " + ", ".join(
+                f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()), flush=True)
+        vals = [r["kill_to_step"] for r in results if "kill_to_step" in r]
+        med[name] = statistics.median(vals) if vals else float("nan")
+        print(f"recovery_horovod_kill_to_next_step_median_{name}: {med[name]:.3f} s")
+        print(f"recovery_horovod_successes_{name}: {sum(1 for r in results if r.get('recovered'))}/{runs} kills")
+        print(f"recovery_horovod_survivor_kept_pid_{name}: {sum(1 for r in results if r.get('survivor_kept'))}/{runs}"
+              " kills")
+        after = [r["workers_after"] for r in results if "workers_after" in r]
+        print(f"recovery_horovod_workers_after_{name}: {statistics.median(after) if after else float('nan'):.0f} "
+              "workers")
+    print(f"recovery_horovod_etrun_vs_horovodrun: {med['etrun'] / med['horovodrun']:.2f} x")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="2 runs per launcher")
@@ -160,8 +245,11 @@ def main() -> None:
     ap.add_argument("--recovery-timeout", type=float, default=20.0)
     ap.add_argument("--kill-after", type=float, default=10.0,
                     help="seconds of training before the kill (etrun's spares start 5 s in and then import)")
+    ap.add_argument("--horovod", action="store_true", help="elastic Horovod: etrun against horovodrun")
     args = ap.parse_args()
     runs = args.runs or (2 if args.quick else 5)
+    if args.horovod:
+        return main_horovod(runs, args.recovery_timeout, min(args.kill_after, 5.0))
     base = dict(os.environ)
     base.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     etrun, torchrun = [os.path.join(BIN, "etrun")], [os.path.join(BIN, "torchrun")]

@@ -261,6 +261,9 @@ class AgentJoin(_Msg):
     #: one free port on ``host`` per local worker, for frameworks that want an address per
     #: worker (TensorFlow's ``TF_CONFIG``); empty: the agent offers none
     worker_ports: Annotated[list[Annotated[int, msgspec.Meta(ge=1, le=65535)]], msgspec.Meta(max_length=65536)] = []
+    #: a member of the running generation asks for a new one with more workers (``scale_up``):
+    #: a Horovod job that went on with its survivors brings their replacements in
+    grow: bool = False
 
 
 class AgentPoll(_Msg):

@@ -215,7 +215,10 @@ class Rendezvous:
         if a is None:
             a = j.agents[req.agent] = _Agent(req, now)
         a.join, a.last_seen, a.waiting, a.done = req, now, True, False
-        if j.members and req.agent not in j.members and j.restart_reason is None and \
+        if req.grow and req.agent in j.members and j.restart_reason is None:
+            j.restart_reason = "scale_up"
+            log.info("job %s: agent %s asks to grow to %d local workers", job, req.agent, req.nproc)
+        elif j.members and req.agent not in j.members and j.restart_reason is None and \
                 len(j.members) < j.max_nodes:
             j.restart_reason = "scale_up"
             log.info("job %s: agent %s waits to join; generation restarts to grow", job, req.agent)

@@ -52,6 +52,9 @@ class Agent:
         self._wake: Optional[threading.Event] = None
         self._group: Optional[WorkerGroup] = None  # the generation running now
         self._horovod = None  # launcher/horovod.py's rendezvous, with --horovod
+        self._slots: Optional[list[int]] = None  # the next generation's worker slots, if not all
+        self._grow = False  # a Horovod job runs on its survivors: bring it back to full size
+        self._told = 0  # the generation whose survivors were told that workers are coming
 
     # ------------------------------------------------------------------ set-up
     def _state_dir(self) -> str:
@@ -119,27 +122,45 @@ class Agent:
                                           on_register=self._horovod_registered)
         log.info("serving Horovod's gloo rendezvous on %s:%d", host, self._horovod.port)
 
-    def _horovod_registered(self, local_rank: int) -> None:
+    def _horovod_registered(self, slot: int) -> None:
         """A worker registered for Horovod's elastic notifications: it recovers in process
         (``hvd.elastic.run``), so mark it as opted in, as ``elastictrain_torch.elastic.run`` does."""
         from ..runtime.control import mark_inprocess
 
         group = self._group
-        if group is None or local_rank >= len(group.workers):
-            return
-        mark_inprocess(os.path.join(self._state_dir(), "control", str(local_rank)), group.workers[local_rank].proc.pid)
+        for w in group.workers if group is not None else ():
+            if w.local_rank == slot:
+                mark_inprocess(os.path.join(self._state_dir(), "control", str(slot)), w.proc.pid)
 
-    def _horovod_generation(self, a):
-        """Open the rendezvous for generation ``a``; returns each fresh worker's Horovod variables."""
+    def _horovod_generation(self, a, slots: list[int]):
+        """Open the rendezvous for generation ``a`` (``slots``: the local workers in it, in rank
+        order); returns each fresh worker's Horovod variables."""
         from .horovod import Slot, horovod_env
 
-        cfg, rdzv = self.cfg, self._horovod
-        n = cfg.nproc_per_node
-        slots = {lr: Slot(a.rank_offset + lr, a.world_size, lr, n, a.node_rank, a.nnodes) for lr in range(n)}
-        rdzv.begin(a.generation, slots)
+        rdzv, n = self._horovod, len(slots)
+        places = {lr: Slot(a.rank_offset + i, a.world_size, i, n, a.node_rank, a.nnodes) for i, lr in enumerate(slots)}
+        rdzv.begin(a.generation, places)
         host = self.cfg.master_addr if self.cfg.coordinator is None else "127.0.0.1"
         iface = None if "HOROVOD_GLOO_IFACE" in os.environ or not _is_loopback(host) else _loopback_iface()
-        return lambda lr: horovod_env(slots[lr], rdzv.hostname, host, rdzv.port, elastic=True, iface=iface)
+        return lambda lr: horovod_env(places[lr], rdzv.hostname, host, rdzv.port, elastic=True, iface=iface)
+
+    def _grown(self, group: WorkerGroup, a) -> bool:
+        """While a Horovod job runs on its survivors: tell them workers are coming (once), and
+        when every one of them has stopped at a commit to ask for its place, carry them into a
+        full-size generation (True: join it)."""
+        rdzv = self._horovod
+        alive = [w.local_rank for w in group.workers if w.proc.poll() is None]
+        if self._told != a.generation:
+            self._told = a.generation
+            threading.Thread(target=rdzv.notify_added, args=(alive,), name="et-horovod-notify", daemon=True).start()
+            return False
+        if rdzv.waiting < len(alive):
+            return False
+        log.info("generation %d: the survivors stopped at a commit; growing back to %d local workers", a.generation,
+                 self.cfg.nproc_per_node)
+        self._keep_or_stop(group, True)
+        self._grow = True  # the next join asks for a generation that grows (scale_up)
+        return True
 
     def _on_signal(self, signum, _frame) -> None:
         self._signal = signum
@@ -160,12 +181,15 @@ class Agent:
             if cfg.python_entry and spares > 0:
                 # the top-level name only: find_spec("torch.x") would import torch into the agent
                 preload = tuple(m for m in cfg.preload if find_spec(m.partition(".")[0]) is not None)
+                if cfg.horovod:  # its C++ extension loads in about a second on a small machine
+                    preload += ("horovod.torch",)
                 env = dict(os.environ)
                 if cfg.nproc_per_node > 1:
                     env.setdefault("OMP_NUM_THREADS", "1")
                 pool = SparePool(spares, preload, env)
             while True:
-                action = self._rendezvous()
+                grow, self._grow = self._grow, False
+                action = self._rendezvous(grow)
                 self._phases.mark("rendezvous")
                 if action.action == "exit":
                     return self._exit_code(action)
@@ -197,7 +221,7 @@ class Agent:
             for s, h in old.items():
                 signal.signal(s, h)
 
-    def _rendezvous(self) -> AgentAction:
+    def _rendezvous(self, grow: bool = False) -> AgentAction:
         cfg = self.cfg
         if cfg.local_addr:
             host = cfg.local_addr
@@ -205,9 +229,10 @@ class Agent:
             host = "127.0.0.1" if _is_loopback(cfg.rdzv_host[0]) else socket.gethostname()
         else:
             host = cfg.master_addr if cfg.coordinator is None else socket.gethostname()
-        join = AgentJoin(self.agent_id, host, cfg.nproc_per_node, free_port(), cfg.min_nodes, cfg.max_nodes,
+        n = cfg.nproc_per_node if self._slots is None else len(self._slots)
+        join = AgentJoin(self.agent_id, host, n, free_port(), cfg.min_nodes, cfg.max_nodes,
                          cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call, cfg.run,
-                         free_ports(cfg.nproc_per_node) if cfg.nproc_per_node <= _MAX_WORKER_PORTS else [])
+                         free_ports(n) if n <= _MAX_WORKER_PORTS else [], grow=grow)
         action = self.client.agent_join(cfg.run_id, join)
         deadline = time.monotonic() + cfg.join_timeout
         while action.action == "wait":
@@ -227,17 +252,21 @@ class Agent:
         cfg = self.cfg
         attempt_dir = os.path.join(self._state_dir(), f"attempt_{self.attempt}")
         self.attempt += 1
+        slots, self._slots = self._slots, None
+        n = cfg.nproc_per_node if slots is None else len(slots)
         log.info("generation %d: node %d/%d, ranks %d..%d of %d (%s)", a.generation, a.node_rank, a.nnodes,
-                 a.rank_offset, a.rank_offset + cfg.nproc_per_node - 1, a.world_size, a.reason)
+                 a.rank_offset, a.rank_offset + n - 1, a.world_size, a.reason)
         carry, self._carry = self._carry, None
         control = os.path.join(self._state_dir(), "control")
         extra = None
         if self._horovod is not None:
-            extra = self._horovod_generation(a)
-        group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool, control_root=control, extra_env=extra)
+            extra = self._horovod_generation(a, slots if slots is not None else list(range(n)))
+        group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool, control_root=control, extra_env=extra,
+                            slots=slots)
         self._group = group.start(carry)
         if self._horovod is not None:
-            self._horovod.started(a.generation, set(range(cfg.nproc_per_node)) - set(group.carried))
+            self._horovod.started(a.generation, set(group.slots) - set(group.carried))
+            self._grow = slots is not None  # on the survivors only: grow back once they can be told
         if group.carried:
             log.info("generation %d: local rank(s) %s continue in their own process (in-process recovery)",
                      a.generation, ",".join(map(str, group.carried)))
@@ -264,6 +293,8 @@ class Agent:
             if self._signal is not None:
                 return self._shutdown(group, a)
             state = group.state()
+            if self._grow and state == "running" and self._grown(group, a):
+                return None
             if state == "failed":
                 failure = group.first_failure()
                 self._phases.detected(failure.at if failure else None)
@@ -281,7 +312,12 @@ class Agent:
                 action = self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "failed",
                                                   _one_line(failure))
                 self._phases.mark("report")
-                self._keep_or_stop(group, keep and action.action != "exit")
+                keep = keep and action.action != "exit"
+                self._keep_or_stop(group, keep)
+                if keep and self._horovod is not None and self._grow is False:
+                    # Horovod's way: the survivors go on by themselves at once; the dead are
+                    # replaced in a generation after, which they join at their next commit
+                    self._slots = [w.local_rank for w in group.workers if w.proc.poll() is None]
                 _print_failure(failure, a, cfg, action)
                 return self._exit_code(action) if action.action == "exit" else None
             if state == "succeeded":

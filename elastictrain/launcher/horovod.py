@@ -96,9 +96,13 @@ class HorovodRendezvous:
         self._done: dict[str, set[str]] = {}
         self._sizes: dict[str, int] = {}
         self._generation = 0
-        self._slots: dict[int, Slot] = {}  # local rank -> slot, in the current generation
-        self._answered: dict[int, int] = {}  # local rank -> the generation it last got (or started in)
-        self.registered: set[int] = set()
+        # workers are known by their slot (etrun's local rank); Horovod names them by the local
+        # rank it last gave them, which changes when the job shrinks or grows
+        self._slots: dict[int, Slot] = {}  # slot -> its place in the current generation
+        self._hvd_lr: dict[int, int] = {}  # slot -> the local rank Horovod last gave it
+        self._answered: dict[int, int] = {}  # slot -> the generation it last got (or started in)
+        self._addresses: dict[int, bytes] = {}  # slot -> its notification service (pickled by Horovod)
+        self.waiting = 0  # rank_and_size requests held for the next generation
         self._closed = False
         handler = type("_Handler", (_Handler,), {"rdzv": self})
         self._httpd = ThreadingHTTPServer((host, 0), handler)
@@ -109,7 +113,7 @@ class HorovodRendezvous:
 
     # ------------------------------------------------------------------ agent side
     def begin(self, generation: int, slots: dict[int, Slot]) -> None:
-        """A new generation, before its workers start: its slots for this host's local ranks.
+        """A new generation, before its workers start: the place of each slot of this host in it.
         The store is cleared, and survivors waiting for their place get it."""
         with self._lock:
             self._generation = generation
@@ -124,12 +128,33 @@ class HorovodRendezvous:
             self._lock.notify_all()
 
     def started(self, generation: int, fresh: set[int]) -> None:
-        """The local ranks started fresh in ``generation``: their environment names it already, so
+        """The slots started fresh in ``generation``: their environment names it already, so
         their next request for a place waits for a newer one."""
         with self._lock:
-            for lr in fresh:
-                self._answered[lr] = generation
-                self.registered.discard(lr)
+            for slot in fresh:
+                self._answered[slot] = generation
+                self._hvd_lr[slot] = self._slots[slot].local_rank
+                self._addresses.pop(slot, None)
+
+    def notify_added(self, slots: list[int]) -> int:
+        """Tell the workers in ``slots`` that workers were added (Horovod's ``HostsUpdatedRequest``
+        to each one's notification service): at their next ``state.commit()`` they stop, and
+        their ``reset`` asks for their place in the next generation. Returns how many were told."""
+        from horovod.runner.common.util import codec
+        from horovod.runner.elastic.worker import HostUpdateResult, WorkerNotificationClient
+
+        told, stamp = 0, int(time.time() * 1000)
+        for slot in slots:
+            value = self._addresses.get(slot)
+            if value is None:
+                continue
+            try:
+                addresses, key = codec.loads_base64(value)
+                WorkerNotificationClient(addresses, key, 0).notify_hosts_updated(stamp, HostUpdateResult.added)
+                told += 1
+            except Exception as exc:  # noqa: BLE001 - a worker that cannot be told finds out at its next failure
+                log.warning("horovod: could not notify slot %d of the new workers: %s", slot, exc)
+        return told
 
     def close(self) -> None:
         with self._lock:
@@ -152,13 +177,11 @@ class HorovodRendezvous:
             if sum(len(v) for v in self._kv.values()) >= MAX_KEYS:
                 return f"the store holds {MAX_KEYS} keys already"
             self._kv.setdefault(scope, {})[key] = value
-        if scope == WORKER_ADDRESSES:
-            lr = self._local_rank(key)
-            if lr is not None:
-                with self._lock:
-                    self.registered.add(lr)
-                if self._on_register is not None:
-                    self._on_register(lr)
+            slot = self._slot(key) if scope == WORKER_ADDRESSES else None
+            if slot is not None:
+                self._addresses[slot] = value
+        if slot is not None and self._on_register is not None:
+            self._on_register(slot)
         return None
 
     def delete(self, scope: str, key: str) -> None:
@@ -174,34 +197,42 @@ class HorovodRendezvous:
                 if scope in self._kv and not self._kv[scope]:
                     del self._kv[scope]
 
-    def _local_rank(self, key: str) -> Optional[int]:
+    def _slot(self, key: str) -> Optional[int]:
+        """The slot of the worker Horovod calls ``<host>:<local rank>`` (under the lock): the one
+        that last got that local rank."""
         host, _, lr = key.rpartition(":")
         if host != self.hostname or not lr.isdigit():
             return None
-        return int(lr)
+        found = [s for s, x in self._hvd_lr.items() if x == int(lr)]
+        return max(found, key=lambda s: (self._answered.get(s, 0), s)) if found else None
 
     def _rank_and_size(self, key: str) -> bytes:
         """Hold a survivor's request until a generation newer than its last one is formed."""
-        lr = self._local_rank(key)
-        if lr is None:
-            return REMOVED
         deadline = time.monotonic() + self.wait
         with self._lock:
-            while not self._closed:
-                last = self._answered.get(lr, 0)
-                if self._generation > last:
-                    slot = self._slots.get(lr)
-                    self._answered[lr] = self._generation
-                    if slot is None:
-                        return REMOVED
-                    log.info("horovod: local rank %d recovers in process as rank %d of %d (generation %d)",
-                             lr, slot.rank, slot.size, self._generation)
-                    return slot.response()
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._lock.wait(min(left, 1.0))
-        log.warning("horovod: local rank %d asked for its place in the next generation, none came in %.0f s", lr,
+            slot = self._slot(key)
+            if slot is None:
+                return REMOVED
+            self.waiting += 1
+            try:
+                while not self._closed:
+                    if self._generation > self._answered.get(slot, 0):
+                        place = self._slots.get(slot)
+                        self._answered[slot] = self._generation
+                        if place is None:
+                            self._hvd_lr.pop(slot, None)
+                            return REMOVED
+                        self._hvd_lr[slot] = place.local_rank
+                        log.info("horovod: local rank %d recovers in process as rank %d of %d (generation %d)",
+                                 slot, place.rank, place.size, self._generation)
+                        return place.response()
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._lock.wait(min(left, 1.0))
+            finally:
+                self.waiting -= 1
+        log.warning("horovod: local rank %d asked for its place in the next generation, none came in %.0f s", slot,
                     self.wait)
         return REMOVED
 

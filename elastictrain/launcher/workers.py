@@ -39,14 +39,15 @@ class Failure:
 
 
 def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_file: Optional[str],
-               error_file: str, base: Optional[dict] = None) -> dict[str, str]:
-    """The environment torchrun gives a worker, plus elastictrain's ``ET_*`` variables."""
+               error_file: str, base: Optional[dict] = None, local_size: Optional[int] = None) -> dict[str, str]:
+    """The environment torchrun gives a worker, plus elastictrain's ``ET_*`` variables
+    (``local_size``: this node's workers in the generation, if not ``--nproc-per-node``)."""
     env = dict(os.environ if base is None else base)
     env.pop("ET_TOKEN", None)  # the token travels by file only
     rank = a.rank_offset + local_rank
     env.update({
         "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(a.world_size),
-        "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node), "GROUP_RANK": str(a.node_rank),
+        "LOCAL_WORLD_SIZE": str(local_size or cfg.nproc_per_node), "GROUP_RANK": str(a.node_rank),
         "GROUP_WORLD_SIZE": str(a.nnodes), "ROLE_NAME": cfg.role, "ROLE_RANK": str(rank),
         "ROLE_WORLD_SIZE": str(a.world_size), "MASTER_ADDR": a.master_addr,
         "MASTER_PORT": str(cfg.master_port or a.master_port),
@@ -184,8 +185,11 @@ class WorkerGroup:
 
     def __init__(self, cfg: LaunchConfig, assignment, attempt_dir: str, coordinator: str,
                  token_file: Optional[str], pool: Optional[SparePool], control_root: Optional[str] = None,
-                 extra_env: Optional[Callable[[int], dict]] = None) -> None:
+                 extra_env: Optional[Callable[[int], dict]] = None, slots: Optional[list[int]] = None) -> None:
         self.cfg, self.a, self.dir = cfg, assignment, attempt_dir
+        # the worker slots (local ranks of --nproc-per-node) that run in this generation, in rank
+        # order; fewer than all while a Horovod job goes on with its survivors (launcher/horovod.py)
+        self.slots = list(range(cfg.nproc_per_node)) if slots is None else list(slots)
         self._extra_env = extra_env  # local rank -> more variables for a worker started fresh (Horovod's)
         self._coordinator, self._token_file, self._pool = coordinator, token_file, pool
         self.workers: list[_Worker] = []
@@ -207,20 +211,22 @@ class WorkerGroup:
                 os.makedirs(self.dir, exist_ok=True)
                 self._filtered[name] = (tuple(w.encode() for w in words),
                                         open(os.path.join(self.dir, f"filtered_{name}.log"), "ab"))
-        for lr in range(cfg.nproc_per_node):
+        old_by_slot = {w.local_rank: w for w in carry.workers} if carry is not None else {}
+        for pos, lr in enumerate(self.slots):
             wdir = os.path.join(self.dir, str(lr))
             os.makedirs(wdir, exist_ok=True)
             error_file = os.path.join(wdir, "error.json")
-            env = worker_env(cfg, self.a, lr, self._coordinator, self._token_file, error_file)
+            env = worker_env(cfg, self.a, pos, self._coordinator, self._token_file, error_file,
+                             local_size=len(self.slots))
             env["ET_PERSIST_MARKER"] = os.path.join(wdir, "persisting")
             if self._extra_env is not None:
                 env.update(self._extra_env(lr))
             ctl = os.path.join(self._control_root, str(lr)) if self._control_root else None
-            old = carry.workers[lr] if carry is not None and lr < len(carry.workers) else None
+            old = old_by_slot.get(lr)
             if old is not None and ctl and old.proc.poll() is None and opted_in(ctl, old.proc.pid):
                 env["ET_CONTROL_DIR"] = ctl
                 env["ET_PERSIST_MARKER"] = old.marker  # its checkpointer keeps the path it read
-                old.rank, old.error_file, old.notify = self.a.rank_offset + lr, error_file, self.changed
+                old.rank, old.error_file, old.notify = self.a.rank_offset + pos, error_file, self.changed
                 write_assignment(ctl, self.a.generation, env)
                 self.workers.append(old)
                 self.carried.append(lr)
@@ -241,7 +247,7 @@ class WorkerGroup:
                        "module": cfg.module}
                 proc.stdin.write(json.dumps(cmd).encode() + b"\n")
                 proc.stdin.close()
-            w = _Worker(lr, self.a.rank_offset + lr, proc, error_file, marker=env["ET_PERSIST_MARKER"],
+            w = _Worker(lr, self.a.rank_offset + pos, proc, error_file, marker=env["ET_PERSIST_MARKER"],
                         notify=self.changed)
             self._route(w, wdir)
             waiter = threading.Thread(target=self._wait, args=(w,), daemon=True)

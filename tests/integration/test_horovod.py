@@ -4,8 +4,9 @@
 * an unmodified Horovod DDP script (hvd.init, DistributedOptimizer, broadcast_parameters) trains
   on 2 workers and every rank ends with the same parameters;
 * an elastic one (hvd.elastic.run): a worker is SIGKILLed mid-run; the survivor keeps its process
-  (same pid after), etrun replaces only the dead worker, and both finish the same number of steps
-  with the same parameters.
+  (same pid after) and goes on alone at once; etrun starts a replacement, which joins at the
+  survivor's next commit (a scale-up generation); both finish with the same parameters;
+* the same with elastictrain_torch.horovod.State: the exactly-once ledger holds across it.
 """
 
 import os
@@ -88,8 +89,14 @@ def test_elastic_horovod_survivor_keeps_its_process_when_a_worker_dies(tmp_path)
     assert int(by_rank[0][2]) == pids[0], "the survivor must keep its process"
     assert int(by_rank[1][2]) != pids[1], "the dead worker is replaced"
     assert {r[3] for r in final} == {"150"} and len({r[4] for r in final}) == 1, final
-    after = [r for r in _rows(events) if r[3] == int(by_rank[1][2])]
-    assert after and min(r[4] for r in after) <= killed_at + 1  # the replacement joined from the last commit
+    rows = _rows(events)
+    alone = [r for r in rows if r[3] == pids[0] and r[2] == 1]
+    assert alone, "the survivor goes on alone (size 1) while the replacement starts"
+    assert min(r[4] for r in alone) <= killed_at + 1  # from its last commit, at once
+    new = [r for r in rows if r[3] == int(by_rank[1][2])]
+    assert new and all(r[2] == 2 for r in new) and min(r[0] for r in new) > max(r[0] for r in alone) - 1
+    assert (min(r[4] for r in new) - 1) % 5 == 0  # it joined at a commit of the survivor (every 5 steps)
+    assert "(scale_up)" in err, err[-3000:]  # the grown generation is a scale-up, not a counted restart
 
 
 def test_elastic_horovod_with_our_state_keeps_data_exactly_once_across_a_kill(tmp_path):
@@ -125,7 +132,7 @@ def test_elastic_horovod_with_our_state_keeps_data_exactly_once_across_a_kill(tm
     digests = set(re.findall(r"params (\w+) \(step", out))
     assert len(digests) == 1, out
     gens = {r[2] for r in _rows(events)}
-    assert gens == {1, 2}, gens
+    assert gens == {1, 2, 3}, gens  # both; the survivor alone; both again after its next commit
     assert re.search(r"restored step-\d+-g1", err), err[-3000:]  # the survivor rolled back to a commit
     comm = re.findall(r"comm: (\d+) iterations, ([\d.]+) allreduces and (\d+) bytes per iteration", out)
     assert len(comm) == 2 and all(int(c[0]) > 0 and float(c[1]) == 4.0 for c in comm), comm  # 4 parameter tensors

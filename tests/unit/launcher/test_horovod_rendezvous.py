@@ -100,9 +100,12 @@ def test_registration_marks_the_worker(rdzv):
     seen = []
     r = HorovodRendezvous("127.0.0.1", "hostA", on_register=seen.append)
     try:
+        r.begin(1, _slots())
+        r.started(1, {0, 1})
         assert _req(r, "PUT", "/worker_addresses/hostA:1", b"pickled")[0] == 200
         assert _req(r, "PUT", "/worker_addresses/elsewhere:0", b"pickled")[0] == 200
-        assert seen == [1] and r.registered == {1}
+        assert _req(r, "PUT", "/worker_addresses/hostA:7", b"pickled")[0] == 200  # no such worker
+        assert seen == [1]
     finally:
         r.close()
 
@@ -136,3 +139,23 @@ def test_environment_is_what_horovodrun_sets():
         "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": "5555",
         "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_IFACE": "lo",
         "HOROVOD_ELASTIC": "1"}
+
+
+def test_a_survivor_is_known_by_the_local_rank_horovod_last_gave_it(rdzv):
+    """Slot 1 survives alone (local rank 0 of 1), then slot 0's replacement joins: the survivor asks
+    as host:0 in generation 3 and gets slot 1's place (local rank 1 of 2)."""
+    rdzv.begin(1, _slots())
+    rdzv.started(1, {0, 1})
+    rdzv.begin(2, {1: Slot(0, 1, 0, 1, 0, 1)})  # slot 0 died: slot 1 is rank 0 of 1
+    assert _req(rdzv, "GET", "/rank_and_size/hostA:1") == (200, b"0,1,0,1,0,1")
+    got = {}
+    t = threading.Thread(target=lambda: got.setdefault("r", _req(rdzv, "GET", "/rank_and_size/hostA:0")))
+    t.start()
+    deadline = time.monotonic() + 5
+    while rdzv.waiting < 1 and time.monotonic() < deadline:  # the agent grows once its survivors wait
+        time.sleep(0.01)
+    assert rdzv.waiting == 1
+    rdzv.begin(3, {0: Slot(0, 2, 0, 2, 0, 1), 1: Slot(1, 2, 1, 2, 0, 1)})
+    rdzv.started(3, {0})
+    t.join(5)
+    assert got["r"] == (200, b"1,2,1,2,0,1") and rdzv.waiting == 0

@@ -314,10 +314,11 @@ class Agent:
                 self._phases.mark("report")
                 keep = keep and action.action != "exit"
                 self._keep_or_stop(group, keep)
-                if keep and self._horovod is not None and self._grow is False:
+                alive = [w.local_rank for w in group.workers if w.proc.poll() is None]
+                if keep and self._horovod is not None and not self._grow and self._horovod.elastic(alive):
                     # Horovod's way: the survivors go on by themselves at once; the dead are
                     # replaced in a generation after, which they join at their next commit
-                    self._slots = [w.local_rank for w in group.workers if w.proc.poll() is None]
+                    self._slots = alive
                 _print_failure(failure, a, cfg, action)
                 return self._exit_code(action) if action.action == "exit" else None
             if state == "succeeded":

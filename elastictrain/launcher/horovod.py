@@ -136,6 +136,12 @@ class HorovodRendezvous:
                 self._hvd_lr[slot] = self._slots[slot].local_rank
                 self._addresses.pop(slot, None)
 
+    def elastic(self, slots: list[int]) -> bool:
+        """Whether every worker in ``slots`` registered for Horovod's elastic notifications (runs
+        ``hvd.elastic.run``), so it can go on alone and be told when workers are added."""
+        with self._lock:
+            return bool(slots) and all(s in self._addresses for s in slots)
+
     def notify_added(self, slots: list[int]) -> int:
         """Tell the workers in ``slots`` that workers were added (Horovod's ``HostsUpdatedRequest``
         to each one's notification service): at their next ``state.commit()`` they stop, and

@@ -136,3 +136,21 @@ def test_elastic_horovod_with_our_state_keeps_data_exactly_once_across_a_kill(tm
     assert re.search(r"restored step-\d+-g1", err), err[-3000:]  # the survivor rolled back to a commit
     comm = re.findall(r"comm: (\d+) iterations, ([\d.]+) allreduces and (\d+) bytes per iteration", out)
     assert len(comm) == 2 and all(int(c[0]) > 0 and float(c[1]) == 4.0 for c in comm), comm  # 4 parameter tensors
+
+
+def _doc_blocks():
+    text = open(os.path.join(ROOT, "docs", "horovod.md")).read()
+    return re.findall(r"^```bash runnable-horovod\n(.*?)^```", text, re.S | re.M)
+
+
+def test_docs_horovod_blocks_run_in_a_clean_copy(tmp_path):
+    from tests.integration.test_first_hour import _copy_repo, _env
+
+    blocks = _doc_blocks()
+    assert len(blocks) == 2
+    repo = _copy_repo(tmp_path)
+    for block in blocks:
+        r = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=repo, env=_env(repo), capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, f"{block}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+        assert len(set(re.findall(r"params (\w+)", r.stdout))) == 1, r.stdout

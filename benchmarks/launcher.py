@@ -195,6 +195,9 @@ def horovod_run(launcher: str, recovery_timeout: float, kill_after: float) -> di
         res["recovered"] = nxt is not None
         if nxt is not None:
             res["kill_to_step"] = nxt[0] - t_kill
+            full = wait_for(events, lambda r: r[4].startswith("step") and r[3] not in before.values(), 10.0)
+            if full is not None:  # a new worker trains: the job is back to 2
+                res["kill_to_full_size"] = full[0] - t_kill
             time.sleep(1.0)
             res["workers_after"] = len({r[3] for r in read(events) if r[0] > nxt[0]})
             res["survivor_kept"] = any(r[3] == survivor for r in read(events) if r[0] > t_kill)
@@ -232,6 +235,10 @@ def main_horovod(runs: int, recovery_timeout: float, kill_after: float) -> None:
         print(f"recovery_horovod_successes_{name}: {sum(1 for r in results if r.get('recovered'))}/{runs} kills")
         print(f"recovery_horovod_survivor_kept_pid_{name}: {sum(1 for r in results if r.get('survivor_kept'))}/{runs}"
               " kills")
+        full = [r["kill_to_full_size"] for r in results if "kill_to_full_size" in r]
+        print(f"recovery_horovod_kill_to_full_size_median_{name}: "
+              f"{statistics.median(full) if full else float('nan'):.3f} s ({len(full)}/{runs} runs back to 2 workers "
+              "within 10 s)")
         after = [r["workers_after"] for r in results if "workers_after" in r]
         print(f"recovery_horovod_workers_after_{name}: {statistics.median(after) if after else float('nan'):.0f} "
               "workers")

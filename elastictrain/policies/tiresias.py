@@ -66,6 +66,9 @@ class Tiresias:
         self._queues: list[list] = [[] for _ in range(len(self.thresholds) + 1)]
         self._sizes: list[dict] = [{} for _ in self._queues]  # per queue: GPUs -> jobs of that size
         self._gkey: dict = {}  # 2D-Gittins: job key -> its sort key (changes only while it runs)
+        # ... and the service at which that key changes next (the next sample of the table above
+        # it): until then a running job's key is kept, not looked up again at every decision
+        self._gnext: dict = {}
 
     def _move(self, jid, q: _Q, level: int) -> None:
         self._queues[q.queue].remove(jid)
@@ -96,6 +99,7 @@ class Tiresias:
                 queues[q.queue].remove(jid)
                 self._count(q.queue, q.gpus, -1)
                 self._gkey.pop(jid, None)
+                self._gnext.pop(jid, None)
         for j in s.arrived:  # new jobs enter Q0 in arrival order (a repeated arrival is ignored)
             if j.job_id not in state:
                 self._enter(j)
@@ -115,9 +119,11 @@ class Tiresias:
         if self.knob > 0:
             self._promote(s)
         if self.table is not None:  # a waiting job's service, hence its Gittins key, does not change
-            gkey = self._gkey
+            gkey, gnext = self._gkey, self._gnext
             for j in s.running:
-                gkey[j.job_id] = self._gittins_key(j.job_id, j)
+                jid = j.job_id
+                if j.attained_gpu - state[jid].offset >= gnext.get(jid, -1.0):
+                    gkey[jid] = self._gittins_key(jid, j)
             if len(gkey) != len(state):
                 for jid in state:
                     if jid not in gkey:
@@ -167,8 +173,12 @@ class Tiresias:
 
     def _gittins_key(self, jid, j) -> tuple:
         if j is None:
+            self._gnext[jid] = -1.0  # looked up again once it runs
             return (0.0, float("inf"), jid)
-        return (-self._gittins(j.attained_gpu - self._state[jid].offset), j.submit_time, jid)
+        xs, gi = self._table_lists
+        i = bisect.bisect_right(xs, j.attained_gpu - self._state[jid].offset)
+        self._gnext[jid] = xs[i] if i < len(xs) else math.inf
+        return (-gi[min(i, len(gi) - 1)], j.submit_time, jid)
 
     def _promote(self, s: ClusterSnapshot) -> None:
         now = s.now
@@ -187,15 +197,19 @@ class Tiresias:
                     q.offset, q.waited_from = j.attained_gpu, None
                     self._move(jid, q, 0)
                     self._gkey.pop(jid, None)  # its service restarts from 0: a new key
+                    self._gnext.pop(jid, None)
 
     def _wakeup(self, s: ClusterSnapshot, run: dict) -> Optional[float]:
         best = math.inf
-        last = len(self.thresholds)
+        th, state, now, job = self.thresholds, self._state, s.now, s.by_key.__getitem__
+        last = len(th)
         for jid in run:
-            q = self._state[jid]
+            q = state[jid]
             if q.queue < last:
-                j = s.job(jid)
-                best = min(best, s.now + (self.thresholds[q.queue] - (j.attained_gpu - q.offset)) / j.num_gpu)
+                j = job(jid)
+                t = now + (th[q.queue] - (j.attained_gpu - q.offset)) / j.num_gpu
+                if t < best:
+                    best = t
         if self.knob > 0:
             for k in range(1, len(self._queues)):
                 for jid in self._queues[k]:
@@ -222,7 +236,7 @@ class Tiresias:
         self._state.clear()
         self._queues = [[] for _ in range(len(self.thresholds) + 1)]
         self._sizes = [{} for _ in self._queues]
-        self._gkey = {}
+        self._gkey, self._gnext = {}, {}
         for level, keys in enumerate(data.get("queues", [])[:len(self._queues)]):
             for k in keys:
                 j = views.get(str(k))

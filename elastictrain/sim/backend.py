@@ -118,11 +118,13 @@ class SimBackend:
                     lost += dt - work
             else:
                 o = owed.get(e.key, 0.0)
-                pay = min(o, dt)
-                if pay:
+                if o:  # a restart cost still owed is paid first
+                    pay = o if o < dt else dt
                     owed[e.key] = o - pay
                     lost += pay
-                work = dt - pay
+                    work = dt - pay
+                else:
+                    work = dt
             its = work / (e.iteration_time * e.slowdown)
             e.remaining_iterations -= its
             if window is not None and dt > 0:

@@ -188,7 +188,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                sync=args.sync, ready_file=args.ready_file, public_read=args.public_read,
                                cluster=cluster, allow_insecure_token_file=args.allow_insecure_token_file,
                                limits=_limits(args)))
-        elif args.command in ("node", "submit", "status", "cancel", "logs", "events"):
+        elif args.command in ("node", "submit", "status", "cancel", "logs", "events", "users"):
             from .cluster_cli import run_command
 
             return run_command(args)

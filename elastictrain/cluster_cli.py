@@ -72,6 +72,19 @@ def add_commands(sub) -> None:
     st.add_argument("--job", dest="job_opt", default=None, help="show one job")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--all", action="store_true", help="list every finished job, not the last 10")
+    st.add_argument("--users", action="store_true",
+                    help="each user's share of the GPU-seconds used over --window against its tickets' entitlement")
+    st.add_argument("--window", type=float, default=600.0, help="seconds the --users shares cover (default 600)")
+
+    us = sub.add_parser("users", help="users' tickets (Gandiva-fair shares GPU time by them)")
+    _connection(us)
+    usub = us.add_subparsers(dest="users_command", required=True)
+    uset = usub.add_parser("set", help="set a user's tickets")
+    uset.add_argument("name")
+    uset.add_argument("--tickets", type=float, required=True, help="a number > 0; users not set have the default")
+    ulist = usub.add_parser("list", help="every user's tickets, entitlement and share (as status --users)")
+    ulist.add_argument("--window", type=float, default=600.0, help="seconds the shares cover (default 600)")
+    ulist.add_argument("--json", action="store_true", help="machine-readable output")
 
     c = sub.add_parser("cancel", help="cancel a job (its workers are stopped)")
     _connection(c)
@@ -99,7 +112,7 @@ def _client(args, timeout: float = 10.0):
 
 def run_command(args) -> int:
     return {"node": _node, "submit": _submit, "status": _status, "cancel": _cancel, "logs": _logs,
-            "events": _events}[args.command](args)
+            "events": _events, "users": _users}[args.command](args)
 
 
 # ---------------------------------------------------------------------- node
@@ -179,6 +192,8 @@ def _worker_range(args) -> tuple[int, int]:
 def _status(args) -> int:
     client = _client(args)
     job = args.job_opt or args.job
+    if args.users:
+        return _user_table(client, args.window, args.json)
     if job:
         return _job_status(client, job, args.json)
     try:
@@ -216,6 +231,35 @@ def _status(args) -> int:
                          " ".join(f"{k}={v}" for k, v in j.info.items()) or "-", _short(j.reason) or "-"))
         print(f"{title}:")
         print(table(rows, right_align=False))
+    return 0
+
+
+def _users(args) -> int:
+    client = _client(args)
+    if args.users_command == "set":
+        if not (0 < args.tickets <= 1_000_000):
+            raise ConfigError(f"--tickets must be in (0, 1000000], got {args.tickets}")
+        client.set_user(args.name, args.tickets)
+        print(f"user {args.name}: {args.tickets:g} tickets")
+        return _user_table(client, 600.0, False)
+    return _user_table(client, args.window, args.json)
+
+
+def _user_table(client, window: float, as_json: bool) -> int:
+    if not (0 < window <= 86_400):
+        raise ConfigError(f"--window must be in (0, 86400] seconds, got {window}")
+    ul = client.users(window)
+    if as_json:
+        print(msgspec.json.encode(ul).decode())
+        return 0
+    note = "" if ul.tickets_used else " (this policy does not share by tickets; shares are shown as measured)"
+    print(f"users over the last {ul.window:.0f} s; default tickets {ul.default_tickets:g}{note}")
+    rows = [("user", "tickets", "entitled", "share", "share/entitled", "GPU-s", "running GPUs", "jobs")]
+    for u in ul.users:
+        ratio = f"{u.share / u.entitled:.2f}" if u.entitled > 0 else "-"
+        rows.append((u.user, f"{u.tickets:g}" + ("" if u.set else " (default)"), f"{u.entitled:.1%}",
+                     f"{u.share:.1%}", ratio, f"{u.gpu_seconds:.1f}", str(u.running_gpus), str(u.jobs)))
+    print(table(rows, right_align=False))
     return 0
 
 

@@ -18,7 +18,7 @@ from .model import CHECKPOINT_RE, NAME_RE, DatasetSpec
 API_VERSION = 1
 
 __all__ = [
-    "API_VERSION", "Error", "Health", "Version", "JobCreate", "JobInfo", "GenerationCreate",
+    "UserTickets", "UserInfo", "UserList", "API_VERSION", "Error", "Health", "Version", "JobCreate", "JobInfo", "GenerationCreate",
     "GenerationInfo", "DatasetInfo", "LeaseRequest", "Lease", "LeaseReply", "ShardUpdate",
     "ProgressRequest", "ProgressReply", "CommitRequest", "CommitReply", "RestoreRequest",
     "RestoreReply", "ReleaseRequest", "ReleaseReply", "CommitInfo", "CommitList",
@@ -573,6 +573,35 @@ class EventInfo(_Msg):
 class EventList(_Msg):
     events: list[EventInfo]
     next: int
+
+
+class UserTickets(_Msg):
+    """A user's tickets: GPU time is shared in proportion to them (Gandiva-fair)."""
+
+    tickets: Annotated[float, msgspec.Meta(gt=0.0, le=1_000_000.0)]
+
+
+class UserInfo(_Msg):
+    user: str
+    tickets: float
+    #: whether ``tickets`` were set (``elastictrain users set``) or are the default
+    set: bool
+    #: the share of the cluster's GPUs its tickets entitle it to, among users with jobs
+    entitled: float
+    #: its share of the GPU-seconds used over the window
+    share: float
+    gpu_seconds: float
+    running_gpus: int
+    jobs: int
+
+
+class UserList(_Msg):
+    users: list[UserInfo]
+    #: seconds the shares are measured over (shorter while the coordinator has run less)
+    window: float
+    #: whether the policy uses tickets (gandiva-fair); others only report the shares
+    tickets_used: bool
+    default_tickets: float
 
 
 class ClusterStatus(_Msg):

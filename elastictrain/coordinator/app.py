@@ -34,7 +34,8 @@ from ..model import DatasetSpec
 from ..wire import (
     API_VERSION, AgentJoin, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
     GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, NodeLeave, NodePoll, NodeRegister,
-    ProfileReport, ProgressRequest, ReleaseRequest, ResourceReport, RestoreRequest, StepInfo, StepReport, Version,
+    ProfileReport, ProgressRequest, ReleaseRequest, ResourceReport, RestoreRequest, StepInfo, StepReport, UserTickets,
+    Version,
 )
 from .membership import Membership
 from .profiles import ProfileBook
@@ -42,6 +43,7 @@ from .resources import ResourceBook
 from .rendezvous import Rendezvous
 from .shards import ShardManager
 from .store import Store
+from .users import window_arg
 
 __all__ = ["Coordinator", "CoordinatorApp", "MAX_BODY"]
 
@@ -164,7 +166,10 @@ class CoordinatorApp:
             "/v1/cluster/jobs": {"GET": _Route("GET", None, lambda: sched().jobs()),
                                  "POST": _Route("POST", JobSubmit, lambda b: sched().submit(b))},
             "/v1/cluster/events": {"GET": _Route("GET", None, self._events, query=True)},
+            "/v1/cluster/users": {"GET": _Route("GET", None, self._users, query=True)},
         }
+        # /v1/cluster/users/{name}: set its tickets
+        self._user = {"POST": _Route("POST", UserTickets, lambda u, b: sched().set_user(u, b))}
         # /v1/jobs/{job}[/generations | /profiles | /steps | /datasets[/{ds}[/verb]]]
         self._job = {"GET": _Route("GET", None, coordinator.job_info)}
         self._job_sub = {
@@ -211,6 +216,9 @@ class CoordinatorApp:
         job = query.get("job")
         return self.c.scheduler().event_list(_int_arg(query, "after"), job)
 
+    def _users(self, query: dict):
+        return self.c.scheduler().user_list(window_arg(query))
+
     def _logs(self, job: str, query: dict):
         return self.c.scheduler().job_logs(job, _int_arg(query, "after"))
 
@@ -251,6 +259,8 @@ class CoordinatorApp:
                     return self._cjob_verb[p[5]], (p[4],)
             if p[3] == "nodes" and n == 6 and p[5] in self._node_verb:
                 return self._node_verb[p[5]], (p[4],)
+            if p[3] == "users" and n == 5:
+                return self._user, (p[4],)
         raise NotFoundError(f"no route {path}; the API lives under /v1 (see docs/coordinator.md)")
 
     # ------------------------------------------------------------------ ASGI

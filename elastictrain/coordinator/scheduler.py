@@ -36,12 +36,14 @@ from ..runtime.stages import STAGES
 from ..scheduling import ENDED, Entry, JobStatus, JobTable, Scheduler
 from ..wire import (
     ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, JobSubmit, LogList, NodeInfo, NodeLeave, NodePoll,
-    NodeRegister, NodeSlots, NodeTasks, StepInfo, StepReport, Task,
+    NodeRegister, NodeSlots, NodeTasks, StepInfo, StepReport, Task, UserList, UserTickets,
 )
 from .events import EventLog, LogBook
 from .live import JobRecord, LiveBackend
 from .nodes import Exit, NodeBook, TaskRec
 from .store import LoadedState
+from .users import META_KEY as USERS_META
+from .users import UserBook
 
 __all__ = ["ClusterConfig", "ClusterScheduler"]
 
@@ -78,6 +80,7 @@ class ClusterScheduler:
         if "sticky" in (options_of(cfg.policy) or ()):
             opts["sticky"] = True  # a move is a restart here: keep running jobs where they are
         self.policy = create(cfg.policy, only_known=True, **opts)
+        self.users = UserBook(loaded.meta, self.policy)
         self.events = EventLog(self.store, loaded.last_event)
         self.logs = LogBook(self.store, loaded.log_bytes)
         self.nodes = NodeBook(loaded.nodes, self._emit, cfg.node_timeout, self._task)
@@ -359,6 +362,33 @@ class ClusterScheduler:
         return ClusterStatus(self.cfg.policy, self.clock.now(), [n.info() for n in self.nodes.by_index],
                              [self.info(r) for r in self.records.values()], self.sched.decisions, self.sched.failures)
 
+    # ------------------------------------------------------------------ users
+    def _usage(self):
+        get = self.table.get
+        for rec in self.records.values():
+            e = get(rec.id)
+            yield rec.user, e.attained_gpu if e is not None else rec.attained_gpu
+
+    def set_user(self, user: str, req: UserTickets) -> UserList:
+        stored = self.users.set(user, req.tickets)
+        self._emit("tickets", "", "", user=user, tickets=req.tickets, policy=self.cfg.policy)
+        with self.store.transaction() as tx:
+            tx.put_meta(USERS_META, stored)
+            self.events.write(tx)
+        self.wake()
+        return self.user_list(600.0)
+
+    def user_list(self, window: float) -> UserList:
+        active: dict[str, int] = {}
+        for rec in self.records.values():
+            if rec.status not in _ENDED_NAMES:
+                active[rec.user] = active.get(rec.user, 0) + 1
+        running: dict[str, int] = {}
+        for e in self.table.running.values():
+            running[e.user] = running.get(e.user, 0) + e.num_gpu
+        self.table.accrue(self.clock.now())
+        return self.users.report(self.clock.now(), window, self._usage, active, running)
+
     def job_logs(self, job: str, after: int) -> LogList:
         rec = self._rec(job)
         return self.logs.list(job, after, rec.status in _ENDED_NAMES)
@@ -429,6 +459,7 @@ class ClusterScheduler:
         self.table.accrue(now)
         for e in self.table.running.values():
             self._measure(e.data["job"], e)
+        self.users.sample(now, self._usage)
         if len(self.table):
             self.sched.tick()
             for key in self.sched.deferred:

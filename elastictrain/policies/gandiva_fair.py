@@ -104,6 +104,7 @@ class GandivaFair:
         self.name = name
         self.single_type = split  # a gang runs on one GPU type: bigger than every type, it never runs
         self._jobs: dict[int, StrideJob] = {}
+        self._planned: dict = {}  # the last quantum's placements (split stride)
         self._spass: dict[int, float] = {}  # central-stride pass of each server entry
         self._next = 0.0
         self._users: Optional[frozenset] = None
@@ -116,6 +117,14 @@ class GandivaFair:
         self._last: Optional[float] = None
 
     # ------------------------------------------------------------------ shares
+    def set_tickets(self, tickets: dict[str, float]) -> None:
+        """Replace the users' tickets (the live coordinator's ``elastictrain users set``); the
+        entitlements are recomputed at the next decision."""
+        if any(not t > 0 for t in tickets.values()):
+            raise ConfigError("tickets must be positive")
+        self.tickets = dict(tickets)
+        self._users = None
+
     def _user_tickets(self, u: str) -> float:
         return self.tickets.get(u, self.default)
 
@@ -179,7 +188,17 @@ class GandivaFair:
                 run[j.job_id] = j.placement
                 for n, g in j.placement:
                     free[n] -= g
+            # first the jobs this quantum chose that have not started: on a live cluster a start
+            # waits until the preempted jobs' workers have exited (their pass already advanced)
+            for jid, where in self._planned.items():
+                j = by_id.get(jid)
+                if j is not None and not j.running and all(0 <= n < len(free) and free[n] >= g for n, g in where):
+                    for n, g in where:
+                        free[n] -= g
+                    run[jid] = where
             for j in s.jobs:
+                if j.job_id in run:
+                    continue
                 sj = self._jobs[j.job_id]
                 if not j.running and sj.home is not None and sj.size <= free[sj.home]:
                     free[sj.home] -= sj.size
@@ -196,6 +215,7 @@ class GandivaFair:
                         run[jid] = ((n, self._jobs[jid].size),)
                         free[n] -= self._jobs[jid].size
             self._backfill(nodes, free, residents, by_id, run)
+        self._planned = dict(run)
         return Decision(run, self._wake(s, run))
 
     def _wake(self, s: ClusterSnapshot, run: dict) -> Optional[float]:

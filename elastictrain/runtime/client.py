@@ -25,7 +25,7 @@ from ..wire import (
     CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health, JobCreate,
     JobInfo, JobList, JobSubmit, LeaseReply, LeaseRequest, LogList, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks,
     ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
-    ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, Version,
+    ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserTickets, Version,
 )
 
 __all__ = ["CoordinatorClient", "read_token", "token_from_file"]
@@ -228,6 +228,12 @@ class CoordinatorClient:
     def events(self, after: int = 0, job: Optional[str] = None) -> EventList:
         q = f"?after={int(after)}" + (f"&job={job}" if job else "")
         return self._call("GET", f"/v1/cluster/events{q}", EventList)
+
+    def set_user(self, user: str, tickets: float) -> UserList:
+        return self._call("POST", f"/v1/cluster/users/{user}", UserList, UserTickets(tickets))
+
+    def users(self, window: float = 600.0) -> UserList:
+        return self._call("GET", f"/v1/cluster/users?window={float(window)!r}", UserList)
 
     def node_register(self, name: str, req: NodeRegister) -> NodeInfo:
         return self._call("POST", f"/v1/cluster/nodes/{name}/register", NodeInfo, req)

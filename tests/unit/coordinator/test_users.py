@@ -1,0 +1,77 @@
+"""Users in cluster mode: tickets set through the API reach Gandiva-fair live, are kept in the
+database across a restart, and the users' measured shares over a window follow them; bad input is
+refused with the fix named."""
+
+import pytest
+
+from elastictrain.errors import ConfigError
+from elastictrain.wire import UserTickets
+
+from .test_cluster_scheduler import World
+
+
+def _drive(w, seconds):
+    """Run the cluster for ``seconds``: every second a decision, stops confirmed by the node
+    (workers exit with the preempted code), starts reported running."""
+    for _ in range(int(seconds)):
+        w.clock.advance(1.0)
+        w.s.tick()
+        for key in list(w.s.table.stopping):
+            w.exit(key, 75)
+        w.s.tick()
+        w.run_all()
+
+
+def test_tickets_reach_gandiva_fair_and_survive_a_restart(tmp_path):
+    w = World(tmp_path, policy="gandiva-fair", nodes=1, slots=2, quantum=10.0)
+    out = w.s.set_user("alice", UserTickets(3.0))
+    assert w.s.policy.tickets == {"alice": 3.0}
+    assert out.tickets_used and [u.user for u in out.users] == ["alice"] and out.users[0].set
+    w.s.set_user("bob", UserTickets(1.0))
+    kinds = [(e.kind, e.detail.get("user")) for e in w.s.events.list(0).events]
+    assert ("tickets", "alice") in kinds and ("tickets", "bob") in kinds
+    w.restart()
+    assert w.s.policy.tickets == {"alice": 3.0, "bob": 1.0}
+
+
+def test_shares_follow_the_tickets_over_the_window(tmp_path):
+    w = World(tmp_path, policy="gandiva-fair", nodes=1, slots=2, quantum=10.0, compensate=0.0)
+    w.s.set_user("alice", UserTickets(3.0))
+    for user in ("alice", "alice", "bob", "bob"):
+        w.submit(1, user=user)
+    _drive(w, 400)
+    ul = w.s.user_list(300.0)
+    by = {u.user: u for u in ul.users}
+    assert by["alice"].entitled == pytest.approx(0.75) and by["bob"].entitled == pytest.approx(0.25)
+    assert by["alice"].share == pytest.approx(0.75, abs=0.08), ul
+    assert by["bob"].share == pytest.approx(0.25, abs=0.08), ul
+    assert by["bob"].tickets == 1.0 and not by["bob"].set  # the default
+    assert 290 <= ul.window <= 300
+    assert by["alice"].jobs == 2 and by["alice"].running_gpus + by["bob"].running_gpus <= 2
+    # equal tickets: equal shares from then on
+    w.s.set_user("alice", UserTickets(1.0))
+    _drive(w, 400)
+    by = {u.user: u for u in w.s.user_list(300.0).users}
+    assert by["alice"].share == pytest.approx(0.5, abs=0.08) and by["bob"].share == pytest.approx(0.5, abs=0.08)
+
+
+def test_shares_are_reported_under_any_policy(tmp_path):
+    w = World(tmp_path, policy="tiresias-l", nodes=1, slots=2)
+    w.submit(2, user="carol")
+    _drive(w, 20)
+    ul = w.s.user_list(600.0)
+    assert not ul.tickets_used and [(u.user, u.share) for u in ul.users] == [("carol", 1.0)]
+    w.s.set_user("carol", UserTickets(2.0))  # kept, for a policy that uses them later
+    assert w.s.users.tickets == {"carol": 2.0}
+
+
+@pytest.mark.parametrize("user, tickets, word", [("bad name!", 1.0, "user"), ("x" * 300, 1.0, "user"),
+                                                 ("ok", float("inf"), "tickets")])
+def test_bad_users_and_tickets_are_refused(tmp_path, user, tickets, word):
+    w = World(tmp_path, policy="gandiva-fair", nodes=1, slots=2)
+    with pytest.raises(ConfigError, match=word):
+        w.s.users.set(user, tickets)
+    with pytest.raises(ConfigError, match="window"):
+        w.s.user_list(0.0)
+    with pytest.raises(ConfigError, match="window"):
+        w.s.user_list(10 ** 9)

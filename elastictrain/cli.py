@@ -100,7 +100,13 @@ def get_parser() -> argparse.ArgumentParser:
 
     f = sub.add_parser("fairness", help="Gandiva-fair's fair-share experiments: per-user share over time and in "
                        "total, as a table, CSV and PNG")
-    f.add_argument("experiment", choices=("homogeneous", "heterogeneous"))
+    f.add_argument("experiment", nargs="?", choices=("homogeneous", "heterogeneous"),
+                   help="a simulated experiment, or none with --from-coordinator")
+    f.add_argument("--from-coordinator", default=None, metavar="URL",
+                   help="report a live cluster instead: each user's GPU time against its tickets, from the "
+                   "coordinator's event log (--window seconds per window)")
+    f.add_argument("--token-file", default=os.environ.get("ET_TOKEN_FILE"),
+                   help="with --from-coordinator: the coordinator's token file [ET_TOKEN_FILE; or set ET_TOKEN]")
     f.add_argument("--trace", default=None, help="homogeneous: trace whose GPU counts the users' jobs are drawn "
                    "from (default: the shipped traces/tiresias/60_job.csv)")
     f.add_argument("--throughputs", default=None, help="heterogeneous: Gavel's simulation_throughputs.json "
@@ -300,6 +306,35 @@ def _simulate(args) -> None:
             print(f"wrote {p}")
 
 
+def _live_fairness(args) -> None:
+    from ._text import table
+    from .runtime.client import CoordinatorClient, token_from_file
+    from .sim.fairness_live import live_fairness, write_live_report
+
+    token = token_from_file(args.token_file, "--token-file") if args.token_file else (os.environ.get("ET_TOKEN") or None)
+    client = CoordinatorClient(args.from_coordinator, token, timeout=30.0, retry_for=10.0)
+    events, after = [], 0
+    while True:  # the whole log, page by page
+        page = client.events(after)
+        events.extend(page.events)
+        if not page.events or page.next <= after:
+            break
+        after = page.next
+    users = client.users(600.0)
+    now = client.cluster_status().now
+    r = live_fairness(events, {u.user: u.tickets for u in users.users if u.set}, users.default_tickets,
+                      args.window, now)
+    print(f"live cluster at {args.from_coordinator}: {len(events)} events over {r.end - r.start:.0f} s, "
+          f"{len(r.timeline)} window(s) of {args.window:g} s")
+    rows = [("user", "tickets", "GPU-s", "entitled GPU-s", "received / entitled")]
+    rows += [(u, f"{r.tickets[u]:g}", f"{r.received[u]:.1f}", f"{r.entitled[u]:.1f}", f"{r.ratio(u):.3f}")
+             for u in r.users]
+    print(table(rows))
+    if args.out:
+        for p in write_live_report(r, args.out):
+            print(f"wrote {p}")
+
+
 def _fairness(args) -> None:
     from ._text import table
     from .errors import ConfigError
@@ -307,6 +342,14 @@ def _fairness(args) -> None:
 
     from .sim.traces import SHIPPED
 
+    if not (0 < args.window <= 10 ** 7):
+        raise ConfigError(f"--window must be in (0, 10000000] seconds, got {args.window}")
+    if args.from_coordinator:
+        if args.experiment:
+            raise ConfigError("give an experiment or --from-coordinator, not both")
+        return _live_fairness(args)
+    if not args.experiment:
+        raise ConfigError("name an experiment (homogeneous or heterogeneous), or pass --from-coordinator URL")
     if args.experiment == "homogeneous":
         trace = args.trace or os.path.join(SHIPPED, "tiresias", "60_job.csv")
         if not os.path.exists(trace) and not os.path.exists(trace + ".gz"):

@@ -75,3 +75,23 @@ def test_bad_users_and_tickets_are_refused(tmp_path, user, tickets, word):
         w.s.user_list(0.0)
     with pytest.raises(ConfigError, match="window"):
         w.s.user_list(10 ** 9)
+
+
+def test_the_live_fairness_report_from_the_event_log(tmp_path):
+    from elastictrain.sim.fairness_live import live_fairness, write_live_report
+
+    w = World(tmp_path, policy="gandiva-fair", nodes=1, slots=2, quantum=10.0, compensate=0.0)
+    w.s.set_user("alice", UserTickets(3.0))
+    for user in ("alice", "alice", "bob", "bob"):
+        w.submit(1, user=user)
+    _drive(w, 600)
+    events = w.s.events.list(0).events
+    r = live_fairness(events, {"alice": 3.0}, 1.0, 200.0, w.clock.now())
+    assert r.users == ["alice", "bob"] and len(r.timeline) == 3
+    assert r.received["alice"] + r.received["bob"] == pytest.approx(2 * 600, rel=0.05)  # both slots busy
+    assert r.ratio("alice") == pytest.approx(1.0, abs=0.1) and r.ratio("bob") == pytest.approx(1.0, abs=0.3)
+    assert r.received["alice"] / (r.received["alice"] + r.received["bob"]) == pytest.approx(0.75, abs=0.05)
+    paths = write_live_report(r, str(tmp_path / "report"))
+    assert open(paths[0]).read().splitlines()[0] == "user,tickets,gpu_seconds,entitled_gpu_seconds," \
+                                                    "received_over_entitled"
+    assert len(open(paths[1]).read().splitlines()) == 4

@@ -1,0 +1,60 @@
+"""Gandiva-fair on real jobs with users' tickets: a coordinator running gandiva-fair (10-s
+quantum), one node daemon with 2 CPU slots, two users with 2 one-slot DDP jobs each, alice with
+3 tickets and bob with 1 (set with `elastictrain users set`). Time slicing is preempt and resume
+from checkpoints; while all four jobs are active, alice's share of the slot-seconds follows her
+tickets; `status --users` and `fairness --from-coordinator` report it; every finished job trained
+on each sample exactly once."""
+
+import csv
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from elastictrain.launcher.local_cluster import LocalCluster as Cluster
+
+pytestmark = pytest.mark.slow
+WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
+                      "torch_cluster_job.py")
+
+
+def et(c, *args):
+    r = subprocess.run([sys.executable, "-m", "elastictrain", *args], env=c.env(), cwd=c.tmp, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_gandiva_fair_shares_real_slots_by_the_users_tickets(tmp_path):
+    with Cluster(tmp_path, "gandiva-fair", "--quantum", "10", nodes=1, slots=2) as c:
+        assert "alice: 3 tickets" in et(c, "users", "set", "alice", "--tickets", "3")
+        names = []
+        for user, i in (("alice", 0), ("alice", 1), ("bob", 0), ("bob", 1)):
+            name = f"{user}{i}"
+            names.append(name)
+            c.submit(name, 1, [WORKER, "--ckpt-dir", os.path.join(c.tmp, f"ckpt-{name}"), "--out",
+                               os.path.join(c.tmp, f"{name}.json"), "--samples", "40000", "--step-sleep", "0.05"],
+                     user=user)
+        t0 = time.monotonic()
+        st = c.wait(lambda st: time.monotonic() - t0 > 100 or any(j.status == "finished" for j in st.jobs), 200,
+                    "100 s of sharing")
+        assert not any(j.status == "finished" for j in st.jobs), "the jobs must outlast the measurement"
+        ul = c.client.users(60.0)  # the last minute: stride's first quanta share equally, then it settles
+        by = {u.user: u for u in ul.users}
+        assert by["alice"].entitled == pytest.approx(0.75) and by["bob"].entitled == pytest.approx(0.25)
+        assert 0.6 <= by["alice"].share <= 0.9, (ul, c.tail())  # 0.75 by tickets, less restart overheads
+        text = et(c, "status", "--users", "--window", "60")
+        assert "alice" in text and "75.0%" in text and "share/entitled" in text
+        kinds = [e.kind for e in c.events()]
+        assert kinds.count("preempted") >= 3 and kinds.count("resume") >= 3, kinds  # time slices are real
+        out = et(c, "fairness", "--from-coordinator", c.client.url, "--window", "30", "--out", str(tmp_path / "rep"))
+        assert "received / entitled" in out
+        with open(tmp_path / "rep" / "fairness_total.csv") as f:
+            rows = {r["user"]: r for r in csv.DictReader(f)}
+        assert float(rows["alice"]["gpu_seconds"]) > float(rows["bob"]["gpu_seconds"]) * 1.5, rows
+        c.wait_all(4, timeout=400)
+        for name in names:
+            r = c.result(name)
+            assert r["min"] == r["max"] == 1, f"{name}: every sample must be trained on once: {r}"

@@ -1,7 +1,8 @@
 """The coordinator's status page, ``GET /ui``: one static HTML file whose script reads the JSON
 API with the token the user pastes (kept in the tab's sessionStorage, sent as the bearer token;
 with ``--public-read`` none is needed). It shows every job (``/v1/jobs``), the cluster's nodes
-and queue when a policy runs (``/v1/cluster``), and for a chosen job its datasets and each
+and queue when a policy runs (``/v1/cluster``) with the users' tickets and shares
+(``/v1/cluster/users``), and for a chosen job its datasets and each
 worker's resource use (``/v1/jobs/{job}``, ``.../datasets/{ds}``, ``.../resources``), refreshed
 every 2 seconds. The page holds no data itself, so serving it needs no token."""
 
@@ -57,6 +58,12 @@ async function refresh() {
         c.nodes.map((n) => [n.name, n.state, n.slots, n.used, n.jobs.join(" ")])) +
         table(["cluster job", "name", "user", "status", "gpus", "attained GPU-s"],
           c.jobs.map((q) => [q.id, q.name, q.user, q.status, q.gpus, (q.attained_gpu || 0).toFixed(1)]));
+      const u = await get("/v1/cluster/users?window=600");
+      const pct = (x) => (100 * x).toFixed(1) + "%";
+      if (u.users.length) $("cluster").innerHTML += table(["user", "tickets", "entitled",
+          "share of the last " + u.window.toFixed(0) + " s", "running GPUs", "jobs"],
+        u.users.map((x) => [x.user, x.tickets + (x.set ? "" : " (default)"), pct(x.entitled), pct(x.share),
+                            x.running_gpus, x.jobs]));
     } catch (e) { $("cluster").textContent = "no scheduling policy on this coordinator"; }
     if (chosen) {
       const j = await get("/v1/jobs/" + encodeURIComponent(chosen));

@@ -67,3 +67,43 @@ def test_the_page_script_renders_live_data(tmp_path, coordinator, client):
     assert "no scheduling policy" in out["cluster"]
     assert "<td>train</td>" in out["job"] and "<td>97</td>" in out["job"] and "300 MiB" in out["job"]
     assert "0.250 s" in out["job"] and "no GPU on this machine" in out["job"]
+
+
+def test_the_page_shows_users_tickets_and_shares_in_cluster_mode(tmp_path):
+    """With a ticket policy: the users' table (tickets set and default, entitlement) on the page."""
+    import os
+    import shutil
+    import subprocess
+
+    import pytest
+
+    from elastictrain import CoordinatorClient
+    from elastictrain.coordinator.process import CoordinatorProcess
+    from elastictrain.coordinator.ui import PAGE
+    from elastictrain.wire import JobSubmit
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the page's script is checked only by the test above")
+    script = tmp_path / "page.js"
+    script.write_text(PAGE.decode().split("<script>")[1].split("</script>")[0])
+    proc = CoordinatorProcess(str(tmp_path / "coord.db"), str(tmp_path / "token"),
+                              log_file=str(tmp_path / "coordinator.log"), extra_args=("--policy", "gandiva-fair"))
+    proc.start()
+    try:
+        c = CoordinatorClient(proc.url, proc.token, timeout=5.0, retry_for=10.0)
+        c.set_user("alice", 3.0)
+        for user in ("alice", "bob"):
+            c.submit(JobSubmit(["train.py"], str(tmp_path), user=user))
+        harness = os.path.join(os.path.dirname(__file__), "ui_harness.js")
+        r = subprocess.run([node, harness, str(script), proc.url, proc.token, ""], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        out = json.loads(r.stdout)
+        assert out["err"] == "", out
+        cluster = out["cluster"]
+        assert "policy gandiva-fair" in cluster and "<td>alice</td><td>3</td><td>75.0%</td>" in cluster, cluster
+        assert "<td>bob</td><td>1 (default)</td><td>25.0%</td>" in cluster, cluster
+        c.close()
+    finally:
+        proc.stop()

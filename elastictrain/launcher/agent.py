@@ -53,7 +53,8 @@ class Agent:
         self._group: Optional[WorkerGroup] = None  # the generation running now
         self._horovod = None  # launcher/horovod.py's rendezvous, with --horovod
         self._slots: Optional[list[int]] = None  # the next generation's worker slots, if not all
-        self._grow = False  # a Horovod job runs on its survivors: bring it back to full size
+        self._shrunk = False  # a Horovod job runs on its survivors: bring it back to full size
+        self._grow = False  # the next join asks for a full-size generation (scale_up)
         self._told = 0  # the generation whose survivors were told that workers are coming
 
     # ------------------------------------------------------------------ set-up
@@ -159,7 +160,7 @@ class Agent:
         log.info("generation %d: the survivors stopped at a commit; growing back to %d local workers", a.generation,
                  self.cfg.nproc_per_node)
         self._keep_or_stop(group, True)
-        self._grow = True  # the next join asks for a generation that grows (scale_up)
+        self._shrunk, self._grow = False, True
         return True
 
     def _on_signal(self, signum, _frame) -> None:
@@ -266,7 +267,7 @@ class Agent:
         self._group = group.start(carry)
         if self._horovod is not None:
             self._horovod.started(a.generation, set(group.slots) - set(group.carried))
-            self._grow = slots is not None  # on the survivors only: grow back once they can be told
+            self._shrunk = slots is not None  # on the survivors only: grow back once they can be told
         if group.carried:
             log.info("generation %d: local rank(s) %s continue in their own process (in-process recovery)",
                      a.generation, ",".join(map(str, group.carried)))
@@ -293,7 +294,7 @@ class Agent:
             if self._signal is not None:
                 return self._shutdown(group, a)
             state = group.state()
-            if self._grow and state == "running" and self._grown(group, a):
+            if self._shrunk and state == "running" and self._grown(group, a):
                 return None
             if state == "failed":
                 failure = group.first_failure()
@@ -315,7 +316,7 @@ class Agent:
                 keep = keep and action.action != "exit"
                 self._keep_or_stop(group, keep)
                 alive = [w.local_rank for w in group.workers if w.proc.poll() is None]
-                if keep and self._horovod is not None and not self._grow and self._horovod.elastic(alive):
+                if keep and self._horovod is not None and not self._shrunk and self._horovod.elastic(alive):
                     # Horovod's way: the survivors go on by themselves at once; the dead are
                     # replaced in a generation after, which they join at their next commit
                     self._slots = alive

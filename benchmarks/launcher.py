@@ -84,6 +84,27 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
+def _ask_to_stop(proc: subprocess.Popen, events: str) -> None:
+    """The toys stop training when ``<events>.stop`` exists; give the launcher 20 s to end."""
+    open(events + ".stop", "w").close()
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _clean_up(proc: subprocess.Popen, events: str, out, work: str) -> None:
+    """Stop a run: the launcher's tree, the workers it left behind, its log and folder."""
+    kill_tree(proc)
+    for pid in {r[3] for r in read(events)}:  # workers a launcher left behind
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    out.close()
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def _phases(rows, t_kill: float, nxt, log_path: str) -> dict:
     """Where the time from kill to the next step went: the launcher's own phases (etrun logs
     them), then the new worker's: process start, imports, init (process group, DDP, torch.load)
@@ -145,21 +166,10 @@ def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: floa
             time.sleep(0.5)
             after = {r[1]: r[3] for r in read(events) if r[2] == nxt[2]}
             res["pids"] = f"rank0 {before.get(0)}->{after.get(0)} rank1 {before.get(1)}->{after.get(1)}"
-        open(events + ".stop", "w").close()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            pass
+        _ask_to_stop(proc, events)
         return res
     finally:
-        kill_tree(proc)
-        for pid in {r[3] for r in read(events)}:  # workers a launcher left behind
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        out.close()
-        shutil.rmtree(work, ignore_errors=True)
+        _clean_up(proc, events, out, work)
 
 
 def horovod_run(launcher: str, recovery_timeout: float, kill_after: float) -> dict:
@@ -201,21 +211,10 @@ def horovod_run(launcher: str, recovery_timeout: float, kill_after: float) -> di
             time.sleep(1.0)
             res["workers_after"] = len({r[3] for r in read(events) if r[0] > nxt[0]})
             res["survivor_kept"] = any(r[3] == survivor for r in read(events) if r[0] > t_kill)
-        open(events + ".stop", "w").close()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            pass
+        _ask_to_stop(proc, events)
         return res
     finally:
-        kill_tree(proc)
-        for pid in {r[3] for r in read(events)}:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        out.close()
-        shutil.rmtree(work, ignore_errors=True)
+        _clean_up(proc, events, out, work)
 
 
 def main_horovod(runs: int, recovery_timeout: float, kill_after: float) -> None:

@@ -152,6 +152,19 @@ def heterogeneous(throughputs: str, cluster: Optional[dict] = None, users: Optio
     return TradingResult(rates["gandiva-fair-notrade"], rates["gandiva-fair"], trades, rel_speed, timeline, window)
 
 
+def pyplot():
+    """matplotlib's pyplot on the file backend, or None (with a warning) when it is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        logging.getLogger(__name__).warning("matplotlib is not installed: no PNG (pip install matplotlib)")
+        return None
+    return plt
+
+
 def write_report(result, out: str) -> list[str]:
     """Write ``fairness_total.csv``, ``fairness_timeline.csv`` and ``fairness.png`` (if
     matplotlib is installed) under ``out``; return the paths written."""
@@ -184,13 +197,8 @@ def write_report(result, out: str) -> list[str]:
             w.writerow(["window_start_h"] + [f"class_{g}gpu" for g in classes])
             for start, by in result.timeline:
                 w.writerow([f"{start / 3600:.2f}"] + [f"{by.get(g, 0.0):.4f}" for g in classes])
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logging.getLogger(__name__).warning("matplotlib is not installed: no PNG (pip install matplotlib)")
+    plt = pyplot()
+    if plt is None:
         return paths
     fig, ax = plt.subplots(figsize=(7, 4))
     if hetero:
@@ -212,9 +220,14 @@ def write_report(result, out: str) -> list[str]:
         ax.set_ylabel("GPU time received / fair share")
         ax.set_title(f"{result.policy}: fair share by job size over time")
     ax.set_xlabel("time (h)")
+    return paths + [save_png(plt, fig, ax, out)]
+
+
+def save_png(plt, fig, ax, out: str) -> str:
+    """Finish a report's figure (legend, layout) as ``<out>/fairness.png``; returns its path."""
     ax.legend(fontsize=7)
     fig.tight_layout()
     png = os.path.join(out, "fairness.png")
     fig.savefig(png, dpi=110)
     plt.close(fig)
-    return paths + [png]
+    return png

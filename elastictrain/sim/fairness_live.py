@@ -13,10 +13,11 @@ in that window, times the GPU-seconds all jobs used there (the work-conserving f
 from __future__ import annotations
 
 import csv
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import Iterable
+
+from .fairness import pyplot, save_png
 
 __all__ = ["LiveFairness", "live_fairness", "write_live_report"]
 
@@ -114,13 +115,8 @@ def write_live_report(r: LiveFairness, out: str) -> list[str]:
         w.writerow(["window_start_s"] + r.users)
         for start, ratios in r.timeline:
             w.writerow([f"{start:.0f}"] + [f"{ratios[u]:.4f}" for u in r.users])
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        logging.getLogger(__name__).warning("matplotlib is not installed: no PNG (pip install matplotlib)")
+    plt = pyplot()
+    if plt is None:
         return paths
     fig, ax = plt.subplots(figsize=(7, 4))
     for u in r.users:
@@ -129,9 +125,4 @@ def write_live_report(r: LiveFairness, out: str) -> list[str]:
     ax.set_xlabel("time since the first event (s)")
     ax.set_ylabel("GPU time received / entitled")
     ax.set_title("live cluster: each user's share against its tickets")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    png = os.path.join(out, "fairness.png")
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-    return paths + [png]
+    return paths + [save_png(plt, fig, ax, out)]

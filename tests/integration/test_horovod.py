@@ -19,6 +19,8 @@ from importlib.util import find_spec
 
 import pytest
 
+from tests.integration.test_inprocess_recovery import _rows  # noqa: E402 - the same events format
+
 pytestmark = [pytest.mark.horovod,
               pytest.mark.skipif(find_spec("horovod") is None,
                                  reason="Horovod is not installed: build it with `make horovod` "
@@ -44,44 +46,38 @@ def test_horovod_ddp_script_trains_under_etrun_and_ranks_agree(tmp_path):
     assert len(losses) == 3 and losses[-1] < losses[0], out  # it trains
 
 
-def _rows(path):
-    rows = []
-    try:
-        with open(path) as f:
-            for line in f:
-                p = line.split()
-                if len(p) == 5:
-                    rows.append((float(p[0]), int(p[1]), int(p[2]), int(p[3]), int(p[4])))
-    except FileNotFoundError:
-        pass
-    return rows
-
-
-def test_elastic_horovod_survivor_keeps_its_process_when_a_worker_dies(tmp_path):
+def _kill_rank1(tmp_path, script_args, steps_before, timeout=120):
+    """Run an elastic example under etrun (``--events`` FILE appended), SIGKILL rank 1 once it
+    has ``steps_before`` steps, and wait for the job to end: (returncode, stdout, stderr, pids
+    before the kill, the last step before it, the events file)."""
     events = tmp_path / "events"
-    p = subprocess.Popen(ETRUN + ["--nproc-per-node", "2", "--max-restarts", "3", "--horovod", "on",
-                                  os.path.join(ROOT, "examples", "horovod_elastic.py"), "--steps", "150",
-                                  "--step-sleep", "0.02", "--events", str(events)],
+    p = subprocess.Popen(ETRUN + ["--nproc-per-node", "2", "--max-restarts", "3", "--horovod", "on", *script_args,
+                                  "--events", str(events)],
                          cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          start_new_session=True)
     try:
         deadline = time.monotonic() + 90
         while True:
             rows = _rows(events)
-            if sum(1 for r in rows if r[1] == 1) >= 20:
+            if sum(1 for r in rows if r[1] == 1) >= steps_before:
                 break
             assert p.poll() is None, p.communicate()[1][-3000:]
             assert time.monotonic() < deadline, "no progress before the kill"
             time.sleep(0.05)
         pids = {r[1]: r[3] for r in rows}
-        killed_at = max(r[4] for r in rows)
         os.kill(pids[1], signal.SIGKILL)
-        out, err = p.communicate(timeout=120)
+        out, err = p.communicate(timeout=timeout)
     finally:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait()
-    assert p.returncode == 0, err[-3000:]
+    return p.returncode, out, err, pids, max(r[4] for r in rows), events
+
+
+def test_elastic_horovod_survivor_keeps_its_process_when_a_worker_dies(tmp_path):
+    code, out, err, pids, killed_at, events = _kill_rank1(
+        tmp_path, [os.path.join(ROOT, "examples", "horovod_elastic.py"), "--steps", "150", "--step-sleep", "0.02"], 20)
+    assert code == 0, err[-3000:]
     assert "continue in their own process" in err, err[-3000:]
     final = re.findall(r"rank (\d) of (\d) pid (\d+) step (\d+) params (\w+)", out)
     assert len(final) == 2, out
@@ -103,29 +99,10 @@ def test_elastic_horovod_with_our_state_keeps_data_exactly_once_across_a_kill(tm
     """elastictrain_torch.horovod.State under hvd.elastic.run: commits are checkpoints with the
     data cursor; after a SIGKILL the survivor (same pid) and the replacement restore the same
     commit, and the ledger shows every sample trained on exactly once per epoch."""
-    events = tmp_path / "events"
-    p = subprocess.Popen(ETRUN + ["--nproc-per-node", "2", "--max-restarts", "3", "--horovod", "on",
-                                  os.path.join(ROOT, "examples", "horovod_exactly_once.py"), "--samples", "8192",
-                                  "--epochs", "3", "--step-sleep", "0.02", "--events", str(events)],
-                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         start_new_session=True)
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            rows = _rows(events)
-            if sum(1 for r in rows if r[1] == 1) >= 40:  # past a few commits (every 10 steps)
-                break
-            assert p.poll() is None, p.communicate()[1][-3000:]
-            assert time.monotonic() < deadline, "no progress before the kill"
-            time.sleep(0.05)
-        pids = {r[1]: r[3] for r in rows}
-        os.kill(pids[1], signal.SIGKILL)
-        out, err = p.communicate(timeout=150)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    assert p.returncode == 0, err[-3000:]
+    code, out, err, pids, _, events = _kill_rank1(
+        tmp_path, [os.path.join(ROOT, "examples", "horovod_exactly_once.py"), "--samples", "8192", "--epochs", "3",
+                   "--step-sleep", "0.02"], 40, timeout=150)  # past a few commits (every 10 steps)
+    assert code == 0, err[-3000:]
     assert "every sample trained on exactly once per epoch: True (ledger min 3, max 3)" in out, out
     final = dict(re.findall(r"\[hvd\] rank (\d) pid (\d+) params", out))
     assert int(final["0"]) == pids[0] and int(final["1"]) != pids[1], (final, pids)

@@ -25,13 +25,14 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Optional
 
 import msgspec
 
 from ..clock import Clock
 from ..errors import ConfigError, ConflictError, NotFoundError, PolicyError
-from ..policies.api import create, options_of
+from ..policies.api import EMPTY, create, options_of
 from ..runtime.stages import STAGES
 from ..scheduling import ENDED, Entry, JobStatus, JobTable, Scheduler
 from ..wire import (
@@ -88,6 +89,8 @@ class ClusterScheduler:
         self.table = JobTable()
         self._dirty: set[str] = set()
         self._rates: dict[str, tuple] = {}  # job -> (run, [(time, samples consumed)]): throughput
+        # job name -> GPU type -> measured seconds per step there (jobs of one name share it)
+        self._type_times: dict[str, dict[str, float]] = {}
         self._seq = int(loaded.meta.get("job_seq", "0"))
         self.backend = LiveBackend(self.table, self.nodes, coordinator.rendezvous, self.events, self.clock,
                                    self.records, self._dirty.add)
@@ -212,7 +215,35 @@ class ClusterScheduler:
         if "skew" in needs and not comm:
             self._assume(rec, "skew", "skew 0 until the job reports a comm profile")
         e.rate, e.rate_window = self._rate(rec)
+        speeds = self._speeds(rec.name)
+        if {k: round(v, 2) for k, v in speeds.items()} != {k: round(v, 2) for k, v in e.speeds.items()}:
+            e.speeds = speeds
+            changed = getattr(self.policy, "inputs_changed", None)
+            if changed is not None:
+                changed()  # Gandiva-fair trades GPU types on these speeds
         self.table.touch(rec.id)
+
+    def _type_time(self, rec: JobRecord, sample: float) -> None:
+        """Attribute a step-time sample to the GPU type the job runs on (one type only)."""
+        e = self.table.get(rec.id)
+        nodes = self.nodes.by_index
+        kinds = {nodes[n].gpu_type or "gpu" for n, _ in (e.placement if e is not None else ()) if 0 <= n < len(nodes)}
+        if len(kinds) == 1:
+            kind = kinds.pop()
+            times = self._type_times.setdefault(rec.name, {})
+            times[kind] = sample if kind not in times else 0.7 * times[kind] + 0.3 * sample
+            if len(self._type_times) > 10_000:  # names of long-gone jobs go first
+                del self._type_times[next(iter(self._type_times))]
+
+    def _speeds(self, name: str):
+        """The measured speed of jobs named ``name`` on each GPU type (the slowest is 1.0), once
+        they have run on every type of the cluster; empty until then (the policy assumes 1.0)."""
+        kinds = set(self.nodes.types())
+        times = self._type_times.get(name, {})
+        if len(kinds) < 2 or not kinds <= times.keys():
+            return EMPTY
+        slowest = max(times[k] for k in kinds)
+        return MappingProxyType({k: slowest / times[k] for k in sorted(kinds)})
 
     def _first_generation(self, rec: JobRecord) -> int:
         """The oldest generation that belongs to the job's current run (0: not known, e.g. after a
@@ -271,9 +302,10 @@ class ClusterScheduler:
         if req.generation is not None and req.generation < self._first_generation(rec):
             return StepInfo(job, rec.step, rec.iteration_time)  # a worker of an older run, still stopping
         if rec.step_time is not None and rec.step_run == rec.run and req.step > rec.step and \
-                rec.status == "running":
+                rec.status == "running" and now > rec.step_time:  # (two reports at one instant: no sample)
             sample = (now - rec.step_time) / (req.step - rec.step)
             rec.iteration_time = sample if rec.iteration_time is None else 0.7 * rec.iteration_time + 0.3 * sample
+            self._type_time(rec, sample)
         if rec.step_run != rec.run and rec.status == "running":
             self._emit("first_step", job, "", run=rec.run, step=req.step)  # this run trains
         rec.step, rec.step_time, rec.step_run = req.step, now, rec.run
@@ -349,6 +381,8 @@ class ClusterScheduler:
             where.append(NodeSlots(name, g, list(t.gpus) if t is not None else []))
         note = getattr(self.policy, "annotate", None)
         info = {k: str(v) for k, v in (note(rec.id) if note is not None and e is not None else {}).items()}
+        if e is not None and e.speeds:
+            info["speeds"] = ",".join(f"{k}={v:.2f}" for k, v in e.speeds.items())
         reason = rec.reason
         if not reason and rec.id in self.sched.deferred:
             reason = "placed; waiting for GPUs that stopping jobs still hold"

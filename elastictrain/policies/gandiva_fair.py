@@ -123,6 +123,11 @@ class GandivaFair:
         if any(not t > 0 for t in tickets.values()):
             raise ConfigError("tickets must be positive")
         self.tickets = dict(tickets)
+        self.inputs_changed()
+
+    def inputs_changed(self) -> None:
+        """Tickets or measured per-type speeds changed: recompute the entitlements (and the
+        trades) at the next decision."""
         self._users = None
 
     def _user_tickets(self, u: str) -> float:

@@ -199,3 +199,18 @@ def test_measured_inputs_and_what_was_assumed(tmp_path):
     w.s.tick()
     view = w.s.sched.last_snapshot.job(b)
     assert view.iteration_time == pytest.approx(0.5) and view.remaining_iterations == 80 and e.attained_gpu > 0
+
+
+def test_two_step_reports_at_one_instant_are_no_sample(tmp_path):
+    """A step time of 0 s (two reports at the same clock reading) is not a measurement: it once
+    made the iteration time 0 and the next decision divide by it."""
+    w = World(tmp_path, policy="srtf", nodes=1, slots=1)
+    a = w.submit(1)
+    w.s.tick()
+    w.run_all()
+    w.c.step(a, StepReport(0, 1))
+    w.c.step(a, StepReport(0, 2))
+    assert w.s.job(a).iteration_time is None
+    w.s.tick()
+    w.clock.advance(2)
+    assert w.c.step(a, StepReport(0, 4)).iteration_time == pytest.approx(1.0)

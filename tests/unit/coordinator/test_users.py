@@ -95,3 +95,45 @@ def test_the_live_fairness_report_from_the_event_log(tmp_path):
     assert open(paths[0]).read().splitlines()[0] == "user,tickets,gpu_seconds,entitled_gpu_seconds," \
                                                     "received_over_entitled"
     assert len(open(paths[1]).read().splitlines()) == 4
+
+
+def test_per_type_speeds_are_measured_from_step_times(tmp_path):
+    """Two nodes of different GPU types: jobs of one name step 3x faster on one; once the name has
+    run on every type, its jobs carry the measured speeds (the slowest type 1.0), status shows
+    them, and a policy that trades on them is told to recompute."""
+    from elastictrain.wire import NodeRegister, StepReport
+
+    w = World(tmp_path, policy="fifo", nodes=0)
+    w.inst = {"n1": "i1", "n2": "i2"}
+    w.s.node_register("n1", NodeRegister(1, "i1", "slot", "fast", "h"))
+    w.s.node_register("n2", NodeRegister(1, "i2", "slot", "slow", "h"))
+    a, b = w.submit(1), w.submit(1)
+    w.s.tick()
+    placed = w.run_all()
+    on = {job: node for node, tasks in placed.items() for job, _, _ in tasks}
+    assert set(on) == {a, b} and on[a] != on[b]
+    fast, slow = (a, b) if on[a] == "n1" else (b, a)
+    for i in range(1, 16):  # 0.1 s per step on the fast node, 0.3 s on the slow one
+        w.clock.advance(0.1)
+        w.c.step(fast, StepReport(0, i))
+        if i % 3 == 0:
+            w.c.step(slow, StepReport(0, i // 3))
+    w.c.step(fast, StepReport(0, 16))  # a second report at the same instant is no sample (no 0 s step)
+    assert w.s.job(fast).iteration_time == pytest.approx(0.1)
+    speeds = dict(w.s.table.get(fast).speeds)
+    assert speeds == pytest.approx({"fast": 3.0, "slow": 1.0}, rel=0.05), speeds
+    assert w.s.table.get(slow).speeds == w.s.table.get(fast).speeds  # one name: one table
+    assert "fast=3.00" in w.s.job(fast).info["speeds"]
+
+
+def test_gandiva_fair_recomputes_entitlements_when_inputs_change():
+    from elastictrain.policies.gandiva_fair import GandivaFair
+
+    p = GandivaFair()
+    p._users = frozenset({"alice"})
+    p.inputs_changed()
+    assert p._users is None
+    p.set_tickets({"alice": 2.0})
+    assert p.tickets == {"alice": 2.0} and p._users is None
+    with pytest.raises(ConfigError, match="positive"):
+        p.set_tickets({"alice": 0.0})

@@ -19,7 +19,7 @@ import sys
 from typing import Optional, Sequence
 
 from . import __version__
-from .errors import ElasticTrainError
+from .errors import ConfigError, ElasticTrainError
 
 __all__ = ["main", "get_parser"]
 
@@ -128,6 +128,13 @@ def get_parser() -> argparse.ArgumentParser:
     sy.add_argument("--gpus", type=int, default=64, help="the cluster's GPUs the load is relative to (default 64)")
     sy.add_argument("--load", type=float, default=0.9, help="offered GPU-seconds per second / GPUs (default 0.9)")
     sy.add_argument("--users", type=int, default=8, help="users the jobs are spread over (fair-share policies)")
+    ex = tsub.add_parser("export", help="a live cluster's jobs as a trace the simulator replays (submit times, "
+                         "GPUs, steps, measured seconds per step, users)")
+    ex.add_argument("--coordinator", default=os.environ.get("ET_COORDINATOR", "http://127.0.0.1:7707"),
+                    help="the coordinator's URL [ET_COORDINATOR, else http://127.0.0.1:7707]")
+    ex.add_argument("--token-file", default=os.environ.get("ET_TOKEN_FILE"),
+                    help="the coordinator's token file [ET_TOKEN_FILE; or set ET_TOKEN]")
+    ex.add_argument("--out", required=True, help="the trace file (native format; .gz to compress)")
 
     sub.add_parser("version", help="print the version")
     return p
@@ -204,6 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             return _profile(args)
         elif args.command == "fairness":
             _fairness(args)
+        elif args.command == "trace" and args.trace_command == "export":
+            _trace_export(args)
         elif args.command == "trace":
             from .sim.synth import synthesize, write_native
 
@@ -304,6 +313,20 @@ def _simulate(args) -> None:
     if args.out:
         for p in write_outputs(results, args.out):
             print(f"wrote {p}")
+
+
+def _trace_export(args) -> None:
+    from .runtime.client import CoordinatorClient, token_from_file
+    from .sim.export import jobs_to_trace
+    from .sim.synth import write_native
+
+    token = token_from_file(args.token_file, "--token-file") if args.token_file else (os.environ.get("ET_TOKEN") or None)
+    client = CoordinatorClient(args.coordinator, token, timeout=30.0, retry_for=10.0)
+    jobs, left_out = jobs_to_trace(client.cluster_jobs().jobs)
+    if not jobs:
+        raise ConfigError("no job has a measured step time yet (a job needs two step reports): nothing to export")
+    print(f"wrote {write_native(jobs, args.out)}: {len(jobs)} jobs over {jobs[-1].submit_time:.1f} s"
+          + (f"; left out (no measured step time): {', '.join(left_out)}" if left_out else ""))
 
 
 def _live_fairness(args) -> None:

@@ -58,3 +58,9 @@ def test_gandiva_fair_shares_real_slots_by_the_users_tickets(tmp_path):
         for name in names:
             r = c.result(name)
             assert r["min"] == r["max"] == 1, f"{name}: every sample must be trained on once: {r}"
+        # the run as a trace the simulator replays (the parity test's input)
+        trace = str(tmp_path / "live.csv")
+        assert "4 jobs" in et(c, "trace", "export", "--coordinator", c.client.url, "--out", trace)
+        sim = et(c, "simulate", "--trace", trace, "--cluster", "n1g2", "--policy", "gandiva-fair", "--quantum", "10",
+                 "--no-progress")
+        assert "gandiva-fair" in sim

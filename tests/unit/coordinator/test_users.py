@@ -137,3 +137,32 @@ def test_gandiva_fair_recomputes_entitlements_when_inputs_change():
     assert p.tickets == {"alice": 2.0} and p._users is None
     with pytest.raises(ConfigError, match="positive"):
         p.set_tickets({"alice": 0.0})
+
+
+def test_trace_export_replays_in_the_simulator(tmp_path):
+    """The live jobs as a trace: submit times from the first, GPUs, steps, measured step times,
+    users; a job without a measured step time is left out; the simulator runs the trace."""
+    from elastictrain.sim.export import jobs_to_trace
+    from elastictrain.sim.run import SimConfig, simulate
+    from elastictrain.sim.synth import write_native
+    from elastictrain.wire import StepReport
+
+    w = World(tmp_path, policy="srtf", nodes=1, slots=2)
+    a = w.submit(1, user="alice", steps=50)
+    w.clock.advance(3)
+    b = w.submit(1, user="bob", steps=20)
+    c = w.submit(2, user="bob")  # never runs here: no step time
+    w.s.tick()
+    w.run_all()
+    for i in range(1, 6):
+        w.clock.advance(0.5)
+        w.c.step(a, StepReport(0, i))
+        w.c.step(b, StepReport(0, 2 * i))
+    jobs, left_out = jobs_to_trace(w.s.jobs().jobs)
+    assert left_out == [c]
+    got = [(j.job_id, j.num_gpu, j.submit_time, j.iterations, round(j.iteration_time, 6), j.model, j.user)
+           for j in jobs]
+    assert got == [(0, 1, 0.0, 50.0, 0.5, "train", "alice"), (1, 1, 3.0, 20.0, 0.25, "train", "bob")]
+    path = write_native(jobs, str(tmp_path / "live.csv"))
+    (r,) = simulate(SimConfig(path, "n1g2", ["srtf"]), progress=False)
+    assert sorted((x.job_id, round(x.duration, 3), x.user) for x in r.jobs) == [(0, 25.0, "alice"), (1, 5.0, "bob")]

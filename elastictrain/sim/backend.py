@@ -103,6 +103,7 @@ class SimBackend:
         """Run every running job from ``now`` to ``t``; returns those that finished."""
         dt = t - now
         finished = []
+        self.worked = False  # whether any job did work in this step (the thrashing watchdog)
         every, owed = self.every, self.owed
         lost = self.lost
         window = self.window
@@ -127,6 +128,8 @@ class SimBackend:
                     work = dt
             its = work / (e.iteration_time * e.slowdown)
             e.remaining_iterations -= its
+            if its > 0:
+                self.worked = True
             if window is not None and dt > 0:
                 self._record(now, t, e, its)
             if not every and e.remaining_iterations <= 1e-9 * max(1.0, e.iterations):

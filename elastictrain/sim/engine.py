@@ -44,11 +44,15 @@ from .backend import SimBackend
 from .cluster import ClusterSpec
 from .traces import SKEW
 
-__all__ = ["Simulator", "SimResult", "JobRecord", "MURI_RESTART_COST", "SimulationStalled", "STALL_LIMIT"]
+__all__ = ["Simulator", "SimResult", "JobRecord", "MURI_RESTART_COST", "SimulationStalled", "STALL_LIMIT",
+           "THRASH_LIMIT"]
 
 #: events in a row that make no progress (no arrival, no completion, time advanced < 1 us) before
 #: the engine gives up with :class:`SimulationStalled`
 STALL_LIMIT = 100_000
+#: events in a row in which time advanced but no job did any work (nothing arrived or finished)
+#: before the engine stops: the jobs spend every slice restarting (thrashing)
+THRASH_LIMIT = 10_000
 
 
 class SimulationStalled(ConfigError):
@@ -170,6 +174,7 @@ class Simulator:
         next_round = self.interval if self.interval else math.inf
         used = 0
         stalled = 0  # events in a row without progress (the watchdog)
+        idle, idle_from = 0, 0.0  # events in a row in which time advanced but no work was done
         while idx < n or len(table):
             # ---- the next event
             t_arr = specs[idx].submit_time if idx < n else math.inf
@@ -198,6 +203,14 @@ class Simulator:
             while idx < n and specs[idx].submit_time <= now:
                 table.add(self._entry(specs[idx]))
                 idx += 1
+            if finished or idx > arrivals or backend.worked or not table.running:
+                idle = 0
+            else:
+                if idle == 0:
+                    idle_from = now
+                idle += 1
+                if idle >= THRASH_LIMIT:
+                    raise SimulationStalled(self._thrash_report(idle_from, now, table))
             if finished or idx > arrivals or moved_on:
                 stalled = 0
             else:
@@ -231,6 +244,14 @@ class Simulator:
                                                          "unfinished": len(table), "migrations": backend.migrations,
                                                          "timeline": [timeline[k] for k in sorted(timeline)],
                                                          "rejected": list(self.rejected)})
+
+    def _thrash_report(self, since: float, now: float, table) -> str:
+        costs = sorted({round(e.restart_cost, 3) for e in table.entries()})
+        return (f"simulation makes no progress: from t={since:.0f} s to t={now:.0f} s, {THRASH_LIMIT} events in a "
+                f"row advanced time but no job did any work under policy {self.policy.name}, with {len(table)} job(s) "
+                f"waiting or running. The jobs spend every slice restarting: the restart cost per start "
+                f"({', '.join(f'{c:g}' for c in costs)} s) is at least the time a job runs between preemptions. "
+                "Raise the policy's quantum or interval (--quantum, --interval), or lower --restart-cost")
 
     def _stall_report(self, now: float, table, backend, wakeup) -> str:
         due = backend.next_end(now)

@@ -1,4 +1,4 @@
-"""Gandiva-fair on real jobs with users' tickets: a coordinator running gandiva-fair (10-s
+"""Gandiva-fair on real jobs with users' tickets: a coordinator running gandiva-fair (5-s
 quantum), one node daemon with 2 CPU slots, two users with 2 one-slot DDP jobs each, alice with
 3 tickets and bob with 1 (set with `elastictrain users set`). Time slicing is preempt and resume
 from checkpoints; while all four jobs are active, alice's share of the slot-seconds follows her
@@ -22,31 +22,33 @@ WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
 
 def et(c, *args):
     r = subprocess.run([sys.executable, "-m", "elastictrain", *args], env=c.env(), cwd=c.tmp, capture_output=True,
-                       text=True, timeout=60)
+                       text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     return r.stdout
 
 
 def test_gandiva_fair_shares_real_slots_by_the_users_tickets(tmp_path):
-    with Cluster(tmp_path, "gandiva-fair", "--quantum", "10", nodes=1, slots=2) as c:
+    with Cluster(tmp_path, "gandiva-fair", "--quantum", "5", nodes=1, slots=2) as c:
         assert "alice: 3 tickets" in et(c, "users", "set", "alice", "--tickets", "3")
         names = []
         for user, i in (("alice", 0), ("alice", 1), ("bob", 0), ("bob", 1)):
             name = f"{user}{i}"
             names.append(name)
             c.submit(name, 1, [WORKER, "--ckpt-dir", os.path.join(c.tmp, f"ckpt-{name}"), "--out",
-                               os.path.join(c.tmp, f"{name}.json"), "--samples", "40000", "--step-sleep", "0.05"],
+                               os.path.join(c.tmp, f"{name}.json"), "--samples", "24000", "--step-sleep", "0.05"],
                      user=user)
         t0 = time.monotonic()
-        st = c.wait(lambda st: time.monotonic() - t0 > 100 or any(j.status == "finished" for j in st.jobs), 200,
-                    "100 s of sharing")
-        assert not any(j.status == "finished" for j in st.jobs), "the jobs must outlast the measurement"
-        ul = c.client.users(60.0)  # the last minute: stride's first quanta share equally, then it settles
+        # stride runs alice's two jobs together for 3 quanta per bob's one (their passes stay
+        # equal), so a share is measured over whole cycles: from the start to the first finish
+        st = c.wait(lambda st: any(j.status == "finished" for j in st.jobs), 400, "the first job to finish")
+        window = time.monotonic() - t0
+        assert window > 60, f"the jobs ended too soon ({window:.0f} s) to measure shares"
+        ul = c.client.users(window)  # (alice's two jobs run as a pair, so both may have finished now)
         by = {u.user: u for u in ul.users}
-        assert by["alice"].entitled == pytest.approx(0.75) and by["bob"].entitled == pytest.approx(0.25)
-        assert 0.6 <= by["alice"].share <= 0.9, (ul, c.tail())  # 0.75 by tickets, less restart overheads
-        text = et(c, "status", "--users", "--window", "60")
-        assert "alice" in text and "75.0%" in text and "share/entitled" in text
+        assert 0.6 <= by["alice"].share <= 0.9, (ul, c.tail())  # 0.75 by tickets
+        text = et(c, "status", "--users", "--window", f"{window:.0f}")
+        row = next(line.split() for line in text.splitlines() if line.startswith("alice"))
+        assert "share/entitled" in text and abs(float(row[3].rstrip("%")) / 100 - by["alice"].share) < 0.05, text
         kinds = [e.kind for e in c.events()]
         assert kinds.count("preempted") >= 3 and kinds.count("resume") >= 3, kinds  # time slices are real
         out = et(c, "fairness", "--from-coordinator", c.client.url, "--window", "30", "--out", str(tmp_path / "rep"))
@@ -61,6 +63,8 @@ def test_gandiva_fair_shares_real_slots_by_the_users_tickets(tmp_path):
         # the run as a trace the simulator replays (the parity test's input)
         trace = str(tmp_path / "live.csv")
         assert "4 jobs" in et(c, "trace", "export", "--coordinator", c.client.url, "--out", trace)
-        sim = et(c, "simulate", "--trace", trace, "--cluster", "n1g2", "--policy", "gandiva-fair", "--quantum", "10",
-                 "--no-progress")
+        # (a resume here costs about 2 s; the simulator's default of 10 s would make 5-s slices
+        # all restart, which it refuses with the fix named)
+        sim = et(c, "simulate", "--trace", trace, "--cluster", "n1g2", "--policy", "gandiva-fair", "--quantum", "5",
+                 "--restart-cost", "2", "--no-progress")
         assert "gandiva-fair" in sim

@@ -115,3 +115,17 @@ def test_jobs_that_can_never_run_are_rejected_with_the_reason_and_the_rest_runs(
     hetero = heterogeneous_cluster({"v100": (1, 4), "k80": (1, 4)})
     r = Simulator([JobSpec(0, 6, 0.0, 10, 1.0), JobSpec(1, 4, 0.0, 10, 1.0)], hetero, create("gandiva-fair")).run()
     assert [j.job_id for j in r.jobs] == [1] and "one GPU type" in r.extra["rejected"][0][1]
+
+
+def test_thrashing_stops_with_the_fix_named():
+    """Gandiva-fair slicing 4 jobs on 2 GPUs every 10 s, when each (re)start costs 10 s: no job
+    ever works, while simulated time runs on. The engine stops and names the fix; with a 2-s
+    restart cost (what a live run of the same jobs measured) the same trace finishes."""
+    from elastictrain.sim.engine import THRASH_LIMIT
+
+    jobs = [JobSpec(i, 1, 0.001 * i, 1200.0, 0.055, user="alice" if i < 2 else "bob") for i in range(4)]
+    with pytest.raises(SimulationStalled, match=rf"{THRASH_LIMIT} events in a row .* no job did any work .*"
+                                                r"gandiva-fair.*restart cost per start \(10 s\).*--quantum"):
+        Simulator(jobs, ClusterSpec(1, 1, 2), create("gandiva-fair", quantum=10.0), restart_cost=10.0).run()
+    r = Simulator(jobs, ClusterSpec(1, 1, 2), create("gandiva-fair", quantum=10.0), restart_cost=2.0).run()
+    assert len(r.jobs) == 4

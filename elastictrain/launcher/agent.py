@@ -50,12 +50,8 @@ class Agent:
         self._phases = _Phases()
         self._carry: Optional[WorkerGroup] = None  # survivors waiting for the next generation
         self._wake: Optional[threading.Event] = None
-        self._group: Optional[WorkerGroup] = None  # the generation running now
-        self._horovod = None  # launcher/horovod.py's rendezvous, with --horovod
-        self._slots: Optional[list[int]] = None  # the next generation's worker slots, if not all
-        self._shrunk = False  # a Horovod job runs on its survivors: bring it back to full size
-        self._grow = False  # the next join asks for a full-size generation (scale_up)
-        self._told = 0  # the generation whose survivors were told that workers are coming
+        self._hvd = None  # launcher/horovod_driver.py, with --horovod
+        self._slots: Optional[list[int]] = None  # the worker slots of the generation being joined
 
     # ------------------------------------------------------------------ set-up
     def _state_dir(self) -> str:
@@ -114,55 +110,6 @@ class Agent:
         log.info("joining the rendezvous for job %s at %s", cfg.run_id, url)
         return CoordinatorClient(url, token, retry_for=cfg.join_timeout), url, token_file
 
-    # ------------------------------------------------------------------ Horovod
-    def _start_horovod(self) -> None:
-        from .horovod import HorovodRendezvous
-
-        host = self.cfg.master_addr if self.cfg.coordinator is None else "127.0.0.1"
-        self._horovod = HorovodRendezvous(host, socket.gethostname(), wait=max(60.0, self.cfg.join_timeout / 5),
-                                          on_register=self._horovod_registered)
-        log.info("serving Horovod's gloo rendezvous on %s:%d", host, self._horovod.port)
-
-    def _horovod_registered(self, slot: int) -> None:
-        """A worker registered for Horovod's elastic notifications: it recovers in process
-        (``hvd.elastic.run``), so mark it as opted in, as ``elastictrain_torch.elastic.run`` does."""
-        from ..runtime.control import mark_inprocess
-
-        group = self._group
-        for w in group.workers if group is not None else ():
-            if w.local_rank == slot:
-                mark_inprocess(os.path.join(self._state_dir(), "control", str(slot)), w.proc.pid)
-
-    def _horovod_generation(self, a, slots: list[int]):
-        """Open the rendezvous for generation ``a`` (``slots``: the local workers in it, in rank
-        order); returns each fresh worker's Horovod variables."""
-        from .horovod import Slot, horovod_env
-
-        rdzv, n = self._horovod, len(slots)
-        places = {lr: Slot(a.rank_offset + i, a.world_size, i, n, a.node_rank, a.nnodes) for i, lr in enumerate(slots)}
-        rdzv.begin(a.generation, places)
-        host = self.cfg.master_addr if self.cfg.coordinator is None else "127.0.0.1"
-        iface = None if "HOROVOD_GLOO_IFACE" in os.environ or not _is_loopback(host) else _loopback_iface()
-        return lambda lr: horovod_env(places[lr], rdzv.hostname, host, rdzv.port, elastic=True, iface=iface)
-
-    def _grown(self, group: WorkerGroup, a) -> bool:
-        """While a Horovod job runs on its survivors: tell them workers are coming (once), and
-        when every one of them has stopped at a commit to ask for its place, carry them into a
-        full-size generation (True: join it)."""
-        rdzv = self._horovod
-        alive = [w.local_rank for w in group.workers if w.proc.poll() is None]
-        if self._told != a.generation:
-            self._told = a.generation
-            threading.Thread(target=rdzv.notify_added, args=(alive,), name="et-horovod-notify", daemon=True).start()
-            return False
-        if rdzv.waiting < len(alive):
-            return False
-        log.info("generation %d: the survivors stopped at a commit; growing back to %d local workers", a.generation,
-                 self.cfg.nproc_per_node)
-        self._keep_or_stop(group, True)
-        self._shrunk, self._grow = False, True
-        return True
-
     def _on_signal(self, signum, _frame) -> None:
         self._signal = signum
         if self._wake is not None:
@@ -177,7 +124,11 @@ class Agent:
             client, url, token_file = self._connect()
             self.client = client
             if cfg.horovod:
-                self._start_horovod()
+                from .horovod_driver import HorovodDriver
+
+                host = cfg.master_addr if cfg.coordinator is None else "127.0.0.1"
+                self._hvd = HorovodDriver(host, _is_loopback(host), os.path.join(self._state_dir(), "control"),
+                                          wait=max(60.0, cfg.join_timeout / 5))
             spares = cfg.warm_spares if cfg.warm_spares >= 0 else cfg.nproc_per_node
             if cfg.python_entry and spares > 0:
                 # the top-level name only: find_spec("torch.x") would import torch into the agent
@@ -189,7 +140,7 @@ class Agent:
                     env.setdefault("OMP_NUM_THREADS", "1")
                 pool = SparePool(spares, preload, env)
             while True:
-                grow, self._grow = self._grow, False
+                self._slots, grow = self._hvd.take() if self._hvd is not None else (None, False)
                 action = self._rendezvous(grow)
                 self._phases.mark("rendezvous")
                 if action.action == "exit":
@@ -211,8 +162,8 @@ class Agent:
                 self._keep_or_stop(carry, False)
             if pool is not None:
                 pool.close()
-            if self._horovod is not None:
-                self._horovod.close()
+            if self._hvd is not None:
+                self._hvd.close()
             if self._embedded is not None:
                 if cfg.rdzv_host is not None:  # the other nodes learn the outcome from this one
                     self._embedded.linger(cfg.run_id, self.agent_id, limit=max(5.0, 3 * cfg.agent_timeout))
@@ -253,21 +204,20 @@ class Agent:
         cfg = self.cfg
         attempt_dir = os.path.join(self._state_dir(), f"attempt_{self.attempt}")
         self.attempt += 1
-        slots, self._slots = self._slots, None
+        slots = self._slots
         n = cfg.nproc_per_node if slots is None else len(slots)
         log.info("generation %d: node %d/%d, ranks %d..%d of %d (%s)", a.generation, a.node_rank, a.nnodes,
                  a.rank_offset, a.rank_offset + n - 1, a.world_size, a.reason)
         carry, self._carry = self._carry, None
         control = os.path.join(self._state_dir(), "control")
-        extra = None
-        if self._horovod is not None:
-            extra = self._horovod_generation(a, slots if slots is not None else list(range(n)))
+        extra = self._hvd.open(a, slots if slots is not None else list(range(n))) if self._hvd is not None else None
         group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool, control_root=control, extra_env=extra,
                             slots=slots)
-        self._group = group.start(carry)
-        if self._horovod is not None:
-            self._horovod.started(a.generation, set(group.slots) - set(group.carried))
-            self._shrunk = slots is not None  # on the survivors only: grow back once they can be told
+        if self._hvd is not None:
+            self._hvd.group = group
+        group.start(carry)
+        if self._hvd is not None:
+            self._hvd.started(a, group, shrunk=slots is not None)
         if group.carried:
             log.info("generation %d: local rank(s) %s continue in their own process (in-process recovery)",
                      a.generation, ",".join(map(str, group.carried)))
@@ -294,7 +244,9 @@ class Agent:
             if self._signal is not None:
                 return self._shutdown(group, a)
             state = group.state()
-            if self._shrunk and state == "running" and self._grown(group, a):
+            if self._hvd is not None and self._hvd.shrunk and state == "running" and \
+                    self._hvd.should_grow(group, a, cfg.nproc_per_node):
+                self._keep_or_stop(group, True)  # the survivors join the full-size generation
                 return None
             if state == "failed":
                 failure = group.first_failure()
@@ -315,11 +267,8 @@ class Agent:
                 self._phases.mark("report")
                 keep = keep and action.action != "exit"
                 self._keep_or_stop(group, keep)
-                alive = [w.local_rank for w in group.workers if w.proc.poll() is None]
-                if keep and self._horovod is not None and not self._shrunk and self._horovod.elastic(alive):
-                    # Horovod's way: the survivors go on by themselves at once; the dead are
-                    # replaced in a generation after, which they join at their next commit
-                    self._slots = alive
+                if keep and self._hvd is not None:
+                    self._hvd.after_failure(group)
                 _print_failure(failure, a, cfg, action)
                 return self._exit_code(action) if action.action == "exit" else None
             if state == "succeeded":
@@ -491,18 +440,6 @@ def _size(n: int) -> str:
         if n >= div:
             return f"{n / div:.4g} {unit}"
     return f"{n} B"
-
-
-def _loopback_iface() -> Optional[str]:
-    """The loopback interface's name (gloo binds to an interface by name), where it can be found."""
-    try:
-        for name in os.listdir("/sys/class/net"):
-            with open(f"/sys/class/net/{name}/type") as f:
-                if f.read().strip() == "772":  # ARPHRD_LOOPBACK
-                    return name
-    except OSError:
-        pass
-    return None
 
 
 def _is_loopback(host: str) -> bool:

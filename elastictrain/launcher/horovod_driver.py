@@ -1,0 +1,101 @@
+"""The etrun agent's side of Horovod (``--horovod``; docs/horovod.md): it serves the rendezvous
+(:mod:`.horovod`), gives fresh workers horovodrun's environment, and drives elastic Horovod. When
+a worker dies, the survivors go on alone in a smaller generation. They are then told that
+workers are coming, and once all of them are waiting at a commit, the job asks for a full-size
+(``scale_up``) generation that the replacements join."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+from typing import Callable, Optional
+
+from ..runtime.control import mark_inprocess
+from .horovod import HorovodRendezvous, Slot, horovod_env
+
+__all__ = ["HorovodDriver"]
+
+log = logging.getLogger("etrun")
+
+
+class HorovodDriver:
+    """One per agent. ``host``: the address the rendezvous listens on and the workers call;
+    ``loopback``: it is a loopback address (gloo is then bound to the loopback interface);
+    ``control_root``: the agent's per-slot control directories."""
+
+    def __init__(self, host: str, loopback: bool, control_root: str, wait: float) -> None:
+        self.host, self._control = host, control_root
+        self.rdzv = HorovodRendezvous(host, socket.gethostname(), wait=wait, on_register=self._registered)
+        self._iface = None if "HOROVOD_GLOO_IFACE" in os.environ or not loopback else _loopback_iface()
+        self.group = None  # the agent's running WorkerGroup
+        self.slots: Optional[list[int]] = None  # the next generation's slots, if not all
+        self.shrunk = False  # the job runs on its survivors: bring it back to full size
+        self.grow = False  # the next join asks for a full-size generation (scale_up)
+        self._told = 0  # the generation whose survivors were told that workers are coming
+        log.info("serving Horovod's gloo rendezvous on %s:%d", host, self.rdzv.port)
+
+    def close(self) -> None:
+        self.rdzv.close()
+
+    def take(self) -> tuple[Optional[list[int]], bool]:
+        """For the next join: the slots it offers (None: all) and whether it asks to grow."""
+        slots, grow, self.slots, self.grow = self.slots, self.grow, None, False
+        return slots, grow
+
+    def open(self, a, slots: list[int]) -> Callable[[int], dict]:
+        """Open the rendezvous for generation ``a`` (``slots``: its local workers in rank order);
+        returns each fresh worker's Horovod variables."""
+        n = len(slots)
+        places = {lr: Slot(a.rank_offset + i, a.world_size, i, n, a.node_rank, a.nnodes) for i, lr in enumerate(slots)}
+        self.rdzv.begin(a.generation, places)
+        rdzv, host, iface = self.rdzv, self.host, self._iface
+        return lambda lr: horovod_env(places[lr], rdzv.hostname, host, rdzv.port, elastic=True, iface=iface)
+
+    def started(self, a, group, shrunk: bool) -> None:
+        self.rdzv.started(a.generation, set(group.slots) - set(group.carried))
+        self.shrunk = shrunk  # on the survivors only: grow back once they can be told
+
+    def after_failure(self, group) -> None:
+        """The survivors were kept: if they all run ``hvd.elastic.run``, they go on by themselves
+        in the next generation, and the dead are replaced in one after it."""
+        alive = [w.local_rank for w in group.workers if w.proc.poll() is None]
+        if not self.shrunk and self.rdzv.elastic(alive):
+            self.slots = alive
+
+    def should_grow(self, group, a, full: int) -> bool:
+        """While the job runs on its survivors: tell them workers are coming (once); True when
+        every one of them has stopped at a commit to ask for its place (carry them and join)."""
+        alive = [w.local_rank for w in group.workers if w.proc.poll() is None]
+        if self._told != a.generation:
+            self._told = a.generation
+            threading.Thread(target=self.rdzv.notify_added, args=(alive,), name="et-horovod-notify",
+                             daemon=True).start()
+            return False
+        if self.rdzv.waiting < len(alive):
+            return False
+        log.info("generation %d: the survivors stopped at a commit; growing back to %d local workers", a.generation,
+                 full)
+        self.shrunk, self.grow = False, True
+        return True
+
+    def _registered(self, slot: int) -> None:
+        """A worker registered for Horovod's elastic notifications: it recovers in process
+        (``hvd.elastic.run``), so mark it as opted in, as ``elastictrain_torch.elastic.run`` does."""
+        group = self.group
+        for w in group.workers if group is not None else ():
+            if w.local_rank == slot:
+                mark_inprocess(os.path.join(self._control, str(slot)), w.proc.pid)
+
+
+def _loopback_iface() -> Optional[str]:
+    """The loopback interface's name (gloo binds to an interface by name), where it can be found."""
+    try:
+        for name in os.listdir("/sys/class/net"):
+            with open(f"/sys/class/net/{name}/type") as f:
+                if f.read().strip() == "772":  # ARPHRD_LOOPBACK
+                    return name
+    except OSError:
+        pass
+    return None

@@ -245,11 +245,6 @@ class ClusterScheduler:
         slowest = max(times[k] for k in kinds)
         return MappingProxyType({k: slowest / times[k] for k in sorted(kinds)})
 
-    def _first_generation(self, rec: JobRecord) -> int:
-        """The oldest generation that belongs to the job's current run (0: not known, e.g. after a
-        coordinator restart)."""
-        return self.backend.first_generation.get(rec.id, 0)
-
     def _rate(self, rec: JobRecord) -> tuple[float, float]:
         """Samples/s of the job's current run over its latest ``policy.rate_window`` seconds (from
         the shard cursors its workers report), counted from the first samples consumed by a
@@ -262,7 +257,7 @@ class ClusterScheduler:
         if run != rec.run or (hist and hist[0][2] != gen):
             hist = []  # a new run, or a restart within the run (a failure): new processes
         self._rates[rec.id] = (rec.run, hist)
-        if gen < self._first_generation(rec) or rec.step_run != rec.run or rec.step_time is None:
+        if gen < self.backend.first_generation.get(rec.id, 0) or rec.step_run != rec.run or rec.step_time is None:
             return 0.0, 0.0
         now, got = self.clock.now(), self.c.shards.consumed(rec.id)
         if len(hist) == 1 and got == hist[0][1]:
@@ -299,7 +294,7 @@ class ClusterScheduler:
         rec = self.records.get(job)
         if rec is None:
             return StepInfo(job, req.step, None)
-        if req.generation is not None and req.generation < self._first_generation(rec):
+        if req.generation is not None and req.generation < self.backend.first_generation.get(rec.id, 0):
             return StepInfo(job, rec.step, rec.iteration_time)  # a worker of an older run, still stopping
         if rec.step_time is not None and rec.step_run == rec.run and req.step > rec.step and \
                 rec.status == "running" and now > rec.step_time:  # (two reports at one instant: no sample)

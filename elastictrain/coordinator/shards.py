@@ -126,6 +126,11 @@ class ShardManager:
         self._clock = clock
         self._keep = keep_commits
         self._ds: dict[tuple[str, str], _Dataset] = {}
+        self._by_job: dict[str, dict[str, _Dataset]] = {}  # the same datasets, by job (read per tick)
+
+    def _add(self, d: _Dataset) -> None:
+        self._ds[(d.job, d.spec.name)] = d
+        self._by_job.setdefault(d.job, {})[d.spec.name] = d
 
     # ------------------------------------------------------------------ loading
     def load(self, state: LoadedState) -> None:
@@ -134,7 +139,7 @@ class ShardManager:
             spec = msgspec.msgpack.decode(r.spec, type=DatasetSpec)
             d = _Dataset(r.job, spec, r.spec, r.fresh, r.lease_seq, base_checkpoint=r.base_checkpoint,
                          restored_from=r.restored_from, restored_generation=r.restored_generation)
-            self._ds[(r.job, r.name)] = d
+            self._add(d)
         for r in state.live:
             d = self._ds[(r.job, r.ds)]
             # deadlines are not stored: a restarted coordinator gives every lease a fresh TTL
@@ -253,10 +258,10 @@ class ShardManager:
     def consumed(self, job: str) -> int:
         """Samples the job's workers reported consumed, over all its datasets, since this
         coordinator started (work redone after a restart counts again: it is throughput)."""
-        return sum(d.consumed for (j, _), d in self._ds.items() if j == job)
+        return sum(d.consumed for d in self._by_job.get(job, {}).values())
 
     def datasets(self, job: str) -> list[str]:
-        return sorted(name for (j, name) in self._ds if j == job)
+        return sorted(self._by_job.get(job, ()))
 
     def commits(self, job: str, name: str) -> list[CommitInfo]:
         return [c.info for c in self._get(job, name).commits.values()]
@@ -285,7 +290,7 @@ class ShardManager:
         d = _Dataset(job, spec, _ENC.encode(spec))
         with self._store.transaction() as tx:
             tx.put_dataset(d.row())
-        self._ds[(job, spec.name)] = d
+        self._add(d)
         return self.info(job, spec.name)
 
     def lease(self, job: str, name: str, req: LeaseRequest) -> LeaseReply:

@@ -76,8 +76,9 @@ class ResourceMonitor:
         self._proc.cpu_percent(None)  # the first call starts the measurement interval
         self._children: dict[int, object] = {}
         self._step: Optional[int] = None
-        self._last: Optional[tuple[float, int]] = None  # (report time, step) of the last sample's step
+        # (step, when it was reported): the latest report, and the one the last step time ended at
         self._stamp: Optional[tuple[int, float]] = None
+        self._last: Optional[tuple[int, float]] = None
         # hang watch: None = default (5 x the longest step, >= 60 s), 0 = off
         self.hang_timeout = hang_timeout
         self._changed_at: Optional[float] = None  # monotonic time of the last new step
@@ -144,12 +145,12 @@ class ResourceMonitor:
         except (AttributeError, OSError):
             read = written = 0.0
         step, step_time = self._step, None
-        stamp = self._stamp  # (step, when it was reported): step time between reports, not samples
+        stamp = self._stamp  # step time between reports, not samples
         if stamp is not None:
-            if self._last is not None and stamp[0] > self._last[1]:
-                step_time = (stamp[1] - self._last[0]) / (stamp[0] - self._last[1])
-            if self._last is None or stamp[0] != self._last[1]:
-                self._last = (stamp[1], stamp[0])
+            if self._last is not None and stamp[0] > self._last[0]:
+                step_time = (stamp[1] - self._last[1]) / (stamp[0] - self._last[0])
+            if self._last is None or stamp[0] != self._last[0]:
+                self._last = stamp
         s = ResourceSample(now, cpu, float(rss), read, written, step, step_time, gpu_absent=self._gpu_absent or "")
         if self._gpu is not None:
             try:

@@ -62,6 +62,10 @@ def add_commands(sub) -> None:
     s.add_argument("--epochs", type=int, default=None, help="epochs in all (progress is measured from the shards)")
     s.add_argument("--max-restarts", type=int, default=3, help="worker-failure restarts before the job fails")
     s.add_argument("--grace", type=float, default=30.0, help="seconds to checkpoint when preempted")
+    s.add_argument("--profile-steps", type=int, default=20,
+                   help="iterations of the stage profile taken at the job's first start (muri groups on it)")
+    s.add_argument("--reprofile", action="store_true",
+                   help="profile the job again even if a job with the same command was profiled before")
     s.add_argument("--env", action="append", default=[], metavar="K=V", help="environment for the job (repeatable)")
     s.add_argument("-m", "--module", action="store_true", help="run the entrypoint as a module (python -m)")
     s.add_argument("cmd", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
@@ -162,7 +166,8 @@ def _submit(args) -> int:
         req = msgspec.convert({"command": cmd, "workdir": workdir, "name": args.name, "user": args.user,
                                "priority": args.priority, "gpus": hi, "min_gpus": lo if lo != hi else None,
                                "env": env, "steps": args.steps, "epochs": args.epochs,
-                               "max_restarts": args.max_restarts, "grace": args.grace, "module": args.module},
+                               "max_restarts": args.max_restarts, "grace": args.grace, "module": args.module,
+                               "profile_steps": args.profile_steps, "reprofile": args.reprofile},
                               JobSubmit)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid job: {exc}") from None

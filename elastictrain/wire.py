@@ -9,7 +9,7 @@ rejected with a message that names the field (for example
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import msgspec
 
@@ -24,7 +24,7 @@ __all__ = [
     "RestoreReply", "ReleaseRequest", "ReleaseReply", "CommitInfo", "CommitList",
     "StageProfile", "CommProfile", "ProfileReport", "ProfileList", "StepReport", "StepInfo",
     "JobSubmit", "NodeSlots", "ClusterJobInfo", "ClusterJobList", "NodeRegister", "NodeInfo", "TaskState",
-    "LogChunk", "NodePoll", "Task", "NodeTasks", "NodeLeave", "LogRecord", "LogList", "EventInfo", "EventList",
+    "LogChunk", "NodePoll", "Task", "GroupMember", "MemberResult", "NodeTasks", "NodeLeave", "LogRecord", "LogList", "EventInfo", "EventList",
     "ClusterStatus",
 ]
 
@@ -427,6 +427,10 @@ class JobSubmit(_Msg):
     #: seconds the workers get after SIGTERM to checkpoint when the job is preempted
     grace: Annotated[float, msgspec.Meta(ge=0.0, le=3600.0)] = 30.0
     module: bool = False
+    #: iterations of the stage profile taken at the job's first start (Muri needs it to group)
+    profile_steps: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 20
+    #: profile again even if a job of the same command was profiled before
+    reprofile: bool = False
 
 
 class NodeSlots(_Msg):
@@ -531,6 +535,30 @@ class Task(_Msg):
     max_restarts: int
     grace: float
     module: bool
+    #: an interleaving group (Muri): the members this task runs as one ``etrun --group`` process
+    #: per rank (empty for a job of its own; then ``job`` is the job's id)
+    group: list["GroupMember"] = []
+
+
+class GroupMember(_Msg):
+    """One job of a group task: its own id (its datasets, checkpoints, generations and steps stay
+    its own), the run of it this task is, and why that run started."""
+
+    job: str
+    run: int
+    reason: str
+    command: list[str]
+    workdir: str
+    env: dict[str, str]
+
+
+class MemberResult(_Msg):
+    """A grouped job's own outcome, sent by its process while the rest of its group goes on
+    (``POST /v1/cluster/jobs/{id}/result``)."""
+
+    run: Annotated[int, msgspec.Meta(ge=1, le=2**31)]
+    status: Literal["finished", "failed"]
+    detail: Text = ""
 
 
 class NodeTasks(_Msg):

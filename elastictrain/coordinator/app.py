@@ -33,8 +33,8 @@ from ..errors import AuthError, BadRequestError, ConflictError, ElasticTrainErro
 from ..model import DatasetSpec
 from ..wire import (
     API_VERSION, AgentJoin, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
-    GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, NodeLeave, NodePoll, NodeRegister,
-    ProfileReport, ProgressRequest, ReleaseRequest, ResourceReport, RestoreRequest, StepInfo, StepReport, UserTickets,
+    GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, MemberResult, NodeLeave, NodePoll,
+    NodeRegister, ProfileList, ProfileReport, ProgressRequest, ReleaseRequest, ResourceReport, RestoreRequest, StepInfo, StepReport, UserTickets,
     Version,
 )
 from .membership import Membership
@@ -82,6 +82,12 @@ class Coordinator:
 
     def job_list(self) -> JobList:
         return JobList([self.job_info(name) for name in sorted(self.members.jobs)])
+
+    def put_profile(self, job: str, req: ProfileReport) -> ProfileList:
+        out = self.profiles.put(job, req)
+        if self.cluster is not None:
+            self.cluster.profile_arrived(job)
+        return out
 
     def step(self, job: str, req: StepReport) -> StepInfo:
         self.members.get(job)
@@ -177,7 +183,7 @@ class CoordinatorApp:
             "datasets": {"POST": _Route("POST", DatasetSpec, s.register)},
             "resources": {"POST": _Route("POST", ResourceReport, coordinator.resources.put),
                           "GET": _Route("GET", None, coordinator.resources.list)},
-            "profiles": {"POST": _Route("POST", ProfileReport, coordinator.profiles.put),
+            "profiles": {"POST": _Route("POST", ProfileReport, coordinator.put_profile),
                          "GET": _Route("GET", None, coordinator.profiles.list)},
             "steps": {"POST": _Route("POST", StepReport, coordinator.step)},
         }
@@ -200,6 +206,7 @@ class CoordinatorApp:
         self._cjob = {"GET": _Route("GET", None, lambda j: sched().job(j))}
         self._cjob_verb = {
             "cancel": {"POST": _Route("POST", None, lambda j: sched().cancel(j))},
+            "result": {"POST": _Route("POST", MemberResult, lambda j, b: sched().member_result(j, b))},
             "logs": {"GET": _Route("GET", None, self._logs, query=True)},
         }
         self._node_verb = {

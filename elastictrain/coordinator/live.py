@@ -9,6 +9,16 @@ checkpoint within the job's grace period and exit with the preempted code, and o
 task has exited the job is *stopped* (waiting again, resumable from its checkpoint).
 ``restart`` (migrate, regroup, resize) is a stop of the old run and a start of a new one.
 
+An interleaving group (Muri) runs as one *group task* per node: one ``etrun --group`` process
+per rank that runs every member's script, each under the member's own id (its datasets,
+checkpoints, generations and steps stay its own). Each member starts a run of its own as usual;
+once every member of the group has, the group task is made (its id ``g.<leader>.<run>``, a
+rendezvous of its own) and each member's record points at it (``grun``). A member's stop,
+move or regroup withdraws the whole group task (the others are moved by the same decision);
+a member that finishes or fails inside the group reports it itself (:meth:`member_result`) and
+the others train on; when the group task exits, each member still in it moves on as a job of its
+own would.
+
 :meth:`LiveBackend.on_exit` turns what the daemons report into job transitions: every task of
 a run exiting 0 finishes the job; a task exiting with a failure (etrun used up the job's
 restarts) fails it with the rendezvous' root cause; a task lost with its node, or exiting with
@@ -24,11 +34,14 @@ import msgspec
 from .. import PREEMPTED_EXIT_CODE
 from ..clock import Clock
 from ..scheduling import Action, ActionKind, ClusterShape, Entry, JobStatus, JobTable
+from ..policies.interleaving import best_ordering
 from .events import EventLog
 from .nodes import Exit, NodeBook, TaskRec
 from .rendezvous import Rendezvous
 
-__all__ = ["JobRecord", "LiveBackend"]
+__all__ = ["JobRecord", "LiveBackend", "FORMING"]
+
+FORMING = "forming"  # JobRecord.grun of a member whose group task waits for the other members
 
 
 class JobRecord(msgspec.Struct):
@@ -73,6 +86,14 @@ class JobRecord(msgspec.Struct):
     step_run: int = 0
     iteration_time: Optional[float] = None
     assumed: list[str] = []
+    profile_steps: int = 20
+    reprofile: bool = False
+    grun: str = ""  # the group task this job's run is part of ("forming": waiting for the others)
+    group_t0: tuple[int, float] = (0, 0.0)  # (step, time) of the first step report in the group run
+    group_iteration_time: Optional[float] = None  # measured seconds per step in its group
+    group_steps: int = 0  # the steps that measurement covers
+    group_predicted: Optional[float] = None  # the interleaving model's (eq. 3) for that group
+    group_members: list[str] = []  # the group it was measured in
 
 
 class LiveBackend:
@@ -81,6 +102,8 @@ class LiveBackend:
         self.table, self.nodes, self.rdzv, self.events, self.clock = table, nodes, rendezvous, events, clock
         self.records, self._touched = records, touched
         self._codes: dict = {}
+        self.rdzv_members = rendezvous._m  # the membership book: a group task is a job of its own there
+        self._moved_on: set = set()  # (group task, member) that left a group task still exiting
         self.first_generation: dict[str, int] = {}  # job -> the first generation its current run can open
 
     # ------------------------------------------------------------------ Backend
@@ -98,6 +121,7 @@ class LiveBackend:
         rec = self.records[e.key]
         rec.resume_reason = "preempt"
         self._emit("preempt", rec, placement=self._names(a.previous), run=rec.run, reason="decision")
+        self._leave_group(rec)
         self._withdraw(rec, "preempted by the scheduler")
 
     def restart(self, e: Entry, a: Action) -> None:
@@ -106,6 +130,7 @@ class LiveBackend:
         before = sum(g for _, g in a.previous)
         self._emit(kind, rec, placement=self._names(a.placement), previous=self._names(a.previous), run=rec.run,
                    workers=a.workers, previous_workers=before)
+        self._leave_group(rec)
         self.nodes.unwant(rec.id, rec.run)
         reason = kind  # a resize starts its run as torchrun users know it: scale_up or scale_down
         if a.kind is ActionKind.RESIZE:
@@ -116,25 +141,137 @@ class LiveBackend:
     def _launch(self, rec: JobRecord, placement: tuple, reason: str, event: Optional[str], group: list) -> None:
         rec.run += 1
         rec.reason = ""
+        rec.resume_reason = reason
         self.first_generation[rec.id] = self.rdzv.generation(rec.id) + 1
-        for node, g in placement:
-            self.nodes.add(TaskRec(rec.id, rec.run, self.nodes.name_of(node), g))
-        self.rdzv.expect(rec.id, rec.run, reason, rec.restarts)
+        if len(group) > 1:
+            rec.grun = FORMING
+            self._form_group(tuple(group), placement)
+        else:
+            for node, g in placement:
+                self.nodes.add(TaskRec(rec.id, rec.run, self.nodes.name_of(node), g))
+            self.rdzv.expect(rec.id, rec.run, reason, rec.restarts)
         if event is not None:
             self._emit(event, rec, placement=self._names(placement), run=rec.run, reason=reason, group=group,
                        attained_gpu=round(rec.attained_gpu, 3))
         self._touched(rec.id)
 
+    # ------------------------------------------------------------------ interleaving groups
+    def _form_group(self, group: tuple, placement: tuple) -> None:
+        """Make the group task once every member has started its run in this group."""
+        recs = [self.records.get(m) for m in group]
+        for r in recs:
+            e = self.table.get(r.id) if r is not None else None
+            if r is None or r.grun != FORMING or e is None or not e.running or tuple(e.group) != group:
+                return  # a member is not there yet (deferred): the group forms when it starts
+        leader = recs[0]
+        gid = f"g.{leader.id}.{leader.run}"
+        self.rdzv_members.create_job(gid, 1, 65536)
+        for node, g in placement:
+            self.nodes.add(TaskRec(gid, 1, self.nodes.name_of(node), g, members=list(group)))
+        self.rdzv.expect(gid, 1, "start", 0)
+        for r in recs:
+            r.grun = gid
+            r.group_t0, r.group_iteration_time, r.group_steps, r.group_members = (0, 0.0), None, 0, list(group)
+            r.group_predicted = self.predict(group)
+            self._touched(r.id)
+        self.events.emit(self.clock.now(), "group", "", "", task=gid, jobs=list(group), placement=self._names(placement),
+                         predicted=round(recs[0].group_predicted, 4) if recs[0].group_predicted else None)
+
+    def _leave_group(self, rec: JobRecord) -> None:
+        """The job's run ends by decision: its group task (if any) is withdrawn whole."""
+        gid, rec.grun = rec.grun, ""
+        if gid and gid != FORMING:
+            if self.nodes.unwant(gid, 1):
+                self.rdzv.stop(gid, "regrouped by the scheduler")
+            self._moved_on.add((gid, rec.id))
+
+    def member_result(self, rec: JobRecord, run: int, status: str, detail: str) -> bool:
+        """A grouped job's own outcome, from its process; False when it is not for the job's
+        current group run (an old run, or a job already ended)."""
+        if run != rec.run or not rec.grun or rec.grun == FORMING or rec.id not in self.table:
+            return False
+        now = self.clock.now()
+        if status == "finished":
+            self._finish(rec, now)
+        elif rec.restarts < rec.max_restarts:  # as etrun would: run it again from its checkpoint
+            rec.restarts += 1
+            self._emit("member_failed", rec, run=rec.run, group=rec.grun, restarts=rec.restarts,
+                       reason=detail[-1000:])
+            gid = rec.grun
+            for m in self.records.values():  # the group stops (every member checkpoints); all wait to be placed
+                if m.grun == gid and m.id in self.table.running:
+                    m.resume_reason = "failure" if m is rec else "regroup"
+                    self.table.stop(m.id, now)
+                    self._leave_group(m)
+                    self._touched(m.id)
+        else:
+            rec.reason = f"failed inside its group {rec.grun}: {detail[-1500:]}"
+            self.table.accrue(now)
+            self._end(rec, JobStatus.FAILED)
+            self.rdzv.forget(rec.id)
+            self._emit("fail", rec, run=rec.run, group=rec.grun, reason=rec.reason[-1000:])
+        return True
+
+    def _group_exit(self, x: Exit) -> None:
+        """A group task ended; once all of it has, each member still in it moves on."""
+        t = x.task
+        codes = self._codes.setdefault((t.job, t.run), {})
+        codes[t.node] = x.code
+        left = [r for n in self.nodes.by_index for r in n.tasks if r.job == t.job and r.run == t.run
+                and (r.wanted or r.alive)]
+        bad = x.lost or x.code != 0
+        if left:
+            if bad:  # one node's part is gone: the rest of the group cannot go on
+                self.nodes.unwant(t.job, t.run)
+                self.rdzv.stop(t.job, "a node's part of the group ended: " + x.detail[-200:])
+            return
+        self._codes.pop((t.job, t.run), None)
+        self.rdzv.forget(t.job)
+        for m in t.members:
+            rec = self.records.get(m)
+            moved = (t.job, m) in self._moved_on
+            self._moved_on.discard((t.job, m))
+            if rec is None or rec.id not in self.table:
+                continue  # it ended inside the group (finished, failed, cancelled)
+            e = self.table.get(rec.id)
+            if moved or rec.grun != t.job:
+                if e.stopping and not self._remaining(rec):
+                    self._stopped(rec, codes)  # its stop waited for the group's exit
+                continue
+            rec.grun = ""
+            self._touched(rec.id)
+            if e.stopping:
+                self._stopped(rec, codes)
+            elif all(c == 0 for c in codes.values()) and not x.lost:
+                self._finish(rec, self.clock.now())
+            elif x.lost or all(c in _REQUEUE or c == 0 for c in codes.values()):
+                rec.resume_reason = "node_lost" if x.lost else "requeue"
+                self.table.stop(rec.id, self.clock.now())
+                self._emit("requeue", rec, run=rec.run, node=t.node, code=x.code, why=x.detail[-300:])
+                self._stopped(rec, {})
+            else:
+                out = self.rdzv.outcome(t.job)
+                rec.reason = f"its group {t.job} failed (etrun exited with code {x.code} on node {t.node}): " \
+                    f"{_tail(x.detail)}" if out is None or not out[1] else out[1]
+                self.table.accrue(self.clock.now())
+                self._end(rec, JobStatus.FAILED)
+                self._emit("fail", rec, run=rec.run, node=t.node, code=x.code, group=t.job, reason=rec.reason[-1000:])
+
     def _withdraw(self, rec: JobRecord, why: str, codes: Optional[dict] = None) -> None:
-        """Stop the job's current run; the job is stopped when its last task has exited."""
+        """Stop the job's current run; the job is stopped when its last task has exited (its
+        own, or the group task it left)."""
         left = self.nodes.unwant(rec.id, rec.run)
         self.rdzv.stop(rec.id, why)
         self._touched(rec.id)
-        if not left and rec.id in self.table.stopping:
+        if not left and not self._remaining(rec) and rec.id in self.table.stopping:
             self._stopped(rec, codes or {})
 
     def _remaining(self, rec: JobRecord) -> list[TaskRec]:
-        return [t for n in self.nodes.by_index for t in n.tasks if t.job == rec.id and t.run == rec.run]
+        """The tasks of the job's current run still there, or of a group task it left and that
+        has not exited yet (its processes still hold the job's checkpoint)."""
+        return [t for n in self.nodes.by_index for t in n.tasks
+                if (t.job == rec.id and t.run == rec.run) or (t.members and rec.id in t.members
+                                                              and (t.job, rec.id) in self._moved_on)]
 
     def _stopped(self, rec: JobRecord, codes: dict) -> None:
         self._codes.pop((rec.id, rec.run), None)
@@ -164,6 +301,9 @@ class LiveBackend:
     def on_exit(self, x: Exit) -> None:
         """A task ended (or its node was lost); move its job on if its run is over."""
         t = x.task
+        if t.members:
+            self._group_exit(x)
+            return
         rec = self.records.get(t.job)
         if rec is None or t.run != rec.run or rec.id not in self.table:
             return  # an old run, or a job that already ended: its GPUs are free, nothing else
@@ -198,12 +338,20 @@ class LiveBackend:
         self._emit("fail", rec, run=rec.run, node=t.node, code=x.code, reason=rec.reason[-1000:])
 
     def cancel(self, rec: JobRecord) -> None:
+        """(A job inside a group task is cancelled there by its own process, which polls.)"""
         self.nodes.unwant(rec.id)
         self.rdzv.stop(rec.id, "cancelled")
         self.table.accrue(self.clock.now())
         self._end(rec, JobStatus.CANCELLED)
         self._emit("cancel", rec, run=rec.run)
         self.rdzv.forget(rec.id)
+
+    def predict(self, group) -> Optional[float]:
+        """The interleaving model's iteration time (eq. 3, best slot ordering) of ``group``."""
+        profiles = [self.table.get(m).stage_times if self.table.get(m) is not None else () for m in group]
+        if not all(profiles):
+            return None
+        return best_ordering(profiles, max(len(p) for p in profiles))[0]
 
     # ------------------------------------------------------------------ helpers
     def _names(self, placement) -> list:

@@ -42,6 +42,12 @@ class TaskRec(msgspec.Struct):
     code: Optional[int] = None
     detail: str = ""
     lost: bool = False  # the node went away with it
+    members: list[str] = []  # a group task: the jobs it runs interleaved (``job`` is the group's id)
+
+    @property
+    def owners(self) -> list[str]:
+        """The jobs whose processes this task runs."""
+        return self.members or [self.job]
 
     @property
     def alive(self) -> bool:
@@ -63,7 +69,7 @@ class Node(msgspec.Struct):
 
     def info(self) -> NodeInfo:
         used = sum(t.slots for t in self.tasks if t.alive or (t.state == "pending" and t.wanted))
-        jobs = sorted({t.job for t in self.tasks if t.wanted})
+        jobs = sorted({j for t in self.tasks if t.wanted for j in t.owners})
         return NodeInfo(self.name, self.index, self.slots, used, self.kind, self.gpu_type, self.host, self.state,
                         self.last_seen, jobs)
 
@@ -223,13 +229,15 @@ class NodeBook:
     def release(self) -> list[TaskRec]:
         """Hand pending tasks to their daemons where their GPUs are free, and only once every
         task of the job's previous runs has exited (two runs of a job never overlap: the old
-        one's workers must finish their checkpoint first). Returns the tasks released."""
+        one's workers must finish their checkpoint first; a group task counts as a run of each
+        of its members). Returns the tasks released."""
         out = []
         alive_runs: dict = {}
         for n in self.by_index:
             for t in n.tasks:
                 if t.alive:
-                    alive_runs.setdefault(t.job, set()).add(t.run)
+                    for j in t.owners:
+                        alive_runs.setdefault(j, set()).add((t.job, t.run))
         for n in self.by_index:
             if n.state != "up":
                 continue
@@ -238,8 +246,8 @@ class NodeBook:
             for t in n.tasks:
                 if t.state != "pending" or not t.wanted:
                     continue
-                if alive_runs.get(t.job, set()) - {t.run}:
-                    continue  # the job's previous run is still stopping
+                if any(alive_runs.get(j, set()) - {(t.job, t.run)} for j in t.owners):
+                    continue  # a previous run of the job (or of a member) is still stopping
                 if len(free) < t.slots:
                     break  # keep placement order: the first waiting task gets the next free GPUs
                 t.gpus, free = free[:t.slots], free[t.slots:]

@@ -24,6 +24,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Optional
@@ -36,11 +37,12 @@ from ..policies.api import EMPTY, create, options_of
 from ..runtime.stages import STAGES
 from ..scheduling import ENDED, Entry, JobStatus, JobTable, Scheduler
 from ..wire import (
-    ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, JobSubmit, LogList, NodeInfo, NodeLeave, NodePoll,
+    ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, GroupMember, JobSubmit, LogList, MemberResult, NodeInfo,
+    NodeLeave, NodePoll,
     NodeRegister, NodeSlots, NodeTasks, StepInfo, StepReport, Task, UserList, UserTickets,
 )
 from .events import EventLog, LogBook
-from .live import JobRecord, LiveBackend
+from .live import FORMING, JobRecord, LiveBackend
 from .nodes import Exit, NodeBook, TaskRec
 from .store import LoadedState
 from .users import META_KEY as USERS_META
@@ -53,6 +55,8 @@ _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(JobRecord)
 ASSUMED_ITERATION_TIME = 1.0  # seconds per step until a job reports two steps
 ASSUMED_REMAINING = 3600.0  # seconds of work left when a job gives neither --steps nor --epochs
+PROFILES_KEPT = 1000  # stage profiles kept for reuse, by command (oldest go first)
+PROFILES_META = "stage_profiles"
 RATE_WINDOW = 10.0  # seconds a job's measured throughput covers (a policy's ``rate_window`` overrides it)
 
 
@@ -92,6 +96,14 @@ class ClusterScheduler:
         # job name -> GPU type -> measured seconds per step there (jobs of one name share it)
         self._type_times: dict[str, dict[str, float]] = {}
         self._seq = int(loaded.meta.get("job_seq", "0"))
+        # a job's command (script, arguments, workdir) -> its stage times measured alone (reused)
+        self._profiles: dict[str, tuple] = {}
+        try:
+            for k, v in json.loads(loaded.meta.get(PROFILES_META, "[]")):
+                self._profiles[str(k)] = tuple(float(x) for x in v)
+        except (ValueError, TypeError):
+            log.error("the stored stage profiles are unreadable; jobs are profiled again")
+        self._profiles_saved, self._profiles_dirty = len(self._profiles), False
         self.backend = LiveBackend(self.table, self.nodes, coordinator.rendezvous, self.events, self.clock,
                                    self.records, self._dirty.add)
         now = self.clock.now()
@@ -174,6 +186,9 @@ class ClusterScheduler:
             self.logs.write(tx)
             if state != self._policy_state:
                 tx.put_meta("policy_state", state)
+            if self._profiles_saved != len(self._profiles) or self._profiles_dirty:
+                tx.put_meta(PROFILES_META, json.dumps([[k, list(v)] for k, v in self._profiles.items()]))
+                self._profiles_saved, self._profiles_dirty = len(self._profiles), False
             tx.put_meta("job_seq", str(self._seq))
         self._policy_state = state
         self._dirty.clear()
@@ -206,12 +221,29 @@ class ClusterScheduler:
         comm = [r.comm for r in reports if r.comm is not None]
         e.skew = sum(c.skew for c in comm) / len(comm) if comm else 0.0
         stage = [r.stage for r in reports if r.stage is not None]
-        if stage:
+        key = _profile_key(rec)
+        if rec.module:
+            e.stage_times = ()  # `etrun --group` runs scripts: a module job is never interleaved
+            if "profile" in needs:
+                self._assume(rec, "profile", "a --module job runs alone (it is never grouped)")
+        elif stage:
             e.stage_times = tuple(sum(s.stages.get(k, 0.0) for s in stage) / len(stage) for k in STAGES)
+            if not rec.grun and self._profiles.get(key) != e.stage_times:  # measured alone: kept for reuse
+                self._profiles.pop(key, None)
+                self._profiles[key] = e.stage_times
+                self._profiles_dirty = True
+                while len(self._profiles) > PROFILES_KEPT:
+                    del self._profiles[next(iter(self._profiles))]
+        elif not rec.reprofile and key in self._profiles:
+            e.stage_times = self._profiles[key]
+            if "profile" in needs:
+                self._assume(rec, "profile", "the stage profile of an earlier job with the same command "
+                                             "(submit --reprofile measures it again)")
         else:
             e.stage_times = ()
             if "profile" in needs:
-                self._assume(rec, "profile", "no stage profile yet: the job runs alone (it is never grouped)")
+                self._assume(rec, "profile", f"no stage profile yet: the job runs alone (it is never grouped) "
+                                             f"until its first {rec.profile_steps} steps are profiled")
         if "skew" in needs and not comm:
             self._assume(rec, "skew", "skew 0 until the job reports a comm profile")
         e.rate, e.rate_window = self._rate(rec)
@@ -296,11 +328,19 @@ class ClusterScheduler:
             return StepInfo(job, req.step, None)
         if req.generation is not None and req.generation < self.backend.first_generation.get(rec.id, 0):
             return StepInfo(job, rec.step, rec.iteration_time)  # a worker of an older run, still stopping
+        grouped = bool(rec.grun) and rec.grun != FORMING
         if rec.step_time is not None and rec.step_run == rec.run and req.step > rec.step and \
                 rec.status == "running" and now > rec.step_time:  # (two reports at one instant: no sample)
             sample = (now - rec.step_time) / (req.step - rec.step)
-            rec.iteration_time = sample if rec.iteration_time is None else 0.7 * rec.iteration_time + 0.3 * sample
-            self._type_time(rec, sample)
+            if grouped:  # its time in the group: measured from its first step report there
+                s0, t0 = rec.group_t0
+                if t0 == 0.0:
+                    rec.group_t0 = (rec.step, rec.step_time)
+                    s0, t0 = rec.group_t0
+                rec.group_iteration_time, rec.group_steps = (now - t0) / (req.step - s0), req.step - s0
+            else:
+                rec.iteration_time = sample if rec.iteration_time is None else 0.7 * rec.iteration_time + 0.3 * sample
+                self._type_time(rec, sample)
         if rec.step_run != rec.run and rec.status == "running":
             self._emit("first_step", job, "", run=rec.run, step=req.step)  # this run trains
         rec.step, rec.step_time, rec.step_run = req.step, now, rec.run
@@ -330,7 +370,8 @@ class ClusterScheduler:
         name = req.name or _default_name(req.command)
         rec = JobRecord(job_id, self._seq, name, req.user, req.priority, req.gpus, req.min_gpus or req.gpus,
                         list(req.command), req.workdir, dict(req.env), req.module, req.steps, req.epochs,
-                        req.max_restarts, req.grace, now, pending_since=now, accrued_at=now)
+                        req.max_restarts, req.grace, now, pending_since=now, accrued_at=now,
+                        profile_steps=req.profile_steps, reprofile=req.reprofile)
         self.records[job_id] = rec
         self.c.members.create_job(job_id, 1, 65536)
         self.table.add(self._entry(rec))
@@ -369,7 +410,8 @@ class ClusterScheduler:
             self.table.accrue(self.clock.now())
         self._sync(rec)
         where = []
-        tasks = {(t.node): t for n in self.nodes.by_index for t in n.tasks if t.job == rec.id and t.run == rec.run}
+        tasks = {(t.node): t for n in self.nodes.by_index for t in n.tasks
+                 if (t.job == rec.id and t.run == rec.run) or (rec.grun and t.job == rec.grun)}
         for node, g in rec.placement:
             name = self.nodes.name_of(node)
             t = tasks.get(name)
@@ -378,6 +420,13 @@ class ClusterScheduler:
         info = {k: str(v) for k, v in (note(rec.id) if note is not None and e is not None else {}).items()}
         if e is not None and e.speeds:
             info["speeds"] = ",".join(f"{k}={v:.2f}" for k, v in e.speeds.items())
+        if rec.group_members:  # its current (or last) interleaving group, measured against the model
+            info["group"] = "+".join(rec.group_members)
+            if rec.group_iteration_time is not None:
+                info["group_iteration_time"] = f"{rec.group_iteration_time:.4f}"
+                info["group_steps"] = str(rec.group_steps)
+            if rec.group_predicted is not None:
+                info["group_predicted"] = f"{rec.group_predicted:.4f}"
         reason = rec.reason
         if not reason and rec.id in self.sched.deferred:
             reason = "placed; waiting for GPUs that stopping jobs still hold"
@@ -427,10 +476,42 @@ class ClusterScheduler:
 
     # ------------------------------------------------------------------ nodes
     def _task(self, t: TaskRec) -> Task:
-        rec = self.records[t.job]
         nnodes = sum(1 for n in self.nodes.by_index for x in n.tasks if x.job == t.job and x.run == t.run)
-        return Task(t.job, t.run, t.slots, list(t.gpus), nnodes, rec.command, rec.workdir, rec.env, rec.max_restarts,
+        if t.members:  # a group task: one `etrun --group` over the members' scripts
+            recs = [self.records[m] for m in t.members]
+            members = [GroupMember(r.id, r.run, r.resume_reason, r.command, r.workdir, r.env) for r in recs]
+            env: dict = {}
+            for r in recs:
+                env.update(r.env)
+            return Task(t.job, t.run, t.slots, list(t.gpus), nnodes, [], recs[0].workdir, env,
+                        min(r.max_restarts for r in recs), max(r.grace for r in recs), False, members)
+        rec = self.records[t.job]
+        env = rec.env
+        e = self.table.get(rec.id)
+        if e is not None and not e.stage_times and not rec.module and "profile" in getattr(self.policy, "needs", ()):
+            env = {**env, "ET_PROFILE_STEPS": str(rec.profile_steps)}  # profile it at its first start
+        return Task(t.job, t.run, t.slots, list(t.gpus), nnodes, rec.command, rec.workdir, env, rec.max_restarts,
                     rec.grace, rec.module)
+
+    def profile_arrived(self, job: str) -> None:
+        """A worker sent a stage profile: a grouping policy may group the job now."""
+        rec = self.records.get(job)
+        e = self.table.get(job)
+        if rec is not None and e is not None:
+            before = e.stage_times
+            self._measure(rec, e)
+            if e.stage_times != before:
+                self._emit("profiled", job, "", stages=dict(zip(STAGES, (round(x, 5) for x in e.stage_times))))
+                self._flush()
+                self.wake()
+
+    def member_result(self, job: str, req: MemberResult) -> ClusterJobInfo:
+        """A job in a group task reports its own outcome; the rest of the group goes on."""
+        rec = self._rec(job)
+        if self.backend.member_result(rec, req.run, req.status, req.detail):
+            self._flush()
+            self.wake()
+        return self.info(rec)
 
     def node_register(self, name: str, req: NodeRegister) -> NodeInfo:
         n, exits = self.nodes.register(name, req, self.clock.now())
@@ -447,6 +528,10 @@ class ClusterScheduler:
         exits = self.nodes.report(n, req.tasks, now)
         for chunk in req.logs:
             self.logs.add(chunk.job, name, chunk.run, chunk.data)
+            if chunk.job not in self.records:  # a group task's output: each member's lines go to it too
+                for job, data in _split_group_log(chunk.data).items():
+                    if job in self.records:
+                        self.logs.add(job, name, self.records[job].run, data)
         if exits:
             self._exits(exits)
             self.wake()
@@ -527,6 +612,23 @@ class ClusterScheduler:
 
 
 _ENDED_NAMES = frozenset(s.value for s in ENDED)
+
+
+_MEMBER_LINE = re.compile(rb"^(?:\[[^\]\n]{0,64}\]:)?\[([A-Za-z0-9][A-Za-z0-9._-]{0,127})\] ")
+
+
+def _split_group_log(data: bytes) -> dict[str, bytes]:
+    """A group task's output by member: ``etrun --group`` starts each job's lines with ``[<id>] ``."""
+    out: dict[str, list] = {}
+    for line in data.splitlines(keepends=True):
+        m = _MEMBER_LINE.match(line)
+        if m is not None:
+            out.setdefault(m.group(1).decode(), []).append(line)
+    return {k: b"".join(v) for k, v in out.items()}
+
+
+def _profile_key(rec: JobRecord) -> str:
+    return json.dumps([rec.workdir, *rec.command])
 
 
 def _default_name(command: list[str]) -> str:

@@ -19,6 +19,13 @@ environment torchrun gives. It:
 6. prints one line per job and exits 0 if every job succeeded, 75 if every unfinished job stopped
    for preemption, else 1 (and writes the failures to ``TORCHELASTIC_ERROR_FILE``).
 
+A group the scheduler formed (cluster mode, ``ET_GROUP_MEMBERS``) runs jobs that exist at the
+coordinator on their own: rank 0 opens each job's next generation (under the job's own id, so its
+datasets, commits, steps and profiles stay its own, grouped or not) and every rank binds it to
+the job's thread. Each job's outcome is sent as it happens (``finished`` from rank 0, ``failed``
+from any rank), so the scheduler ends it while the rest of the group trains on; a job the
+scheduler ended (cancelled) is cancelled here within a second, and counts as no failure.
+
 Scripts must get their process group from ``elastictrain_torch.init_process_group()`` (and
 pass it to DDP); calling ``torch.distributed.init_process_group`` from a job is refused with
 that advice. Jobs share the process's global RNG: seed a ``torch.Generator`` of your own.
@@ -89,7 +96,7 @@ def parse_group(tokens: Sequence[str]) -> list[GroupSpec]:
     return specs
 
 
-def _run_script(spec: GroupSpec, group) -> int:
+def _run_script(spec: GroupSpec, group, own: Optional["_Member"] = None) -> int:
     """Run one script as ``__main__`` in this thread; its exit status (0 when it returns)."""
     path = os.path.abspath(spec.script)
     try:
@@ -98,6 +105,8 @@ def _run_script(spec: GroupSpec, group) -> int:
     except OSError as exc:
         raise ConfigError(f"job {spec.name}: cannot read {spec.script}: {exc.strerror}") from None
     ctx = jobctx.JobContext(spec.name, [path, *spec.args], process_group=group)
+    if own is not None:
+        ctx.job_id, ctx.generation, ctx.restart_reason = own.job, own.generation, own.reason
     scope = {"__name__": "__main__", "__file__": path, "__builtins__": builtins, "__package__": None,
              "__spec__": None}
     with jobctx.bound(ctx):
@@ -183,6 +192,95 @@ class _Distributed:
             pass
 
 
+@dataclass
+class _Member:
+    job: str
+    run: int
+    reason: str
+    generation: int = 0
+
+
+class _Scheduled:
+    """The jobs of a group the scheduler formed (``ET_GROUP_MEMBERS``: a JSON list of
+    ``{"job", "run", "reason"}``, one per script, in order)."""
+
+    @staticmethod
+    def parse(raw: str, n: int) -> list[_Member]:
+        import json
+
+        try:
+            members = [_Member(str(m["job"]), int(m["run"]), str(m["reason"])) for m in json.loads(raw)]
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ConfigError(f"ET_GROUP_MEMBERS must be a JSON list of {{job, run, reason}}: {exc}") from None
+        if len(members) != n:
+            raise ConfigError(f"ET_GROUP_MEMBERS names {len(members)} jobs for {n} scripts")
+        return members
+
+    def __init__(self, members: list[_Member], names: list[str], dist: Optional[_Distributed]) -> None:
+        from ..runtime.client import CoordinatorClient
+
+        url = os.environ.get("ET_COORDINATOR")
+        if not url:
+            raise ConfigError("ET_GROUP_MEMBERS needs ET_COORDINATOR (the group runs under etrun)")
+        self.client = CoordinatorClient(url, timeout=10.0, retry_for=30.0)
+        self.by_name = dict(zip(names, members))
+        self.cancelled: set[str] = set()
+        self.handled: set[str] = set()  # failures the scheduler knows of (it requeues or ends the job)
+        self._sent: set[str] = set()
+        self._lock = threading.Lock()
+        rank = dist.rank if dist is not None else 0
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        failure = os.environ.get("ET_RESTART_REASON") == "failure"  # etrun restarted the whole group
+        gens = []
+        if rank == 0:
+            for m in members:
+                row = self.client.job(m.job)
+                reason = "failure" if failure else m.reason
+                gens.append(self.client.open_generation(m.job, row.generation, world, reason).generation)
+        if dist is not None:
+            box = [gens]
+            dist.dist.broadcast_object_list(box, src=0)
+            gens = box[0]
+        for m, g in zip(members, gens):
+            m.generation = g
+        self.rank = rank
+
+    def result(self, name: str, status: str, detail: str = "") -> None:
+        """Tell the scheduler job ``name``'s outcome (once; finished only from rank 0)."""
+        from ..errors import ElasticTrainError
+        from ..wire import MemberResult
+
+        if (status == "finished" and self.rank != 0) or name in self.cancelled:
+            return
+        with self._lock:
+            if name in self._sent:
+                return
+            self._sent.add(name)
+        m = self.by_name[name]
+        try:
+            self.client.member_result(m.job, MemberResult(m.run, status, detail[-4000:]))
+            if status == "failed":
+                self.handled.add(name)
+        except ElasticTrainError as exc:  # the group's exit code still tells the scheduler
+            print(f"[etrun-group] could not report job {name} {status}: {exc}", file=sys.stderr, flush=True)
+
+    def ended_elsewhere(self, done: set) -> dict[str, str]:
+        """Jobs the scheduler ended (cancelled) or moved on from while they run here."""
+        from ..errors import ElasticTrainError
+
+        out = {}
+        for name, m in self.by_name.items():
+            if name in done or name in self.cancelled:
+                continue
+            try:
+                info = self.client.cluster_job(m.job)
+            except ElasticTrainError:
+                continue
+            if info.status == "cancelled" or (info.run != m.run and info.status != "finished"):
+                out[name] = f"job {m.job} is {info.status} at the scheduler (run {info.run})"
+        return out
+
+
 def _distributed(names: list[str], timeout: float) -> Optional[_Distributed]:
     try:
         import torch.distributed as dist
@@ -193,12 +291,17 @@ def _distributed(names: list[str], timeout: float) -> Optional[_Distributed]:
     return _Distributed(names, timeout)
 
 
-def _summary(results: list[JobResult]) -> tuple[int, list[str], list[JobResult]]:
-    """Exit status, one line per job, and the failed jobs (preempted ones are not failures)."""
+def _summary(results: list[JobResult], cancelled: frozenset = frozenset()) -> tuple[int, list[str], list[JobResult]]:
+    """Exit status, one line per job, and the failed jobs (preempted ones, and ``cancelled``:
+    ones the scheduler cancelled or was told failed, are not failures here)."""
     lines, failed, preempted = [], [], []
     for r in results:
         if r.ok:
             lines.append(f"[etrun-group] job {r.name}: ok ({r.iterations} iterations, {r.seconds:.2f} s)")
+            continue
+        if r.name in cancelled:
+            lines.append(f"[etrun-group] job {r.name}: ended by the scheduler after {r.iterations} iterations "
+                         f"({type(r.error).__name__}: {r.error})")
             continue
         code = r.error.code if isinstance(r.error, _ExitStatus) else None
         if code == PREEMPTED_EXIT_CODE:
@@ -215,6 +318,10 @@ def _summary(results: list[JobResult]) -> tuple[int, list[str], list[JobResult]]
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     specs = parse_group(sys.argv[1:] if argv is None else argv)
+    raw = os.environ.get("ET_GROUP_MEMBERS")
+    members = _Scheduled.parse(raw, len(specs)) if raw else None
+    if members is not None:  # the scheduler's jobs go by their ids (output lines start with `[<id>] `)
+        specs = [GroupSpec(m.job, s.script, s.args) for s, m in zip(specs, members)]
     names = [s.name for s in specs]
     timeout = float(os.environ.get("ET_GROUP_TIMEOUT", "300"))
     probe = int(os.environ.get("ET_GROUP_PROBE", "3"))
@@ -227,19 +334,32 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     dist = _distributed(names, timeout)
     for sig in (signal.SIGTERM, signal.SIGUSR1):
         signal.signal(sig, lambda *_: jobctx.notify_preempt())
+    sched = _Scheduled(members, names, dist) if members is not None else None
+    done: set = set()
+
+    def failed(name: str, detail: str) -> None:
+        if dist is not None:
+            dist.mark_failed(name, detail)
+        if sched is not None:
+            sched.result(name, "failed", detail)
 
     def job_fn(spec: GroupSpec):
         def fn():
             try:
-                code = _run_script(spec, dist.groups[spec.name] if dist else None)
-            except BaseException as exc:
-                if dist is not None:
-                    dist.mark_failed(spec.name, f"rank {dist.rank}: {type(exc).__name__}: {exc}")
-                raise
-            if code != 0:
-                if dist is not None and code != PREEMPTED_EXIT_CODE:
-                    dist.mark_failed(spec.name, f"rank {dist.rank}: exited with status {code}")
-                raise _ExitStatus(code)
+                try:
+                    code = _run_script(spec, dist.groups[spec.name] if dist else None,
+                                       sched.by_name[spec.name] if sched else None)
+                except BaseException as exc:
+                    failed(spec.name, f"rank {dist.rank if dist else 0}: {type(exc).__name__}: {exc}")
+                    raise
+                if code != 0:
+                    if code != PREEMPTED_EXIT_CODE:
+                        failed(spec.name, f"rank {dist.rank if dist else 0}: exited with status {code}")
+                    raise _ExitStatus(code)
+                if sched is not None:
+                    sched.result(spec.name, "finished")
+            finally:
+                done.add(spec.name)
         return fn
 
     group = InterleaveGroup([GroupJob(s.name, job_fn(s)) for s in specs], probe=probe,
@@ -251,15 +371,27 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             while not stop.wait(0.2):
                 for name, detail in dist.failed_elsewhere([n for n in names if n not in cancelled]).items():
                     cancelled.add(name)
+                    if sched is not None:
+                        sched.handled.add(name)  # the failing rank tells the scheduler
                     group.cancel(name, f"job {name} failed on another rank ({detail})")
 
         threading.Thread(target=watch, name="et-group-watch", daemon=True).start()
+    if sched is not None:
+        def watch_scheduler() -> None:  # a job cancelled at the scheduler stops here; the others go on
+            while not stop.wait(1.0):
+                for name, why in sched.ended_elsewhere(done).items():
+                    sched.cancelled.add(name)
+                    group.cancel(name, why)
+
+        threading.Thread(target=watch_scheduler, name="et-group-scheduler", daemon=True).start()
     t0 = time.monotonic()
     try:
         results = group.run()
     finally:
         stop.set()
-    code, lines, bad = _summary(results)
+    # a failure the scheduler was told of is its to handle: etrun must not restart the whole group for it
+    code, lines, bad = _summary(results, frozenset(sched.cancelled | sched.handled) if sched is not None
+                                else frozenset())
     for line in lines:
         print(line, flush=True)
     print(f"[etrun-group] {len(results)} jobs in {time.monotonic() - t0:.2f} s, slot offsets {group.offsets}",

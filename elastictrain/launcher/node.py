@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import glob
+import json
 import logging
 import os
 import signal
@@ -95,6 +96,18 @@ def detect_gpus() -> tuple[int, str]:
     except Exception:  # a broken CUDA install: no GPU we can use
         pass
     return 0, ""
+
+
+def group_command(spec: Task) -> list[str]:
+    """``--group a.py ARGS : b.py ARGS`` for a group task; each script's path is made absolute
+    from its own job's working directory (the group runs in the first member's)."""
+    out = ["--group"]
+    for i, m in enumerate(spec.group):
+        if i:
+            out.append(":")
+        script = m.command[0] if os.path.isabs(m.command[0]) else os.path.join(m.workdir, m.command[0])
+        out += [script, *m.command[1:]]
+    return out
 
 
 def _pdeathsig() -> None:  # runs in the child between fork and exec
@@ -253,11 +266,16 @@ class NodeDaemon:
             cmd += ["--token-file", os.path.abspath(cfg.token_file)]
         if cfg.warm_spares >= 0:
             cmd += ["--warm-spares", str(cfg.warm_spares)]
-        if spec.module:
-            cmd.append("--module")
-        cmd += list(spec.command)
         env = dict(os.environ)
         env.update(spec.env)
+        if spec.group:  # an interleaving group: every member's script in one process per rank
+            cmd += group_command(spec)
+            env["ET_GROUP_MEMBERS"] = json.dumps([{"job": m.job, "run": m.run, "reason": m.reason}
+                                                  for m in spec.group])
+        else:
+            if spec.module:
+                cmd.append("--module")
+            cmd += list(spec.command)
         env.pop("ET_TOKEN", None)
         env.update({"ET_NODE_NAME": cfg.name, "PYTHONUNBUFFERED": "1", "ET_LOG_LEVEL": env.get("ET_LOG_LEVEL", "info")})
         if cfg.kind == "gpu":

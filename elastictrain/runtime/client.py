@@ -23,7 +23,7 @@ from ..model import DatasetSpec
 from ..wire import (
     AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterJobInfo, ClusterJobList, ClusterStatus, CommitList,
     CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health, JobCreate,
-    JobInfo, JobList, JobSubmit, LeaseReply, LeaseRequest, LogList, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks,
+    JobInfo, JobList, JobSubmit, MemberResult, LeaseReply, LeaseRequest, LogList, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks,
     ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
     ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserTickets, Version,
 )
@@ -221,6 +221,10 @@ class CoordinatorClient:
 
     def cancel(self, job: str) -> ClusterJobInfo:
         return self._call("POST", f"/v1/cluster/jobs/{job}/cancel", ClusterJobInfo)
+
+    def member_result(self, job: str, result: MemberResult) -> ClusterJobInfo:
+        """A grouped job's own outcome (its group goes on)."""
+        return self._call("POST", f"/v1/cluster/jobs/{job}/result", ClusterJobInfo, result)
 
     def job_logs(self, job: str, after: int = 0) -> LogList:
         return self._call("GET", f"/v1/cluster/jobs/{job}/logs?after={int(after)}", LogList)

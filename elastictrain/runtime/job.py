@@ -148,21 +148,25 @@ def init(coordinator: Optional[str] = None, job_id: Optional[str] = None) -> Job
     if not url:
         raise ConfigError("no coordinator: start this script with `etrun`, or set ET_COORDINATOR="
                           "http://HOST:PORT of a running `elastictrain coordinator`")
-    job_id = check_name("job", job_id or os.environ.get("ET_JOB_ID", "default"))
-    prev = os.environ.get("ET_PREV_WORLD_SIZE")
     ctx = current()
+    own = ctx is not None and ctx.job_id is not None  # a job of its own in a scheduler's group
+    job_id = check_name("job", job_id or (ctx.job_id if own else None) or os.environ.get("ET_JOB_ID", "default"))
+    prev = os.environ.get("ET_PREV_WORLD_SIZE")
     job = Job(
         client=CoordinatorClient(url),
         job_id=job_id,
-        generation=_int_env("ET_GENERATION", 1),
+        generation=ctx.generation if own else _int_env("ET_GENERATION", 1),
         rank=_int_env("RANK", 0),
         world_size=_int_env("WORLD_SIZE", 1),
         local_rank=_int_env("LOCAL_RANK", 0),
         restart_count=_int_env("TORCHELASTIC_RESTART_COUNT", 0),
-        restart_reason=os.environ.get("ET_RESTART_REASON", "start"),
+        restart_reason=ctx.restart_reason if own else os.environ.get("ET_RESTART_REASON", "start"),
         prev_world_size=int(prev) if prev else None,
-        namespace=f"{ctx.name}." if ctx is not None else "",
+        namespace=f"{ctx.name}." if ctx is not None and not own else "",
     )
+    steps = os.environ.get("ET_PROFILE_STEPS")
+    if steps and steps.isdigit() and int(steps) > 0:  # the scheduler wants this job's stage profile
+        job.profile_stages(warmup=min(5, int(steps)), iterations=int(steps))
     if ctx is None:  # in etrun --group the process is shared: its resource use is not one job's
         job.monitor = start_from_env(job.client, job.job_id, job.rank)
         if job.monitor is not None:

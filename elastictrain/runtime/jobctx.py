@@ -26,11 +26,18 @@ _preempt_listeners: list = []
 class JobContext:
     """One grouped job: ``name`` (unique in its group; its datasets live under ``<name>.``),
     ``argv`` (``argv[0]`` is the script) and ``process_group`` (its own collectives' group, or
-    None when torch is not in use)."""
+    None when torch is not in use).
+
+    A group the scheduler formed (cluster mode) runs jobs that exist at the coordinator on their
+    own: ``job_id``, ``generation`` and ``restart_reason`` are then the job's own, and its
+    datasets keep their names (they are the job's, grouped or not)."""
 
     name: str
     argv: list[str]
     process_group: Any = None
+    job_id: Optional[str] = None
+    generation: Optional[int] = None
+    restart_reason: Optional[str] = None
 
 
 def current() -> Optional[JobContext]:

@@ -156,6 +156,21 @@ class LiveBackend:
         self._touched(rec.id)
 
     # ------------------------------------------------------------------ interleaving groups
+    def recover(self) -> None:
+        """After a coordinator restart: group tasks that members left and that still run, and
+        groups whose members had all started before the restart but whose task was not made."""
+        tasks = [t for n in self.nodes.by_index for t in n.tasks if t.members]
+        for t in tasks:
+            self.rdzv.expect(t.job, t.run, "start", 0)  # its agents (re)join the group's own round
+            for m in t.members:
+                rec = self.records.get(m)
+                if rec is not None and rec.grun != t.job:
+                    self._moved_on.add((t.job, m))
+        for rec in self.records.values():
+            e = self.table.get(rec.id)
+            if rec.grun == FORMING and e is not None and e.group and e.group[0] == rec.id:
+                self._form_group(tuple(e.group), e.placement)
+
     def _form_group(self, group: tuple, placement: tuple) -> None:
         """Make the group task once every member has started its run in this group."""
         recs = [self.records.get(m) for m in group]
@@ -283,8 +298,17 @@ class LiveBackend:
         self._emit("preempted", rec, run=rec.run, codes=codes, resume_reason=rec.resume_reason)
 
     def _end(self, rec: JobRecord, status: JobStatus) -> None:
-        """The job leaves the table: its record keeps the final state."""
+        """The job leaves the table: its record keeps the final state. A member ending inside a
+        running group task leaves the others there: they run on in it as a smaller group (alone
+        when one is left), with nothing restarted."""
         self._codes.pop((rec.id, rec.run), None)
+        e = self.table.get(rec.id)
+        if e is not None and e.group and rec.grun and rec.grun != FORMING:
+            rest = tuple(m for m in e.group if m != rec.id)
+            for m in rest:
+                other = self.table.get(m)
+                if other is not None and other.running and tuple(other.group) == tuple(e.group):
+                    self.table.move(m, other.placement, rest if len(rest) > 1 else (), other.num_gpu)
         self.first_generation.pop(rec.id, None)
         e = self.table.end(rec.id, status, self.clock.now())
         rec.status, rec.end_time = e.status.value, e.end_time

@@ -115,6 +115,7 @@ class ClusterScheduler:
                 if rec.run:  # agents of this run that (re)join after the restart form its round
                     coordinator.rendezvous.expect(rec.id, rec.run, rec.resume_reason if rec.run > 1 else "start",
                                                   rec.restarts)
+        self.backend.recover()
         self.sched = Scheduler(self.policy, self.table, self.backend, self.clock, strict=False,
                                on_error=self._policy_error)
         previous = loaded.meta.get("policy")

@@ -214,3 +214,85 @@ def test_two_step_reports_at_one_instant_are_no_sample(tmp_path):
     w.s.tick()
     w.clock.advance(2)
     assert w.c.step(a, StepReport(0, 4)).iteration_time == pytest.approx(1.0)
+
+
+def _profile(load, pre, compute, sync):
+    from elastictrain.wire import ProfileReport, StageProfile
+
+    stages = {"load": load, "preprocess": pre, "compute": compute, "sync": sync}
+    return ProfileReport(StageProfile(0, 20, 5, sum(stages.values()), stages))
+
+
+def test_muri_groups_become_one_group_task_whose_members_end_on_their_own(tmp_path):
+    from elastictrain.wire import MemberResult
+
+    w = World(tmp_path, policy="muri-s", nodes=1, slots=1)
+    a, b = w.submit(1, steps=1000), w.submit(1, steps=1000)
+    w.s.tick()
+    assert w.run_all() == {"n1": [(a, 1, (0,))]}
+    (task,) = w.poll("n1").tasks
+    assert task.env["ET_PROFILE_STEPS"] == "20" and not task.group  # profiled at its first start
+    w.c.put_profile(a, _profile(0.06, 0.0, 0.008, 0.0))  # I/O-bound
+    w.c.put_profile(b, _profile(0.004, 0.0, 0.06, 0.0))  # compute-bound: interleaves with a
+    w.s.tick()
+    assert w.s.job(a).stopping is False and w.s.job(a).info["group"] == f"{b}+{a}" or \
+        w.s.job(a).info["group"] == f"{a}+{b}"
+    assert w.run_all() == {"n1": []}  # the group task waits for a's own run to checkpoint and exit
+    w.exit(a, 75)
+    w.s.tick()
+    (gt,) = w.poll("n1").tasks
+    assert gt.job.startswith("g.") and {m.job for m in gt.group} == {a, b} and gt.command == []
+    assert {m.reason for m in gt.group} == {"regroup", "start"} and "ET_PROFILE_STEPS" not in gt.env
+    w.run_all()
+    predicted = float(w.s.job(a).info["group_predicted"])
+    assert 0.06 <= predicted <= 0.07  # eq. 3: the two overlap almost fully
+    # b finishes inside the group: it ends at once; a trains on in the group task
+    w.s.member_result(b, MemberResult(w.s.job(b).run, "finished"))
+    assert w.status(b) == "finished" and w.status(a) == "running"
+    assert [t.job for t in w.poll("n1").tasks] == [gt.job]
+    # a stale or foreign result changes nothing
+    w.s.member_result(b, MemberResult(1, "failed", "late"))
+    assert w.status(b) == "finished"
+    # a runs on alone in the group task: nothing restarts
+    w.s.tick()
+    assert [t.job for t in w.poll("n1").tasks] == [gt.job] and w.s.job(a).run == 2
+    # a third job comes, is profiled, and is grouped with a: the old group task is withdrawn and
+    # the new one waits for it to exit, across a coordinator restart
+    c = w.submit(1, steps=1000)
+    w.c.put_profile(c, _profile(0.004, 0.0, 0.06, 0.0))
+    w.s.tick()
+    assert w.poll("n1").tasks == []
+    w.restart()
+    w.register("n1", w.inst["n1"])
+    w.s.tick()
+    assert w.poll("n1").tasks == []
+    w.exit(gt.job, 75)
+    w.s.tick()
+    (gt2,) = w.poll("n1").tasks
+    assert {m.job for m in gt2.group} == {a, c} and gt2.job != gt.job
+
+
+def test_a_member_that_fails_in_its_group_is_restarted_then_fails_with_the_reason(tmp_path):
+    from elastictrain.wire import MemberResult
+
+    w = World(tmp_path, policy="muri-s", nodes=1, slots=1)
+    a, b = w.submit(1, steps=1000, max_restarts=1), w.submit(1, steps=1000)
+    w.c.put_profile(a, _profile(0.06, 0.0, 0.008, 0.0))
+    w.c.put_profile(b, _profile(0.004, 0.0, 0.06, 0.0))
+    w.s.tick()
+    (gt,) = w.poll("n1").tasks
+    assert gt.group and not any(t.group for t in [])  # formed at once: both were profiled
+    w.run_all()
+    w.s.member_result(a, MemberResult(w.s.job(a).run, "failed", "RuntimeError: boom"))
+    assert w.status(a) == "running" and w.s.job(a).stopping and w.s.job(b).stopping  # the group checkpoints
+    kinds = [e.kind for e in w.s.event_list(0, a).events]
+    assert "member_failed" in kinds
+    w.exit(gt.job, 75)
+    assert w.status(a) == "preempted" and w.status(b) == "preempted"
+    w.s.tick()
+    (gt2,) = w.poll("n1").tasks
+    assert gt2.job != gt.job and {m.reason for m in gt2.group} == {"failure", "regroup"}
+    w.run_all()
+    w.s.member_result(a, MemberResult(w.s.job(a).run, "failed", "RuntimeError: boom again"))
+    assert w.status(a) == "failed" and "boom again" in w.s.job(a).reason
+    assert w.status(b) == "running" and [t.job for t in w.poll("n1").tasks] == [gt2.job]  # b goes on

@@ -64,6 +64,9 @@ def add_commands(sub) -> None:
     s.add_argument("--grace", type=float, default=30.0, help="seconds to checkpoint when preempted")
     s.add_argument("--profile-steps", type=int, default=20,
                    help="iterations of the stage profile taken at the job's first start (muri groups on it)")
+    s.add_argument("--profile", default=None, metavar="FILE",
+                   help="the job's stage profile, as `elastictrain profile --json FILE` wrote it (muri groups on it "
+                   "from the job's first start; a profile the workers measure replaces it)")
     s.add_argument("--reprofile", action="store_true",
                    help="profile the job again even if a job with the same command was profiled before")
     s.add_argument("--env", action="append", default=[], metavar="K=V", help="environment for the job (repeatable)")
@@ -167,7 +170,8 @@ def _submit(args) -> int:
                                "priority": args.priority, "gpus": hi, "min_gpus": lo if lo != hi else None,
                                "env": env, "steps": args.steps, "epochs": args.epochs,
                                "max_restarts": args.max_restarts, "grace": args.grace, "module": args.module,
-                               "profile_steps": args.profile_steps, "reprofile": args.reprofile},
+                               "profile_steps": args.profile_steps, "reprofile": args.reprofile,
+                               "stage_times": _stage_file(args.profile) if args.profile else None},
                               JobSubmit)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid job: {exc}") from None
@@ -440,3 +444,19 @@ def _logs(args) -> int:
         if not args.follow or page.ended:
             return 0
         time.sleep(0.5)
+
+
+def _stage_file(path: str) -> dict:
+    """Mean stage seconds per iteration over the workers in an `elastictrain profile --json` file."""
+    import json
+
+    try:
+        with open(path) as f:
+            reports = json.load(f)
+        stages = [r["stage"]["stages"] for r in reports if r.get("stage")]
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise ConfigError(f"--profile {path}: not a profile written by `elastictrain profile --json` ({exc})") from None
+    if not stages:
+        raise ConfigError(f"--profile {path}: it holds no stage profile")
+    names = sorted({k for s in stages for k in s})
+    return {k: sum(float(s.get(k, 0.0)) for s in stages) / len(stages) for k in names}

@@ -431,6 +431,9 @@ class JobSubmit(_Msg):
     profile_steps: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 20
     #: profile again even if a job of the same command was profiled before
     reprofile: bool = False
+    #: the job's stage profile known in advance (seconds per iteration by stage, e.g. from
+    #: ``elastictrain profile --json``): used until its workers send a measured one
+    stage_times: Optional[Annotated[dict[Short, Seconds], msgspec.Meta(max_length=16)]] = None
 
 
 class NodeSlots(_Msg):
@@ -468,6 +471,7 @@ class ClusterJobInfo(_Msg):
     info: dict[str, str]  # the policy's view of the job (e.g. its Tiresias queue)
     workers: int = 0  # the worker count of its current (or last) run
     rate: Optional[float] = None  # measured data samples/s of the current run (None: not measured)
+    stage_times: list[float] = []  # seconds per iteration in load, preprocess, compute, sync (empty: unknown)
 
 
 class ClusterJobList(_Msg):

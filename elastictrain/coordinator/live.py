@@ -88,6 +88,8 @@ class JobRecord(msgspec.Struct):
     assumed: list[str] = []
     profile_steps: int = 20
     reprofile: bool = False
+    given_stages: list[float] = []  # the stage profile given at submission (used until one is measured)
+    stage_times: list[float] = []  # the stage times the policy last saw
     grun: str = ""  # the group task this job's run is part of ("forming": waiting for the others)
     group_t0: tuple[int, float] = (0, 0.0)  # (step, time) of the first step report in the group run
     group_iteration_time: Optional[float] = None  # measured seconds per step in its group
@@ -129,7 +131,7 @@ class LiveBackend:
         kind = a.kind.value
         before = sum(g for _, g in a.previous)
         self._emit(kind, rec, placement=self._names(a.placement), previous=self._names(a.previous), run=rec.run,
-                   workers=a.workers, previous_workers=before)
+                   workers=a.workers, previous_workers=before, group=list(a.group))
         self._leave_group(rec)
         self.nodes.unwant(rec.id, rec.run)
         reason = kind  # a resize starts its run as torchrun users know it: scale_up or scale_down

@@ -205,19 +205,6 @@ class ClusterScheduler:
     def _measure(self, rec: JobRecord, e: Entry) -> None:
         """Refresh the entry's policy inputs from what the job reported; log assumptions once."""
         needs = getattr(self.policy, "needs", ())
-        if rec.iteration_time is not None:
-            it = rec.iteration_time
-        else:
-            it = ASSUMED_ITERATION_TIME
-            if "duration" in needs:
-                self._assume(rec, "iteration_time", f"{it:g} s per step until the job reports its steps")
-        total = self._total_steps(rec)
-        if total is None:
-            total = rec.step + ASSUMED_REMAINING / it
-            if "duration" in needs:
-                self._assume(rec, "remaining", f"{ASSUMED_REMAINING:g} s of work left (no --steps or --epochs)")
-        e.iteration_time, e.iterations = it, float(max(total, 1))
-        e.remaining_iterations = float(max(total - rec.step, 0.0))
         reports = self.c.profiles.reports(rec.id)
         comm = [r.comm for r in reports if r.comm is not None]
         e.skew = sum(c.skew for c in comm) / len(comm) if comm else 0.0
@@ -235,6 +222,8 @@ class ClusterScheduler:
                 self._profiles_dirty = True
                 while len(self._profiles) > PROFILES_KEPT:
                     del self._profiles[next(iter(self._profiles))]
+        elif rec.given_stages:
+            e.stage_times = tuple(rec.given_stages)
         elif not rec.reprofile and key in self._profiles:
             e.stage_times = self._profiles[key]
             if "profile" in needs:
@@ -245,6 +234,24 @@ class ClusterScheduler:
             if "profile" in needs:
                 self._assume(rec, "profile", f"no stage profile yet: the job runs alone (it is never grouped) "
                                              f"until its first {rec.profile_steps} steps are profiled")
+        if rec.iteration_time is not None:
+            it = rec.iteration_time
+        elif e.stage_times:  # never measured alone (it only ran grouped): its stages one after another
+            it = sum(e.stage_times)
+        else:
+            it = ASSUMED_ITERATION_TIME
+            if "duration" in needs:
+                self._assume(rec, "iteration_time", f"{it:g} s per step until the job reports its steps")
+        total = self._total_steps(rec)
+        if total is None:
+            total = rec.step + ASSUMED_REMAINING / it
+            if "duration" in needs:
+                self._assume(rec, "remaining", f"{ASSUMED_REMAINING:g} s of work left (no --steps or --epochs)")
+        e.iteration_time, e.iterations = it, float(max(total, 1))
+        e.remaining_iterations = float(max(total - rec.step, 0.0))
+        if list(e.stage_times) != rec.stage_times:
+            rec.stage_times = list(e.stage_times)
+            self._dirty.add(rec.id)
         if "skew" in needs and not comm:
             self._assume(rec, "skew", "skew 0 until the job reports a comm profile")
         e.rate, e.rate_window = self._rate(rec)
@@ -354,6 +361,7 @@ class ClusterScheduler:
 
     # ------------------------------------------------------------------ jobs
     def submit(self, req: JobSubmit) -> ClusterJobInfo:
+        given = _given_stages(req.stage_times)
         if req.min_gpus is not None and req.min_gpus > req.gpus:
             raise ConfigError(f"min_gpus ({req.min_gpus}) must be <= gpus ({req.gpus})")
         known = sum(n.slots for n in self.nodes.by_index)
@@ -372,7 +380,8 @@ class ClusterScheduler:
         rec = JobRecord(job_id, self._seq, name, req.user, req.priority, req.gpus, req.min_gpus or req.gpus,
                         list(req.command), req.workdir, dict(req.env), req.module, req.steps, req.epochs,
                         req.max_restarts, req.grace, now, pending_since=now, accrued_at=now,
-                        profile_steps=req.profile_steps, reprofile=req.reprofile)
+                        profile_steps=req.profile_steps, reprofile=req.reprofile,
+                        given_stages=given)
         self.records[job_id] = rec
         self.c.members.create_job(job_id, 1, 65536)
         self.table.add(self._entry(rec))
@@ -435,7 +444,8 @@ class ClusterScheduler:
                               rec.command, rec.workdir, rec.submit_time, rec.start_time, rec.end_time, rec.attained,
                               rec.attained_gpu, where, rec.preemptions, rec.restarts, rec.max_restarts, reason,
                               rec.step, rec.steps, rec.epochs, rec.iteration_time, rec.run, rec.stopping, info,
-                              rec.workers, round(e.rate, 3) if e is not None and e.rate > 0 else None)
+                              rec.workers, round(e.rate, 3) if e is not None and e.rate > 0 else None,
+                              list(rec.stage_times))
 
     def status(self) -> ClusterStatus:
         return ClusterStatus(self.cfg.policy, self.clock.now(), [n.info() for n in self.nodes.by_index],
@@ -626,6 +636,19 @@ def _split_group_log(data: bytes) -> dict[str, bytes]:
         if m is not None:
             out.setdefault(m.group(1).decode(), []).append(line)
     return {k: b"".join(v) for k, v in out.items()}
+
+
+def _given_stages(stages: Optional[dict]) -> list[float]:
+    """A submitted stage profile in :data:`STAGES` order; unknown stage names are refused."""
+    if not stages:
+        return []
+    unknown = sorted(set(stages) - set(STAGES))
+    if unknown:
+        raise ConfigError(f"stage_times names unknown stages {unknown}; the stages are {', '.join(STAGES)}")
+    out = [float(stages.get(k, 0.0)) for k in STAGES]
+    if not any(out):
+        raise ConfigError("stage_times must give some stage a time above 0")
+    return out
 
 
 def _profile_key(rec: JobRecord) -> str:

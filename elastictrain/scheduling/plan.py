@@ -111,8 +111,8 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
         if resolved is not None:
             where = resolved.get(grp[0] if grp else key, where)
         e = running.get(key)
-        if e is not None and where is e.placement and plain:
-            continue  # keeps running as it is
+        if e is not None and where is e.placement and plain and not e.group:
+            continue  # keeps running as it is (a job left of its group is regrouped below: runs alone)
         size = workers.get(key, e.num_gpu if e is not None else get(key).num_gpu) if workers else \
             (e.num_gpu if e is not None else get(key).num_gpu)
         group = grp or ()
@@ -121,6 +121,10 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
             continue
         if e.placement == where and e.group == group and size == e.num_gpu:
             continue  # keeps running as it is
+        if e.placement == where and size == e.num_gpu and e.group != group and sorted(e.group) == sorted(group):
+            e.group = group  # the same group, its members listed in another order: nothing restarts
+            table.touch(key)
+            continue
         moved = e.placement != where and sorted(e.placement) != sorted(where)
         if size != e.num_gpu:
             kind = ActionKind.RESIZE

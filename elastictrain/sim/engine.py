@@ -113,7 +113,7 @@ class Simulator:
                  charge: str = "on_start", speed_factor: float = 1.0, interval: Optional[float] = None,
                  spread_slowdown: float = 1.0, skew_sensitive: float = 0.5, until: Optional[float] = None,
                  progress: Optional[Callable[[int, float], None]] = None, migration_cost: float = 0.0,
-                 window: Optional[float] = None) -> None:
+                 window: Optional[float] = None, decisions: Optional[list] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
@@ -140,6 +140,7 @@ class Simulator:
         if migration_cost < 0 or (window is not None and window <= 0):
             raise ConfigError("migration_cost must be >= 0 and window > 0")
         self.migration_cost, self.window = float(migration_cost), window
+        self.decisions = decisions  # if a list: (time, action kind or "finish", job id, group) appended
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
         elif callable(restart_cost):
@@ -195,6 +196,8 @@ class Simulator:
             if next_round <= now:
                 next_round = now + self.interval
             for e in finished:
+                if self.decisions is not None:
+                    self.decisions.append((now, "finish", e.key, ()))
                 table.end(e.key, JobStatus.FINISHED, now)
                 backend.forget(e.key)
                 done.append(JobRecord(e.key, e.num_gpu, e.model, e.submit_time, e.start_time, now,
@@ -220,7 +223,9 @@ class Simulator:
             # ---- decide and apply
             if len(table):
                 events += 1
-                sched.tick()
+                actions = sched.tick()
+                if self.decisions is not None:
+                    self.decisions += [(now, a.kind.value, a.key, tuple(a.group)) for a in actions]
                 wakeup = sched.wakeup
                 if wakeup is not None and wakeup <= now:  # a wake-up is always in the future
                     wakeup = math.nextafter(now, math.inf)

@@ -9,6 +9,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from elastictrain.launcher.local_cluster import LocalCluster as Cluster
 
 WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples",
@@ -54,6 +56,7 @@ def test_muri_groups_run_interleaved_as_one_process_and_match_the_model(tmp_path
         assert "group_iteration_time=" in out and "group_predicted=" in out, out
 
 
+@pytest.mark.slow  # (about 60 s; the coordinator's side of it is in tests/unit/coordinator)
 def test_a_member_failing_or_cancelled_leaves_the_rest_of_its_group_running(tmp_path):
     with Cluster(tmp_path, "muri-s", nodes=2, slots=1) as c:
         ids = {name: submit(c, name, 400, *(["--fail-in-group-at", "150"] if name == "io" else []))

@@ -296,3 +296,25 @@ def test_a_member_that_fails_in_its_group_is_restarted_then_fails_with_the_reaso
     w.s.member_result(a, MemberResult(w.s.job(a).run, "failed", "RuntimeError: boom again"))
     assert w.status(a) == "failed" and "boom again" in w.s.job(a).reason
     assert w.status(b) == "running" and [t.job for t in w.poll("n1").tasks] == [gt2.job]  # b goes on
+
+
+def test_a_stage_profile_given_at_submission_is_checked_and_used_until_one_is_measured(tmp_path):
+    import msgspec
+
+    from elastictrain.wire import MemberResult
+
+    w = World(tmp_path, policy="muri-s", nodes=1, slots=1)
+    with pytest.raises(ConfigError, match="unknown stages"):
+        w.submit(1, steps=10, stage_times={"disk": 0.1})
+    with pytest.raises(ConfigError, match="above 0"):
+        w.submit(1, steps=10, stage_times={"load": 0.0})
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"run": 1, "status": "exploded"}', type=MemberResult)
+    a = w.submit(1, steps=10, stage_times={"load": 0.05, "compute": 0.01})
+    info = w.s.job(a)
+    assert info.stage_times == [0.05, 0.0, 0.01, 0.0] and info.iteration_time is None
+    w.s.tick()
+    (task,) = w.poll("n1").tasks
+    assert "ET_PROFILE_STEPS" not in task.env  # nothing to profile: it was given
+    w.c.put_profile(a, _profile(0.02, 0.0, 0.02, 0.0))  # measured: it replaces the given one
+    assert w.s.job(a).stage_times == [0.02, 0.0, 0.02, 0.0]

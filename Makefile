@@ -6,7 +6,7 @@ SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 CORE := $(VENV)/.core-$(SUM)
 FULL := $(VENV)/.full-$(SUM)
 
-.PHONY: demo demo-cluster test test-slow test-horovod horovod bench install clean
+.PHONY: demo demo-cluster test test-slow test-horovod horovod bench install clean chromium
 
 # torch (CPU) + elastictrain: what the demo needs
 $(CORE): pyproject.toml
@@ -35,11 +35,19 @@ demo: $(CORE)
 demo-cluster: $(CORE)
 	$(PY) examples/cluster_demo.py runs/demo-cluster
 
+# Debian's Chromium for the status page's browser test, where this machine lets us install it
+# (root and apt-get); elsewhere that one test skips and says how to install it.
+chromium:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { apt-get install -y -q chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
+	      apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
+	    echo "chromium could not be installed: the browser test will skip"
+
 # The default test run (well under 15 minutes). pytest's exit code 5 ("no tests ran") fails it.
-test: $(FULL)
+test: $(FULL) chromium
 	$(PY) -m pytest -q -p no:cacheprovider
 
-test-slow: $(FULL)
+test-slow: $(FULL) chromium
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 bench: $(FULL)

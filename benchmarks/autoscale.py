@@ -13,8 +13,19 @@ elastic job of 1..4 workers under ``--policy autoscale``. Prints ``name: value u
 * ``autoscale_settled_throughput`` and ``autoscale_throughput_vs_best_fixed`` (target >= 0.9);
 * ``autoscale_resizes``: restarts the plan made to get there.
 
-``--quick``: shorter measurement windows. Stragglers are not handled yet, so their figures are
-not printed.
+Stragglers (``--part straggler``, also in the default run): an elastic etrun job of 3 nodes (one
+worker each, ``--nnodes 2:3``) plus a spare agent, on a coordinator that samples every second
+(``ET_MONITOR_PERIOD=1``); each step is 40 ms of "GPU" time in ``et.stage("compute")`` and a gloo
+all-reduce. From step 60 one node's worker computes 3x slower, which slows every rank's step
+(synchronous DDP). Prints:
+
+* ``straggler_detect_seconds``: from the slowdown's start (the first step past 60 in the
+  coordinator's samples) to the coordinator flagging the rank (the ``straggler`` event);
+* ``straggler_throughput_before`` / ``_slowed`` / ``_after`` (steps/s; the baseline is the same
+  run before the slowdown) and ``straggler_throughput_recovered`` (after / before; target >= 0.8):
+  the straggler's node is excluded for a cooldown and the spare takes its place.
+
+``--quick``: shorter measurement windows.
 """
 
 from __future__ import annotations
@@ -55,10 +66,122 @@ def fixed_rate(c: LocalCluster, tmp: str, n: int, seconds: float) -> float:
     return rate
 
 
+MURI_JOB = os.path.join(ROOT, "examples", "torch_muri_job.py")
+
+
+def straggler(tmp: str, quick: bool) -> dict:
+    """The straggler scenario (see the module's docstring); returns its figures and evidence."""
+    import subprocess
+
+    from elastictrain.coordinator.process import CoordinatorProcess
+    from elastictrain.runtime.client import CoordinatorClient
+
+    at, steps = 60, (260 if quick else 420)
+    coord = CoordinatorProcess(os.path.join(tmp, "coord.db"), os.path.join(tmp, "token"),
+                               log_file=os.path.join(tmp, "coordinator.log"),
+                               extra_args=("--policy", "fifo", "--straggler-cooldown", "120"))
+    coord.start()
+    client = CoordinatorClient(coord.url, coord.token, timeout=10.0, retry_for=30.0)
+    agents, timeline, flagged = [], [], None
+    env = dict(os.environ, ET_MONITOR_PERIOD="1", ET_MONITOR_BATCH="1", OMP_NUM_THREADS="1")
+    env.pop("ET_TOKEN", None)
+
+    def agent(name: str, slow: bool):
+        cmd = [sys.executable, "-m", "elastictrain.launcher.cli", "--nnodes", "2:3", "--nproc-per-node", "1",
+               "--rdzv-id", "strag", "--coordinator", coord.url, "--token-file", coord.token_file,
+               "--max-restarts", "3", "--warm-spares", "0", MURI_JOB, "--steps", str(steps),
+               "--samples", str(steps * 8 * 3), "--load-ms", "2", "--compute-ms", "40", "--straggle-at", str(at),
+               "--ckpt-every", "20", "--ckpt-dir", os.path.join(tmp, "ckpt"), "--out", os.path.join(tmp, "out.json")]
+        log = open(os.path.join(tmp, f"{name}.log"), "wb")
+        agents.append(subprocess.Popen(cmd, env=dict(env, ET_STRAGGLER="1" if slow else "0"), stdout=log,
+                                       stderr=subprocess.STDOUT, cwd=tmp))
+
+    try:
+        agent("slow", True)
+        time.sleep(0.5)
+        agent("a", False)
+        agent("b", False)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:  # the first generation forms with the three of them
+            try:
+                if client.job("strag").world_size == 3:
+                    break
+            except Exception:  # noqa: BLE001 - not created yet
+                pass
+            time.sleep(0.2)
+        agent("spare", False)  # waits: the job runs at its maximum of 3 nodes
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and any(p.poll() is None for p in agents[:3]):
+            try:
+                res = client.resources("strag")
+            except Exception:  # noqa: BLE001
+                res = None
+            if res is not None:
+                for w in res.workers:
+                    if w.latest.step is not None:
+                        timeline.append((w.latest.t, w.latest.step))
+                if res.stragglers and flagged is None:
+                    flagged = res.stragglers[0]
+            if os.path.exists(os.path.join(tmp, "out.json")):
+                break
+            time.sleep(0.25)
+        events = [e for e in client.events().events if e.kind == "straggler"]
+        status = subprocess.run([sys.executable, "-m", "elastictrain", "status", "--job", "strag", "--coordinator",
+                                 coord.url, "--token-file", coord.token_file], capture_output=True, text=True,
+                                timeout=60).stdout
+    finally:
+        for p in agents:
+            if p.poll() is None:
+                p.terminate()
+        for p in agents:
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        client.close()
+        coord.stop()
+    timeline = sorted(set(timeline))
+
+    def rate(t0: float, t1: float) -> float:
+        pts = [(t, s) for t, s in timeline if t0 <= t <= t1]
+        if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+            return 0.0
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+    onset = next((t for t, s in timeline if s >= at), None)
+    t_flag = events[0].time if events else None
+    start = next((t for t, s in timeline if s >= 10), timeline[0][0] if timeline else 0.0)
+    before = rate(start, onset) if onset else 0.0
+    slowed = rate(onset, t_flag) if onset and t_flag else 0.0
+    # after: from 5 s past the flag (the restart without the straggler) to the end
+    after = rate(t_flag + 5.0, timeline[-1][0]) if t_flag and timeline else 0.0
+    out = {}
+    try:
+        import json
+
+        with open(os.path.join(tmp, "out.json")) as f:
+            out = json.load(f)
+    except OSError:
+        pass
+    return {"detect": (t_flag - onset) if t_flag and onset else None, "before": before, "slowed": slowed,
+            "after": after, "events": events, "flag": flagged, "status": status, "result": out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--part", choices=("all", "autoscale", "straggler"), default="all")
     args = ap.parse_args()
+    if args.part in ("all", "straggler"):
+        with tempfile.TemporaryDirectory(prefix="et-straggler-") as tmp:
+            r = straggler(tmp, args.quick)
+        print(f"straggler_detect_seconds: {r['detect'] if r['detect'] is None else round(r['detect'], 2)} s")
+        print(f"straggler_throughput_before: {r['before']:.2f} steps/s")
+        print(f"straggler_throughput_slowed: {r['slowed']:.2f} steps/s")
+        print(f"straggler_throughput_after: {r['after']:.2f} steps/s")
+        print(f"straggler_throughput_recovered: {r['after'] / r['before'] if r['before'] else 0.0:.3f} x")
+        if args.part == "straggler":
+            return
     window = 5.0 if args.quick else 10.0
     with tempfile.TemporaryDirectory(prefix="et-autoscale-") as tmp:
         fixed = {}

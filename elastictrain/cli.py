@@ -61,6 +61,13 @@ def get_parser() -> argparse.ArgumentParser:
     c.add_argument("--interval", type=float, default=5.0, help="with --policy: also decide every N seconds")
     c.add_argument("--node-timeout", type=float, default=15.0,
                    help="with --policy: seconds without a poll before a node counts as lost")
+    c.add_argument("--straggler-factor", type=float, default=1.5,
+                   help="a rank is a straggler when its own work per step (non-sync et.stage spans) is above this "
+                   "times its peers' median ...")
+    c.add_argument("--straggler-windows", type=int, default=3,
+                   help="... for this many monitor samples in a row")
+    c.add_argument("--straggler-cooldown", type=float, default=60.0,
+                   help="seconds a straggler's node sits out (doubled each time it is excluded again); 0: flag only")
     _policy_options(c)
 
     from .cluster_cli import add_commands
@@ -200,7 +207,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             serve(ServerConfig(host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                sync=args.sync, ready_file=args.ready_file, public_read=args.public_read,
                                cluster=cluster, allow_insecure_token_file=args.allow_insecure_token_file,
-                               limits=_limits(args)))
+                               limits=_limits(args), stragglers=(args.straggler_factor, args.straggler_windows,
+                                                                 args.straggler_cooldown)))
         elif args.command in ("node", "submit", "status", "cancel", "logs", "events", "users"):
             from .cluster_cli import run_command
 

@@ -302,10 +302,13 @@ def _job_status(client, job: str, as_json: bool) -> int:
             raise NotFoundError(f"no job {job!r} at {client.url}") from None
     datasets = [client.dataset(job, name) for name in rdzv.datasets] if rdzv else []
     profiles = client.profiles(job).reports if rdzv else []
-    resources = client.resources(job).workers if rdzv else []
+    rlist = client.resources(job) if rdzv else None
+    resources = rlist.workers if rlist is not None else []
+    stragglers = rlist.stragglers if rlist is not None else []
     if as_json:
         print(msgspec.json.encode({"job": info, "rendezvous": rdzv, "datasets": datasets,
-                                   "profiles": profiles, "resources": resources}).decode())
+                                   "profiles": profiles, "resources": resources,
+                                   "stragglers": stragglers}).decode())
         return 0
     if info is not None:
         print(f"job {info.id} ({info.name}) of {info.user}: {info.status}" + (" (stopping)" if info.stopping else ""))
@@ -345,6 +348,9 @@ def _job_status(client, job: str, as_json: bool) -> int:
                       "committing or closing its iterator; they go back to todo when their leases expire")
     if resources:
         print(_resource_table(resources))
+    for f in stragglers:
+        print(f"  straggler: rank {f.worker} works {f.slowdown:.2f}x slower than its peers' median (node "
+              f"{f.agent or '-'}: {f.action})")
     if any(r.stage is not None for r in profiles):
         from .cli import _stage_table
 
@@ -359,7 +365,7 @@ def _resource_table(workers) -> str:
     """Each worker's latest resource sample (``ET_MONITOR_PERIOD``), GPU columns or why not."""
     def mib(v):
         return "-" if v is None else f"{v / 2**20:.0f} MiB"
-    rows = [("worker", "age", "cpu %", "rss", "read", "written", "step", "step time", "gpu")]
+    rows = [("worker", "age", "cpu %", "rss", "read", "written", "step", "step time", "own work", "gpu")]
     now = time.time()
     absent = set()
     for w in workers:
@@ -373,7 +379,8 @@ def _resource_table(workers) -> str:
             absent.add(s.gpu_absent or "not reported")
         rows.append((str(w.worker), f"{max(0.0, now - s.t):.0f} s", f"{s.cpu_percent:.0f}", mib(s.rss_bytes),
                      mib(s.read_bytes), mib(s.write_bytes), "-" if s.step is None else str(s.step),
-                     "-" if s.step_time is None else f"{s.step_time:.3f} s", gpu))
+                     "-" if s.step_time is None else f"{s.step_time:.3f} s",
+                     "-" if s.busy_time is None else f"{s.busy_time:.3f} s", gpu))
     text = table(rows, right_align=False)
     if absent:
         text += "\n  no GPU figures: " + "; ".join(sorted(absent))

@@ -25,7 +25,7 @@ __all__ = [
     "StageProfile", "CommProfile", "ProfileReport", "ProfileList", "StepReport", "StepInfo",
     "JobSubmit", "NodeSlots", "ClusterJobInfo", "ClusterJobList", "NodeRegister", "NodeInfo", "TaskState",
     "LogChunk", "NodePoll", "Task", "GroupMember", "MemberResult", "NodeTasks", "NodeLeave", "LogRecord", "LogList", "EventInfo", "EventList",
-    "ClusterStatus",
+    "ClusterStatus", "Series", "StragglerInfo",
 ]
 
 
@@ -389,6 +389,9 @@ class ResourceSample(_Msg):
     gpu_power_w: Optional[Gauge] = None
     torch_peak_bytes: Optional[Gauge] = None  # torch.cuda.max_memory_allocated
     gpu_absent: Short = ""
+    #: seconds per step the rank spent in its own work (its non-``sync`` et.stage spans): unlike the
+    #: step time, which a synchronous job's slowest rank sets for all, it shows which rank is slow
+    busy_time: Optional[Gauge] = None
 
 
 class ResourceReport(_Msg):
@@ -402,9 +405,21 @@ class WorkerResources(_Msg):
     history: int  # samples kept for this worker
 
 
+class StragglerInfo(_Msg):
+    """A rank flagged as a straggler: its own work per step over its peers' median, since when,
+    the etrun agent (node) that ran it and what was done (e.g. ``excluded for 60 s``)."""
+
+    worker: int
+    slowdown: float
+    since: float
+    agent: str
+    action: str
+
+
 class ResourceList(_Msg):
     job: str
     workers: list[WorkerResources]
+    stragglers: list[StragglerInfo] = []
 
 
 # ---------------------------------------------------------------- cluster mode (the live scheduler)
@@ -634,6 +649,16 @@ class UserList(_Msg):
     #: whether the policy uses tickets (gandiva-fair); others only report the shares
     tickets_used: bool
     default_tickets: float
+
+
+class Series(_Msg):
+    """A time series the status page draws: ``times`` (epoch seconds) and one or more value lists
+    of the same length (``GET /v1/cluster/utilization``: GPUs in use and in all; ``GET
+    /v1/cluster/jobs/{id}/steps``: the job's reported step)."""
+
+    name: str
+    times: list[float]
+    values: dict[str, list[float]]
 
 
 class ClusterStatus(_Msg):

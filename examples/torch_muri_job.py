@@ -14,7 +14,8 @@ working directory). Each step has four stages, in Muri's four resources:
   the host is free while kernels run, which the wait stands in for on a CPU-only machine);
 * ``sync``: the DDP all-reduce and the optimizer step, then waits ``--sync-ms`` (the network).
 
-Samples come from the coordinator's exactly-once shards; every rank keeps a ledger of the samples
+With ``--straggle-at``, the ranks of the node whose agent has ``ET_STRAGGLER=1`` turn slow at that
+step (the straggler test and benchmark). Samples come from the coordinator's exactly-once shards; every rank keeps a ledger of the samples
 trained (all-gathered), checkpointed with the model. At the end rank 0 writes ``--out`` with the
 ledger's min/max (1 and 1: exactly once), the steps, and the restart reasons seen.
 """
@@ -44,7 +45,7 @@ def busy(ms: float, w: torch.Tensor) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=100, help="the steps of one epoch at the starting world size")
     ap.add_argument("--samples", type=int, default=0, help="dataset size (default: 8 per step per worker)")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--load-ms", type=float, default=5.0)
@@ -52,6 +53,10 @@ def main() -> int:
     ap.add_argument("--compute-ms", type=float, default=5.0)
     ap.add_argument("--sync-ms", type=float, default=0.0)
     ap.add_argument("--ckpt-every", type=int, default=20)
+    ap.add_argument("--straggle-at", type=int, default=-1,
+                    help="from this step, where ET_STRAGGLER=1 is set (one node's agent), compute takes "
+                    "--straggle-factor times longer (a slow GPU)")
+    ap.add_argument("--straggle-factor", type=float, default=3.0)
     ap.add_argument("--fail-in-group-at", type=int, default=-1,
                     help="raise at this step when running interleaved with other jobs (failure isolation)")
     ap.add_argument("--ckpt-dir", required=True)
@@ -83,10 +88,11 @@ def main() -> int:
     reasons = list(progress["reasons"]) + [f"{job.restart_reason}@{step}"]
     print(f"[muri-job] generation {job.generation} ({job.restart_reason}), world {world}, "
           f"{'resumed from ' + info.name if info else 'fresh start'} at step {step}", flush=True)
+    straggler = os.environ.get("ET_STRAGGLER") == "1"
     it = iter(shards)
     work = torch.randn(64, 64, generator=gen) / 8
     pad = torch.full((args.batch,), -1, dtype=torch.long)
-    while step < args.steps:
+    while True:  # until every rank is out of data (a rank may run dry first after a restart or a resize)
         with et.stage("load"):
             idx = [i for _, i in zip(range(args.batch), it)]
             time.sleep(args.load_ms / 1000)
@@ -97,7 +103,8 @@ def main() -> int:
         with et.stage("compute"):
             loss = nn.functional.cross_entropy(model(xb), yb) if len(idx) else model(x[:1]).sum() * 0
             loss.backward()
-            time.sleep(args.compute_ms / 1000)
+            slow = args.straggle_factor if 0 <= args.straggle_at <= step and straggler else 1.0
+            time.sleep(args.compute_ms * slow / 1000)
         with et.stage("sync"):
             opt.step()
             opt.zero_grad()
@@ -107,9 +114,12 @@ def main() -> int:
             dist.all_gather(every, got, group=pg)
             got = torch.cat(every)
             got = got[got >= 0]
+            if len(got) == 0:
+                break  # no rank had a sample: the epoch is over
             ledger.index_add_(0, got, torch.ones_like(got, dtype=torch.int32))
             time.sleep(args.sync_ms / 1000)
         step += 1
+        job.report_step(step)  # (cheap; the monitor's step and busy times, the scheduler's progress)
         if step == args.fail_in_group_at and jobctx.current() is not None:
             raise RuntimeError(f"injected failure at step {step}, inside a group")
         ckpt.state["progress"] = {"step": step, "ledger": ledger, "reasons": reasons}

@@ -34,7 +34,7 @@ from ..model import DatasetSpec
 from ..wire import (
     API_VERSION, AgentJoin, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
     GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, MemberResult, NodeLeave, NodePoll,
-    NodeRegister, ProfileList, ProfileReport, ProgressRequest, ReleaseRequest, ResourceReport, RestoreRequest, StepInfo, StepReport, UserTickets,
+    NodeRegister, ProfileList, ProfileReport, ProgressRequest, ResourceList, StragglerInfo, ReleaseRequest, ResourceReport, RestoreRequest, StepInfo, StepReport, UserTickets,
     Version,
 )
 from .membership import Membership
@@ -42,6 +42,7 @@ from .profiles import ProfileBook
 from .resources import ResourceBook
 from .rendezvous import Rendezvous
 from .shards import ShardManager
+from .stragglers import StragglerWatch
 from .store import Store
 from .users import window_arg
 
@@ -58,7 +59,8 @@ class Coordinator:
     """The coordinator's state: a store, jobs and their generations, datasets, and (with a
     ``cluster`` config) the live scheduler."""
 
-    def __init__(self, store: Store, clock: Optional[Clock] = None, cluster=None) -> None:
+    def __init__(self, store: Store, clock: Optional[Clock] = None, cluster=None,
+                 stragglers: Optional[StragglerWatch] = None) -> None:
         self.store = store
         self.clock = clock or WallClock()
         loaded = store.load()
@@ -68,6 +70,8 @@ class Coordinator:
         self.rendezvous = Rendezvous(self.members, self.clock, store, loaded.rdzv)
         self.profiles = ProfileBook(store, self.members, self.clock, loaded.profiles)
         self.resources = ResourceBook(self.members)
+        self.stragglers = stragglers or StragglerWatch()
+        self._straggler_gen: dict[str, int] = {}
         self.cluster = None
         if cluster is not None:
             from .scheduler import ClusterScheduler
@@ -82,6 +86,36 @@ class Coordinator:
 
     def job_list(self) -> JobList:
         return JobList([self.job_info(name) for name in sorted(self.members.jobs)])
+
+    def put_resources(self, job: str, req: ResourceReport) -> ResourceList:
+        """A worker's resource samples; they may flag it a straggler, whose node is then excluded
+        for a cooldown where the job can run without it (a spare agent takes its place)."""
+        out = self.resources.put(job, req)
+        gen = self.members.get(job).generation
+        if self._straggler_gen.get(job) != gen:  # a new generation: ranks may be other nodes' now
+            self.stragglers.forget(job)
+            self._straggler_gen[job] = gen
+        flag = self.stragglers.observe(job, req.worker, req.samples)
+        if flag is not None:
+            flag.agent = self.rendezvous.agent_of(job, flag.worker)
+            why = f"rank {flag.worker} does its work {flag.slowdown:.2f}x slower than its peers' median"
+            if not flag.agent:
+                flag.action = "kept: no etrun agent runs it"
+            elif self.stragglers.cooldown <= 0:
+                flag.action = "flagged only (--straggler-cooldown 0)"
+            else:
+                flag.action = self.rendezvous.exclude(job, flag.agent, self.stragglers.cooldown, why)
+            log.warning("job %s: straggler: %s; node %s %s", job, why, flag.agent or "-", flag.action)
+            if self.cluster is not None:
+                self.cluster.note("straggler", job, worker=flag.worker, slowdown=round(flag.slowdown, 3),
+                                  agent=flag.agent, action=flag.action)
+        return ResourceList(out.job, out.workers, [StragglerInfo(f.worker, round(f.slowdown, 3), f.since, f.agent,
+                                                                 f.action) for f in self.stragglers.current(job)])
+
+    def list_resources(self, job: str) -> ResourceList:
+        out = self.resources.list(job)
+        return ResourceList(out.job, out.workers, [StragglerInfo(f.worker, round(f.slowdown, 3), f.since, f.agent,
+                                                                 f.action) for f in self.stragglers.current(job)])
 
     def put_profile(self, job: str, req: ProfileReport) -> ProfileList:
         out = self.profiles.put(job, req)
@@ -172,6 +206,7 @@ class CoordinatorApp:
             "/v1/cluster/jobs": {"GET": _Route("GET", None, lambda: sched().jobs()),
                                  "POST": _Route("POST", JobSubmit, lambda b: sched().submit(b))},
             "/v1/cluster/events": {"GET": _Route("GET", None, self._events, query=True)},
+            "/v1/cluster/utilization": {"GET": _Route("GET", None, lambda: sched().utilization())},
             "/v1/cluster/users": {"GET": _Route("GET", None, self._users, query=True)},
         }
         # /v1/cluster/users/{name}: set its tickets
@@ -181,8 +216,8 @@ class CoordinatorApp:
         self._job_sub = {
             "generations": {"POST": _Route("POST", GenerationCreate, self._open_generation)},
             "datasets": {"POST": _Route("POST", DatasetSpec, s.register)},
-            "resources": {"POST": _Route("POST", ResourceReport, coordinator.resources.put),
-                          "GET": _Route("GET", None, coordinator.resources.list)},
+            "resources": {"POST": _Route("POST", ResourceReport, coordinator.put_resources),
+                          "GET": _Route("GET", None, coordinator.list_resources)},
             "profiles": {"POST": _Route("POST", ProfileReport, coordinator.put_profile),
                          "GET": _Route("GET", None, coordinator.profiles.list)},
             "steps": {"POST": _Route("POST", StepReport, coordinator.step)},
@@ -208,6 +243,7 @@ class CoordinatorApp:
             "cancel": {"POST": _Route("POST", None, lambda j: sched().cancel(j))},
             "result": {"POST": _Route("POST", MemberResult, lambda j, b: sched().member_result(j, b))},
             "logs": {"GET": _Route("GET", None, self._logs, query=True)},
+            "steps": {"GET": _Route("GET", None, lambda j: sched().step_history(j))},
         }
         self._node_verb = {
             "register": {"POST": _Route("POST", NodeRegister, lambda n, b: sched().node_register(n, b))},

@@ -16,9 +16,10 @@ from .store import JobRow, Store
 
 __all__ = ["Membership"]
 
-#: why a generation started (ET_RESTART_REASON); the last six come from the scheduler (cluster mode)
+#: why a generation started (ET_RESTART_REASON); "preempt" to "resize" come from the scheduler (cluster
+#: mode); "straggler": a slow node was taken out (coordinator/stragglers.py)
 _REASONS = ("start", "failure", "scale_up", "scale_down", "preempt", "decision", "requeue", "node_lost", "migrate",
-            "regroup", "resize", "coordinator_restart")
+            "regroup", "resize", "coordinator_restart", "straggler")
 
 
 class Membership:

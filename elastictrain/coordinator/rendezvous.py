@@ -67,6 +67,8 @@ class _JobRdzv:
     prev_world: int = 0
     round_started: Optional[float] = None  # when the first agent joined the open round
     run: int = 0  # cluster mode: the scheduler's run this round belongs to
+    excluded: dict = field(default_factory=dict)  # agent -> until when it may not join (a straggler's node)
+    cooldowns: dict = field(default_factory=dict)  # agent -> its last cooldown (each exclusion doubles it)
 
 
 @dataclass
@@ -219,7 +221,7 @@ class Rendezvous:
             j.restart_reason = "scale_up"
             log.info("job %s: agent %s asks to grow to %d local workers", job, req.agent, req.nproc)
         elif j.members and req.agent not in j.members and j.restart_reason is None and \
-                len(j.members) < j.max_nodes:
+                len(j.members) < j.max_nodes and not self._barred(j, req.agent, now):
             j.restart_reason = "scale_up"
             log.info("job %s: agent %s waits to join; generation restarts to grow", job, req.agent)
         action = self._poll(job, j, req.agent, 0)
@@ -292,8 +294,11 @@ class Rendezvous:
             if agent in j.members and generation in (0, current) and j.restart_reason is None:
                 return AgentAction("run", j.assignment[agent])
             return AgentAction("restart", detail=j.restart_reason or "generation changed")
-        # a waiting agent: can the round close?
-        live = [x for x in j.agents.values() if not x.done]
+        # a waiting agent: can the round close? (a straggler's node sits out its cooldown)
+        now = self._clock.now()
+        if self._barred(j, agent, now):
+            return AgentAction("wait", detail=f"excluded as a straggler for {j.excluded[agent] - now:.0f} s more")
+        live = [x for x in j.agents.values() if not x.done and not self._barred(j, x.join.agent, now)]
         waiting = [x for x in live if x.waiting]
         if j.round_started is None:
             j.round_started = self._clock.now()
@@ -306,8 +311,53 @@ class Rendezvous:
             return AgentAction("run", j.assignment[agent])
         return AgentAction("wait", detail=f"{len(waiting)}/{max(j.min_nodes, len(live))} agents ready")
 
+    @staticmethod
+    def _barred(j: _JobRdzv, agent: str, now: float) -> bool:
+        until = j.excluded.get(agent)
+        return until is not None and now < until
+
+    def exclude(self, job: str, agent: str, cooldown: float, why: str) -> str:
+        """Take a straggler's node out of the job for ``cooldown`` seconds (doubled at each new
+        exclusion of the same node, up to an hour, as horovodrun's blacklist does): the
+        generation restarts without it (reason ``straggler``), a spare agent taking its place.
+        Refused where the job could not run without it (``--nnodes`` MIN). Returns what was done."""
+        j = self._jobs.get(job)
+        now = self._clock.now()
+        if j is None or j.status != "running" or agent not in j.members:
+            return "kept: its node is not in the running generation"
+        others = [x for name, x in j.agents.items() if name != agent and not x.done
+                  and not self._barred(j, name, now)]
+        if len(others) < j.min_nodes:
+            return f"kept: without its node the job has {len(others)} node(s), below its minimum of {j.min_nodes}"
+        cd = min(3600.0, 2 * j.cooldowns[agent]) if agent in j.cooldowns else cooldown
+        j.excluded[agent], j.cooldowns[agent] = now + cd, cd
+        if j.restart_reason is None:
+            j.restart_reason = "straggler"
+        log.warning("job %s: agent %s excluded for %.0f s (%s)", job, agent, cd, why)
+        self._save(job, j)
+        return f"excluded for {cd:.0f} s"
+
+    def agent_of(self, job: str, rank: int) -> str:
+        """The agent whose workers hold global ``rank`` in the current generation ("" if none)."""
+        j = self._jobs.get(job)
+        if j is None:
+            return ""
+        for name in j.members:
+            a, agent = j.assignment.get(name), j.agents.get(name)
+            if a is not None and agent is not None and a.rank_offset <= rank < a.rank_offset + agent.join.nproc:
+                return name
+        return ""
+
     def _expire(self, job: str, j: _JobRdzv) -> None:
         now = self._clock.now()
+        for name, until in list(j.excluded.items()):
+            if now >= until:  # its cooldown is over: it may join again (a waiting one grows the job)
+                del j.excluded[name]
+                a = j.agents.get(name)
+                if a is not None and a.waiting and j.members and name not in j.members and \
+                        j.restart_reason is None and len(j.members) < j.max_nodes and j.status == "running":
+                    j.restart_reason = "scale_up"
+                self._save(job, j)
         for name, a in list(j.agents.items()):
             if not a.done and now - a.last_seen > a.join.agent_timeout:
                 log.warning("job %s: agent %s lost (no poll for %.1f s)", job, name, now - a.last_seen)

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Optional
@@ -38,7 +39,7 @@ from ..runtime.stages import STAGES
 from ..scheduling import ENDED, Entry, JobStatus, JobTable, Scheduler
 from ..wire import (
     ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, GroupMember, JobSubmit, LogList, MemberResult, NodeInfo,
-    NodeLeave, NodePoll,
+    NodeLeave, NodePoll, Series,
     NodeRegister, NodeSlots, NodeTasks, StepInfo, StepReport, Task, UserList, UserTickets,
 )
 from .events import EventLog, LogBook
@@ -55,6 +56,8 @@ _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(JobRecord)
 ASSUMED_ITERATION_TIME = 1.0  # seconds per step until a job reports two steps
 ASSUMED_REMAINING = 3600.0  # seconds of work left when a job gives neither --steps nor --epochs
+UTIL_POINTS, UTIL_EVERY = 1800, 2.0  # the utilization chart: an hour at one point per 2 s
+STEP_POINTS, STEP_JOBS = 600, 2000  # step history points per job, jobs kept
 PROFILES_KEPT = 1000  # stage profiles kept for reuse, by command (oldest go first)
 PROFILES_META = "stage_profiles"
 RATE_WINDOW = 10.0  # seconds a job's measured throughput covers (a policy's ``rate_window`` overrides it)
@@ -96,6 +99,9 @@ class ClusterScheduler:
         # job name -> GPU type -> measured seconds per step there (jobs of one name share it)
         self._type_times: dict[str, dict[str, float]] = {}
         self._seq = int(loaded.meta.get("job_seq", "0"))
+        # what the status page draws (in memory): GPUs in use over time, each job's steps over time
+        self._util: deque = deque(maxlen=UTIL_POINTS)
+        self._step_hist: dict[str, deque] = {}
         # a job's command (script, arguments, workdir) -> its stage times measured alone (reused)
         self._profiles: dict[str, tuple] = {}
         try:
@@ -197,6 +203,11 @@ class ClusterScheduler:
 
     def _emit(self, event: str, job: str = "", node: str = "", /, **detail) -> None:
         self.events.emit(self.clock.now(), event, job, node, **detail)
+
+    def note(self, event: str, job: str, **detail) -> None:
+        """An event about a job from elsewhere in the coordinator (a straggler flagged); written now."""
+        self._emit(event, job, "", **detail)
+        self._flush()
 
     def _policy_error(self, err: PolicyError) -> None:
         self._emit("policy_error", "", "", error=str(err)[:2000])
@@ -352,6 +363,12 @@ class ClusterScheduler:
         if rec.step_run != rec.run and rec.status == "running":
             self._emit("first_step", job, "", run=rec.run, step=req.step)  # this run trains
         rec.step, rec.step_time, rec.step_run = req.step, now, rec.run
+        hist = self._step_hist.get(job)
+        if hist is None:
+            hist = self._step_hist[job] = deque(maxlen=STEP_POINTS)
+            while len(self._step_hist) > STEP_JOBS:  # the oldest job's history goes first
+                del self._step_hist[next(iter(self._step_hist))]
+        hist.append((now, req.step))
         e = self.table.get(job)
         if e is not None:
             self._measure(rec, e)
@@ -450,6 +467,16 @@ class ClusterScheduler:
     def status(self) -> ClusterStatus:
         return ClusterStatus(self.cfg.policy, self.clock.now(), [n.info() for n in self.nodes.by_index],
                              [self.info(r) for r in self.records.values()], self.sched.decisions, self.sched.failures)
+
+    def utilization(self) -> Series:
+        pts = list(self._util)
+        return Series("utilization", [p[0] for p in pts], {"used": [float(p[1]) for p in pts],
+                                                           "total": [float(p[2]) for p in pts]})
+
+    def step_history(self, job: str) -> Series:
+        self._rec(job)
+        pts = list(self._step_hist.get(job, ()))
+        return Series(job, [p[0] for p in pts], {"step": [float(p[1]) for p in pts]})
 
     # ------------------------------------------------------------------ users
     def _usage(self):
@@ -585,6 +612,9 @@ class ClusterScheduler:
         for e in self.table.running.values():
             self._measure(e.data["job"], e)
         self.users.sample(now, self._usage)
+        if not self._util or now - self._util[-1][0] >= UTIL_EVERY:
+            used = sum(t.slots for n in self.nodes.by_index if n.state == "up" for t in n.tasks if t.alive)
+            self._util.append((now, used, sum(n.slots for n in self.nodes.by_index if n.state == "up")))
         if len(self.table):
             self.sched.tick()
             for key in self.sched.deferred:

@@ -20,6 +20,7 @@ from typing import Optional
 import uvicorn
 
 from ..errors import ConfigError
+from .stragglers import StragglerWatch
 from .app import MAX_BODY, Coordinator, CoordinatorApp
 from .protocol import Limits, guarded_protocol, quiet_accept_errors
 from .store import open_store
@@ -44,6 +45,7 @@ class ServerConfig:
     cluster: Optional[object] = None
     limits: Limits = Limits()
     allow_insecure_token_file: bool = False
+    stragglers: tuple = (1.5, 3, 60.0)  # factor, windows, cooldown (coordinator/stragglers.py)
 
 
 def write_token_file(path: str, token: str) -> None:
@@ -161,7 +163,8 @@ def _raise_fd_limit() -> None:
 def serve(cfg: ServerConfig) -> None:
     """Serve until SIGTERM or SIGINT. Writes ``{"url", "pid"}`` to ``cfg.ready_file`` once listening."""
     token = load_or_create_token(cfg.token_file, allow_insecure=cfg.allow_insecure_token_file)
-    coordinator = Coordinator(open_store(cfg.db, sync=cfg.sync), cluster=cfg.cluster)
+    watch = StragglerWatch(*cfg.stragglers)  # (checked before the database is opened)
+    coordinator = Coordinator(open_store(cfg.db, sync=cfg.sync), cluster=cfg.cluster, stragglers=watch)
     try:
         server, sock, url = build_server(cfg, coordinator, token)
 

@@ -300,24 +300,21 @@ class NodeDaemon:
         log.info("started job %s run %d on %d slot(s) %s (pid %d)", spec.job, spec.run, spec.slots, spec.gpus, proc.pid)
 
     def _pump(self, t: _Task) -> None:
-        buf = b""
-        last = time.monotonic()
         for line in iter(t.proc.stdout.readline, b""):
             t.logfile.write(line)
             t.logfile.flush()
             t.tail.append(line)
-            buf += line
-            if len(buf) >= _CHUNK or time.monotonic() - last > 0.5:
-                self._add_log(t, buf)
-                buf, last = b"", time.monotonic()
-        if buf:
-            self._add_log(t, buf)
+            self._add_log(t, line)  # (goes out with the next poll: a quiet job's last lines are not held back)
         t.proc.stdout.close()
         t.proc.wait()
         self._wake.set()
 
     def _add_log(self, t: _Task, data: bytes) -> None:
         with self._lock:
+            last = self._logs[-1] if self._logs else None
+            if last is not None and (last.job, last.run) == t.key and len(last.data) + len(data) <= _CHUNK:
+                self._logs[-1] = LogChunk(last.job, last.run, last.data + data)  # lines of a poll go as one chunk
+                return
             for i in range(0, len(data), _CHUNK):
                 self._logs.append(LogChunk(t.spec.job, t.spec.run, data[i:i + _CHUNK]))
             if len(self._logs) > 64:  # the coordinator is slow to take them: keep the newest

@@ -274,8 +274,9 @@ class Checkpointer:
         from .jobctx import current
 
         ctx = current()
-        if ctx is not None:  # inside etrun --group: each job its own directory, whatever it passed
-            directory = directory.rstrip("/") + "/" + ctx.name
+        if ctx is not None and ctx.job_id is None:  # inside etrun --group: each job its own directory, whatever
+            directory = directory.rstrip("/") + "/" + ctx.name  # it passed (a scheduler's group runs jobs of
+            # their own: their directories are their own, the same grouped or alone, so a job resumes either way)
         self.dir = directory
         self.store = open_storage(directory)
         self.state = state

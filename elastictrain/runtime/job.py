@@ -56,7 +56,8 @@ class Job:
         background; every rank's step time goes out with its resource samples. The checkpointer
         calls this for you at every ``save``/``preempted``."""
         if self.monitor is not None:
-            self.monitor.step(step)
+            rec = recorder()
+            self.monitor.step(step, rec.busy if rec.busy > 0 else None)
         if self.rank != 0:
             return
         if self._steps is None:

@@ -76,9 +76,9 @@ class ResourceMonitor:
         self._proc.cpu_percent(None)  # the first call starts the measurement interval
         self._children: dict[int, object] = {}
         self._step: Optional[int] = None
-        # (step, when it was reported): the latest report, and the one the last step time ended at
-        self._stamp: Optional[tuple[int, float]] = None
-        self._last: Optional[tuple[int, float]] = None
+        # (step, when it was reported, busy seconds): the latest report, and the one the last step time ended at
+        self._stamp: Optional[tuple] = None
+        self._last: Optional[tuple] = None
         # hang watch: None = default (5 x the longest step, >= 60 s), 0 = off
         self.hang_timeout = hang_timeout
         self._changed_at: Optional[float] = None  # monotonic time of the last new step
@@ -89,13 +89,15 @@ class ResourceMonitor:
         self._thread = threading.Thread(target=self._run, name="et-monitor", daemon=True)
         self._thread.start()
 
-    def step(self, step: int) -> None:
+    def step(self, step: int, busy: Optional[float] = None) -> None:
+        """``busy``: the seconds this rank has spent in its non-``sync`` ``et.stage`` spans so far
+        (None without spans): its own work, which a peer's slowness does not stretch."""
         if step != self._step:
             now = time.monotonic()
             if self._changed_at is not None and self._step is not None and step > self._step:
                 self._longest = max(self._longest, (now - self._changed_at) / (step - self._step))
             self._changed_at = now
-            self._stamp = (step, now)  # one assignment: the sampling thread reads both together
+            self._stamp = (step, now, busy)  # one assignment: the sampling thread reads them together
         self._step = step
 
     @contextlib.contextmanager
@@ -144,28 +146,31 @@ class ResourceMonitor:
             read, written = float(io.read_bytes), float(io.write_bytes)
         except (AttributeError, OSError):
             read = written = 0.0
-        step, step_time = self._step, None
+        step, step_time, busy_time = self._step, None, None
         stamp = self._stamp  # step time between reports, not samples
         if stamp is not None:
-            if self._last is not None and stamp[0] > self._last[0]:
-                step_time = (stamp[1] - self._last[1]) / (stamp[0] - self._last[0])
-            if self._last is None or stamp[0] != self._last[0]:
+            last = self._last
+            if last is not None and stamp[0] > last[0]:
+                step_time = (stamp[1] - last[1]) / (stamp[0] - last[0])
+                if stamp[2] is not None and last[2] is not None and stamp[2] >= last[2]:
+                    busy_time = (stamp[2] - last[2]) / (stamp[0] - last[0])
+            if last is None or stamp[0] != last[0]:
                 self._last = stamp
-        s = ResourceSample(now, cpu, float(rss), read, written, step, step_time, gpu_absent=self._gpu_absent or "")
+        gpu: dict = {"gpu_absent": self._gpu_absent or ""}  # (samples are immutable: built in one go)
         if self._gpu is not None:
             try:
                 import pynvml  # type: ignore[import-not-found]
 
                 util = pynvml.nvmlDeviceGetUtilizationRates(self._gpu)
                 mem = pynvml.nvmlDeviceGetMemoryInfo(self._gpu)
-                s.gpu_util, s.gpu_mem_used, s.gpu_mem_total = float(util.gpu), float(mem.used), float(mem.total)
-                s.gpu_power_w = pynvml.nvmlDeviceGetPowerUsage(self._gpu) / 1000.0
+                gpu.update(gpu_util=float(util.gpu), gpu_mem_used=float(mem.used), gpu_mem_total=float(mem.total),
+                           gpu_power_w=pynvml.nvmlDeviceGetPowerUsage(self._gpu) / 1000.0)
             except Exception as exc:  # noqa: BLE001
-                s.gpu_absent = f"NVML query failed: {exc}"
+                gpu["gpu_absent"] = f"NVML query failed: {exc}"[:256]
             torch = sys.modules.get("torch")
             if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-                s.torch_peak_bytes = float(torch.cuda.max_memory_allocated())
-        return s
+                gpu["torch_peak_bytes"] = float(torch.cuda.max_memory_allocated())
+        return ResourceSample(now, cpu, float(rss), read, written, step, step_time, busy_time=busy_time, **gpu)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):

@@ -66,6 +66,7 @@ class Recorder:
         self._max_end = float("-inf")
         self._overlap = False
         self._first: Optional[str] = None
+        self.busy = 0.0  # seconds in every span but sync's so far (a rank's own work; the straggler watch)
         self._events: list[tuple[int, str, object, object]] = []  # (iteration, stage, start, end)
 
     @property
@@ -81,6 +82,8 @@ class Recorder:
     def add(self, name: str, start: float, end: float) -> None:
         cur = self._current
         cur[name] = cur.get(name, 0.0) + (end - start)
+        if name != "sync":
+            self.busy += end - start
         if start < self._max_end - 1e-9:
             self._overlap = True
         if end > self._max_end:

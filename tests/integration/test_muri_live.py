@@ -41,6 +41,9 @@ def test_muri_groups_run_interleaved_as_one_process_and_match_the_model(tmp_path
         for name in PROFILES:  # every job finished, every sample trained exactly once
             r = c.result(name)
             assert (r["steps"], r["min"], r["max"]) == (300, 1, 1), (name, r)
+            # each run resumed where the last left off, alone or grouped (one checkpoint directory)
+            at = [int(x.split("@")[1]) for x in r["reasons"]]
+            assert at == sorted(at) and len(r["reasons"]) >= 1, (name, r["reasons"])
         jobs = {j.id: j for j in st.jobs}
         assert all(j.status == "finished" for j in jobs.values()), [(j.id, j.status, j.reason) for j in jobs.values()]
         measured = [j for j in jobs.values() if int(j.info.get("group_steps", "0")) >= 60]

@@ -1,0 +1,69 @@
+"""The status page in a real browser: headless Chromium (Debian's `chromium`; `make test` installs
+it where it can) loads /ui from a coordinator running muri-s with two node daemons and three jobs,
+two of them interleaved in one group. The test reads the page as the browser rendered it (its
+DOM after the script ran against the API) and writes a screenshot under the test's temp dir."""
+
+import os
+import re
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from elastictrain.launcher.local_cluster import LocalCluster as Cluster
+from elastictrain.wire import JobSubmit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MURI_JOB = os.path.join(ROOT, "examples", "torch_muri_job.py")
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+def browse(url: str, *args: str) -> str:
+    cmd = [CHROMIUM, "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+           "--virtual-time-budget=6000", "--window-size=1280,2600", *args, url]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed: `apt-get install chromium` (make test does)")
+def test_the_status_page_in_headless_chromium(tmp_path):
+    with Cluster(tmp_path, "muri-s", nodes=2, slots=1) as c:
+        ids = []
+        for name, stages in (("io", (60, 0, 8)), ("gpu", (4, 0, 60)), ("cpu", (4, 40, 8))):
+            args = [MURI_JOB, "--steps", "400", "--load-ms", str(stages[0]), "--cpu-ms", str(stages[1]),
+                    "--compute-ms", str(stages[2]), "--ckpt-dir", os.path.join(c.tmp, f"ckpt-{name}"),
+                    "--out", os.path.join(c.tmp, f"{name}.json")]
+            given = {"load": stages[0] / 1000, "preprocess": stages[1] / 1000, "compute": stages[2] / 1000}
+            ids.append(c.client.submit(JobSubmit(args, c.tmp, name=name, steps=400, env={"OMP_NUM_THREADS": "1"},
+                                                 stage_times=given)).id)
+            time.sleep(0.5)
+        c.wait(lambda st: any(j.info.get("group_iteration_time") for j in st.jobs) and
+               all(j.step >= 20 for j in st.jobs), 120, "a group to train")
+        time.sleep(3)  # a few more points on the charts
+        job = next(j for j in c.client.cluster_status().jobs if j.info.get("group"))
+        # without the token the page shows no data, only the reason
+        dom = browse(c.coordinator.url + "/ui", "--dump-dom")
+        assert "missing bearer token" in dom and "n1" not in dom.split("<h2>Cluster</h2>")[1]
+        url = f"{c.coordinator.url}/ui#token={c.coordinator.token}&job={job.id}"
+        dom = browse(url, "--dump-dom")
+        cluster = dom.split("<h2>Cluster</h2>")[1].split("<h2>Scheduled jobs</h2>")[0]
+        assert "policy muri-s" in cluster and "<td>n1</td>" in cluster and "<td>n2</td>" in cluster
+        assert "GPUs in use" in cluster and "<polyline" in cluster  # the utilization chart
+        groups = dom.split("<h2>Interleaving groups</h2>")[1].split("<h2>Other jobs (etrun)</h2>")[0]
+        assert job.info["group"] in groups  # the group, measured against eq. 3
+        queue = dom.split("<h2>Scheduled jobs</h2>")[1].split("<h2>Interleaving groups</h2>")[0]
+        assert all(f"<td>{i}</td>" in queue for i in ids)
+        page = dom.split('id="jobtitle"')[1]
+        assert f"Job {job.id}" in page and "Stage profile" in page and "<rect" in page  # the bar chart
+        assert "Step rate" in page and page.count("<polyline") >= 1
+        assert re.search(r"<td>(start|regroup|group)</td>", page), page[:3000]
+        tail = page.split("Log tail")[1][:3000]
+        assert "[muri-job] generation" in tail, tail  # the log tail
+        assert c.coordinator.token not in dom  # the token left the address bar and the page
+        shot = tmp_path / "status-page.png"
+        browse(url, f"--screenshot={shot}")
+        assert shot.stat().st_size > 10_000
+        if os.environ.get("ET_SCREENSHOT"):  # (how docs/status-page.png was made)
+            shutil.copy(shot, os.environ["ET_SCREENSHOT"])

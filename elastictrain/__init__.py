@@ -24,7 +24,7 @@ __version__ = "0.1.0"
 PREEMPTED_EXIT_CODE = 75
 
 _LAZY = {
-    "init": "runtime.job", "Job": "runtime.job",
+    "init": "runtime.job", "Job": "runtime.job", "accumulation": "runtime.job",
     "DatasetSpec": "model",
     "ShardIterator": "runtime.shards",
     "CoordinatorClient": "runtime.client",
@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # pragma: no cover - for type checkers and IDEs
     )
     from .model import DatasetSpec
     from .runtime.client import CoordinatorClient
-    from .runtime.job import Job, init
+    from .runtime.job import Job, accumulation, init
     from .runtime.interleave import GroupJob, InterleaveGroup
     from .runtime.shards import ShardIterator
     from .runtime.stages import STAGES, stage

@@ -162,6 +162,9 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-drop", type=float, default=None,
                    help="autoscale: re-check a settled job when its throughput falls by this fraction (default 0.2)")
     p.add_argument("--scale-step", type=int, default=None, help="autoscale: workers per step (default 1)")
+    p.add_argument("--yield-threshold", type=float, default=None,
+                   help="autoscale: when a job waits, settled jobs give back steps whose marginal efficiency is "
+                   "below this (default 0.7; 0: never)")
 
 
 def _limits(args):
@@ -187,7 +190,7 @@ def _policy_values(args) -> dict:
     return {"placement": args.placement, "packlimit": args.packlimit, "promote_knob": args.promote_knob,
             "distribution": args.distribution, "quantum": args.quantum, "thresholds": thresholds,
             "threshold": args.scale_threshold, "rate_window": args.rate_window, "drop": args.scale_drop,
-            "step": args.scale_step}
+            "step": args.scale_step, "yield_threshold": args.yield_threshold}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -288,6 +288,9 @@ class Assignment(_Msg):
     prev_world_size: int
     #: ``host:port`` of every worker in global rank order, when every node offered worker ports
     workers: list[str] = []
+    #: gradient accumulation steps (``ET_ACCUMULATE``): doubled job-wide after a GPU out-of-memory
+    #: failure under ``--oom-policy accumulate``, so each micro-batch halves and the global batch stays
+    accumulate: int = 1
 
 
 class AgentAction(_Msg):
@@ -306,6 +309,9 @@ class AgentReport(_Msg):
     generation: Count
     event: Short
     detail: Text = ""
+    #: with ``failed``: the job's next generations accumulate this many micro-batches per step
+    #: (a GPU out-of-memory failure under ``--oom-policy accumulate``; 0: no change)
+    accumulate: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0
 
 
 # ---------------------------------------------------------------- profiles

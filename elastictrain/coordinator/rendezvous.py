@@ -67,6 +67,7 @@ class _JobRdzv:
     prev_world: int = 0
     round_started: Optional[float] = None  # when the first agent joined the open round
     run: int = 0  # cluster mode: the scheduler's run this round belongs to
+    accumulate: int = 1  # gradient accumulation of the job's generations (the OOM plan raises it)
     excluded: dict = field(default_factory=dict)  # agent -> until when it may not join (a straggler's node)
     cooldowns: dict = field(default_factory=dict)  # agent -> its last cooldown (each exclusion doubles it)
 
@@ -255,6 +256,10 @@ class Rendezvous:
         elif req.event == "preempted":
             j.status, j.detail = "preempted", req.detail
         elif j.restart_reason is None:
+            if req.event == "failed" and req.accumulate > j.accumulate:
+                log.warning("job %s: out of GPU memory on agent %s: the next generations accumulate %d "
+                            "micro-batches per step (was %d)", job, req.agent, req.accumulate, j.accumulate)
+                j.accumulate = req.accumulate
             if j.restarts >= j.max_restarts:
                 j.status = "failed"
                 j.detail = f"worker failure with no restarts left ({j.restarts}/{j.max_restarts}): {req.detail}"
@@ -388,7 +393,7 @@ class Rendezvous:
         for node_rank, a in enumerate(ranked):
             j.assignment[a.join.agent] = Assignment(row.generation, node_rank, len(ranked), offset, world,
                                                     head.host, head.port, j.restarts, reason, j.prev_world,
-                                                    workers)
+                                                    workers, j.accumulate)
             offset += a.join.nproc
             a.waiting = False
         j.prev_world = world

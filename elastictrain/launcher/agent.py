@@ -259,11 +259,25 @@ class Agent:
                         _print_failure(failure, a, cfg, AgentAction("exit", status="failed"),
                                        "out of memory at --max-memory-limit: the job fails")
                         return 1
+                accumulate = 0
+                if cfg.oom_policy == "accumulate" and failure is not None and _gpu_out_of_memory(failure):
+                    accumulate = 2 * max(1, a.accumulate)
+                    if accumulate > cfg.max_accumulate:
+                        self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "leaving",
+                                                 "out of GPU memory at --max-accumulate")
+                        self._keep_or_stop(group, False)
+                        _print_failure(failure, a, cfg, AgentAction("exit", status="failed"),
+                                       f"out of GPU memory with {a.accumulate} micro-batches per step "
+                                       f"(--max-accumulate {cfg.max_accumulate}): the job fails")
+                        return 1
+                    log.warning("out of GPU memory: rank %d; the next generation accumulates %d micro-batches "
+                                "per step (ET_ACCUMULATE; each micro-batch halves, the global batch stays)",
+                                failure.rank, accumulate)
                 # tell the coordinator first: the other nodes learn of it from their long polls
                 # while this one stops its survivors
                 keep = group.keepable()  # survivors that opted in stay; decided before the report
                 action = self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "failed",
-                                                  _one_line(failure))
+                                                  _one_line(failure), accumulate)
                 self._phases.mark("report")
                 keep = keep and action.action != "exit"
                 self._keep_or_stop(group, keep)
@@ -433,6 +447,12 @@ def _out_of_memory(f: Failure) -> bool:
     allocator error, CUDA out of memory)."""
     text = f"{f.message}\n{f.traceback[-2000:]}".lower()
     return any(w in text for w in _OOM_WORDS)
+
+
+def _gpu_out_of_memory(f: Failure) -> bool:
+    """A worker that failed for lack of GPU memory (torch's ``OutOfMemoryError``, "CUDA out of memory")."""
+    text = f"{f.message}\n{f.traceback[-2000:]}".lower()
+    return "outofmemoryerror" in text or "cuda out of memory" in text or "cuda error: out of memory" in text
 
 
 def _size(n: int) -> str:

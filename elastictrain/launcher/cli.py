@@ -131,6 +131,12 @@ def get_args_parser() -> argparse.ArgumentParser:
     _add(p, "memory-limit", default=None,
          help="each worker's memory limit (RLIMIT_DATA), e.g. 2G; after an out-of-memory failure the next "
          "generation gets twice as much, up to --max-memory-limit")
+    _add(p, "oom-policy", default="fail", choices=("fail", "accumulate"),
+         help="after a GPU out-of-memory failure: fail (restart as any failure), or accumulate: every worker's "
+         "micro-batch halves and gradient accumulation doubles (ET_ACCUMULATE; the global batch stays), up to "
+         "--max-accumulate")
+    _add(p, "max-accumulate", type=int, default=64, help="the most micro-batches per step --oom-policy accumulate "
+         "may reach; out of memory there fails the job")
     _add(p, "max-memory-limit", default=None,
          help="the largest limit the doubling may reach (default: this machine's memory); a worker that runs out "
          "of memory there fails the job")
@@ -250,7 +256,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         numa_binding=args.numa_binding if args.numa_binding and _gpus_visible() else None,
         signals=parse_signals(str(args.signals_to_handle)),
         stdout_filters=_filters(args.duplicate_stdout_filters), stderr_filters=_filters(args.duplicate_stderr_filters),
-        horovod=_horovod(args, hi), **_memory_limits(args),
+        horovod=_horovod(args, hi), **_memory_limits(args), oom_policy=args.oom_policy,
+        max_accumulate=_accumulate_limit(args.max_accumulate),
     )
 
 
@@ -271,6 +278,12 @@ def _horovod(args, max_nodes: int) -> bool:
     if args.horovod == "on" and not installed:
         raise ConfigError("--horovod on: Horovod is not installed in this environment; build it with `make horovod`")
     return installed
+
+
+def _accumulate_limit(n: int) -> int:
+    if not 1 <= n <= 4096:
+        raise ConfigError(f"--max-accumulate must be in [1, 4096], got {n}")
+    return n
 
 
 def _memory_limits(args) -> dict:

@@ -75,6 +75,10 @@ class LaunchConfig:
     # failure up to max_memory_limit, as DLRover's OOM plan does (None: no limit)
     memory_limit: Optional[int] = None
     max_memory_limit: Optional[int] = None
+    # GPU out of memory: "fail", or "accumulate" (the job's micro-batch halves, its accumulation
+    # doubles, up to max_accumulate; the global batch stays)
+    oom_policy: str = "fail"
+    max_accumulate: int = 64
     # Horovod's gloo environment and rendezvous for the workers (launcher/horovod.py)
     horovod: bool = False
 

@@ -58,6 +58,7 @@ def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_fi
         "ET_COORDINATOR": coordinator, "ET_JOB_ID": cfg.run_id, "ET_GENERATION": str(a.generation),
         "ET_RESTART_REASON": a.reason, "ET_PREV_WORLD_SIZE": str(a.prev_world_size),
         "ET_NODE_RANK": str(a.node_rank), "PYTHONUNBUFFERED": "1",
+        "ET_ACCUMULATE": str(getattr(a, "accumulate", 1) or 1),
     })
     if token_file:
         env["ET_TOKEN_FILE"] = os.path.abspath(token_file)

@@ -20,6 +20,12 @@ does not fit is skipped, as best-effort FIFO does); rigid jobs run at their size
   is checked again: it shrinks by one step, and stays smaller (and keeps shrinking) while the
   step it undid was worth less than ``threshold``, else it returns to the larger size.
 
+* **Yield.** When a waiting job does not fit, settled jobs give back workers whose last step's
+  measured marginal efficiency is below ``yield_threshold`` (0.7): those workers add less than
+  70% of an average worker's throughput, where the waiting job's first workers would add all of
+  theirs. The least efficient step is given back first, one step per job and decision, never
+  below a job's minimum, and only as much as the waiting job needs.
+
 Every resize is a restart of the job's run at a checkpoint boundary (the coordinator stops the
 run, the workers save and commit their data cursor, a new run starts at the new size), so the
 data stays exactly-once. Each choice is returned as a note (``Decision.notes``), which the
@@ -75,9 +81,13 @@ class AutoScale:
     name = "autoscale"
     needs = ()
 
-    def __init__(self, threshold: float = 0.3, rate_window: float = 10.0, drop: float = 0.2, step: int = 1) -> None:
+    def __init__(self, threshold: float = 0.3, rate_window: float = 10.0, drop: float = 0.2, step: int = 1,
+                 yield_threshold: float = 0.7) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ConfigError(f"threshold must be in (0, 1], got {threshold!r}")
+        if not 0.0 <= yield_threshold <= 1.0:
+            raise ConfigError(f"yield_threshold must be in [0, 1] (0: never yield), got {yield_threshold!r}")
+        self.yield_threshold = yield_threshold
         if not 1.0 <= rate_window <= 3600.0:
             raise ConfigError(f"rate_window must be in [1, 3600] seconds, got {rate_window!r}")
         if not 0.0 < drop < 1.0:
@@ -130,17 +140,44 @@ class AutoScale:
             else:
                 run[j.job_id] = ((-1, size),)
                 workers[j.job_id] = size
-        for j in s.jobs:  # first come, first served; a job that does not fit waits
-            if j.running:
-                continue
+        waiting = [j for j in s.jobs if not j.running]
+        for j in waiting:  # first come, first served; a job that does not fit waits
             p = self._plan(j)
             size = p.target if j.elastic else j.num_gpu
+            if size > free:
+                free += self._yield(s, size - free, run, workers, notes, j.job_id)
             if size <= free:
                 free -= size
                 run[j.job_id] = ((-1, size),)
                 if j.elastic:
                     workers[j.job_id] = size
         return Decision(run, workers=workers, notes=tuple(notes))
+
+    def _yield(self, s: ClusterSnapshot, need: int, run: dict, workers: dict, notes: list, waiter) -> int:
+        """Settled jobs give back their least efficient steps for a waiting job; the GPUs freed."""
+        steps = []
+        for j in s.running:
+            p = self.plans.get(j.job_id)
+            size, lo = j.num_gpu, j.min_gpu or j.num_gpu
+            if p is None or p.phase != "settled" or p.target != size or size - self.step < lo or \
+                    size not in p.rates or size - self.step not in p.rates or p.rates[size - self.step] <= 0:
+                continue
+            eff = marginal_efficiency(size - self.step, p.rates[size - self.step], size, p.rates[size])
+            if eff < self.yield_threshold:
+                steps.append((eff, j, p))
+        freed = 0
+        for eff, j, p in sorted(steps, key=lambda e: e[0]):
+            if freed >= need:
+                break
+            size = j.num_gpu - self.step
+            p.target, p.ref, p.low_since = size, p.rates[size], None
+            run[j.job_id], workers[j.job_id] = ((-1, size),), size
+            freed += self.step
+            notes.append((j.job_id, {"decision": "yield", "workers": size, "at": j.num_gpu,
+                                     "why": f"job {waiter} waits; the step {size}->{j.num_gpu} adds only "
+                                            f"{eff:.0%} of an average worker", "marginal_efficiency": round(eff, 3),
+                                     "yield_threshold": self.yield_threshold}))
+        return freed
 
     def _plan(self, j: JobView) -> _Plan:
         p = self.plans.get(j.job_id)
@@ -212,4 +249,4 @@ def _rounded(d: dict) -> dict:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}
 
 
-register("autoscale", lambda **kw: AutoScale(**kw), ("threshold", "rate_window", "drop", "step"))
+register("autoscale", lambda **kw: AutoScale(**kw), ("threshold", "rate_window", "drop", "step", "yield_threshold"))

@@ -198,9 +198,10 @@ class CoordinatorClient:
         return self._call("POST", f"/v1/jobs/{job}/agents/poll", AgentAction, AgentPoll(agent, generation, wait),
                           timeout=None if wait <= 0 else max(self.timeout, wait + 5.0))
 
-    def agent_report(self, job: str, agent: str, generation: int, event: str, detail: str = "") -> AgentAction:
+    def agent_report(self, job: str, agent: str, generation: int, event: str, detail: str = "",
+                     accumulate: int = 0) -> AgentAction:
         return self._call("POST", f"/v1/jobs/{job}/agents/report", AgentAction,
-                          AgentReport(agent, generation, event, detail))
+                          AgentReport(agent, generation, event, detail, accumulate))
 
     # ------------------------------------------------------------------ progress
     def report_step(self, job: str, worker: int, step: int, generation: Optional[int] = None) -> StepInfo:

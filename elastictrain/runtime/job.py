@@ -21,7 +21,7 @@ from .progress import StepReporter
 from .shards import ShardIterator
 from .stages import recorder
 
-__all__ = ["Job", "init"]
+__all__ = ["Job", "init", "accumulation"]
 
 
 @dataclass
@@ -120,6 +120,20 @@ class Job:
     def restore(self, dataset: str, checkpoint: Optional[str]) -> None:
         """Reset ``dataset`` to the cursor committed with ``checkpoint`` (once per generation)."""
         self.client.restore(self.job_id, self.dataset_name(dataset), self.generation, checkpoint)
+
+
+def accumulation() -> int:
+    """Gradient accumulation steps this generation runs with (``ET_ACCUMULATE``, default 1): split
+    each step's batch into this many micro-batches. ``etrun --oom-policy accumulate`` doubles it
+    job-wide after a GPU out-of-memory failure, so the micro-batch halves and the global batch stays.
+
+    Raises:
+        ConfigError: ``ET_ACCUMULATE`` is not an integer in [1, 4096].
+    """
+    n = _int_env("ET_ACCUMULATE", 1)
+    if not 1 <= n <= 4096:
+        raise ConfigError(f"ET_ACCUMULATE must be in [1, 4096], got {n}")
+    return n
 
 
 def _int_env(name: str, default: Optional[int] = None) -> int:

@@ -119,7 +119,28 @@ def test_no_free_worker_means_no_growth_and_rigid_jobs_run_at_their_size():
 
 
 @pytest.mark.parametrize("bad", [{"threshold": 0}, {"threshold": 1.5}, {"rate_window": 0.5}, {"drop": 1.0},
-                                 {"step": 0}, {"nope": 1}])
+                                 {"step": 0}, {"yield_threshold": 1.5}, {"nope": 1}])
 def test_bad_options_are_refused(bad):
     with pytest.raises(ConfigError):
         create("autoscale", **bad)
+
+
+def test_a_settled_job_yields_its_least_efficient_step_to_a_waiting_job():
+    # 1 -> 2 workers adds 40% of an average worker: it pays (>= 0.3) but is worth less than a
+    # waiting job's first worker (yield_threshold 0.7)
+    p = AutoScale(rate_window=5)
+    loop = Loop(p, rates={1: 100.0, 2: 140.0, 3: 145.0, 4: 150.0}, gpus=2)
+    loop.until_settled()
+    assert loop.size == 2 and loop.notes[-1]["decision"] == "settle"
+    a = loop.view()
+    waiter = JobView("w", 1, loop.now)
+    d = p.decide(ClusterSnapshot(loop.now, (a, waiter), (2,), 1, running=(a,)))
+    assert d.workers["j1"] == 1 and d.run["w"] == ((-1, 1),)
+    (note,) = [n for _, n in d.notes]
+    assert note["decision"] == "yield" and note["marginal_efficiency"] == pytest.approx(0.4)
+    # a step worth more than the bar is kept: the waiting job waits
+    q = AutoScale(rate_window=5, yield_threshold=0.3)
+    loop = Loop(q, rates={1: 100.0, 2: 140.0, 3: 145.0, 4: 150.0}, gpus=2)
+    loop.until_settled()
+    d = q.decide(ClusterSnapshot(loop.now, (loop.view(), waiter), (2,), 1, running=(loop.view(),)))
+    assert "w" not in d.run and "j1" not in d.workers

@@ -1,0 +1,122 @@
+"""A DDP job that survives running out of GPU memory by accumulating gradients.
+
+    etrun --nproc-per-node 2 --max-restarts 3 --oom-policy accumulate \
+        examples/torch_oom_accumulate.py --ckpt-dir ckpt --out result.json
+
+Each step trains on ``--batch`` samples per rank, split into ``et.accumulation()`` micro-batches
+(``ET_ACCUMULATE``; 1 at first): forward/backward per micro-batch under ``no_sync()`` but the last,
+each loss scaled by micro/batch, so a step's gradient is that of its whole batch, however it is split.
+When a micro-batch does not fit, torch raises ``torch.cuda.OutOfMemoryError``; under
+``--oom-policy accumulate`` etrun restarts the job (from its last checkpoint, data cursor and all)
+with the accumulation doubled on every node, so each micro-batch is half as large.
+
+On a machine without a GPU, ``--gpu-memory-samples N`` stands in for the device's memory: from
+``--oom-from`` on, a micro-batch of more than N samples raises the same ``OutOfMemoryError`` a
+CUDA allocation would. Rank 0 writes ``--out``: steps, the exactly-once ledger's min/max, the
+accumulation of each generation, and the final parameters' sum.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import elastictrain as et
+from elastictrain_torch import TorchCheckpointer
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--batch", type=int, default=64, help="samples per rank per step (the global batch / world)")
+    ap.add_argument("--steps", type=int, default=60, help="steps of the epoch at the starting world size")
+    ap.add_argument("--gpu-memory-samples", type=int, default=0,
+                    help="(no GPU) the largest micro-batch that fits; 0: no limit")
+    ap.add_argument("--oom-from", type=int, default=0, help="(no GPU) the step from which the limit applies")
+    ap.add_argument("--ckpt-every", type=int, default=10)
+    ap.add_argument("--ckpt-dir", required=True)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args()
+
+    job = et.init()
+    k = et.accumulation()
+    if args.batch % k:
+        raise SystemExit(f"--batch {args.batch} does not split into {k} micro-batches")
+    micro = args.batch // k
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(1)
+    samples = args.steps * args.batch * world
+    x = torch.randn(samples, 16, generator=g)
+    y = (x[:, :3].sum(1) > 0).long()
+    net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 2)).double()
+    model = DDP(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    shards = job.shards(et.DatasetSpec("train", samples, args.batch * 2, epochs=1, seed=4))
+    ledger = torch.zeros(samples, dtype=torch.int32)
+    ckpt = TorchCheckpointer(args.ckpt_dir, model=net, optimizer=opt, shards=shards, job=job,
+                             extra_state={"progress": {"step": 0, "ledger": ledger, "runs": []}})
+    ckpt.install_preemption_handler()
+    ckpt.restore()
+    progress = ckpt.state["progress"]
+    step, ledger = progress["step"], progress["ledger"]
+    runs = list(progress["runs"]) + [f"accumulate={k}@{step}"]
+    print(f"[oom-job] generation {job.generation} ({job.restart_reason}): {k} micro-batch(es) of {micro}, "
+          f"from step {step}", flush=True)
+    it = iter(shards)
+    pad = torch.full((args.batch,), -1, dtype=torch.long)
+    while True:
+        idx = torch.tensor([i for _, i in zip(range(args.batch), it)], dtype=torch.long)
+        opt.zero_grad()
+        for j in range(k):
+            part = idx[j * micro:(j + 1) * micro]
+            if args.gpu_memory_samples and step >= args.oom_from and len(part) > args.gpu_memory_samples:
+                raise torch.cuda.OutOfMemoryError(
+                    f"CUDA out of memory (simulated: a micro-batch of {len(part)} samples needs more than the "
+                    f"{args.gpu_memory_samples} that fit)")
+            xb, yb = (x[part].double(), y[part]) if len(part) else (x[:1].double(), y[:1])
+            scale = len(part) / args.batch  # each micro-batch's share of the step's loss
+            if j < k - 1:
+                with model.no_sync():
+                    (nn.functional.cross_entropy(model(xb), yb) * scale).backward()
+            else:
+                (nn.functional.cross_entropy(model(xb), yb) * scale).backward()
+        opt.step()
+        got = pad.clone()
+        got[:len(idx)] = idx
+        every = [torch.empty_like(got) for _ in range(world)]
+        dist.all_gather(every, got)
+        got = torch.cat(every)
+        got = got[got >= 0]
+        if len(got) == 0:
+            break
+        ledger.index_add_(0, got, torch.ones_like(got, dtype=torch.int32))
+        step += 1
+        ckpt.state["progress"] = {"step": step, "ledger": ledger, "runs": runs}
+        if ckpt.preempted(step):
+            shards.close(release=False)
+            return et.PREEMPTED_EXIT_CODE
+        if step % args.ckpt_every == 0:
+            ckpt.save(step)
+    ckpt.save(step)
+    ckpt.wait()
+    if rank == 0:
+        out = {"steps": step, "min": int(ledger.min()), "max": int(ledger.max()), "runs": runs,
+               "param_sum": float(sum(p.detach().sum() for p in net.parameters())), "time": time.time()}
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(out, f)
+        os.replace(args.out + ".tmp", args.out)
+        print(f"[oom-job] done: {step} steps, ledger min {out['min']} max {out['max']}", flush=True)
+    shards.close()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

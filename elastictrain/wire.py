@@ -54,6 +54,12 @@ class _Msg(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_default
     pass
 
 
+# The messages that etrun agents, workers, node daemons and the CLI send, and the assignment agents
+# receive, leave out fields at their defaults (``omit_defaults=True``): a field added later then
+# reaches a peer of the previous release only when it is used, so a cluster can be upgraded one
+# process at a time (each side still refuses fields it does not know).
+
+
 class Error(_Msg):
     error: str
     reason: str
@@ -274,7 +280,7 @@ class AgentPoll(_Msg):
     wait: Annotated[float, msgspec.Meta(ge=0.0, le=60.0)] = 0.0
 
 
-class Assignment(_Msg):
+class Assignment(_Msg, omit_defaults=True):
     generation: int
     node_rank: int
     nnodes: int
@@ -302,7 +308,7 @@ class AgentAction(_Msg):
     detail: str = ""
 
 
-class AgentReport(_Msg):
+class AgentReport(_Msg, omit_defaults=True):
     """What an agent's workers did: ``failed`` (counts as a restart), ``succeeded``, ``preempted``."""
 
     agent: Token
@@ -378,7 +384,7 @@ class StepInfo(_Msg):
 Gauge = Annotated[float, msgspec.Meta(ge=0.0, le=1e18)]
 
 
-class ResourceSample(_Msg):
+class ResourceSample(_Msg, omit_defaults=True):
     """One worker's resource use at time ``t`` (seconds since the epoch, the worker's clock).
     GPU fields are None where there is no GPU or no pynvml; ``gpu_absent`` then says why."""
 
@@ -429,7 +435,7 @@ class ResourceList(_Msg):
 
 
 # ---------------------------------------------------------------- cluster mode (the live scheduler)
-class JobSubmit(_Msg):
+class JobSubmit(_Msg, omit_defaults=True):
     """A job for the scheduler (``elastictrain submit``). ``command``: the script (or module)
     and its arguments, run by ``etrun`` on every node the job is placed on, in ``workdir``."""
 
@@ -548,7 +554,7 @@ class NodePoll(_Msg):
     wait: Annotated[float, msgspec.Meta(ge=0.0, le=30.0)] = 0.0
 
 
-class Task(_Msg):
+class Task(_Msg, omit_defaults=True):
     job: str
     run: int
     slots: int

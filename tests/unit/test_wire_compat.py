@@ -1,0 +1,42 @@
+"""Messages that agents, workers, node daemons and the CLI send leave out fields at their defaults,
+so a peer of the previous release (which refuses fields it does not know) still reads them."""
+
+import msgspec
+
+from elastictrain.wire import AgentReport, Assignment, ResourceSample
+
+
+class OldAgentReport(msgspec.Struct, forbid_unknown_fields=True):  # before ``accumulate``
+    agent: str
+    generation: int
+    event: str
+    detail: str = ""
+
+
+class OldAssignment(msgspec.Struct, forbid_unknown_fields=True):
+    generation: int
+    node_rank: int
+    nnodes: int
+    rank_offset: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    restart_count: int
+    reason: str
+    prev_world_size: int
+    workers: list[str] = []
+
+
+def test_new_fields_reach_an_old_peer_only_when_used():
+    raw = msgspec.msgpack.encode(AgentReport("a", 3, "failed", "boom"))
+    assert msgspec.msgpack.decode(raw, type=OldAgentReport).detail == "boom"
+    used = msgspec.msgpack.encode(AgentReport("a", 3, "failed", "oom", accumulate=2))
+    try:
+        msgspec.msgpack.decode(used, type=OldAgentReport)
+        raise AssertionError("an old peer must refuse a field it cannot act on")
+    except msgspec.ValidationError:
+        pass
+    a = Assignment(2, 0, 1, 0, 1, "h", 29500, 0, "start", 1)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(a), type=OldAssignment).generation == 2
+    sample = msgspec.json.decode(msgspec.json.encode(ResourceSample(1.0, 50.0, 1e6)))
+    assert "busy_time" not in sample and "gpu_util" not in sample  # left out at their defaults

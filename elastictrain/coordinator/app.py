@@ -90,7 +90,7 @@ class Coordinator:
     def put_resources(self, job: str, req: ResourceReport) -> ResourceList:
         """A worker's resource samples; they may flag it a straggler, whose node is then excluded
         for a cooldown where the job can run without it (a spare agent takes its place)."""
-        out = self.resources.put(job, req)
+        self.resources.put(job, req)
         gen = self.members.get(job).generation
         if self._straggler_gen.get(job) != gen:  # a new generation: ranks may be other nodes' now
             self.stragglers.forget(job)
@@ -109,8 +109,7 @@ class Coordinator:
             if self.cluster is not None:
                 self.cluster.note("straggler", job, worker=flag.worker, slowdown=round(flag.slowdown, 3),
                                   agent=flag.agent, action=flag.action)
-        return ResourceList(out.job, out.workers, [StragglerInfo(f.worker, round(f.slowdown, 3), f.since, f.agent,
-                                                                 f.action) for f in self.stragglers.current(job)])
+        return self.list_resources(job)
 
     def list_resources(self, job: str) -> ResourceList:
         out = self.resources.list(job)

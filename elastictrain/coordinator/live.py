@@ -374,7 +374,8 @@ class LiveBackend:
 
     def predict(self, group) -> Optional[float]:
         """The interleaving model's iteration time (eq. 3, best slot ordering) of ``group``."""
-        profiles = [self.table.get(m).stage_times if self.table.get(m) is not None else () for m in group]
+        entries = [self.table.get(m) for m in group]
+        profiles = [e.stage_times if e is not None else () for e in entries]
         if not all(profiles):
             return None
         return best_ordering(profiles, max(len(p) for p in profiles))[0]

@@ -20,14 +20,13 @@ class ResourceBook:
         self._m = members
         self._jobs: dict[str, dict[int, deque[ResourceSample]]] = {}
 
-    def put(self, job: str, req: ResourceReport) -> ResourceList:
+    def put(self, job: str, req: ResourceReport) -> None:
         self._m.get(job)  # NotFoundError for an unknown job
         workers = self._jobs.setdefault(job, {})
         if req.worker not in workers and len(workers) >= _MAX_WORKERS:
             raise BadRequestError(f"job {job!r} already has resource reports from {_MAX_WORKERS} workers")
         hist = workers.setdefault(req.worker, deque(maxlen=HISTORY))
         hist.extend(sorted(req.samples, key=lambda s: s.t))
-        return self.list(job)
 
     def list(self, job: str) -> ResourceList:
         self._m.get(job)

@@ -110,6 +110,7 @@ class ClusterScheduler:
         except (ValueError, TypeError):
             log.error("the stored stage profiles are unreadable; jobs are profiled again")
         self._profiles_saved, self._profiles_dirty = len(self._profiles), False
+        self._pkeys: dict[str, str] = {}  # job -> its profile key (its command, encoded once)
         self.backend = LiveBackend(self.table, self.nodes, coordinator.rendezvous, self.events, self.clock,
                                    self.records, self._dirty.add)
         now = self.clock.now()
@@ -220,13 +221,13 @@ class ClusterScheduler:
         comm = [r.comm for r in reports if r.comm is not None]
         e.skew = sum(c.skew for c in comm) / len(comm) if comm else 0.0
         stage = [r.stage for r in reports if r.stage is not None]
-        key = _profile_key(rec)
         if rec.module:
             e.stage_times = ()  # `etrun --group` runs scripts: a module job is never interleaved
             if "profile" in needs:
                 self._assume(rec, "profile", "a --module job runs alone (it is never grouped)")
         elif stage:
             e.stage_times = tuple(sum(s.stages.get(k, 0.0) for s in stage) / len(stage) for k in STAGES)
+            key = self._profile_key(rec)
             if not rec.grun and self._profiles.get(key) != e.stage_times:  # measured alone: kept for reuse
                 self._profiles.pop(key, None)
                 self._profiles[key] = e.stage_times
@@ -235,8 +236,8 @@ class ClusterScheduler:
                     del self._profiles[next(iter(self._profiles))]
         elif rec.given_stages:
             e.stage_times = tuple(rec.given_stages)
-        elif not rec.reprofile and key in self._profiles:
-            e.stage_times = self._profiles[key]
+        elif not rec.reprofile and self._profile_key(rec) in self._profiles:
+            e.stage_times = self._profiles[self._profile_key(rec)]
             if "profile" in needs:
                 self._assume(rec, "profile", "the stage profile of an earlier job with the same command "
                                              "(submit --reprofile measures it again)")
@@ -273,6 +274,13 @@ class ClusterScheduler:
             if changed is not None:
                 changed()  # Gandiva-fair trades GPU types on these speeds
         self.table.touch(rec.id)
+
+    def _profile_key(self, rec: JobRecord) -> str:
+        """Jobs of one command (working directory, script, arguments) share a stage profile."""
+        key = self._pkeys.get(rec.id)
+        if key is None:
+            key = self._pkeys[rec.id] = json.dumps([rec.workdir, *rec.command])
+        return key
 
     def _type_time(self, rec: JobRecord, sample: float) -> None:
         """Attribute a step-time sample to the GPU type the job runs on (one type only)."""
@@ -679,10 +687,6 @@ def _given_stages(stages: Optional[dict]) -> list[float]:
     if not any(out):
         raise ConfigError("stage_times must give some stage a time above 0")
     return out
-
-
-def _profile_key(rec: JobRecord) -> str:
-    return json.dumps([rec.workdir, *rec.command])
 
 
 def _default_name(command: list[str]) -> str:

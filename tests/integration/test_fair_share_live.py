@@ -1,9 +1,10 @@
-"""Gandiva-fair on real jobs with users' tickets: a coordinator running gandiva-fair (5-s
+"""Gandiva-fair on real jobs. (1) Users' tickets: a coordinator running gandiva-fair (5-s
 quantum), one node daemon with 2 CPU slots, two users with 2 one-slot DDP jobs each, alice with
 3 tickets and bob with 1 (set with `elastictrain users set`). Time slicing is preempt and resume
 from checkpoints; while all four jobs are active, alice's share of the slot-seconds follows her
 tickets; `status --users` and `fairness --from-coordinator` report it; every finished job trained
-on each sample exactly once."""
+on each sample exactly once. (2) Equal
+users, one with three times the other's jobs: equal GPU-time over the run, within 15%."""
 
 import csv
 import os
@@ -68,3 +69,33 @@ def test_gandiva_fair_shares_real_slots_by_the_users_tickets(tmp_path):
         sim = et(c, "simulate", "--trace", trace, "--cluster", "n1g2", "--policy", "gandiva-fair", "--quantum", "5",
                  "--restart-cost", "2", "--no-progress")
         assert "gandiva-fair" in sim
+
+
+def test_gandiva_fair_gives_equal_users_equal_gpu_time_whatever_their_job_counts(tmp_path):
+    """Equal tickets (the default), alice submits three times bob's jobs: over the run (from the
+    start to the first finish, while every job is active) their GPU-time stays within 15% of equal;
+    alice's three jobs share her half by time slices."""
+    with Cluster(tmp_path, "gandiva-fair", "--quantum", "5", nodes=1, slots=2) as c:
+        names = []
+        for user, n in (("alice", 3), ("bob", 1)):
+            for i in range(n):
+                name = f"{user}{i}"
+                names.append(name)
+                c.submit(name, 1, [WORKER, "--ckpt-dir", os.path.join(c.tmp, f"ckpt-{name}"), "--out",
+                                   os.path.join(c.tmp, f"{name}.json"), "--samples", "12000", "--step-sleep", "0.05"],
+                         user=user)
+        t0 = time.monotonic()
+        c.wait(lambda st: any(j.status == "finished" for j in st.jobs), 400, "the first job to finish")
+        window = time.monotonic() - t0
+        assert window > 40, f"the jobs ended too soon ({window:.0f} s) to measure shares"
+        by = {u.user: u for u in c.client.users(window).users}
+        gpu = {u: by[u].share for u in ("alice", "bob")}
+        mean = (gpu["alice"] + gpu["bob"]) / 2
+        assert all(abs(v / mean - 1) <= 0.15 for v in gpu.values()), (gpu, c.tail())
+        assert by["alice"].entitled == by["bob"].entitled == 0.5
+        kinds = [e.kind for e in c.events()]
+        assert kinds.count("preempted") >= 2, kinds  # alice's jobs take turns on her half
+        c.wait_all(4, timeout=600)
+        for name in names:
+            r = c.result(name)
+            assert r["min"] == r["max"] == 1, f"{name}: every sample must be trained on once: {r}"

@@ -34,7 +34,8 @@ from ..model import DatasetSpec
 from ..wire import (
     API_VERSION, AgentJoin, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
     GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, MemberResult, NodeLeave, NodePoll,
-    NodeRegister, ProfileList, ProfileReport, ProgressRequest, ResourceList, StragglerInfo, ReleaseRequest, ResourceReport, RestoreRequest, StepInfo, StepReport, UserTickets,
+    NodeRegister, ProfileList, ProfileReport, ProgressRequest, ReleaseRequest, ResourceList, ResourceReport,
+    RestoreRequest, StepInfo, StepReport, StragglerInfo, UserTickets,
     Version,
 )
 from .membership import Membership
@@ -71,7 +72,6 @@ class Coordinator:
         self.profiles = ProfileBook(store, self.members, self.clock, loaded.profiles)
         self.resources = ResourceBook(self.members)
         self.stragglers = stragglers or StragglerWatch()
-        self._straggler_gen: dict[str, int] = {}
         self.cluster = None
         if cluster is not None:
             from .scheduler import ClusterScheduler
@@ -91,11 +91,7 @@ class Coordinator:
         """A worker's resource samples; they may flag it a straggler, whose node is then excluded
         for a cooldown where the job can run without it (a spare agent takes its place)."""
         self.resources.put(job, req)
-        gen = self.members.get(job).generation
-        if self._straggler_gen.get(job) != gen:  # a new generation: ranks may be other nodes' now
-            self.stragglers.forget(job)
-            self._straggler_gen[job] = gen
-        flag = self.stragglers.observe(job, req.worker, req.samples)
+        flag = self.stragglers.observe(job, self.members.get(job).generation, req.worker, req.samples)
         if flag is not None:
             flag.agent = self.rendezvous.agent_of(job, flag.worker)
             why = f"rank {flag.worker} does its work {flag.slowdown:.2f}x slower than its peers' median"

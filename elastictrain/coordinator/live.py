@@ -97,6 +97,11 @@ class JobRecord(msgspec.Struct):
     group_predicted: Optional[float] = None  # the interleaving model's (eq. 3) for that group
     group_members: list[str] = []  # the group it was measured in
 
+    @property
+    def grouped(self) -> bool:
+        """Its run is part of a group task that exists (not one still forming)."""
+        return bool(self.grun) and self.grun != FORMING
+
 
 class LiveBackend:
     def __init__(self, table: JobTable, nodes: NodeBook, rendezvous: Rendezvous, events: EventLog, clock: Clock,
@@ -104,8 +109,6 @@ class LiveBackend:
         self.table, self.nodes, self.rdzv, self.events, self.clock = table, nodes, rendezvous, events, clock
         self.records, self._touched = records, touched
         self._codes: dict = {}
-        self.rdzv_members = rendezvous._m  # the membership book: a group task is a job of its own there
-        self._moved_on: set = set()  # (group task, member) that left a group task still exiting
         self.first_generation: dict[str, int] = {}  # job -> the first generation its current run can open
 
     # ------------------------------------------------------------------ Backend
@@ -159,15 +162,10 @@ class LiveBackend:
 
     # ------------------------------------------------------------------ interleaving groups
     def recover(self) -> None:
-        """After a coordinator restart: group tasks that members left and that still run, and
-        groups whose members had all started before the restart but whose task was not made."""
-        tasks = [t for n in self.nodes.by_index for t in n.tasks if t.members]
-        for t in tasks:
+        """After a coordinator restart: the rounds of the group tasks that still run, and groups
+        whose members had all started before the restart but whose task was not made."""
+        for t in [t for n in self.nodes.by_index for t in n.tasks if t.members]:
             self.rdzv.expect(t.job, t.run, "start", 0)  # its agents (re)join the group's own round
-            for m in t.members:
-                rec = self.records.get(m)
-                if rec is not None and rec.grun != t.job:
-                    self._moved_on.add((t.job, m))
         for rec in self.records.values():
             e = self.table.get(rec.id)
             if rec.grun == FORMING and e is not None and e.group and e.group[0] == rec.id:
@@ -181,31 +179,29 @@ class LiveBackend:
             if r is None or r.grun != FORMING or e is None or not e.running or tuple(e.group) != group:
                 return  # a member is not there yet (deferred): the group forms when it starts
         leader = recs[0]
-        gid = f"g.{leader.id}.{leader.run}"
-        self.rdzv_members.create_job(gid, 1, 65536)
+        gid = f"g.{leader.id}.{leader.run}"  # (its agents' first join creates it at the rendezvous)
         for node, g in placement:
             self.nodes.add(TaskRec(gid, 1, self.nodes.name_of(node), g, members=list(group)))
         self.rdzv.expect(gid, 1, "start", 0)
+        predicted = self.predict(group)
         for r in recs:
-            r.grun = gid
+            r.grun, r.group_predicted = gid, predicted
             r.group_t0, r.group_iteration_time, r.group_steps, r.group_members = (0, 0.0), None, 0, list(group)
-            r.group_predicted = self.predict(group)
             self._touched(r.id)
-        self.events.emit(self.clock.now(), "group", "", "", task=gid, jobs=list(group), placement=self._names(placement),
-                         predicted=round(recs[0].group_predicted, 4) if recs[0].group_predicted else None)
+        self.events.emit(self.clock.now(), "group", "", "", task=gid, jobs=list(group),
+                         placement=self._names(placement), predicted=round(predicted, 4) if predicted else None)
 
     def _leave_group(self, rec: JobRecord) -> None:
-        """The job's run ends by decision: its group task (if any) is withdrawn whole."""
-        gid, rec.grun = rec.grun, ""
-        if gid and gid != FORMING:
-            if self.nodes.unwant(gid, 1):
-                self.rdzv.stop(gid, "regrouped by the scheduler")
-            self._moved_on.add((gid, rec.id))
+        """The job's run ends by decision: its group task (if any) is withdrawn whole. (Until that
+        task has exited, it counts among the job's remaining tasks: see :meth:`_remaining`.)"""
+        gid, grouped, rec.grun = rec.grun, rec.grouped, ""
+        if grouped and self.nodes.unwant(gid, 1):
+            self.rdzv.stop(gid, "regrouped by the scheduler")
 
     def member_result(self, rec: JobRecord, run: int, status: str, detail: str) -> bool:
         """A grouped job's own outcome, from its process; False when it is not for the job's
         current group run (an old run, or a job already ended)."""
-        if run != rec.run or not rec.grun or rec.grun == FORMING or rec.id not in self.table:
+        if run != rec.run or not rec.grouped or rec.id not in self.table:
             return False
         now = self.clock.now()
         if status == "finished":
@@ -223,10 +219,7 @@ class LiveBackend:
                     self._touched(m.id)
         else:
             rec.reason = f"failed inside its group {rec.grun}: {detail[-1500:]}"
-            self.table.accrue(now)
-            self._end(rec, JobStatus.FAILED)
-            self.rdzv.forget(rec.id)
-            self._emit("fail", rec, run=rec.run, group=rec.grun, reason=rec.reason[-1000:])
+            self._fail(rec, group=rec.grun)
         return True
 
     def _group_exit(self, x: Exit) -> None:
@@ -246,12 +239,10 @@ class LiveBackend:
         self.rdzv.forget(t.job)
         for m in t.members:
             rec = self.records.get(m)
-            moved = (t.job, m) in self._moved_on
-            self._moved_on.discard((t.job, m))
             if rec is None or rec.id not in self.table:
                 continue  # it ended inside the group (finished, failed, cancelled)
             e = self.table.get(rec.id)
-            if moved or rec.grun != t.job:
+            if rec.grun != t.job:  # it left the group by decision
                 if e.stopping and not self._remaining(rec):
                     self._stopped(rec, codes)  # its stop waited for the group's exit
                 continue
@@ -270,9 +261,7 @@ class LiveBackend:
                 out = self.rdzv.outcome(t.job)
                 rec.reason = f"its group {t.job} failed (etrun exited with code {x.code} on node {t.node}): " \
                     f"{_tail(x.detail)}" if out is None or not out[1] else out[1]
-                self.table.accrue(self.clock.now())
-                self._end(rec, JobStatus.FAILED)
-                self._emit("fail", rec, run=rec.run, node=t.node, code=x.code, group=t.job, reason=rec.reason[-1000:])
+                self._fail(rec, node=t.node, code=x.code, group=t.job)
 
     def _withdraw(self, rec: JobRecord, why: str, codes: Optional[dict] = None) -> None:
         """Stop the job's current run; the job is stopped when its last task has exited (its
@@ -287,8 +276,7 @@ class LiveBackend:
         """The tasks of the job's current run still there, or of a group task it left and that
         has not exited yet (its processes still hold the job's checkpoint)."""
         return [t for n in self.nodes.by_index for t in n.tasks
-                if (t.job == rec.id and t.run == rec.run) or (t.members and rec.id in t.members
-                                                              and (t.job, rec.id) in self._moved_on)]
+                if (t.job == rec.id and t.run == rec.run) or (t.members and rec.id in t.members and t.job != rec.grun)]
 
     def _stopped(self, rec: JobRecord, codes: dict) -> None:
         self._codes.pop((rec.id, rec.run), None)
@@ -305,7 +293,7 @@ class LiveBackend:
         when one is left), with nothing restarted."""
         self._codes.pop((rec.id, rec.run), None)
         e = self.table.get(rec.id)
-        if e is not None and e.group and rec.grun and rec.grun != FORMING:
+        if e is not None and e.group and rec.grouped:
             rest = tuple(m for m in e.group if m != rec.id)
             for m in rest:
                 other = self.table.get(m)
@@ -357,11 +345,15 @@ class LiveBackend:
             rec.restarts = max(rec.restarts, out[2])
         rec.reason = out[1] if out is not None and out[0] == "failed" and out[1] else \
             f"etrun exited with code {x.code} on node {t.node}: {_tail(x.detail)}"
+        self._fail(rec, node=t.node, code=x.code)
+
+    def _fail(self, rec: JobRecord, **detail) -> None:
+        """The job failed (``rec.reason`` says why): it ends, with whatever of it is left."""
         self.table.accrue(self.clock.now())
         self._end(rec, JobStatus.FAILED)
         self.nodes.unwant(rec.id)
         self.rdzv.forget(rec.id)
-        self._emit("fail", rec, run=rec.run, node=t.node, code=x.code, reason=rec.reason[-1000:])
+        self._emit("fail", rec, run=rec.run, reason=rec.reason[-1000:], **detail)
 
     def cancel(self, rec: JobRecord) -> None:
         """(A job inside a group task is cancelled there by its own process, which polls.)"""

@@ -39,11 +39,10 @@ from ..runtime.stages import STAGES
 from ..scheduling import ENDED, Entry, JobStatus, JobTable, Scheduler
 from ..wire import (
     ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, GroupMember, JobSubmit, LogList, MemberResult, NodeInfo,
-    NodeLeave, NodePoll, Series,
-    NodeRegister, NodeSlots, NodeTasks, StepInfo, StepReport, Task, UserList, UserTickets,
+    NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks, Series, StepInfo, StepReport, Task, UserList, UserTickets,
 )
 from .events import EventLog, LogBook
-from .live import FORMING, JobRecord, LiveBackend
+from .live import JobRecord, LiveBackend
 from .nodes import Exit, NodeBook, TaskRec
 from .store import LoadedState
 from .users import META_KEY as USERS_META
@@ -355,11 +354,10 @@ class ClusterScheduler:
             return StepInfo(job, req.step, None)
         if req.generation is not None and req.generation < self.backend.first_generation.get(rec.id, 0):
             return StepInfo(job, rec.step, rec.iteration_time)  # a worker of an older run, still stopping
-        grouped = bool(rec.grun) and rec.grun != FORMING
         if rec.step_time is not None and rec.step_run == rec.run and req.step > rec.step and \
                 rec.status == "running" and now > rec.step_time:  # (two reports at one instant: no sample)
             sample = (now - rec.step_time) / (req.step - rec.step)
-            if grouped:  # its time in the group: measured from its first step report there
+            if rec.grouped:  # its time in the group: measured from its first step report there
                 s0, t0 = rec.group_t0
                 if t0 == 0.0:
                     rec.group_t0 = (rec.step, rec.step_time)

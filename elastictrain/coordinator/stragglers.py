@@ -45,9 +45,15 @@ class StragglerWatch:
         self._busy: dict[str, dict[int, float]] = {}  # job -> worker -> latest busy seconds per step
         self._streak: dict[str, dict[int, int]] = {}
         self.flags: dict[str, dict[int, Flag]] = {}
+        self._gen: dict[str, int] = {}  # job -> the generation counted
 
-    def observe(self, job: str, worker: int, samples: Iterable) -> Optional[Flag]:
-        """Take a worker's new samples (in time order); returns a flag raised by them, if any."""
+    def observe(self, job: str, generation: int, worker: int, samples: Iterable) -> Optional[Flag]:
+        """Take a worker's new samples (in time order) in the job's current ``generation``;
+        returns a flag raised by them, if any. A new generation starts the count again (ranks may
+        be other nodes' now)."""
+        if self._gen.get(job) != generation:
+            self.forget(job)
+            self._gen[job] = generation
         busy = self._busy.setdefault(job, {})
         streaks = self._streak.setdefault(job, {})
         flags = self.flags.setdefault(job, {})

@@ -253,23 +253,15 @@ class Agent:
                 self._phases.detected(failure.at if failure else None)
                 if cfg.memory_limit and failure is not None and _out_of_memory(failure):
                     if not self._raise_memory_limit(failure):  # already at the largest allowed
-                        self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "leaving",
-                                                 "out of memory at --max-memory-limit")
-                        self._keep_or_stop(group, False)
-                        _print_failure(failure, a, cfg, AgentAction("exit", status="failed"),
-                                       "out of memory at --max-memory-limit: the job fails")
-                        return 1
+                        return self._fail_at_limit(group, a, failure, "out of memory at --max-memory-limit",
+                                                   "out of memory at --max-memory-limit: the job fails")
                 accumulate = 0
                 if cfg.oom_policy == "accumulate" and failure is not None and _gpu_out_of_memory(failure):
                     accumulate = 2 * max(1, a.accumulate)
                     if accumulate > cfg.max_accumulate:
-                        self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "leaving",
-                                                 "out of GPU memory at --max-accumulate")
-                        self._keep_or_stop(group, False)
-                        _print_failure(failure, a, cfg, AgentAction("exit", status="failed"),
-                                       f"out of GPU memory with {a.accumulate} micro-batches per step "
-                                       f"(--max-accumulate {cfg.max_accumulate}): the job fails")
-                        return 1
+                        return self._fail_at_limit(group, a, failure, "out of GPU memory at --max-accumulate",
+                                                   f"out of GPU memory with {a.accumulate} micro-batches per step "
+                                                   f"(--max-accumulate {cfg.max_accumulate}): the job fails")
                     log.warning("out of GPU memory: rank %d; the next generation accumulates %d micro-batches "
                                 "per step (ET_ACCUMULATE; each micro-batch halves, the global batch stays)",
                                 failure.rank, accumulate)
@@ -320,6 +312,13 @@ class Agent:
             return
         group.stop(self.cfg.restart_grace, persist_grace=self.cfg.shutdown_grace)
         self._phases.mark("stop")
+
+    def _fail_at_limit(self, group: WorkerGroup, a, failure: Failure, report: str, why: str) -> int:
+        """An OOM plan is at its largest allowed step: this node leaves and the job fails with ``why``."""
+        self.client.agent_report(self.cfg.run_id, self.agent_id, a.generation, "leaving", report)
+        self._keep_or_stop(group, False)
+        _print_failure(failure, a, self.cfg, AgentAction("exit", status="failed"), why)
+        return 1
 
     def _raise_memory_limit(self, f: Failure) -> bool:
         """Double --memory-limit for the next generation (up to --max-memory-limit); False if it
@@ -442,17 +441,23 @@ _OOM_WORDS = ("memoryerror", "out of memory", "can't allocate memory", "cannot a
               "outofmemoryerror", "std::bad_alloc")
 
 
+_GPU_OOM_WORDS = ("outofmemoryerror", "cuda out of memory", "cuda error: out of memory")
+
+
+def _failure_says(f: Failure, words: tuple) -> bool:
+    text = f"{f.message}\n{f.traceback[-2000:]}".lower()
+    return any(w in text for w in words)
+
+
 def _out_of_memory(f: Failure) -> bool:
     """A worker that failed for lack of memory (under --memory-limit: MemoryError, torch's
     allocator error, CUDA out of memory)."""
-    text = f"{f.message}\n{f.traceback[-2000:]}".lower()
-    return any(w in text for w in _OOM_WORDS)
+    return _failure_says(f, _OOM_WORDS)
 
 
 def _gpu_out_of_memory(f: Failure) -> bool:
     """A worker that failed for lack of GPU memory (torch's ``OutOfMemoryError``, "CUDA out of memory")."""
-    text = f"{f.message}\n{f.traceback[-2000:]}".lower()
-    return "outofmemoryerror" in text or "cuda out of memory" in text or "cuda error: out of memory" in text
+    return _failure_says(f, _GPU_OOM_WORDS)
 
 
 def _size(n: int) -> str:

@@ -23,7 +23,8 @@ from ..model import DatasetSpec
 from ..wire import (
     AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterJobInfo, ClusterJobList, ClusterStatus, CommitList,
     CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health, JobCreate,
-    JobInfo, JobList, JobSubmit, MemberResult, LeaseReply, LeaseRequest, LogList, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks,
+    JobInfo, JobList, JobSubmit, LeaseReply, LeaseRequest, LogList, MemberResult, NodeInfo, NodeLeave, NodePoll,
+    NodeRegister, NodeTasks,
     ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
     ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserTickets, Version,
 )

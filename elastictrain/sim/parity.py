@@ -46,14 +46,8 @@ def live_decisions(events: Iterable, jobs: Iterable) -> list[Step]:
     order = sorted(jobs, key=lambda j: (j.submit_time, j.id))
     index = {j.id: i for i, j in enumerate(order)}
     t0 = order[0].submit_time if order else 0.0
-    groups: dict = {}  # job -> the group of its current run, from the `group` events
     out = []
-    for e in events:
-        if e.kind == "group":
-            members = tuple(sorted(index[m] for m in e.detail.get("jobs", ()) if m in index))
-            for m in e.detail.get("jobs", ()):
-                groups[m] = members
-            continue
+    for e in events:  # (each member's start or regroup names its group: `group` events add nothing)
         kind = _LIVE.get(e.kind)
         if kind is None or e.job not in index:
             continue

@@ -22,14 +22,14 @@ def test_a_rank_is_flagged_after_n_slow_windows_and_cleared_when_it_recovers():
     w = StragglerWatch(factor=1.5, windows=3)
     for t in range(3):
         for worker in (0, 1, 2):
-            assert w.observe("j", worker, [s(t, 0.04)]) is None
-    assert w.observe("j", 2, [s(3, 0.12)]) is None and w.observe("j", 2, [s(4, 0.12)]) is None
-    flag = w.observe("j", 2, [s(5, 0.12)])
+            assert w.observe("j", 1, worker, [s(t, 0.04)]) is None
+    assert w.observe("j", 1, 2, [s(3, 0.12)]) is None and w.observe("j", 1, 2, [s(4, 0.12)]) is None
+    flag = w.observe("j", 1, 2, [s(5, 0.12)])
     assert flag is not None and flag.worker == 2 and flag.slowdown == pytest.approx(3.0)
-    assert w.observe("j", 2, [s(6, 0.12)]) is None and [f.worker for f in w.current("j")] == [2]  # raised once
-    w.observe("j", 2, [s(7, 0.05)])
+    assert w.observe("j", 1, 2, [s(6, 0.12)]) is None and [f.worker for f in w.current("j")] == [2]  # raised once
+    w.observe("j", 1, 2, [s(7, 0.05)])
     assert w.current("j") == []
-    assert w.observe("j", 0, [s(8, None), s(9, 0.0)]) is None  # no spans: nothing to judge
+    assert w.observe("j", 1, 0, [s(8, None), s(9, 0.0)]) is None  # no spans: nothing to judge
     with pytest.raises(ConfigError):
         StragglerWatch(factor=1.0)
 

@@ -12,8 +12,11 @@ with the accumulation doubled on every node, so each micro-batch is half as larg
 
 On a machine without a GPU, ``--gpu-memory-samples N`` stands in for the device's memory: from
 ``--oom-from`` on, a micro-batch of more than N samples raises the same ``OutOfMemoryError`` a
-CUDA allocation would. Rank 0 writes ``--out``: steps, the exactly-once ledger's min/max, the
-accumulation of each generation, and the final parameters' sum.
+CUDA allocation would. Rank 0 writes ``--out``: steps, the largest global batch of a step, the
+exactly-once ledger's min/max, the accumulation of each generation, and the final parameters' sum.
+(Shards are handed out on demand, so at the end of the epoch one rank may still hold a shard when
+the other has none: a step or two then trains fewer samples, and the count of steps can pass
+samples / global batch by as many.)
 """
 
 import argparse
@@ -61,11 +64,11 @@ def main() -> int:
     shards = job.shards(et.DatasetSpec("train", samples, args.batch * 2, epochs=1, seed=4))
     ledger = torch.zeros(samples, dtype=torch.int32)
     ckpt = TorchCheckpointer(args.ckpt_dir, model=net, optimizer=opt, shards=shards, job=job,
-                             extra_state={"progress": {"step": 0, "ledger": ledger, "runs": []}})
+                             extra_state={"progress": {"step": 0, "ledger": ledger, "runs": [], "largest": 0}})
     ckpt.install_preemption_handler()
     ckpt.restore()
     progress = ckpt.state["progress"]
-    step, ledger = progress["step"], progress["ledger"]
+    step, ledger, largest = progress["step"], progress["ledger"], progress.get("largest", 0)
     runs = list(progress["runs"]) + [f"accumulate={k}@{step}"]
     print(f"[oom-job] generation {job.generation} ({job.restart_reason}): {k} micro-batch(es) of {micro}, "
           f"from step {step}", flush=True)
@@ -98,7 +101,8 @@ def main() -> int:
             break
         ledger.index_add_(0, got, torch.ones_like(got, dtype=torch.int32))
         step += 1
-        ckpt.state["progress"] = {"step": step, "ledger": ledger, "runs": runs}
+        largest = max(largest, len(got))
+        ckpt.state["progress"] = {"step": step, "ledger": ledger, "runs": runs, "largest": largest}
         if ckpt.preempted(step):
             shards.close(release=False)
             return et.PREEMPTED_EXIT_CODE
@@ -107,7 +111,7 @@ def main() -> int:
     ckpt.save(step)
     ckpt.wait()
     if rank == 0:
-        out = {"steps": step, "min": int(ledger.min()), "max": int(ledger.max()), "runs": runs,
+        out = {"steps": step, "min": int(ledger.min()), "max": int(ledger.max()), "runs": runs, "global_batch": largest,
                "param_sum": float(sum(p.detach().sum() for p in net.parameters())), "time": time.time()}
         with open(args.out + ".tmp", "w") as f:
             json.dump(out, f)

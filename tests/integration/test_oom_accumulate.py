@@ -1,7 +1,7 @@
 """etrun --oom-policy accumulate: a DDP job (2 workers) runs out of (simulated) GPU memory at step
 25; etrun restarts it from its step-20 checkpoint with the accumulation doubled on every rank
 (ET_ACCUMULATE=2, micro-batches of 32 instead of 64), and it finishes: every sample trained once,
-in as many steps as a run that never ran out (the global batch did not change). At
+with the global batch of a run that never ran out. At
 --max-accumulate the job fails with that reason. (No GPU here: the job raises torch's own
 OutOfMemoryError where a CUDA allocation would.)"""
 
@@ -32,8 +32,12 @@ def test_out_of_gpu_memory_halves_the_micro_batch_and_keeps_the_global_batch(tmp
     assert r.returncode == 0, r.stderr[-3000:]
     assert "out of GPU memory" in r.stderr and "accumulates 2 micro-batches" in r.stderr, r.stderr[-3000:]
     assert res["runs"] == ["accumulate=1@0", "accumulate=2@20"], res  # resumed from its checkpoint
-    # the global batch did not change: 40 steps of 2 x 64 samples, as without the failure, each sample once
-    assert (res["steps"], res["min"], res["max"]) == (base["steps"], 1, 1) == (40, 1, 1), (res, base)
+    # the global batch did not change (2 x 64 samples, as without the failure; 32-sample micro-batches
+    # would have made it 64), and each sample was trained once. Shards go to whichever rank asks, so
+    # at the end of the epoch a rank may train a shard (2 steps) alone: 40 full steps, up to 2 more.
+    for run in (base, res):
+        assert (run["global_batch"], run["min"], run["max"]) == (128, 1, 1), (res, base)
+        assert 40 <= run["steps"] <= 42, (res, base)
 
 
 def test_without_the_policy_or_past_max_accumulate_the_job_fails(tmp_path):

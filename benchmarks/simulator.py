@@ -10,6 +10,10 @@
    growth exponent between the two sizes, ``sim_scaling_<policy>_exponent`` (1 = linear).
    Targets on this machine at 50,000 jobs: SRTF, SRSF, FIFO, Tiresias-L/G <= 10 s; Muri-S/L and
    Gandiva-fair <= 60 s. A run is stopped after ``--limit`` seconds and printed as ``timeout``.
+   Gandiva-fair is timed twice: exact (a decision every 60-s quantum while a job waits: millions
+   of decisions on a trace spanning years) and ``--stretch 64`` (a quantum in a quiet spell may
+   span up to 64), with its mean JCT over the exact run's where both finish
+   (``..._avg_jct_vs_exact``): the stretched slices are coarser, so results move.
 
 Prints ``name: value unit``.
 """
@@ -33,22 +37,26 @@ from elastictrain.sim.synth import synthesize, write_native  # noqa: E402
 
 TRACES = os.path.join(ROOT, "traces", "muri")
 SHIPPED_POLICIES = ["srtf", "srsf", "tiresias-l", "yarn-cs", "fifo-be", "gandiva-ts", "muri-s", "muri-l"]
-SYNTH_POLICIES = ["srtf", "srsf", "fifo", "tiresias-l", "tiresias-g", "muri-s", "muri-l", "gandiva-fair"]
+# (label, policy, options): gandiva-fair also with --stretch 64 (coarser slices while nothing
+# arrives or ends; up to 64 quanta), whose mean JCT is compared with the exact run's where both finish
+SYNTH_POLICIES = [(p, p, {}) for p in ("srtf", "srsf", "fifo", "tiresias-l", "tiresias-g", "muri-s", "muri-l",
+                                       "gandiva-fair")] + [("gandiva-fair-stretch64", "gandiva-fair", {"stretch": 64})]
 OPTIONS = {"distribution": os.path.join(ROOT, "traces", "tiresias", "yarn-gput1000.csv")}
 
 
 def _timed(args) -> tuple:
-    trace, cluster, policy, preset = args
+    trace, cluster, policy, preset, extra = args
     t = time.perf_counter()
-    (r,) = simulate(SimConfig(trace, cluster, [policy], preset=preset, policy_options=OPTIONS), progress=False)
+    (r,) = simulate(SimConfig(trace, cluster, [policy], preset=preset, policy_options={**OPTIONS, **extra}),
+                    progress=False)
     return time.perf_counter() - t, r.events, statistics.fmean(j.jct for j in r.jobs) if r.jobs else 0.0
 
 
-def run_limited(trace: str, cluster: str, policy: str, preset: str, limit: float):
+def run_limited(trace: str, cluster: str, policy: str, preset: str, limit: float, extra: dict | None = None):
     """(wall, events, mean JCT) of one simulation in a child process, or None past ``limit`` s."""
     ctx = mp.get_context("fork")
     with ctx.Pool(1) as pool:
-        res = pool.apply_async(_timed, ((trace, cluster, policy, preset),))
+        res = pool.apply_async(_timed, ((trace, cluster, policy, preset, extra or {}),))
         try:
             return res.get(limit)
         except mp.TimeoutError:
@@ -88,17 +96,22 @@ def main() -> None:
             paths[n] = write_native(synthesize(n, seed=1, gpus=64, load=0.9), os.path.join(tmp, f"synth{n}.csv.gz"))
         print(f"# synthetic Philly-like traces ({' and '.join(f'{n:,}' for n in sizes)} jobs, load 0.9 on 64 GPUs, "
               "seed 1), default preset, one run each")
-        for policy in SYNTH_POLICIES:
+        jcts: dict = {}
+        for label, policy, extra in SYNTH_POLICIES:
             walls = {}
             for n in sizes:
-                r = run_limited(paths[n], "n8g8", policy, "default", limit)
+                r = run_limited(paths[n], "n8g8", policy, "default", limit, extra)
                 if r is None:
-                    print(f"sim_synth{n // 1000}k_{policy}_wall: timeout (> {limit:.0f} s)")
+                    print(f"sim_synth{n // 1000}k_{label}_wall: timeout (> {limit:.0f} s)")
                     continue
-                walls[n] = r[0]
-                print(f"sim_synth{n // 1000}k_{policy}_wall: {r[0]:.2f} s")
-                print(f"sim_synth{n // 1000}k_{policy}_events: {r[1]} events")
+                walls[n], jcts[label, n] = r[0], r[2]
+                print(f"sim_synth{n // 1000}k_{label}_wall: {r[0]:.2f} s")
+                print(f"sim_synth{n // 1000}k_{label}_events: {r[1]} events")
+                print(f"sim_synth{n // 1000}k_{label}_avg_jct: {r[2]:.0f} s")
+                if extra and (policy, n) in jcts:
+                    print(f"sim_synth{n // 1000}k_{label}_avg_jct_vs_exact: {r[2] / jcts[policy, n]:.3f} x")
                 sys.stdout.flush()
+            policy = label
             if len(walls) == 2:
                 a, b = sizes
                 print(f"sim_scaling_{policy}_exponent: {math.log(walls[b] / walls[a]) / math.log(b / a):.2f}")

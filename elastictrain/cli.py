@@ -155,6 +155,9 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--packlimit", type=float, default=None, help="Tiresias PACKLIMIT for skew placement")
     p.add_argument("--distribution", default=None, help="job GPU-time samples CSV for tiresias-g")
     p.add_argument("--quantum", type=float, default=None, help="time slice of gandiva-ts and gandiva-fair, seconds")
+    p.add_argument("--stretch", type=int, default=None,
+                   help="gandiva-fair: while nothing arrives or ends, each quantum may span four times the last, up to "
+                   "N quanta (default 1: every quantum decided; fewer decisions and preemptions, coarser slices)")
     p.add_argument("--scale-threshold", type=float, default=None,
                    help="autoscale: least marginal efficiency of a step of workers that pays (default 0.3)")
     p.add_argument("--rate-window", type=float, default=None,
@@ -190,7 +193,7 @@ def _policy_values(args) -> dict:
     return {"placement": args.placement, "packlimit": args.packlimit, "promote_knob": args.promote_knob,
             "distribution": args.distribution, "quantum": args.quantum, "thresholds": thresholds,
             "threshold": args.scale_threshold, "rate_window": args.rate_window, "drop": args.scale_drop,
-            "step": args.scale_step, "yield_threshold": args.yield_threshold}
+            "step": args.scale_step, "yield_threshold": args.yield_threshold, "stretch": args.stretch}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

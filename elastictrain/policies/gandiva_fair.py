@@ -57,8 +57,9 @@ class StrideJob:
     user: str = ""
 
 
-def gang_stride(queue: Sequence[StrideJob], free: int) -> list[int]:
-    """One quantum of gang-aware stride: returns the ids scheduled and advances their passes.
+def gang_stride(queue: Sequence[StrideJob], free: int, quanta: int = 1) -> list[int]:
+    """One quantum of gang-aware stride: returns the ids scheduled and advances their passes
+    (by ``quanta`` strides: the quantum may be stretched, see ``GandivaFair(stretch=)``).
 
     Jobs are taken by lowest pass (ties keep ``queue`` order) while GPUs remain; a job whose
     gang does not fit in what is left is skipped.
@@ -70,7 +71,7 @@ def gang_stride(queue: Sequence[StrideJob], free: int) -> list[int]:
         if j.size <= free:
             scheduled.append(j.job_id)
             free -= j.size
-            j.pass_ += j.size / j.tickets
+            j.pass_ += quanta * j.size / j.tickets
     return scheduled
 
 
@@ -87,17 +88,29 @@ class GandivaFair:
         compensate: half-life (seconds) of the usage that compensation tickets correct for
             (0 disables them; see :meth:`_set_tickets`).
         spread_backfill: a waiting gang may span the idle GPUs of several servers for a quantum.
+        stretch: (simulator) the most quanta one decision may span. 1 (the default, and always on
+            a live cluster) decides every quantum. Above 1, each quantum in a row with no arrival
+            and no end is four times as long as the last, up to ``stretch`` quanta, and the jobs it
+            runs are charged that many strides; an arrival or an end cuts it short (the unused
+            part of the charge is given back) and starts a fresh one-quantum decision. Shares
+            and passes stay those of stride scheduling; what changes is how finely the slices
+            are cut while nothing happens (docs/simulator.md says how much the results move).
         placement, packlimit: where a gang goes under ``split=False`` (see :mod:`.placement`).
     """
 
     def __init__(self, tickets: Optional[dict[str, float]] = None, default_tickets: float = 1.0,
                  quantum: float = 60.0, placement: str = "consolidated", packlimit: float = 0.5,
                  split: bool = True, balance: float = 0.1, migrations: int = 4, trading: bool = True,
-                 compensate: float = 3600.0, spread_backfill: bool = True, name: str = "gandiva-fair") -> None:
+                 compensate: float = 3600.0, spread_backfill: bool = True, stretch: int = 1,
+                 name: str = "gandiva-fair") -> None:
         if default_tickets <= 0 or any(t <= 0 for t in (tickets or {}).values()):
             raise ConfigError("tickets must be positive")
         if quantum <= 0 or balance < 0 or migrations < 0:
             raise ConfigError("quantum must be > 0, balance and migrations >= 0")
+        if isinstance(stretch, bool) or not isinstance(stretch, int) or not 1 <= stretch <= 4096:
+            raise ConfigError(f"stretch must be a whole number of quanta from 1 to 4096, not {stretch!r}")
+        if stretch > 1 and not split:
+            raise ConfigError("stretch applies to split stride only (gandiva-fair, gandiva-fair-notrade)")
         self.tickets, self.default = dict(tickets or {}), default_tickets
         self.quantum, self.placement, self.packlimit = quantum, placement, packlimit
         self.split, self.balance, self.max_moves, self.trading = split, balance, migrations, trading
@@ -115,6 +128,13 @@ class GandivaFair:
         self.spread_backfill = spread_backfill
         self._usage: dict[tuple, float] = {}  # (user, GPU type) -> decayed GPU-seconds received
         self._last: Optional[float] = None
+        self.stretch = stretch
+        self._k = 1  # quanta the current decision spans (stretch)
+        self._quiet = 0  # quanta in a row that saw no arrival and no end
+        self._event = False  # an arrival or an end since the last quantum
+        self._qstart = 0.0
+        self._charges: list = []  # (StrideJob or node, pass charged) of a stretched quantum
+        self._scharges: dict[int, float] = {}  # node -> central pass charged this quantum
 
     # ------------------------------------------------------------------ shares
     def set_tickets(self, tickets: dict[str, float]) -> None:
@@ -173,9 +193,10 @@ class GandivaFair:
                 if j.job_id not in self._jobs:
                     self._jobs[j.job_id] = self._home(j, full, nodes_of, by_type)
         self._set_tickets(s)
-        quantum = s.now >= self._next
+        self._event = self._event or bool(s.arrived) or bool(s.ended)
+        quantum = s.now >= self._next or (self._k > 1 and self._event)
         if quantum:
-            self._next = s.now + self.quantum
+            self._start_quantum(s.now)
             for t, nodes in nodes_of.items():
                 self._rebalance(nodes, full, by_id)
         residents: dict[int, list[StrideJob]] = {}
@@ -216,12 +237,31 @@ class GandivaFair:
             for n in nodes:
                 if claimed.get(n) == "local":
                     free[n] = caps[n]
-                    for jid in gang_stride(residents[n], caps[n]):
+                    for jid in gang_stride(residents[n], caps[n], self._k):
                         run[jid] = ((n, self._jobs[jid].size),)
                         free[n] -= self._jobs[jid].size
             self._backfill(nodes, free, residents, by_id, run)
         self._planned = dict(run)
+        if self._k > 1:
+            self._charges = [(self._jobs[jid], self._k * self._jobs[jid].size / self._jobs[jid].tickets) for jid in run]
+            self._charges += [(n, v) for n, v in self._scharges.items()]
         return Decision(run, self._wake(s, run))
+
+    def _start_quantum(self, now: float) -> None:
+        """A quantum starts: a stretched one cut short by an arrival or an end gives back the
+        strides of the part not used; the new one spans 2^(quiet quanta) quanta, up to stretch."""
+        if self._k > 1 and now < self._next:
+            unused = 1.0 - (now - self._qstart) / (self._next - self._qstart)
+            for who, charged in self._charges:
+                if isinstance(who, StrideJob):
+                    who.pass_ -= unused * charged
+                elif who in self._spass:
+                    self._spass[who] -= unused * charged
+        self._charges, self._scharges = [], {}
+        self._quiet = 0 if self._event else self._quiet + 1
+        self._event = False
+        self._k = min(self.stretch, 1 << min(2 * self._quiet, 12))
+        self._qstart, self._next = now, now + self._k * self.quantum
 
     def _wake(self, s: ClusterSnapshot, run: dict) -> Optional[float]:
         """The next quantum, while some job waits; with nobody waiting there is nothing to slice
@@ -232,17 +272,21 @@ class GandivaFair:
         """Work conservation: GPUs a local schedule leaves idle (gangs that do not fit) go, for
         this quantum, to waiting jobs of other servers, lowest pass first (best fit). Only jobs
         that are not running move, so nothing is migrated; they pay for the time in pass."""
-        if not any(free.values()):
+        total = sum(free.values())
+        if not total:
             return
         waiting = [sj for n in nodes for sj in residents.get(n, ())
                    if sj.job_id not in run and not by_id[sj.job_id].running]
+        spread = self.spread_backfill
         for sj in sorted(waiting, key=lambda x: (x.pass_, x.job_id)):
-            fit = [n for n in nodes if free.get(n, 0) >= sj.size]
+            if sj.size > total:
+                continue
+            fit = [n for n, f in free.items() if f >= sj.size]
             if fit:
                 n = min(fit, key=lambda m: (free[m], m))
                 free[n] -= sj.size
                 where = ((n, sj.size),)
-            elif self.spread_backfill and sum(free.values()) >= sj.size:
+            elif spread:
                 take, got = [], 0  # the gang spans the holes of several servers for this quantum
                 for n in sorted((m for m in free if free[m] > 0), key=lambda m: (-free[m], m)):
                     k = min(free[n], sj.size - got)
@@ -255,7 +299,8 @@ class GandivaFair:
                 where = tuple(take)
             else:
                 continue
-            sj.pass_ += sj.size / sj.tickets
+            total -= sj.size
+            sj.pass_ += self._k * sj.size / sj.tickets
             run[sj.job_id] = where
 
     def _home(self, j, caps, nodes_of, by_type) -> StrideJob:
@@ -306,10 +351,11 @@ class GandivaFair:
         holes others leave, which favours users with many small jobs per ticket, so a user whose
         recent share of the type (usage decayed with half-life ``compensate``) is below its
         entitled share gets proportionally more tickets, one above it fewer (within 1/4..4x)."""
+        mine = [self._jobs[j.job_id] for j in s.jobs]
         count: dict[tuple, int] = {}
-        for j in s.jobs:
-            sj = self._jobs[j.job_id]
-            count[(sj.user, sj.gtype)] = count.get((sj.user, sj.gtype), 0) + 1
+        for sj in mine:
+            key = (sj.user, sj.gtype)
+            count[key] = count.get(key, 0) + 1
         factor: dict[tuple, float] = {}
         if self.compensate > 0:
             ent_sum: dict[str, float] = {}
@@ -322,12 +368,12 @@ class GandivaFair:
                 if e > 0 and ent_sum[t] > 0 and use_sum[t] > 0:
                     want, got = e / ent_sum[t], used / use_sum[t]
                     factor[(u, t)] = min(4.0, max(0.25, want / got if got > 0 else 4.0))
-        for j in s.jobs:
-            sj = self._jobs[j.job_id]
-            e = self.entitlement.get(sj.user, {}).get(sj.gtype, 0.0)
-            # a user with no entitlement left on this type (traded away) keeps a sliver, so its
-            # job still runs on GPUs nobody else wants
-            sj.tickets = max(e, 1e-6) * factor.get((sj.user, sj.gtype), 1.0) / count[(sj.user, sj.gtype)]
+        # a user with no entitlement left on this type (traded away) keeps a sliver, so its job
+        # still runs on GPUs nobody else wants
+        each = {(u, t): max(self.entitlement.get(u, {}).get(t, 0.0), 1e-6) * factor.get((u, t), 1.0) / n
+                for (u, t), n in count.items()}
+        for sj in mine:
+            sj.tickets = each[(sj.user, sj.gtype)]
 
     def _loads(self, nodes: list[int], caps) -> dict[int, float]:
         load = {n: 0.0 for n in nodes}
@@ -386,7 +432,10 @@ class GandivaFair:
             if kind == 0:
                 if key not in claimed:
                     claimed[key] = "local"
-                    self._spass[key] += caps[key] / sum(x.tickets for x in residents[key])
+                    charge = self._k * caps[key] / sum(x.tickets for x in residents[key])
+                    self._spass[key] += charge
+                    if self._k > 1:
+                        self._scharges[key] = charge
                 continue
             b = self._jobs[key]
             free = [n for n in nodes if n not in claimed and caps[n] > 0]
@@ -402,7 +451,7 @@ class GandivaFair:
             for n, _ in take:
                 claimed[n] = key
             run[key] = tuple(take)
-            b.pass_ += b.size / b.tickets
+            b.pass_ += self._k * b.size / b.tickets
         return claimed
 
     def _decide_global(self, s: ClusterSnapshot) -> Decision:
@@ -438,11 +487,11 @@ class GandivaFair:
 
 
 _OPTIONS = ("tickets", "default_tickets", "quantum", "placement", "packlimit", "split", "balance", "migrations",
-            "compensate", "spread_backfill")
+            "compensate", "spread_backfill", "stretch")
 register("gandiva-fair", lambda **kw: GandivaFair(**kw), _OPTIONS)
 register("gandiva-fair-notrade", lambda **kw: GandivaFair(trading=False, name="gandiva-fair-notrade", **kw), _OPTIONS)
 register("gandiva-fair-global", lambda **kw: GandivaFair(split=False, name="gandiva-fair-global", **kw),
-         tuple(o for o in _OPTIONS if o not in ("split", "balance", "migrations")))
+         tuple(o for o in _OPTIONS if o not in ("split", "balance", "migrations", "stretch")))
 
 
 # ---------------------------------------------------------------------------- trading

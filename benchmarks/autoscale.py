@@ -25,6 +25,15 @@ all-reduce. From step 60 one node's worker computes 3x slower, which slows every
   run before the slowdown) and ``straggler_throughput_recovered`` (after / before; target >= 0.8):
   the straggler's node is excluded for a cooldown and the spare takes its place.
 
+Fewer samples for the straggler (``--part shares``, also in the default run): the same job on 4
+nodes (``--nnodes 3:4``, no spare) with ``--uneven``: each rank takes its part of the 32-sample
+global batch from ``job.local_batch()`` and its compute time is per sample (5 ms, 15 ms on the
+slow node from step 60). The coordinator cuts the slow rank's share instead of replacing it.
+Prints ``straggler_shares_detect_seconds``, ``straggler_shares_throughput_before`` / ``_slowed`` /
+``_after`` (steps of 32 samples per second; "after" from 5 steps past the step the shares apply
+from) and ``straggler_shares_throughput_recovered`` (target >= 0.8; with one rank at a third of
+its speed, 4 ranks can reach at most (3 + 1/3) / 4 = 0.83 of the speed before, less the start-up).
+
 ``--quick``: shorter measurement windows.
 """
 
@@ -69,8 +78,9 @@ def fixed_rate(c: LocalCluster, tmp: str, n: int, seconds: float) -> float:
 MURI_JOB = os.path.join(ROOT, "examples", "torch_muri_job.py")
 
 
-def straggler(tmp: str, quick: bool) -> dict:
-    """The straggler scenario (see the module's docstring); returns its figures and evidence."""
+def straggler(tmp: str, quick: bool, shares: bool = False) -> dict:
+    """The straggler scenario (see the module's docstring; ``shares``: the one where the slow rank
+    gets fewer samples); returns its figures and evidence."""
     import subprocess
 
     from elastictrain.coordinator.process import CoordinatorProcess
@@ -82,15 +92,19 @@ def straggler(tmp: str, quick: bool) -> dict:
                                extra_args=("--policy", "fifo", "--straggler-cooldown", "120"))
     coord.start()
     client = CoordinatorClient(coord.url, coord.token, timeout=10.0, retry_for=30.0)
-    agents, timeline, flagged = [], [], None
+    agents, timeline, flagged, cut = [], [], None, None
+    nodes = 4 if shares else 3
+    uneven = ["--uneven"] if shares else []
     env = dict(os.environ, ET_MONITOR_PERIOD="1", ET_MONITOR_BATCH="1", OMP_NUM_THREADS="1")
     env.pop("ET_TOKEN", None)
 
     def agent(name: str, slow: bool):
-        cmd = [sys.executable, "-m", "elastictrain.launcher.cli", "--nnodes", "2:3", "--nproc-per-node", "1",
+        cmd = [sys.executable, "-m", "elastictrain.launcher.cli", "--nnodes", f"{nodes - 1}:{nodes}",
+               "--nproc-per-node", "1",
                "--rdzv-id", "strag", "--coordinator", coord.url, "--token-file", coord.token_file,
                "--max-restarts", "3", "--warm-spares", "0", MURI_JOB, "--steps", str(steps),
-               "--samples", str(steps * 8 * 3), "--load-ms", "2", "--compute-ms", "40", "--straggle-at", str(at),
+               "--samples", str(steps * 8 * nodes), "--load-ms", "2", "--compute-ms", "40", "--straggle-at", str(at),
+               *uneven,
                "--ckpt-every", "20", "--ckpt-dir", os.path.join(tmp, "ckpt"), "--out", os.path.join(tmp, "out.json")]
         log = open(os.path.join(tmp, f"{name}.log"), "wb")
         agents.append(subprocess.Popen(cmd, env=dict(env, ET_STRAGGLER="1" if slow else "0"), stdout=log,
@@ -99,19 +113,20 @@ def straggler(tmp: str, quick: bool) -> dict:
     try:
         agent("slow", True)
         time.sleep(0.5)
-        agent("a", False)
-        agent("b", False)
+        for name in "abc"[:nodes - 1]:
+            agent(name, False)
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:  # the first generation forms with the three of them
+        while time.monotonic() < deadline:  # the first generation forms with all of them
             try:
-                if client.job("strag").world_size == 3:
+                if client.job("strag").world_size == nodes:
                     break
             except Exception:  # noqa: BLE001 - not created yet
                 pass
             time.sleep(0.2)
-        agent("spare", False)  # waits: the job runs at its maximum of 3 nodes
+        if not shares:
+            agent("spare", False)  # waits: the job runs at its maximum of 3 nodes
         deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and any(p.poll() is None for p in agents[:3]):
+        while time.monotonic() < deadline and any(p.poll() is None for p in agents[:nodes]):
             try:
                 res = client.resources("strag")
             except Exception:  # noqa: BLE001
@@ -122,6 +137,8 @@ def straggler(tmp: str, quick: bool) -> dict:
                         timeline.append((w.latest.t, w.latest.step))
                 if res.stragglers and flagged is None:
                     flagged = res.stragglers[0]
+                if res.shares is not None and cut is None:
+                    cut = res.shares
             if os.path.exists(os.path.join(tmp, "out.json")):
                 break
             time.sleep(0.25)
@@ -153,8 +170,11 @@ def straggler(tmp: str, quick: bool) -> dict:
     start = next((t for t, s in timeline if s >= 10), timeline[0][0] if timeline else 0.0)
     before = rate(start, onset) if onset else 0.0
     slowed = rate(onset, t_flag) if onset and t_flag else 0.0
-    # after: from 5 s past the flag (the restart without the straggler) to the end
-    after = rate(t_flag + 5.0, timeline[-1][0]) if t_flag and timeline else 0.0
+    if shares:  # after: from 5 steps past the step the new parts apply from, to the end
+        t_cut = next((t for t, s in timeline if cut is not None and s >= cut.from_step + 5), None)
+        after = rate(t_cut, timeline[-1][0]) if t_cut else 0.0
+    else:  # after: from 5 s past the flag (the restart without the straggler) to the end
+        after = rate(t_flag + 5.0, timeline[-1][0]) if t_flag and timeline else 0.0
     out = {}
     try:
         import json
@@ -164,24 +184,27 @@ def straggler(tmp: str, quick: bool) -> dict:
     except OSError:
         pass
     return {"detect": (t_flag - onset) if t_flag and onset else None, "before": before, "slowed": slowed,
-            "after": after, "events": events, "flag": flagged, "status": status, "result": out}
+            "after": after, "events": events, "flag": flagged, "status": status, "result": out, "shares": cut}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--part", choices=("all", "autoscale", "straggler"), default="all")
+    ap.add_argument("--part", choices=("all", "autoscale", "straggler", "shares"), default="all")
     args = ap.parse_args()
-    if args.part in ("all", "straggler"):
+    for part, prefix in (("straggler", "straggler"), ("shares", "straggler_shares")):
+        if args.part not in ("all", part):
+            continue
         with tempfile.TemporaryDirectory(prefix="et-straggler-") as tmp:
-            r = straggler(tmp, args.quick)
-        print(f"straggler_detect_seconds: {r['detect'] if r['detect'] is None else round(r['detect'], 2)} s")
-        print(f"straggler_throughput_before: {r['before']:.2f} steps/s")
-        print(f"straggler_throughput_slowed: {r['slowed']:.2f} steps/s")
-        print(f"straggler_throughput_after: {r['after']:.2f} steps/s")
-        print(f"straggler_throughput_recovered: {r['after'] / r['before'] if r['before'] else 0.0:.3f} x")
-        if args.part == "straggler":
-            return
+            r = straggler(tmp, args.quick, shares=part == "shares")
+        print(f"{prefix}_detect_seconds: {r['detect'] if r['detect'] is None else round(r['detect'], 2)} s")
+        print(f"{prefix}_throughput_before: {r['before']:.2f} steps/s")
+        print(f"{prefix}_throughput_slowed: {r['slowed']:.2f} steps/s")
+        print(f"{prefix}_throughput_after: {r['after']:.2f} steps/s")
+        print(f"{prefix}_throughput_recovered: {r['after'] / r['before'] if r['before'] else 0.0:.3f} x")
+        sys.stdout.flush()
+    if args.part in ("straggler", "shares"):
+        return
     window = 5.0 if args.quick else 10.0
     with tempfile.TemporaryDirectory(prefix="et-autoscale-") as tmp:
         fixed = {}

@@ -308,7 +308,8 @@ def _job_status(client, job: str, as_json: bool) -> int:
     if as_json:
         print(msgspec.json.encode({"job": info, "rendezvous": rdzv, "datasets": datasets,
                                    "profiles": profiles, "resources": resources,
-                                   "stragglers": stragglers}).decode())
+                                   "stragglers": stragglers,
+                                   "shares": rlist.shares if rlist is not None else None}).decode())
         return 0
     if info is not None:
         print(f"job {info.id} ({info.name}) of {info.user}: {info.status}" + (" (stopping)" if info.stopping else ""))
@@ -351,6 +352,11 @@ def _job_status(client, job: str, as_json: bool) -> int:
     for f in stragglers:
         print(f"  straggler: rank {f.worker} works {f.slowdown:.2f}x slower than its peers' median (node "
               f"{f.agent or '-'}: {f.action})")
+    shares = rlist.shares if rlist is not None else None
+    if shares is not None:
+        cut = ", ".join(f"rank {r} {w:.2f}" for r, w in enumerate(shares.weights) if w < 1.0)
+        print(f"  batch shares (version {shares.version}, from step {shares.from_step}): {cut or 'equal'}; "
+              "the others a full share")
     if any(r.stage is not None for r in profiles):
         from .cli import _stage_table
 

@@ -25,7 +25,7 @@ __all__ = [
     "StageProfile", "CommProfile", "ProfileReport", "ProfileList", "StepReport", "StepInfo",
     "JobSubmit", "NodeSlots", "ClusterJobInfo", "ClusterJobList", "NodeRegister", "NodeInfo", "TaskState",
     "LogChunk", "NodePoll", "Task", "GroupMember", "MemberResult", "NodeTasks", "NodeLeave", "LogRecord", "LogList", "EventInfo", "EventList",
-    "ClusterStatus", "Series", "StragglerInfo",
+    "ClusterStatus", "Series", "StragglerInfo", "BatchShares",
 ]
 
 
@@ -404,6 +404,19 @@ class ResourceSample(_Msg, omit_defaults=True):
     #: seconds per step the rank spent in its own work (its non-``sync`` et.stage spans): unlike the
     #: step time, which a synchronous job's slowest rank sets for all, it shows which rank is slow
     busy_time: Optional[Gauge] = None
+    #: samples this rank trained per step (:meth:`Job.local_batch`), where the script asks for its share
+    local_batch: Optional[Count] = None
+
+
+class BatchShares(_Msg, omit_defaults=True):
+    """Each rank's share of a step's global batch, from training step ``from_step`` of
+    ``generation`` on: ``weights[rank]``, 1.0 for a full share (the coordinator cuts a straggler's);
+    ``version`` counts the changes. Workers read it with :meth:`Job.local_batch`."""
+
+    generation: Count
+    version: Count
+    from_step: Count
+    weights: Annotated[list[Annotated[float, msgspec.Meta(gt=0.0, le=1.0)]], msgspec.Meta(max_length=65536)]
 
 
 class ResourceReport(_Msg):
@@ -428,10 +441,11 @@ class StragglerInfo(_Msg):
     action: str
 
 
-class ResourceList(_Msg):
+class ResourceList(_Msg, omit_defaults=True):
     job: str
     workers: list[WorkerResources]
     stragglers: list[StragglerInfo] = []
+    shares: Optional[BatchShares] = None  # set once a straggler's share of the batch was cut
 
 
 # ---------------------------------------------------------------- cluster mode (the live scheduler)

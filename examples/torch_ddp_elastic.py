@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import time
 from datetime import timedelta
 
@@ -56,6 +57,8 @@ def main() -> None:
     ap.add_argument("--ckpt-dir", default="runs/demo/checkpoints")
     ap.add_argument("--ckpt-every", type=int, default=20)
     ap.add_argument("--crash-at-step", type=int, default=-1, help="rank 1 dies once at this step")
+    ap.add_argument("--crash-by-sigkill", action="store_true",
+                    help="rank 1 dies of SIGKILL at --crash-at-step (as the kernel's OOM killer would kill it)")
     ap.add_argument("--alloc-at-step", type=int, default=-1,
                     help="rank 1 allocates --alloc-mib MiB at this step, in every generation (for --memory-limit)")
     ap.add_argument("--alloc-mib", type=int, default=0)
@@ -118,6 +121,8 @@ def main() -> None:
                 say(f"[demo] rank 1 allocated {big.numel() >> 20} MiB")
                 del big
             if step == args.crash_at_step and rank == 1 and job.restart_count == 0:
+                if args.crash_by_sigkill:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(13)  # a worker dies without warning
             if step % args.ckpt_every == 0:
                 checkpoint(epoch)

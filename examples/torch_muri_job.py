@@ -15,7 +15,10 @@ working directory). Each step has four stages, in Muri's four resources:
 * ``sync``: the DDP all-reduce and the optimizer step, then waits ``--sync-ms`` (the network).
 
 With ``--straggle-at``, the ranks of the node whose agent has ``ET_STRAGGLER=1`` turn slow at that
-step (the straggler test and benchmark). Samples come from the coordinator's exactly-once shards; every rank keeps a ledger of the samples
+step (the straggler test and benchmark). With ``--uneven`` each rank asks for its part of the
+global batch (``--batch`` x world) every step (``job.local_batch``), scales its loss by the factor
+that comes with it, and its compute time is per sample: the coordinator can then give a
+straggler fewer samples instead of replacing its node. Samples come from the coordinator's exactly-once shards; every rank keeps a ledger of the samples
 trained (all-gathered), checkpointed with the model. At the end rank 0 writes ``--out`` with the
 ledger's min/max (1 and 1: exactly once), the steps, and the restart reasons seen.
 """
@@ -57,6 +60,9 @@ def main() -> int:
                     help="from this step, where ET_STRAGGLER=1 is set (one node's agent), compute takes "
                     "--straggle-factor times longer (a slow GPU)")
     ap.add_argument("--straggle-factor", type=float, default=3.0)
+    ap.add_argument("--uneven", action="store_true",
+                    help="take this rank's part of the global batch from job.local_batch() every step; "
+                    "--compute-ms is then per --batch samples")
     ap.add_argument("--fail-in-group-at", type=int, default=-1,
                     help="raise at this step when running interleaved with other jobs (failure isolation)")
     ap.add_argument("--ckpt-dir", required=True)
@@ -91,20 +97,22 @@ def main() -> int:
     straggler = os.environ.get("ET_STRAGGLER") == "1"
     it = iter(shards)
     work = torch.randn(64, 64, generator=gen) / 8
-    pad = torch.full((args.batch,), -1, dtype=torch.long)
+    pad = torch.full((args.batch * world if args.uneven else args.batch,), -1, dtype=torch.long)
     while True:  # until every rank is out of data (a rank may run dry first after a restart or a resize)
+        part, scale = job.local_batch(args.batch * world, step) if args.uneven else (args.batch, 1.0)
         with et.stage("load"):
-            idx = [i for _, i in zip(range(args.batch), it)]
+            idx = [i for _, i in zip(range(part), it)]
             time.sleep(args.load_ms / 1000)
         with et.stage("preprocess"):
             busy(args.cpu_ms, work)
             ib = torch.tensor(idx, dtype=torch.long)
             xb, yb = x[ib], y[ib]
         with et.stage("compute"):
-            loss = nn.functional.cross_entropy(model(xb), yb) if len(idx) else model(x[:1]).sum() * 0
+            loss = nn.functional.cross_entropy(model(xb), yb) * scale if len(idx) else model(x[:1]).sum() * 0
             loss.backward()
             slow = args.straggle_factor if 0 <= args.straggle_at <= step and straggler else 1.0
-            time.sleep(args.compute_ms * slow / 1000)
+            per = len(idx) / args.batch if args.uneven else 1.0  # (uneven: the GPU's time is per sample)
+            time.sleep(args.compute_ms * slow * per / 1000)
         with et.stage("sync"):
             opt.step()
             opt.zero_grad()

@@ -88,14 +88,22 @@ class Coordinator:
         return JobList([self.job_info(name) for name in sorted(self.members.jobs)])
 
     def put_resources(self, job: str, req: ResourceReport) -> ResourceList:
-        """A worker's resource samples; they may flag it a straggler, whose node is then excluded
-        for a cooldown where the job can run without it (a spare agent takes its place)."""
+        """A worker's resource samples; they may flag it a straggler. It is then given fewer
+        samples per step where the job asks for its parts (:meth:`Job.local_batch`); else, or when
+        it stays slow, its node is excluded for a cooldown where the job can run without it (a
+        spare agent takes its place)."""
         self.resources.put(job, req)
-        flag = self.stragglers.observe(job, self.members.get(job).generation, req.worker, req.samples)
+        members = self.members.get(job)
+        flag = self.stragglers.observe(job, members.generation, req.worker, req.samples)
         if flag is not None:
             flag.agent = self.rendezvous.agent_of(job, flag.worker)
             why = f"rank {flag.worker} does its work {flag.slowdown:.2f}x slower than its peers' median"
-            if not flag.agent:
+            cut = self.stragglers.share_out(job, flag, members.world_size)
+            if flag.worker in self.stragglers.cut(job) and cut is None:
+                why += ", even with fewer samples per step"
+            if cut is not None:
+                flag.action = cut
+            elif not flag.agent:
                 flag.action = "kept: no etrun agent runs it"
             elif self.stragglers.cooldown <= 0:
                 flag.action = "flagged only (--straggler-cooldown 0)"
@@ -110,7 +118,8 @@ class Coordinator:
     def list_resources(self, job: str) -> ResourceList:
         out = self.resources.list(job)
         return ResourceList(out.job, out.workers, [StragglerInfo(f.worker, round(f.slowdown, 3), f.since, f.agent,
-                                                                 f.action) for f in self.stragglers.current(job)])
+                                                                 f.action) for f in self.stragglers.current(job)],
+                            self.stragglers.shares.get(job))
 
     def put_profile(self, job: str, req: ProfileReport) -> ProfileList:
         out = self.profiles.put(job, req)

@@ -27,8 +27,9 @@ from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError
 from ..wire import AgentAction, AgentJoin
-from .config import LaunchConfig
+from .config import LaunchConfig, size_text
 from .. import PREEMPTED_EXIT_CODE
+from .memcg import WorkerCgroup
 from .workers import Failure, SparePool, WorkerGroup, free_port, free_ports
 
 __all__ = ["Agent"]
@@ -52,6 +53,7 @@ class Agent:
         self._wake: Optional[threading.Event] = None
         self._hvd = None  # launcher/horovod_driver.py, with --horovod
         self._slots: Optional[list[int]] = None  # the worker slots of the generation being joined
+        self._cgroups: dict[int, WorkerCgroup] = {}  # local rank -> its memory cgroup (--memory-enforce cgroup)
 
     # ------------------------------------------------------------------ set-up
     def _state_dir(self) -> str:
@@ -123,6 +125,7 @@ class Agent:
         try:
             client, url, token_file = self._connect()
             self.client = client
+            self._memory_cgroups(cfg.nproc_per_node)  # (a machine that cannot is told before anything runs)
             if cfg.horovod:
                 from .horovod_driver import HorovodDriver
 
@@ -170,8 +173,23 @@ class Agent:
                 self._embedded.stop()
             if self._tmp is not None:
                 shutil.rmtree(self._tmp, ignore_errors=True)
+            for cg in self._cgroups.values():
+                cg.remove()
             for s, h in old.items():
                 signal.signal(s, h)
+
+    def _memory_cgroups(self, n: int) -> dict:
+        """--memory-enforce cgroup: each local worker slot's memory cgroup, at this generation's limit."""
+        cfg = self.cfg
+        if not cfg.memory_limit or cfg.memory_enforce != "cgroup":
+            return {}
+        for lr in range(cfg.nproc_per_node):
+            cg = self._cgroups.get(lr)
+            if cg is None:
+                self._cgroups[lr] = WorkerCgroup.create(f"etrun-{os.getpid()}-{lr}", cfg.memory_limit)
+            else:
+                cg.set_limit(cfg.memory_limit)
+        return dict(self._cgroups)
 
     def _rendezvous(self, grow: bool = False) -> AgentAction:
         cfg = self.cfg
@@ -212,7 +230,7 @@ class Agent:
         control = os.path.join(self._state_dir(), "control")
         extra = self._hvd.open(a, slots if slots is not None else list(range(n))) if self._hvd is not None else None
         group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool, control_root=control, extra_env=extra,
-                            slots=slots)
+                            slots=slots, cgroups=self._memory_cgroups(n))
         if self._hvd is not None:
             self._hvd.group = group
         group.start(carry)
@@ -251,7 +269,9 @@ class Agent:
             if state == "failed":
                 failure = group.first_failure()
                 self._phases.detected(failure.at if failure else None)
-                if cfg.memory_limit and failure is not None and _out_of_memory(failure):
+                if failure is not None and failure.oom_kill:
+                    log.warning("rank %d was %s", failure.rank, failure.message.partition("; ")[2] or failure.message)
+                if cfg.memory_limit and failure is not None and (_out_of_memory(failure) or failure.oom_kill == "worker"):
                     if not self._raise_memory_limit(failure):  # already at the largest allowed
                         return self._fail_at_limit(group, a, failure, "out of memory at --max-memory-limit",
                                                    "out of memory at --max-memory-limit: the job fails")
@@ -326,12 +346,12 @@ class Agent:
         cfg = self.cfg
         if cfg.memory_limit >= cfg.max_memory_limit:
             print(f"etrun: job failed: rank {f.rank} ran out of memory at the largest allowed limit, "
-                  f"{_size(cfg.memory_limit)} (--max-memory-limit)", file=sys.stderr)
+                  f"{size_text(cfg.memory_limit)} (--max-memory-limit)", file=sys.stderr)
             return False
         new = min(2 * cfg.memory_limit, cfg.max_memory_limit)
         log.warning("out of memory: rank %d hit its %s limit; the next generation runs with %s per worker "
-                    "(--memory-limit doubled, up to %s)", f.rank, _size(cfg.memory_limit), _size(new),
-                    _size(cfg.max_memory_limit))
+                    "(--memory-limit doubled, up to %s)", f.rank, size_text(cfg.memory_limit), size_text(new),
+                    size_text(cfg.max_memory_limit))
         self.cfg = dataclasses.replace(cfg, memory_limit=new)
         return True
 
@@ -458,13 +478,6 @@ def _out_of_memory(f: Failure) -> bool:
 def _gpu_out_of_memory(f: Failure) -> bool:
     """A worker that failed for lack of GPU memory (torch's ``OutOfMemoryError``, "CUDA out of memory")."""
     return _failure_says(f, _GPU_OOM_WORDS)
-
-
-def _size(n: int) -> str:
-    for unit, div in (("GiB", 2**30), ("MiB", 2**20)):
-        if n >= div:
-            return f"{n / div:.4g} {unit}"
-    return f"{n} B"
 
 
 def _is_loopback(host: str) -> bool:

@@ -131,6 +131,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     _add(p, "memory-limit", default=None,
          help="each worker's memory limit (RLIMIT_DATA), e.g. 2G; after an out-of-memory failure the next "
          "generation gets twice as much, up to --max-memory-limit")
+    _add(p, "memory-enforce", default="rlimit", choices=("rlimit", "cgroup"),
+         help="how --memory-limit is enforced: rlimit (the worker's data segment; running out raises in it) or "
+         "cgroup (a memory cgroup per worker, all its memory counted; the kernel kills it past the limit and "
+         "etrun tells that OOM kill apart; needs write access to etrun's memory cgroup, e.g. root)")
     _add(p, "oom-policy", default="fail", choices=("fail", "accumulate"),
          help="after a GPU out-of-memory failure: fail (restart as any failure), or accumulate: every worker's "
          "micro-batch halves and gradient accumulation doubles (ET_ACCUMULATE; the global batch stays), up to "
@@ -290,6 +294,8 @@ def _memory_limits(args) -> dict:
     if args.memory_limit is None:
         if args.max_memory_limit is not None:
             raise ConfigError("--max-memory-limit needs --memory-limit (the limit to start from)")
+        if args.memory_enforce != "rlimit":
+            raise ConfigError("--memory-enforce cgroup needs --memory-limit (the limit to start from)")
         return {}
     limit = parse_size(args.memory_limit, "--memory-limit")
     if args.max_memory_limit is not None:
@@ -300,7 +306,7 @@ def _memory_limits(args) -> dict:
         top = max(limit, psutil.virtual_memory().total)
     if top < limit:
         raise ConfigError(f"--max-memory-limit {args.max_memory_limit} is below --memory-limit {args.memory_limit}")
-    return {"memory_limit": limit, "max_memory_limit": top}
+    return {"memory_limit": limit, "max_memory_limit": top, "memory_enforce": args.memory_enforce}
 
 
 def _int_conf(conf: dict, key: str) -> int:

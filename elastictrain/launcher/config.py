@@ -12,7 +12,7 @@ from typing import Optional
 from ..errors import ConfigError
 
 __all__ = ["LaunchConfig", "parse_nnodes", "parse_nproc", "parse_std_spec", "parse_rdzv_conf", "parse_signals",
-           "parse_endpoint", "Std"]
+           "parse_endpoint", "Std", "size_text"]
 
 
 class Std:
@@ -75,6 +75,9 @@ class LaunchConfig:
     # failure up to max_memory_limit, as DLRover's OOM plan does (None: no limit)
     memory_limit: Optional[int] = None
     max_memory_limit: Optional[int] = None
+    # how the limit is enforced: "rlimit" (RLIMIT_DATA: running out raises in the worker) or
+    # "cgroup" (a memory cgroup per worker: the kernel kills it, etrun tells, launcher/memcg.py)
+    memory_enforce: str = "rlimit"
     # GPU out of memory: "fail", or "accumulate" (the job's micro-batch halves, its accumulation
     # doubles, up to max_accumulate; the global batch stays)
     oom_policy: str = "fail"
@@ -191,6 +194,14 @@ def parse_signals(value: str) -> tuple[int, ...]:
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
           "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes as people write it: 1 GiB, 512 MiB."""
+    for unit, div in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= div:
+            return f"{n / div:.4g} {unit}"
+    return f"{n} B"
 
 
 def parse_size(value: str, flag: str) -> int:

@@ -17,7 +17,8 @@ from typing import IO, Callable, Optional
 
 from .. import PREEMPTED_EXIT_CODE
 from ..runtime.control import ASSIGNMENT, INPROCESS, PEER_GONE, opted_in, write_assignment
-from .config import LaunchConfig, Std
+from .config import LaunchConfig, Std, size_text
+from .memcg import WorkerCgroup, oom_kills, own_memory_cgroup
 
 __all__ = ["WorkerGroup", "SparePool", "Failure", "worker_env"]
 
@@ -36,6 +37,9 @@ class Failure:
     message: str
     traceback: str  # the Python traceback, or the worker's last stderr lines (``from_output``)
     from_output: bool = False
+    # killed by the kernel's OOM killer: "worker" (in its own memory cgroup, at --memory-limit),
+    # "node" (the node's cgroup ran out), "" (not an OOM kill, as far as the cgroups tell)
+    oom_kill: str = ""
 
 
 def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_file: Optional[str],
@@ -70,7 +74,7 @@ def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_fi
         env["LOCAL_RANK"] = "0"
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
-    if cfg.memory_limit:
+    if cfg.memory_limit and cfg.memory_enforce == "rlimit":
         env["ET_MEMORY_LIMIT"] = str(cfg.memory_limit)
     if cfg.numa_binding:
         env["ET_NUMA_BINDING"], env["ET_GPU_INDEX"] = cfg.numa_binding, str(local_rank)
@@ -172,6 +176,8 @@ class _Worker:
     exit_code: Optional[int] = None
     exited_at: float = 0.0
     marker: str = ""  # exists while the worker persists a checkpoint (ET_PERSIST_MARKER)
+    cgroup: Optional[WorkerCgroup] = None  # its memory cgroup (--memory-enforce cgroup)
+    oom_before: Optional[int] = None  # its memory cgroup's OOM kills when it started
     notify: threading.Event = field(default_factory=threading.Event)  # its group's ``changed``
     threads: list[threading.Thread] = field(default_factory=list)
     files: list[IO[bytes]] = field(default_factory=list)
@@ -186,7 +192,8 @@ class WorkerGroup:
 
     def __init__(self, cfg: LaunchConfig, assignment, attempt_dir: str, coordinator: str,
                  token_file: Optional[str], pool: Optional[SparePool], control_root: Optional[str] = None,
-                 extra_env: Optional[Callable[[int], dict]] = None, slots: Optional[list[int]] = None) -> None:
+                 extra_env: Optional[Callable[[int], dict]] = None, slots: Optional[list[int]] = None,
+                 cgroups: Optional[dict[int, WorkerCgroup]] = None) -> None:
         self.cfg, self.a, self.dir = cfg, assignment, attempt_dir
         # the worker slots (local ranks of --nproc-per-node) that run in this generation, in rank
         # order; fewer than all while a Horovod job goes on with its survivors (launcher/horovod.py)
@@ -200,6 +207,9 @@ class WorkerGroup:
         self._filtered: dict[str, tuple[tuple[bytes, ...], IO[bytes]]] = {}  # stream -> (words, file)
         self._control_root = control_root
         self.carried: list[int] = []  # local ranks whose process survived from the last generation
+        self._cgroups = cgroups or {}  # local rank -> its memory cgroup (--memory-enforce cgroup)
+        self._node_cgroup = own_memory_cgroup()  # where workers without one of their own run
+        self._node_ooms: Optional[int] = None
 
     def start(self, carry: Optional["WorkerGroup"] = None) -> "WorkerGroup":
         """Start the local workers; with ``carry`` (the previous generation's group, whose live
@@ -207,6 +217,7 @@ class WorkerGroup:
         this generation through their control directory and only the dead ones are replaced."""
         cfg = self.cfg
         self.started_at = time.time()
+        self._node_ooms = oom_kills(self._node_cgroup)
         for name, words in (("stdout", cfg.stdout_filters), ("stderr", cfg.stderr_filters)):
             if words:  # torchrun's --duplicate-*-filters: one file per stream for the local workers
                 os.makedirs(self.dir, exist_ok=True)
@@ -237,6 +248,10 @@ class WorkerGroup:
             if ctl:
                 _reset_control(ctl)
                 env["ET_CONTROL_DIR"] = ctl
+            cgroup = self._cgroups.get(lr)
+            if cgroup is not None:
+                env["ET_MEMORY_CGROUP"] = cgroup.path
+            oom_before = cgroup.oom_kills() if cgroup is not None else None
             if cfg.no_python:
                 proc = _spawn([cfg.entrypoint, *cfg.args], env)
                 proc.stdin.close()
@@ -248,8 +263,10 @@ class WorkerGroup:
                        "module": cfg.module}
                 proc.stdin.write(json.dumps(cmd).encode() + b"\n")
                 proc.stdin.close()
+            if cgroup is not None:
+                cgroup.join(proc.pid)  # (the runner joins it too, before the script runs)
             w = _Worker(lr, self.a.rank_offset + pos, proc, error_file, marker=env["ET_PERSIST_MARKER"],
-                        notify=self.changed)
+                        notify=self.changed, cgroup=cgroup, oom_before=oom_before)
             self._route(w, wdir)
             waiter = threading.Thread(target=self._wait, args=(w,), daemon=True)
             waiter.start()
@@ -329,7 +346,26 @@ class WorkerGroup:
             message = (f"killed by signal {signal.Signals(-code).name}" if code < 0 else
                        f"exited with code {code}") + " (no error file: the worker raised no Python exception)"
             from_output = True
-        return Failure(w.rank, w.local_rank, self.host, w.exit_code, w.exited_at, message, tb, from_output)
+        oom = self._oom_killed(w)
+        if oom:
+            message = f"{message}; {oom}" if message else oom
+        return Failure(w.rank, w.local_rank, self.host, w.exit_code, w.exited_at, message, tb, from_output,
+                       "worker" if oom and w.cgroup is not None else "node" if oom else "")
+
+    def _oom_killed(self, w: "_Worker") -> str:
+        """Why a worker that died of SIGKILL died, where its memory cgroup's OOM kills went up
+        while it ran ("" otherwise: some other kill)."""
+        if w.exit_code not in (-signal.SIGKILL, 128 + signal.SIGKILL):
+            return ""
+        if w.cgroup is not None:
+            before, after = w.oom_before, w.cgroup.oom_kills()
+            where = f"its memory cgroup ({size_text(self.cfg.memory_limit)}, --memory-enforce cgroup)"
+        else:
+            before, after = self._node_ooms, oom_kills(self._node_cgroup)
+            where = f"this node's memory cgroup ({self._node_cgroup})"
+        if before is None or after is None or after <= before:
+            return ""
+        return f"killed by the kernel's OOM killer: out of memory in {where}, OOM kills {before} -> {after}"
 
     def stop(self, grace: float, sig: int = signal.SIGTERM, persist_grace: float = 0.0) -> None:
         """Send ``sig`` to every worker's process group; SIGKILL whatever is left after ``grace``,

@@ -13,6 +13,7 @@ from typing import Optional
 from ..errors import ConfigError
 from ..model import DatasetSpec, check_name
 from ..wire import ProfileList, ProfileReport
+from .batch_shares import split_batch
 from .client import CoordinatorClient
 from .jobctx import current
 from .monitor import ResourceMonitor, start_from_env
@@ -64,6 +65,23 @@ class Job:
             self._steps = StepReporter(self.client, self.job_id, self.rank,
                                        float(os.environ.get("ET_STEP_REPORT_INTERVAL", 1.0)), self.generation)
         self._steps.step(step)
+
+    def local_batch(self, global_batch: int, step: int) -> tuple[int, float]:
+        """This rank's part of training step ``step``'s ``global_batch`` samples, and the factor to
+        scale its loss by (``world * part / global_batch``) so the all-reduced gradient is the mean
+        over the whole batch. Parts are equal until the coordinator finds this job has a straggler:
+        it then cuts the slow rank's share, from a step every rank applies at once
+        (:mod:`elastictrain.runtime.batch_shares`). Call it every step, before taking the samples."""
+        if isinstance(global_batch, bool) or not isinstance(global_batch, int) or not 1 <= global_batch <= 1 << 31:
+            raise ConfigError(f"global_batch must be a whole number from 1 to 2**31, not {global_batch!r}")
+        if step < 0:
+            raise ConfigError(f"step must be >= 0, not {step}")
+        world = max(1, self.world_size)
+        weights = self.monitor.shares.weights(self.generation, step, world) if self.monitor is not None else None
+        part = split_batch(global_batch, weights or [1.0] * world)[min(self.rank, world - 1)]
+        if self.monitor is not None:
+            self.monitor.local_batch = part
+        return part, world * part / global_batch
 
     def hang_watch_paused(self):
         """Inside this block (an evaluation pass, a long save, anything without training steps)

@@ -30,6 +30,7 @@ from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError
 from ..wire import ResourceReport, ResourceSample
+from .batch_shares import SharesBook
 
 __all__ = ["ResourceMonitor", "start_from_env", "HANG_EXIT_CODE"]
 
@@ -84,6 +85,8 @@ class ResourceMonitor:
         self._changed_at: Optional[float] = None  # monotonic time of the last new step
         self._longest = 0.0
         self._pending: list[ResourceSample] = []
+        self.shares = SharesBook()  # the batch shares the coordinator answered with (Job.local_batch)
+        self.local_batch: Optional[int] = None  # samples per step this rank last asked for
         self._gpu, self._gpu_absent = _gpu_probe()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="et-monitor", daemon=True)
@@ -170,7 +173,8 @@ class ResourceMonitor:
             torch = sys.modules.get("torch")
             if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
                 gpu["torch_peak_bytes"] = float(torch.cuda.max_memory_allocated())
-        return ResourceSample(now, cpu, float(rss), read, written, step, step_time, busy_time=busy_time, **gpu)
+        return ResourceSample(now, cpu, float(rss), read, written, step, step_time, busy_time=busy_time,
+                              local_batch=self.local_batch, **gpu)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
@@ -188,7 +192,7 @@ class ResourceMonitor:
         if not batch:
             return
         try:
-            self._client.report_resources(self._job, ResourceReport(self.worker, batch))
+            self.shares.heard(self._client.report_resources(self._job, ResourceReport(self.worker, batch)).shares)
         except ElasticTrainError as exc:  # advisory: training goes on
             log.debug("resource report failed: %s", exc)
 

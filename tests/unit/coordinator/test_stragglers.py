@@ -80,3 +80,43 @@ def test_exclusion_restarts_without_the_node_for_a_doubling_cooldown(tmp_path):
     # excluded again, b sits out twice as long
     assert r.exclude("j", "b", 60.0, "slow") == "excluded for 120 s"
     store.close()
+
+
+def sp(t, busy, step, part, step_time=0.05):
+    return NS(t=t, busy_time=busy, step=step, local_batch=part, step_time=step_time)
+
+
+def test_a_straggler_that_asks_for_its_part_first_gets_fewer_samples_then_its_node_replaced():
+    w = StragglerWatch(factor=1.5, windows=2)
+    for t in range(2):  # three ranks, each asking for its part (Job.local_batch), equal so far
+        for worker in (0, 1, 2):
+            w.observe("j", 1, worker, [sp(t, 0.04, 10 * t, 8)])
+    w.observe("j", 1, 2, [sp(2, 0.12, 20, 8)])
+    flag = w.observe("j", 1, 2, [sp(3, 0.12, 30, 8)])
+    assert flag is not None and flag.slowdown == pytest.approx(3.0)
+    action = w.share_out("j", flag, world=3)
+    shares = w.shares["j"]
+    assert action.startswith("fewer samples per step: 0.33 of a full share")
+    assert shares.weights == [1.0, 1.0, pytest.approx(1 / 3, abs=1e-3)] and shares.generation == 1
+    assert shares.from_step > 30 and shares.version == 1 and w.cut("j") == {2}
+    # before the new parts are in use its busy time does not count; once they are, even again: no flag
+    assert w.observe("j", 1, 2, [sp(4, 0.12, shares.from_step - 1, 8)]) is None
+    for t in range(5, 9):
+        for worker in (0, 1):
+            w.observe("j", 1, worker, [sp(t, 0.045, shares.from_step + 2 + t, 10)])
+        assert w.observe("j", 1, 2, [sp(t, 0.045, shares.from_step + 2 + t, 4)]) is None
+    # slow again for two windows with its cut share: raised again, and share_out declines (replace the node)
+    w.observe("j", 1, 2, [sp(9, 0.12, shares.from_step + 20, 4)])
+    again = w.observe("j", 1, 2, [sp(10, 0.12, shares.from_step + 21, 4)])
+    assert again is not None and w.share_out("j", again, world=3) is None
+    w.observe("j", 2, 0, [sp(11, 0.04, 0, 8)])  # a new generation starts over
+    assert "j" not in w.shares and w.cut("j") == set()
+
+
+def test_no_shares_unless_every_rank_asks_for_its_part():
+    w = StragglerWatch(factor=1.5, windows=1)
+    for worker in (0, 1):
+        w.observe("j", 1, worker, [sp(0, 0.04, 5, 8)])
+    w.observe("j", 1, 2, [s(0, 0.04)])  # rank 2 does not call Job.local_batch
+    flag = w.observe("j", 1, 1, [sp(1, 0.2, 6, 8)])
+    assert flag is not None and w.share_out("j", flag, world=3) is None and "j" not in w.shares

@@ -165,6 +165,9 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale-drop", type=float, default=None,
                    help="autoscale: re-check a settled job when its throughput falls by this fraction (default 0.2)")
     p.add_argument("--scale-step", type=int, default=None, help="autoscale: workers per step (default 1)")
+    p.add_argument("--memory-headroom", type=float, default=None,
+                   help="autoscale: each worker's memory limit is this times the largest resident memory its job's "
+                   "workers reported, at least 1 GiB, from the job's next start (default 2; 0: no limits)")
     p.add_argument("--yield-threshold", type=float, default=None,
                    help="autoscale: when a job waits, settled jobs give back steps whose marginal efficiency is "
                    "below this (default 0.7; 0: never)")
@@ -193,7 +196,8 @@ def _policy_values(args) -> dict:
     return {"placement": args.placement, "packlimit": args.packlimit, "promote_knob": args.promote_knob,
             "distribution": args.distribution, "quantum": args.quantum, "thresholds": thresholds,
             "threshold": args.scale_threshold, "rate_window": args.rate_window, "drop": args.scale_drop,
-            "step": args.scale_step, "yield_threshold": args.yield_threshold, "stretch": args.stretch}
+            "step": args.scale_step, "yield_threshold": args.yield_threshold, "stretch": args.stretch,
+            "memory_headroom": args.memory_headroom}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -583,6 +583,8 @@ class Task(_Msg, omit_defaults=True):
     #: an interleaving group (Muri): the members this task runs as one ``etrun --group`` process
     #: per rank (empty for a job of its own; then ``job`` is the job's id)
     group: list["GroupMember"] = []
+    #: each worker's memory limit in bytes, a resource plan's (``etrun --memory-limit``; 0: none)
+    memory_limit: Annotated[int, msgspec.Meta(ge=0, le=2**50)] = 0
 
 
 class GroupMember(_Msg):

@@ -110,7 +110,8 @@ def main() -> int:
     ckpt.wait()
     if rank == 0:
         out = {"steps": step, "min": int(ledger.min()), "max": int(ledger.max()), "epochs": args.epochs,
-               "reasons": reasons, "world": world, "finished_at": time.time()}
+               "reasons": reasons, "world": world, "finished_at": time.time(),
+               "memory_limit": os.environ.get("ET_MEMORY_LIMIT")}  # the last run's per-worker limit, if any
         tmp = args.out + ".tmp"
         with open(tmp, "w") as f:
             json.dump(out, f)

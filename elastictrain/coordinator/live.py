@@ -96,6 +96,7 @@ class JobRecord(msgspec.Struct):
     group_steps: int = 0  # the steps that measurement covers
     group_predicted: Optional[float] = None  # the interleaving model's (eq. 3) for that group
     group_members: list[str] = []  # the group it was measured in
+    memory_limit: int = 0  # bytes per worker a resource plan set for its next runs (0: none)
 
     @property
     def grouped(self) -> bool:

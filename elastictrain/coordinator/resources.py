@@ -19,6 +19,7 @@ class ResourceBook:
     def __init__(self, members: Membership) -> None:
         self._m = members
         self._jobs: dict[str, dict[int, deque[ResourceSample]]] = {}
+        self._peak: dict[str, float] = {}  # job -> the largest RSS any worker of it reported
 
     def put(self, job: str, req: ResourceReport) -> None:
         self._m.get(job)  # NotFoundError for an unknown job
@@ -27,6 +28,13 @@ class ResourceBook:
             raise BadRequestError(f"job {job!r} already has resource reports from {_MAX_WORKERS} workers")
         hist = workers.setdefault(req.worker, deque(maxlen=HISTORY))
         hist.extend(sorted(req.samples, key=lambda s: s.t))
+        top = max((s.rss_bytes for s in req.samples), default=0.0)
+        if top > self._peak.get(job, 0.0):
+            self._peak[job] = top
+
+    def peak(self, job: str) -> float:
+        """The largest resident memory (bytes) one worker of ``job`` has reported (0: none yet)."""
+        return self._peak.get(job, 0.0)
 
     def list(self, job: str) -> ResourceList:
         self._m.get(job)

@@ -266,6 +266,7 @@ class ClusterScheduler:
         if "skew" in needs and not comm:
             self._assume(rec, "skew", "skew 0 until the job reports a comm profile")
         e.rate, e.rate_window = self._rate(rec)
+        e.peak_memory = self.c.resources.peak(rec.id)
         speeds = self._speeds(rec.name)
         if {k: round(v, 2) for k, v in speeds.items()} != {k: round(v, 2) for k, v in e.speeds.items()}:
             e.speeds = speeds
@@ -453,6 +454,8 @@ class ClusterScheduler:
         info = {k: str(v) for k, v in (note(rec.id) if note is not None and e is not None else {}).items()}
         if e is not None and e.speeds:
             info["speeds"] = ",".join(f"{k}={v:.2f}" for k, v in e.speeds.items())
+        if rec.memory_limit:
+            info["memory_limit"] = f"{rec.memory_limit / 2**20:.0f} MiB per worker (from its next start)"
         if rec.group_members:  # its current (or last) interleaving group, measured against the model
             info["group"] = "+".join(rec.group_members)
             if rec.group_iteration_time is not None:
@@ -535,7 +538,7 @@ class ClusterScheduler:
         if e is not None and not e.stage_times and not rec.module and "profile" in getattr(self.policy, "needs", ()):
             env = {**env, "ET_PROFILE_STEPS": str(rec.profile_steps)}  # profile it at its first start
         return Task(t.job, t.run, t.slots, list(t.gpus), nnodes, rec.command, rec.workdir, env, rec.max_restarts,
-                    rec.grace, rec.module)
+                    rec.grace, rec.module, memory_limit=rec.memory_limit)
 
     def profile_arrived(self, job: str) -> None:
         """A worker sent a stage profile: a grouping policy may group the job now."""
@@ -628,6 +631,11 @@ class ClusterScheduler:
             for key, detail in self.sched.notes:
                 self._emit("plan", str(key), "", policy=self.cfg.policy, **detail)
             self.sched.notes = ()
+            for key, limit in self.sched.limits.items():
+                rec = self.records.get(key)
+                if rec is not None and rec.memory_limit != limit:
+                    rec.memory_limit = int(limit)
+                    self._dirty.add(rec.id)
         self.nodes.release()
         self._flush(everything=now - self._last_persist >= self.cfg.persist_every)
 

@@ -70,11 +70,13 @@ class LocalCluster:
         p.wait()
 
     def submit(self, name: str, gpus: int, command: list[str], steps: Optional[int] = None,
-               grace: float = 20.0, min_gpus: Optional[int] = None, user: str = "default") -> str:
+               grace: float = 20.0, min_gpus: Optional[int] = None, user: str = "default",
+               env: Optional[dict] = None) -> str:
         """Queue ``command`` (a script and its arguments, run in ``tmp``) for ``user``; returns the
-        job id. ``min_gpus``: an elastic job of ``min_gpus..gpus`` workers."""
+        job id. ``min_gpus``: an elastic job of ``min_gpus..gpus`` workers; ``env``: more variables."""
         info = self.client.submit(JobSubmit(list(command), self.tmp, name=name, gpus=gpus, min_gpus=min_gpus,
-                                            steps=steps, grace=grace, env={"OMP_NUM_THREADS": "1"}, user=user))
+                                            steps=steps, grace=grace, env={"OMP_NUM_THREADS": "1", **(env or {})},
+                                            user=user))
         return info.id
 
     def result(self, name: str) -> dict:

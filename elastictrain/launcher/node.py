@@ -144,7 +144,23 @@ class NodeDaemon:
         self._stop: Optional[int] = None
         self._reply = None
         self._seen: set = set()
+        self._enforce: Optional[str] = None  # how a plan's memory limit is enforced here (probed once)
         os.makedirs(os.path.join(cfg.state_dir, "tasks"), exist_ok=True)
+
+    def _memory_enforce(self) -> str:
+        """``cgroup`` where this daemon may make memory cgroups (the kernel then counts a worker's
+        whole memory), else ``rlimit`` (its data segment)."""
+        if self._enforce is None:
+            from ..errors import ConfigError
+            from .memcg import WorkerCgroup
+
+            try:
+                WorkerCgroup.create(f"etnode-probe-{os.getpid()}", 1 << 30).remove()
+                self._enforce = "cgroup"
+            except (ConfigError, OSError) as exc:
+                log.info("memory limits are enforced as RLIMIT_DATA here (%s)", exc)
+                self._enforce = "rlimit"
+        return self._enforce
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> int:
@@ -266,6 +282,8 @@ class NodeDaemon:
             cmd += ["--token-file", os.path.abspath(cfg.token_file)]
         if cfg.warm_spares >= 0:
             cmd += ["--warm-spares", str(cfg.warm_spares)]
+        if spec.memory_limit:  # a resource plan's limit: etrun doubles it after an OOM, as always
+            cmd += ["--memory-limit", str(spec.memory_limit), "--memory-enforce", self._memory_enforce()]
         env = dict(os.environ)
         env.update(spec.env)
         if spec.group:  # an interleaving group: every member's script in one process per rank

@@ -110,14 +110,14 @@ def main() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
-    if os.environ.get("ET_MEMORY_LIMIT", "").isdigit():
-        _limit_memory(int(os.environ["ET_MEMORY_LIMIT"]))
     if os.environ.get("ET_MEMORY_CGROUP"):  # etrun --memory-enforce cgroup: in before the script runs
         from .memcg import join
 
         if not join(os.environ["ET_MEMORY_CGROUP"], os.getpid()):
             print(f"etrun: could not join the memory cgroup {os.environ['ET_MEMORY_CGROUP']}", file=sys.stderr,
                   flush=True)
+    elif os.environ.get("ET_MEMORY_LIMIT", "").isdigit():
+        _limit_memory(int(os.environ["ET_MEMORY_LIMIT"]))
     if os.environ.get("ET_NUMA_BINDING"):
         _bind_numa(os.environ["ET_NUMA_BINDING"], int(os.environ.get("ET_GPU_INDEX", "0")))
     entry = cmd["entrypoint"]

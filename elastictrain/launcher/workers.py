@@ -74,7 +74,7 @@ def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_fi
         env["LOCAL_RANK"] = "0"
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[local_rank % len(gpus)]
-    if cfg.memory_limit and cfg.memory_enforce == "rlimit":
+    if cfg.memory_limit:  # (the worker's limit, however it is enforced: see runner.py)
         env["ET_MEMORY_LIMIT"] = str(cfg.memory_limit)
     if cfg.numa_binding:
         env["ET_NUMA_BINDING"], env["ET_GPU_INDEX"] = cfg.numa_binding, str(local_rank)

@@ -74,6 +74,7 @@ class JobView(msgspec.Struct, frozen=True, gc=False):
     priority: int = 0
     rate: float = 0.0  # measured data samples/s of the current run, at num_gpu workers (0: not yet)
     rate_window: float = 0.0  # seconds that measurement covers (all since the run's first step)
+    peak_memory: float = 0.0  # bytes: the largest resident memory one of its workers reported (live jobs)
 
     @property
     def remaining_time(self) -> float:
@@ -145,6 +146,8 @@ class Decision:
     slowdown: dict = field(default_factory=dict)
     workers: dict = field(default_factory=dict)
     notes: tuple = ()  # (job key, {field: value}) the backend writes to its event log: why
+    #: job key -> each worker's memory limit in bytes (a resource plan's; applied from the job's next start)
+    limits: dict = field(default_factory=dict)
 
 
 class Policy(Protocol):

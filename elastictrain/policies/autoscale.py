@@ -26,6 +26,13 @@ does not fit is skipped, as best-effort FIFO does); rigid jobs run at their size
   theirs. The least efficient step is given back first, one step per job and decision, never
   below a job's minimum, and only as much as the waiting job needs.
 
+* **Memory.** Each job's per-worker memory limit is planned from the largest resident memory its
+  workers reported (``JobView.peak_memory``): ``memory_headroom`` (2) times that, rounded up to
+  64 MiB, at least 1 GiB (``Decision.limits``). It changes when the measurement moves it by more
+  than a quarter, applies from the job's next start (etrun ``--memory-limit``, which doubles it
+  after an out-of-memory failure, as DLRover's OOM plan does), and a new job starts with the limit
+  its name last ran under. ``memory_headroom=0`` plans no limits.
+
 Every resize is a restart of the job's run at a checkpoint boundary (the coordinator stops the
 run, the workers save and commit their data cursor, a new run starts at the new size), so the
 data stays exactly-once. Each choice is returned as a note (``Decision.notes``), which the
@@ -46,6 +53,8 @@ from .api import ClusterSnapshot, Decision, JobView, register
 __all__ = ["AutoScale", "marginal_efficiency"]
 
 HISTORY = 10_000  # job names whose settled size is remembered
+MEMORY_FLOOR = 1 << 30  # the smallest per-worker memory limit planned
+MEMORY_ROUND = 64 << 20
 
 
 def marginal_efficiency(a: int, rate_a: float, b: int, rate_b: float) -> float:
@@ -66,6 +75,7 @@ class _Plan:
     ref: float = 0.0  # the settled size's throughput (a slow average of its measurements)
     low_since: Optional[float] = None  # when its throughput fell below (1 - drop) x ref
     model: str = ""
+    memory: int = 0  # the per-worker memory limit planned (bytes; 0: none yet)
 
 
 class AutoScale:
@@ -82,12 +92,15 @@ class AutoScale:
     needs = ()
 
     def __init__(self, threshold: float = 0.3, rate_window: float = 10.0, drop: float = 0.2, step: int = 1,
-                 yield_threshold: float = 0.7) -> None:
+                 yield_threshold: float = 0.7, memory_headroom: float = 2.0) -> None:
         if not 0.0 < threshold <= 1.0:
             raise ConfigError(f"threshold must be in (0, 1], got {threshold!r}")
         if not 0.0 <= yield_threshold <= 1.0:
             raise ConfigError(f"yield_threshold must be in [0, 1] (0: never yield), got {yield_threshold!r}")
         self.yield_threshold = yield_threshold
+        if not (memory_headroom == 0.0 or 1.0 <= memory_headroom <= 16.0):
+            raise ConfigError(f"memory_headroom must be 0 (no limits) or in [1, 16], got {memory_headroom!r}")
+        self.memory_headroom = float(memory_headroom)
         if not 1.0 <= rate_window <= 3600.0:
             raise ConfigError(f"rate_window must be in [1, 3600] seconds, got {rate_window!r}")
         if not 0.0 < drop < 1.0:
@@ -97,13 +110,15 @@ class AutoScale:
         self.threshold, self.rate_window, self.drop, self.step = threshold, float(rate_window), drop, step
         self.plans: dict = {}  # job key -> _Plan
         self.history: dict[str, int] = {}  # job name -> the size its last finished run settled at
+        self.memory_history: dict[str, int] = {}  # job name -> the memory limit its last run had
 
     # ------------------------------------------------------------------ memory across restarts
     def export_state(self) -> dict:
-        return {"history": dict(self.history)}
+        return {"history": dict(self.history), "memory_history": dict(self.memory_history)}
 
     def import_state(self, state: dict, jobs) -> None:
         self.history = {str(k): int(v) for k, v in dict(state.get("history", {})).items()}
+        self.memory_history = {str(k): int(v) for k, v in dict(state.get("memory_history", {})).items()}
 
     def annotate(self, key) -> dict:
         """The plan of job ``key`` as ``status`` shows it."""
@@ -118,10 +133,9 @@ class AutoScale:
         for key in s.ended:
             p = self.plans.pop(key, None)
             if p is not None and p.phase == "settled" and p.model:
-                self.history.pop(p.model, None)
-                self.history[p.model] = p.target  # newest last; the oldest go past HISTORY names
-                while len(self.history) > HISTORY:
-                    del self.history[next(iter(self.history))]
+                _remember(self.history, p.model, p.target)
+            if p is not None and p.memory and p.model:
+                _remember(self.memory_history, p.model, p.memory)
         free = s.total_gpus
         notes: list = []
         for j in s.running:
@@ -151,7 +165,27 @@ class AutoScale:
                 run[j.job_id] = ((-1, size),)
                 if j.elastic:
                     workers[j.job_id] = size
-        return Decision(run, workers=workers, notes=tuple(notes))
+        limits = {}
+        for j in s.jobs:
+            p = self.plans.get(j.job_id)
+            if p is not None and self._memory(j, p, notes):
+                limits[j.job_id] = p.memory
+        return Decision(run, workers=workers, notes=tuple(notes), limits=limits)
+
+    def _memory(self, j: JobView, p: _Plan, notes: list) -> int:
+        """The job's per-worker memory limit: ``memory_headroom`` x its measured peak (see the
+        module docstring); 0 while there is neither a measurement nor a remembered limit."""
+        if not self.memory_headroom or j.peak_memory <= 0:
+            return p.memory
+        want = max(MEMORY_FLOOR, -(-int(j.peak_memory * self.memory_headroom) // MEMORY_ROUND) * MEMORY_ROUND)
+        if p.memory and abs(want - p.memory) <= p.memory / 4:
+            return p.memory
+        notes.append((j.job_id, {"decision": "memory", "memory_limit": want, "was": p.memory,
+                                 "peak_rss": int(j.peak_memory), "headroom": self.memory_headroom,
+                                 "why": f"its workers peaked at {j.peak_memory / 2**20:.0f} MiB resident: "
+                                        f"{want >> 20} MiB per worker from its next start"}))
+        p.memory = want
+        return want
 
     def _yield(self, s: ClusterSnapshot, need: int, run: dict, workers: dict, notes: list, waiter) -> int:
         """Settled jobs give back their least efficient steps for a waiting job; the GPUs freed."""
@@ -184,7 +218,7 @@ class AutoScale:
         if p is None:
             lo, hi = j.min_gpu or j.num_gpu, j.max_gpu or j.num_gpu
             start = min(max(self.history.get(j.model, lo), lo), hi) if j.elastic else j.num_gpu
-            p = self.plans[j.job_id] = _Plan(start, model=j.model)
+            p = self.plans[j.job_id] = _Plan(start, model=j.model, memory=self.memory_history.get(j.model, 0))
         return p
 
     def _optimize(self, s: ClusterSnapshot, j: JobView, p: _Plan, free: int, notes: list) -> None:
@@ -245,8 +279,17 @@ class AutoScale:
                                  **_rounded(detail)}))
 
 
+def _remember(book: dict, name: str, value: int) -> None:
+    """``book[name] = value``, newest last; the oldest names go past HISTORY."""
+    book.pop(name, None)
+    book[name] = value
+    while len(book) > HISTORY:
+        del book[next(iter(book))]
+
+
 def _rounded(d: dict) -> dict:
     return {k: round(v, 3) if isinstance(v, float) else v for k, v in d.items()}
 
 
-register("autoscale", lambda **kw: AutoScale(**kw), ("threshold", "rate_window", "drop", "step", "yield_threshold"))
+register("autoscale", lambda **kw: AutoScale(**kw),
+         ("threshold", "rate_window", "drop", "step", "yield_threshold", "memory_headroom"))

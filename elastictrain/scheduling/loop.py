@@ -45,6 +45,7 @@ class Scheduler:
         self.last_snapshot: Optional[ClusterSnapshot] = None
         self.deferred: list = []  # starts of the last decision that wait for stopping jobs' GPUs
         self.notes: tuple = ()  # the last decision's reasons (Decision.notes)
+        self.limits: dict = {}  # the last decision's per-worker memory limits (Decision.limits)
 
     def tick(self) -> list[Action]:
         """One decision; returns the actions taken (empty if the policy failed)."""
@@ -73,6 +74,7 @@ class Scheduler:
         self.decisions += 1
         self.wakeup = decision.wakeup
         self.notes = decision.notes
+        self.limits = decision.limits
         self.act(actions, now)
         return actions
 

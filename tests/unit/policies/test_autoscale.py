@@ -103,7 +103,7 @@ def test_the_size_a_script_settled_at_is_where_its_next_job_starts():
     again = Loop(p)
     again.step()
     assert again.sizes == [2]
-    assert AutoScale().export_state() == {"history": {}}
+    assert AutoScale().export_state() == {"history": {}, "memory_history": {}}
     q = AutoScale()
     q.import_state(p.export_state(), [])
     assert q.history == {"train": 2}
@@ -144,3 +144,30 @@ def test_a_settled_job_yields_its_least_efficient_step_to_a_waiting_job():
     loop.until_settled()
     d = q.decide(ClusterSnapshot(loop.now, (loop.view(), waiter), (2,), 1, running=(loop.view(),)))
     assert "w" not in d.run and "j1" not in d.workers
+
+
+def _memory_decision(p, peak, now=0.0, ended=()):
+    v = JobView("m1", 1, 0.0, model="big", running=not ended, placement=((0, 1),) if not ended else (),
+                peak_memory=peak)
+    snap = ClusterSnapshot(now, (v,) if not ended else (), (4,), 1, running=(v,) if not ended else (), ended=ended)
+    return p.decide(snap)
+
+
+def test_per_worker_memory_limits_follow_the_measured_peak():
+    p = AutoScale()
+    d = _memory_decision(p, 0.0)
+    assert d.limits == {} and not [n for _, n in d.notes if n["decision"] == "memory"]  # nothing measured yet
+    d = _memory_decision(p, 300 * 2**20)  # 300 MiB resident: 2x is under the 1 GiB floor
+    assert d.limits == {"m1": 1 << 30}
+    note = [n for _, n in d.notes if n["decision"] == "memory"][0]
+    assert note["peak_rss"] == 300 * 2**20 and note["memory_limit"] == 1 << 30 and note["was"] == 0
+    d = _memory_decision(p, 560 * 2**20)  # 1120 MiB wanted: within a quarter of 1 GiB, kept (no churn)
+    assert d.limits == {"m1": 1 << 30} and not d.notes
+    d = _memory_decision(p, 1500 * 2**20)  # 3000 MiB wanted: changed, rounded up to 64 MiB
+    assert d.limits == {"m1": 3008 * 2**20}
+    _memory_decision(p, 0.0, ended=("m1",))
+    assert p.memory_history == {"big": 3008 * 2**20} and p.export_state()["memory_history"] == p.memory_history
+    assert _memory_decision(p, 0.0).limits == {"m1": 3008 * 2**20}  # its name's next job starts with it
+    assert _memory_decision(AutoScale(memory_headroom=0), 2**30).limits == {}  # 0: no limits
+    with pytest.raises(ConfigError, match="memory_headroom"):
+        AutoScale(memory_headroom=0.5)

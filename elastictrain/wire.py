@@ -318,6 +318,9 @@ class AgentReport(_Msg, omit_defaults=True):
     #: with ``failed``: the job's next generations accumulate this many micro-batches per step
     #: (a GPU out-of-memory failure under ``--oom-policy accumulate``; 0: no change)
     accumulate: Annotated[int, msgspec.Meta(ge=0, le=4096)] = 0
+    #: with ``failed``: the per-worker memory limit (bytes) the agent's next generations run under,
+    #: doubled after an out-of-memory failure (``--memory-limit``; 0: no change)
+    memory_limit: Annotated[int, msgspec.Meta(ge=0, le=2**50)] = 0
 
 
 # ---------------------------------------------------------------- profiles

@@ -47,6 +47,11 @@ def main() -> int:
     ap.add_argument("--shard-size", type=int, default=100, help="samples per data shard (lease)")
     ap.add_argument("--cpu-work", type=int, default=0,
                     help="CPU work per step (matmuls of 256x256, no parameters): a CPU-bound input pipeline")
+    ap.add_argument("--spike-mib", type=int, default=0,
+                    help="rank 0 briefly needs this much more memory every --spike-every steps (a memory spike)")
+    ap.add_argument("--spike-every", type=int, default=100)
+    ap.add_argument("--spike-min-world", type=int, default=1,
+                    help="spike only while the job runs with at least this many workers (memory that grows at scale)")
     ap.add_argument("--ckpt-dir", required=True)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
@@ -97,6 +102,9 @@ def main() -> int:
             got = got[got >= 0]
             ledger[epoch].index_add_(0, got, torch.ones_like(got, dtype=torch.int32))
             step += 1
+            if args.spike_mib and rank == 0 and world >= args.spike_min_world and step % args.spike_every == 0:
+                spike = torch.ones(args.spike_mib << 20, dtype=torch.uint8)  # touched: resident
+                del spike
             ckpt.state["progress"] = {"step": step, "epoch": epoch, "ledger": ledger, "reasons": reasons}
             if ckpt.preempted(step):
                 print(f"[train] preempted at step {step}: saved, exiting {et.PREEMPTED_EXIT_CODE}", flush=True)

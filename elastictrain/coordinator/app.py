@@ -115,6 +115,14 @@ class Coordinator:
                                   agent=flag.agent, action=flag.action)
         return self.list_resources(job)
 
+    def agent_report(self, job: str, req: AgentReport) -> AgentAction:
+        """An etrun agent's report; an out-of-memory plan it chose (a doubled memory limit, more
+        gradient accumulation) goes to the event log, and a doubled limit stays the job's floor."""
+        action = self.rendezvous.report(job, req)
+        if self.cluster is not None and req.event == "failed" and (req.accumulate or req.memory_limit):
+            self.cluster.out_of_memory(job, req)
+        return action
+
     def list_resources(self, job: str) -> ResourceList:
         out = self.resources.list(job)
         return ResourceList(out.job, out.workers, [StragglerInfo(f.worker, round(f.slowdown, 3), f.since, f.agent,
@@ -230,7 +238,7 @@ class CoordinatorApp:
         self._agents = {
             "join": {"POST": _Route("POST", AgentJoin, r.join)},
             "poll": {"POST": _Route("POST", AgentPoll, r.long_poll)},
-            "report": {"POST": _Route("POST", AgentReport, r.report)},
+            "report": {"POST": _Route("POST", AgentReport, coordinator.agent_report)},
         }
         self._ds = {"GET": _Route("GET", None, s.info)}
         self._ds_verb = {

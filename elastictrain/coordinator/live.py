@@ -97,6 +97,7 @@ class JobRecord(msgspec.Struct):
     group_predicted: Optional[float] = None  # the interleaving model's (eq. 3) for that group
     group_members: list[str] = []  # the group it was measured in
     memory_limit: int = 0  # bytes per worker a resource plan set for its next runs (0: none)
+    memory_floor: int = 0  # the limit etrun doubled to after the job ran out of memory (plans stay above)
 
     @property
     def grouped(self) -> bool:

@@ -204,6 +204,22 @@ class ClusterScheduler:
     def _emit(self, event: str, job: str = "", node: str = "", /, **detail) -> None:
         self.events.emit(self.clock.now(), event, job, node, **detail)
 
+    def out_of_memory(self, job: str, req) -> None:
+        """An agent of ``job`` chose an out-of-memory plan (``AgentReport``): an ``oom`` event, and
+        a doubled memory limit is the least the job's later runs get (a resource plan may not
+        bring it back under the limit it ran out at)."""
+        plan = {}
+        if req.memory_limit:
+            plan["memory_limit"] = req.memory_limit
+        if req.accumulate:
+            plan["accumulate"] = req.accumulate
+        rec = self.records.get(job)
+        if rec is not None and req.memory_limit > rec.memory_floor:
+            rec.memory_floor = req.memory_limit
+            rec.memory_limit = max(rec.memory_limit, req.memory_limit)
+            self._dirty.add(rec.id)
+        self.note("oom", job, agent=req.agent, generation=req.generation, detail=req.detail[:500], **plan)
+
     def note(self, event: str, job: str, **detail) -> None:
         """An event about a job from elsewhere in the coordinator (a straggler flagged); written now."""
         self._emit(event, job, "", **detail)
@@ -633,8 +649,9 @@ class ClusterScheduler:
             self.sched.notes = ()
             for key, limit in self.sched.limits.items():
                 rec = self.records.get(key)
+                limit = max(int(limit), rec.memory_floor) if rec is not None else 0
                 if rec is not None and rec.memory_limit != limit:
-                    rec.memory_limit = int(limit)
+                    rec.memory_limit = limit
                     self._dirty.add(rec.id)
         self.nodes.release()
         self._flush(everything=now - self._last_persist >= self.cfg.persist_every)

@@ -271,10 +271,12 @@ class Agent:
                 self._phases.detected(failure.at if failure else None)
                 if failure is not None and failure.oom_kill:
                     log.warning("rank %d was %s", failure.rank, failure.message.partition("; ")[2] or failure.message)
+                doubled = 0
                 if cfg.memory_limit and failure is not None and (_out_of_memory(failure) or failure.oom_kill == "worker"):
                     if not self._raise_memory_limit(failure):  # already at the largest allowed
                         return self._fail_at_limit(group, a, failure, "out of memory at --max-memory-limit",
                                                    "out of memory at --max-memory-limit: the job fails")
+                    doubled = self.cfg.memory_limit
                 accumulate = 0
                 if cfg.oom_policy == "accumulate" and failure is not None and _gpu_out_of_memory(failure):
                     accumulate = 2 * max(1, a.accumulate)
@@ -289,7 +291,7 @@ class Agent:
                 # while this one stops its survivors
                 keep = group.keepable()  # survivors that opted in stay; decided before the report
                 action = self.client.agent_report(cfg.run_id, self.agent_id, a.generation, "failed",
-                                                  _one_line(failure), accumulate)
+                                                  _one_line(failure), accumulate, doubled)
                 self._phases.mark("report")
                 keep = keep and action.action != "exit"
                 self._keep_or_stop(group, keep)

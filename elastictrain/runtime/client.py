@@ -200,9 +200,9 @@ class CoordinatorClient:
                           timeout=None if wait <= 0 else max(self.timeout, wait + 5.0))
 
     def agent_report(self, job: str, agent: str, generation: int, event: str, detail: str = "",
-                     accumulate: int = 0) -> AgentAction:
+                     accumulate: int = 0, memory_limit: int = 0) -> AgentAction:
         return self._call("POST", f"/v1/jobs/{job}/agents/report", AgentAction,
-                          AgentReport(agent, generation, event, detail, accumulate))
+                          AgentReport(agent, generation, event, detail, accumulate, memory_limit))
 
     # ------------------------------------------------------------------ progress
     def report_step(self, job: str, worker: int, step: int, generation: Optional[int] = None) -> StepInfo:

@@ -67,16 +67,21 @@ def run_limited(trace: str, cluster: str, policy: str, preset: str, limit: float
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--traces", default="trace1,trace3,trace4")
+    ap.add_argument("--traces", default="trace1,trace3,trace4", help="shipped traces to time ('' for none)")
+    ap.add_argument("--policies", default=None,
+                    help="only these (comma-separated labels, e.g. tiresias-g,gandiva-fair-stretch64; default all)")
     ap.add_argument("--limit", type=float, default=None, help="seconds before a run counts as a timeout "
                     "(default 120 with --quick, else 600)")
     args = ap.parse_args()
     reps = 1 if args.quick else 3
     limit = args.limit or (120.0 if args.quick else 600.0)
     print(f"# shipped traces, muri preset, n8g8 (64 GPUs); best of {reps}")
-    for trace in args.traces.split(","):
+    only = set(args.policies.split(",")) if args.policies else None
+    for trace in filter(None, args.traces.split(",")):
         path = os.path.join(TRACES, f"{trace}.csv.gz")
         for policy in SHIPPED_POLICIES:
+            if only is not None and policy not in only:
+                continue
             best = None
             for _ in range(reps):
                 r = run_limited(path, os.path.join(TRACES, "n8g8.csv"), policy, "muri", limit)
@@ -98,6 +103,8 @@ def main() -> None:
               "seed 1), default preset, one run each")
         jcts: dict = {}
         for label, policy, extra in SYNTH_POLICIES:
+            if only is not None and label not in only:
+                continue
             walls = {}
             for n in sizes:
                 r = run_limited(paths[n], "n8g8", policy, "default", limit, extra)

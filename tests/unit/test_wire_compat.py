@@ -40,3 +40,13 @@ def test_new_fields_reach_an_old_peer_only_when_used():
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(a), type=OldAssignment).generation == 2
     sample = msgspec.json.decode(msgspec.json.encode(ResourceSample(1.0, 50.0, 1e6)))
     assert "busy_time" not in sample and "gpu_util" not in sample  # left out at their defaults
+
+
+def test_this_releases_fields_are_left_out_at_their_defaults():
+    from elastictrain.wire import ResourceList, Task
+
+    assert "memory_limit" not in msgspec.json.decode(msgspec.json.encode(AgentReport("a", 3, "failed", "x")))
+    assert "local_batch" not in msgspec.json.decode(msgspec.json.encode(ResourceSample(1.0, 50.0, 1e6)))
+    task = Task("j", 1, 1, [], 1, ["a.py"], "/w", {}, 0, 10.0, False)
+    assert "memory_limit" not in msgspec.json.decode(msgspec.json.encode(task))
+    assert "shares" not in msgspec.json.decode(msgspec.json.encode(ResourceList("j", [])))

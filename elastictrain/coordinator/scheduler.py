@@ -649,9 +649,8 @@ class ClusterScheduler:
             self.sched.notes = ()
             for key, limit in self.sched.limits.items():
                 rec = self.records.get(key)
-                limit = max(int(limit), rec.memory_floor) if rec is not None else 0
-                if rec is not None and rec.memory_limit != limit:
-                    rec.memory_limit = limit
+                if rec is not None and rec.memory_limit != max(int(limit), rec.memory_floor):
+                    rec.memory_limit = max(int(limit), rec.memory_floor)
                     self._dirty.add(rec.id)
         self.nodes.release()
         self._flush(everything=now - self._last_persist >= self.cfg.persist_every)

@@ -125,7 +125,7 @@ class Agent:
         try:
             client, url, token_file = self._connect()
             self.client = client
-            self._memory_cgroups(cfg.nproc_per_node)  # (a machine that cannot is told before anything runs)
+            self._memory_cgroups()  # (a machine that cannot is told before anything runs)
             if cfg.horovod:
                 from .horovod_driver import HorovodDriver
 
@@ -178,7 +178,7 @@ class Agent:
             for s, h in old.items():
                 signal.signal(s, h)
 
-    def _memory_cgroups(self, n: int) -> dict:
+    def _memory_cgroups(self) -> dict:
         """--memory-enforce cgroup: each local worker slot's memory cgroup, at this generation's limit."""
         cfg = self.cfg
         if not cfg.memory_limit or cfg.memory_enforce != "cgroup":
@@ -230,7 +230,7 @@ class Agent:
         control = os.path.join(self._state_dir(), "control")
         extra = self._hvd.open(a, slots if slots is not None else list(range(n))) if self._hvd is not None else None
         group = WorkerGroup(cfg, a, attempt_dir, url, token_file, pool, control_root=control, extra_env=extra,
-                            slots=slots, cgroups=self._memory_cgroups(n))
+                            slots=slots, cgroups=self._memory_cgroups())
         if self._hvd is not None:
             self._hvd.group = group
         group.start(carry)

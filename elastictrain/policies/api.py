@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
@@ -120,8 +120,7 @@ class ClusterSnapshot:
         return self.by_key.get(key)
 
 
-@dataclass(frozen=True)
-class Decision:
+class Decision(msgspec.Struct, frozen=True):
     """``run`` maps job key -> placement ``((node, gpus), ...)``; a job absent from it does not run.
 
     A placement's node is an index into ``gpus_per_node``, or -1 for "any node" (the mechanism
@@ -140,14 +139,14 @@ class Decision:
     while it runs this way (a group's interleaved iteration over the job's own); 1 if absent.
     """
 
-    run: dict = field(default_factory=dict)
+    run: dict = msgspec.field(default_factory=dict)
     wakeup: Optional[float] = None
     groups: tuple = ()
-    slowdown: dict = field(default_factory=dict)
-    workers: dict = field(default_factory=dict)
+    slowdown: dict = msgspec.field(default_factory=dict)
+    workers: dict = msgspec.field(default_factory=dict)
     notes: tuple = ()  # (job key, {field: value}) the backend writes to its event log: why
     #: job key -> each worker's memory limit in bytes (a resource plan's; applied from the job's next start)
-    limits: dict = field(default_factory=dict)
+    limits: dict = msgspec.field(default_factory=dict)
 
 
 class Policy(Protocol):

@@ -69,6 +69,9 @@ class Tiresias:
         # ... and the service at which that key changes next (the next sample of the table above
         # it): until then a running job's key is kept, not looked up again at every decision
         self._gnext: dict = {}
+        # 2D-Gittins keeps each queue sorted by key: a job whose key or queue changed since the last
+        # decision is re-inserted by bisection (a decision sorts nothing; keys of waiting jobs are fixed)
+        self._gdirty: set = set()
 
     def _move(self, jid, q: _Q, level: int) -> None:
         self._queues[q.queue].remove(jid)
@@ -76,11 +79,15 @@ class Tiresias:
         q.queue = level
         self._queues[level].append(jid)
         self._count(level, q.gpus, 1)
+        if self.table is not None:
+            self._gdirty.add(jid)
 
     def _enter(self, j) -> _Q:
         q = self._state[j.job_id] = _Q(j.num_gpu)
         self._queues[0].append(j.job_id)
         self._count(0, j.num_gpu, 1)
+        if self.table is not None:
+            self._gdirty.add(j.job_id)
         return q
 
     def _count(self, level: int, gpus: int, d: int) -> None:
@@ -100,34 +107,34 @@ class Tiresias:
                 self._count(q.queue, q.gpus, -1)
                 self._gkey.pop(jid, None)
                 self._gnext.pop(jid, None)
+                self._gdirty.discard(jid)
         for j in s.arrived:  # new jobs enter Q0 in arrival order (a repeated arrival is ignored)
             if j.job_id not in state:
                 self._enter(j)
-        for j in s.running:  # only running jobs gain service: demote them
-            q = state.get(j.job_id) or self._enter(j)
+        gittins = self.table is not None
+        gkey, gnext, dirty = self._gkey, self._gnext, self._gdirty
+        for j in s.running:  # only running jobs gain service: demote them (and renew their Gittins key)
+            jid = j.job_id
+            q = state.get(jid) or self._enter(j)
             if q.gpus != j.num_gpu:  # an elastic job resized
                 self._count(q.queue, q.gpus, -1)
                 q.gpus = j.num_gpu
                 self._count(q.queue, q.gpus, 1)
-            level = bisect.bisect_right(th, j.attained_gpu - q.offset)
+            service = j.attained_gpu - q.offset
+            level = bisect.bisect_right(th, service)
             if level != q.queue:
-                self._move(j.job_id, q, level)
+                self._move(jid, q, level)
+            if gittins and service >= gnext.get(jid, -1.0):
+                gkey[jid] = self._gittins_key(jid, j)
+                dirty.add(jid)
         if len(state) != len(s.jobs):  # jobs this policy never saw arrive (e.g. rebuilt after a restart)
             for j in s.jobs:
                 if j.job_id not in state:
                     self._enter(j)
         if self.knob > 0:
             self._promote(s)
-        if self.table is not None:  # a waiting job's service, hence its Gittins key, does not change
-            gkey, gnext = self._gkey, self._gnext
-            for j in s.running:
-                jid = j.job_id
-                if j.attained_gpu - state[jid].offset >= gnext.get(jid, -1.0):
-                    gkey[jid] = self._gittins_key(jid, j)
-            if len(gkey) != len(state):
-                for jid in state:
-                    if jid not in gkey:
-                        gkey[jid] = self._gittins_key(jid, s.by_key.get(jid))
+        if gittins and dirty:  # a waiting job's service, hence its Gittins key, does not change
+            self._resort(s)
         placer = make_placer(s, self.placement, self.packlimit, self.sticky)
         run: dict = {}
         job = s.by_key.get
@@ -138,8 +145,6 @@ class Tiresias:
         for k, queue in enumerate(queues):
             if placer.total_free == 0 or not queue:
                 continue
-            if self.table is not None:
-                queue.sort(key=self._gkey.__getitem__)
             placed, skipped = [], []
             n = 0
             left = dict(self._sizes[k])  # sizes of the jobs not visited yet
@@ -160,16 +165,48 @@ class Tiresias:
                 if j is None:  # known but not runnable now (being stopped): keeps its place
                     skipped.append(jid)
                     continue
+                if counting:  # Placer.place inlined: simulations visit millions of jobs here
+                    size = j.num_gpu
+                    if size > placer.total_free:
+                        skipped.append(jid)
+                        continue
+                    placer.total_free -= size
+                    run[jid] = j.placement if j.running else ((-1, size),)
+                    placed.append(jid)
+                    continue
                 where = place(j.num_gpu, j.skew, j.placement if j.running else ())
                 if where is None:
                     skipped.append(jid)
                 else:
-                    run[jid] = j.placement if counting and j.running else where
+                    run[jid] = where
                     placed.append(jid)
-            # waiting jobs go behind the running ones of their queue, keeping their order (only the
-            # visited head is rewritten: a long queue is not copied at every decision)
-            queue[:n] = placed + skipped
+            # 2D-LAS: waiting jobs go behind the running ones of their queue, keeping their order
+            # (only the visited head is rewritten: a long queue is not copied at every decision);
+            # 2D-Gittins: the queue stays in key order
+            if not gittins:
+                queue[:n] = placed + skipped
         return Decision(run, self._wakeup(s, run))
+
+    def _resort(self, s: ClusterSnapshot) -> None:
+        """Put the jobs whose Gittins key or queue changed back in key order: each is taken out
+        and re-inserted by bisection, or a queue with many of them is sorted whole."""
+        gkey, state, dirty = self._gkey, self._state, self._gdirty
+        per_queue: dict = {}
+        for jid in dirty:
+            if jid not in gkey:  # new, or promoted (its service restarted): a new key
+                gkey[jid] = self._gittins_key(jid, s.by_key.get(jid))
+            per_queue.setdefault(state[jid].queue, []).append(jid)
+        dirty.clear()
+        key = gkey.__getitem__
+        for level, jids in per_queue.items():
+            queue = self._queues[level]
+            if 8 * len(jids) >= len(queue):
+                queue.sort(key=key)
+                continue
+            for jid in jids:
+                queue.remove(jid)
+            for jid in jids:
+                bisect.insort(queue, jid, key=key)
 
     def _gittins_key(self, jid, j) -> tuple:
         if j is None:
@@ -236,7 +273,7 @@ class Tiresias:
         self._state.clear()
         self._queues = [[] for _ in range(len(self.thresholds) + 1)]
         self._sizes = [{} for _ in self._queues]
-        self._gkey, self._gnext = {}, {}
+        self._gkey, self._gnext, self._gdirty = {}, {}, set()
         for level, keys in enumerate(data.get("queues", [])[:len(self._queues)]):
             for k in keys:
                 j = views.get(str(k))
@@ -245,6 +282,8 @@ class Tiresias:
                     q.queue, q.offset = level, float(data.get("offset", {}).get(str(k), 0.0))
                     self._queues[level].append(j.job_id)
                     self._count(level, q.gpus, 1)
+                    if self.table is not None:
+                        self._gdirty.add(j.job_id)
 
     def _gittins(self, attained: float) -> float:
         xs, gi = self._table_lists

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Optional, Protocol
 
+import msgspec
+
 __all__ = ["JobStatus", "ActionKind", "Action", "ClusterShape", "Backend", "ENDED"]
 
 
@@ -38,8 +40,7 @@ class ActionKind(str, Enum):
     RESIZE = "resize"  # a running elastic job changes its worker count
 
 
-@dataclass(frozen=True)
-class Action:
+class Action(msgspec.Struct, frozen=True):
     """One change a decision makes to one job.
 
     ``placement``: where the job runs after the action (empty for a preemption); ``previous``:

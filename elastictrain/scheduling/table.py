@@ -257,7 +257,7 @@ class Feed:
             views = {k: v for k, v in views.items() if k not in t.stopping}
         arrived = tuple(views[k] for k in self.arrived if k in views)
         return ClusterSnapshot(now, tuple(views.values()), shape.gpus_per_node, shape.nodes_per_switch, arrived,
-                               tuple(self.ended), tuple(views[k] for k in t.running), shape.node_types,
+                               tuple(self.ended), tuple(map(views.__getitem__, t.running)), shape.node_types,
                                MappingProxyType(views))
 
     def consumed(self) -> None:

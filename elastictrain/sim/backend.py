@@ -100,7 +100,8 @@ class SimBackend:
         return best
 
     def advance(self, now: float, t: float) -> list[Entry]:
-        """Run every running job from ``now`` to ``t``; returns those that finished."""
+        """Run every running job from ``now`` to ``t``; returns those that finished. Also adds
+        their attained service up to ``t``, as :meth:`JobTable.accrue` does, in the same pass."""
         dt = t - now
         finished = []
         self.worked = False  # whether any job did work in this step (the thrashing watchdog)
@@ -108,6 +109,10 @@ class SimBackend:
         lost = self.lost
         window = self.window
         for e in self.table.running.values():
+            da = t - e.accrued_at
+            e.attained += da
+            e.attained_gpu += da * e.num_gpu
+            e.accrued_at = t
             if every:
                 end = now + e.remaining_iterations * e.iteration_time * e.slowdown
                 if end <= t + 1e-9:

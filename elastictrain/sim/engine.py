@@ -187,8 +187,9 @@ class Simulator:
                 raise ConfigError(f"simulation stalled at t={now:.0f} s with {len(table)} waiting job(s) that "
                                   f"the policy {self.policy.name} never starts")
             # ---- advance running jobs to t
-            finished = backend.advance(now, t)
-            table.accrue(t)
+            finished = backend.advance(now, t)  # (it also accrues the running jobs' service)
+            if table.stopping:
+                table.accrue(t)
             moved_on = t - now >= 1e-6
             now = clock.t = t
             if wakeup is not None and wakeup <= now:
@@ -229,7 +230,8 @@ class Simulator:
                 wakeup = sched.wakeup
                 if wakeup is not None and wakeup <= now:  # a wake-up is always in the future
                     wakeup = math.nextafter(now, math.inf)
-                used = sum(e.num_gpu for e in table.running.values() if not e.group or e.group[0] == e.key)
+                if actions or finished:  # else the running set is unchanged
+                    used = sum(e.num_gpu for e in table.running.values() if not e.group or e.group[0] == e.key)
             elif finished:
                 used = 0
             util.append((now, used))

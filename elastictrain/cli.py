@@ -156,8 +156,9 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--distribution", default=None, help="job GPU-time samples CSV for tiresias-g")
     p.add_argument("--quantum", type=float, default=None, help="time slice of gandiva-ts and gandiva-fair, seconds")
     p.add_argument("--stretch", type=int, default=None,
-                   help="gandiva-fair: while nothing arrives or ends, each quantum may span four times the last, up to "
-                   "N quanta (default 1: every quantum decided; fewer decisions and preemptions, coarser slices)")
+                   help="gandiva-fair (simulator): after the one-quantum decision at an arrival or an end, each quantum "
+                   "spans N quanta until the next arrival or end (default 1: every quantum decided; fewer decisions "
+                   "and preemptions, coarser slices; 64 replays a 50,000-job trace in under a minute)")
     p.add_argument("--scale-threshold", type=float, default=None,
                    help="autoscale: least marginal efficiency of a step of workers that pays (default 0.3)")
     p.add_argument("--rate-window", type=float, default=None,

@@ -88,13 +88,14 @@ class GandivaFair:
         compensate: half-life (seconds) of the usage that compensation tickets correct for
             (0 disables them; see :meth:`_set_tickets`).
         spread_backfill: a waiting gang may span the idle GPUs of several servers for a quantum.
-        stretch: (simulator) the most quanta one decision may span. 1 (the default, and always on
-            a live cluster) decides every quantum. Above 1, each quantum in a row with no arrival
-            and no end is four times as long as the last, up to ``stretch`` quanta, and the jobs it
-            runs are charged that many strides; an arrival or an end cuts it short (the unused
-            part of the charge is given back) and starts a fresh one-quantum decision. Shares
-            and passes stay those of stride scheduling; what changes is how finely the slices
-            are cut while nothing happens (docs/simulator.md says how much the results move).
+        stretch: (simulator) the quanta one decision may span. 1 (the default, and always on a
+            live cluster) decides every quantum. Above 1, the decision at an arrival or an end
+            spans one quantum and each later one, while nothing else arrives or ends, spans
+            ``stretch`` quanta; the jobs it runs are charged that many strides. An arrival or an
+            end cuts a stretched quantum short (the unused part of the charge is given back)
+            and starts a fresh one-quantum decision. Shares and passes stay those of stride
+            scheduling; what changes is how finely the slices are cut while nothing happens
+            (docs/simulator.md says how much the results move).
         placement, packlimit: where a gang goes under ``split=False`` (see :mod:`.placement`).
     """
 
@@ -121,6 +122,7 @@ class GandivaFair:
         self._spass: dict[int, float] = {}  # central-stride pass of each server entry
         self._next = 0.0
         self._users: Optional[frozenset] = None
+        self._njobs = 0  # jobs in the snapshot the users were last read from
         self.entitlement: dict[str, dict[str, float]] = {}  # user -> GPU type -> GPUs
         self.trades: list["Trade"] = []
         self.moves = 0  # migrations decided so far
@@ -130,8 +132,7 @@ class GandivaFair:
         self._last: Optional[float] = None
         self.stretch = stretch
         self._k = 1  # quanta the current decision spans (stretch)
-        self._quiet = 0  # quanta in a row that saw no arrival and no end
-        self._event = False  # an arrival or an end since the last quantum
+        self._event = True  # an arrival or an end since the last quantum (the first one is a fresh start)
         self._qstart = 0.0
         self._charges: list = []  # (StrideJob or node, pass charged) of a stretched quantum
         self._scharges: dict[int, float] = {}  # node -> central pass charged this quantum
@@ -154,6 +155,9 @@ class GandivaFair:
         return self.tickets.get(u, self.default)
 
     def _entitle(self, s: ClusterSnapshot, by_type: dict[str, int]) -> None:
+        if self._users is not None and not s.arrived and not s.ended and len(s.jobs) == self._njobs:
+            return  # the same jobs as last time (jobs being stopped are left out: the count changes)
+        self._njobs = len(s.jobs)
         users = frozenset(j.user for j in s.jobs)
         if users == self._users:
             return
@@ -184,7 +188,7 @@ class GandivaFair:
             nodes_of.setdefault(t, []).append(n)
         self._entitle(s, by_type)
         self._account(s, types)
-        by_id = {j.job_id: j for j in s.jobs}
+        by_id = s.by_key
         for j in s.arrived:
             if j.job_id not in self._jobs:
                 self._jobs[j.job_id] = self._home(j, full, nodes_of, by_type)
@@ -249,7 +253,8 @@ class GandivaFair:
 
     def _start_quantum(self, now: float) -> None:
         """A quantum starts: a stretched one cut short by an arrival or an end gives back the
-        strides of the part not used; the new one spans 2^(quiet quanta) quanta, up to stretch."""
+        strides of the part not used; the new one spans one quantum after an arrival or an end,
+        else ``stretch`` quanta."""
         if self._k > 1 and now < self._next:
             unused = 1.0 - (now - self._qstart) / (self._next - self._qstart)
             for who, charged in self._charges:
@@ -258,10 +263,20 @@ class GandivaFair:
                 elif who in self._spass:
                     self._spass[who] -= unused * charged
         self._charges, self._scharges = [], {}
-        self._quiet = 0 if self._event else self._quiet + 1
+        self._k = 1 if self._event else self.stretch
         self._event = False
-        self._k = min(self.stretch, 1 << min(2 * self._quiet, 12))
         self._qstart, self._next = now, now + self._k * self.quantum
+
+    def replay_hint(self, span: float) -> Optional[str]:
+        """What ``elastictrain simulate`` prints before replaying a trace whose arrivals span
+        ``span`` seconds, if deciding every quantum would take long (about 150 us a decision)."""
+        quanta = span / self.quantum
+        if self.stretch > 1 or not self.split or quanta < 400_000:
+            return None
+        return (f"{self.name} decides every {self.quantum:g} s quantum while a job waits, and this trace's "
+                f"arrivals span about {quanta:,.0f} quanta (at least {quanta * 150e-6 / 60:.0f} minutes here); "
+                "--stretch 64 decides once per 64 quanta while nothing arrives or ends (coarser slices, same "
+                "shares; docs/simulator.md, Speed)")
 
     def _wake(self, s: ClusterSnapshot, run: dict) -> Optional[float]:
         """The next quantum, while some job waits; with nobody waiting there is nothing to slice
@@ -351,35 +366,45 @@ class GandivaFair:
         holes others leave, which favours users with many small jobs per ticket, so a user whose
         recent share of the type (usage decayed with half-life ``compensate``) is below its
         entitled share gets proportionally more tickets, one above it fewer (within 1/4..4x)."""
-        mine = [self._jobs[j.job_id] for j in s.jobs]
-        count: dict[tuple, int] = {}
-        for sj in mine:
+        jobs = self._jobs
+        groups: dict[tuple, list] = {}  # (user, GPU type) -> its jobs
+        for j in s.jobs:
+            sj = jobs[j.job_id]
             key = (sj.user, sj.gtype)
-            count[key] = count.get(key, 0) + 1
+            g = groups.get(key)
+            if g is None:
+                groups[key] = [sj]
+            else:
+                g.append(sj)
+        ent, usage = self.entitlement, self._usage
+        entitled = {key: ent.get(key[0], {}).get(key[1], 0.0) for key in groups}
         factor: dict[tuple, float] = {}
         if self.compensate > 0:
             ent_sum: dict[str, float] = {}
             use_sum: dict[str, float] = {}
-            for (u, t) in count:
-                ent_sum[t] = ent_sum.get(t, 0.0) + self.entitlement.get(u, {}).get(t, 0.0)
-                use_sum[t] = use_sum.get(t, 0.0) + self._usage.get((u, t), 0.0)
-            for (u, t) in count:
-                e, used = self.entitlement.get(u, {}).get(t, 0.0), self._usage.get((u, t), 0.0)
+            for key in groups:
+                t = key[1]
+                ent_sum[t] = ent_sum.get(t, 0.0) + entitled[key]
+                use_sum[t] = use_sum.get(t, 0.0) + usage.get(key, 0.0)
+            for key in groups:
+                t = key[1]
+                e, used = entitled[key], usage.get(key, 0.0)
                 if e > 0 and ent_sum[t] > 0 and use_sum[t] > 0:
                     want, got = e / ent_sum[t], used / use_sum[t]
-                    factor[(u, t)] = min(4.0, max(0.25, want / got if got > 0 else 4.0))
+                    factor[key] = min(4.0, max(0.25, want / got if got > 0 else 4.0))
         # a user with no entitlement left on this type (traded away) keeps a sliver, so its job
         # still runs on GPUs nobody else wants
-        each = {(u, t): max(self.entitlement.get(u, {}).get(t, 0.0), 1e-6) * factor.get((u, t), 1.0) / n
-                for (u, t), n in count.items()}
-        for sj in mine:
-            sj.tickets = each[(sj.user, sj.gtype)]
+        for key, members in groups.items():
+            each = max(entitled[key], 1e-6) * factor.get(key, 1.0) / len(members)
+            for sj in members:
+                sj.tickets = each
 
     def _loads(self, nodes: list[int], caps) -> dict[int, float]:
-        load = {n: 0.0 for n in nodes}
+        load = dict.fromkeys(nodes, 0.0)
         for sj in self._jobs.values():
-            if sj.home in load:
-                load[sj.home] += sj.tickets
+            h = sj.home
+            if h in load:
+                load[h] += sj.tickets
         return {n: load[n] / caps[n] for n in nodes}
 
     def _rebalance(self, nodes: list[int], caps, by_id: dict) -> None:

@@ -60,11 +60,17 @@ def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[S
         except ValueError:
             raise ConfigError(f"--restart-cost {cfg.restart_cost!r}: use 'muri' or a number of seconds") from None
     opts = {k: v for k, v in cfg.policy_options.items() if v is not None}
-    for name in cfg.policies:  # every name and option is checked before anything runs
-        create(name, only_known=True, **opts)
+    # every name and option is checked before anything runs
+    checked = [create(name, only_known=True, **opts) for name in cfg.policies]
     jobs = load_trace(cfg.trace, cfg.trace_format)
     cluster = load_cluster(cfg.cluster)
     horizon = max(j.submit_time for j in jobs)
+    if progress:  # a policy whose decisions grow with the simulated span says so before a long run
+        for policy in checked:
+            hint = getattr(policy, "replay_hint", None)
+            note = hint(horizon - min(j.submit_time for j in jobs)) if hint is not None else None
+            if note:
+                print(f"note: {note}", file=sys.stderr)
     bars = _Bars(cfg.policies, horizon, len(jobs)) if progress else None
     try:
         if parallel == 1 or len(cfg.policies) == 1:

@@ -1,6 +1,7 @@
-"""Gandiva-fair's stretched quanta (``stretch``, a simulator speed option): while nothing arrives
-or ends a quantum spans 1, 4, 16, ... quanta up to ``stretch``; an arrival or an end cuts it short
-and gives back the strides not used; ticket shares hold as with one decision per quantum."""
+"""Gandiva-fair's stretched quanta (``stretch``, a simulator speed option): the decision at an
+arrival or an end spans one quantum, the later ones ``stretch`` quanta while nothing arrives or
+ends; an arrival or an end cuts a stretched quantum short and gives back the strides not used;
+ticket shares hold as with one decision per quantum."""
 
 import pytest
 
@@ -26,23 +27,26 @@ class Wakes(Recorder):
         return d
 
 
-def shares(stretch, horizon_jobs=16):
-    jobs = [JobSpec(i, 1, 0.0, 10_000, 1.0, user="light" if i % 2 else "heavy") for i in range(horizon_jobs)]
+def shares(stretch, horizon_jobs=16, length=10_000):
+    jobs = [JobSpec(i, 1, 0.0, length, 1.0, user="light" if i % 2 else "heavy") for i in range(horizon_jobs)]
     rec = Wakes(create("gandiva-fair", tickets={"light": 1, "heavy": 3}, quantum=60, stretch=stretch))
     result = Simulator(jobs, ClusterSpec(1, 1, 4), rec).run()
     return rec, result
 
 
-def test_quiet_quanta_grow_by_four_up_to_stretch_and_shares_still_follow_tickets():
-    rec, result = shares(16)
+def test_quiet_quanta_span_stretch_quanta_and_shares_still_follow_tickets():
+    rec, result = shares(16, length=100_000)
     spans = [round(w - t) for t, w in rec.wakes[:5] if w is not None]
-    assert spans == [60, 240, 960, 960, 960], rec.wakes[:5]
-    exact, exact_result = shares(1)
+    assert spans == [60, 960, 960, 960, 960], rec.wakes[:5]  # one quantum at the arrivals, then 16
+    exact, exact_result = shares(1, length=100_000)
     assert len(rec.samples) < len(exact.samples) / 5  # far fewer decisions
-    t, per_user, n = [x for x in rec.samples if x[2] == 16][-1]
-    assert t > 20_000
-    ratio = per_user["heavy"] / per_user["light"]
-    assert abs(ratio - 3.0) / 3.0 < 0.05, ratio
+    # 16-quantum slices of 4 of the 16 jobs: a user's share swings within a cycle of slices (about
+    # 10% at a given instant); over time it follows the tickets, 3:1
+    ratios = [(t, p["heavy"] / p["light"]) for t, p, n in rec.samples if n == 16 and t > 60_000]
+    assert len(ratios) > 100 and ratios[-1][0] > 250_000
+    mean = sum(r for _, r in ratios) / len(ratios)
+    assert abs(mean - 3.0) / 3.0 < 0.05, mean
+    assert abs(ratios[-1][1] - 3.0) / 3.0 < 0.05, ratios[-1]
     # the same work is done; the jobs' mean completion moves by little
     mean = sum(j.jct for j in result.jobs) / len(result.jobs)
     exact_mean = sum(j.jct for j in exact_result.jobs) / len(exact_result.jobs)
@@ -93,7 +97,7 @@ def test_an_arrival_cuts_a_stretched_quantum_and_unused_strides_are_given_back()
     assert at == [(1000.0, 1060.0)], rec.wakes[:8]  # cut: a fresh one-quantum decision at the arrival
     # strides charged == time run (+ the grant), before and after the cut: the unused part was given back
     upto = [c for c in rec.checked if c[0] <= 1000.0]
-    assert len(upto) >= 8
+    assert len(upto) >= 6  # jobs 1 and 2 at t=0, 60 (the stretched quantum) and 1000 (the cut)
     for t, jid, charged, ran in upto:
         assert charged == pytest.approx(ran, abs=1e-6), (t, jid, charged, ran)
 

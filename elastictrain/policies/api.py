@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+from collections import abc
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
@@ -29,8 +30,8 @@ import msgspec
 
 from ..errors import ConfigError
 
-__all__ = ["JobKey", "JobView", "ClusterSnapshot", "Decision", "Policy", "register", "create", "registered",
-           "options_of", "EMPTY"]
+__all__ = ["JobKey", "JobView", "JobsInOrder", "ClusterSnapshot", "Decision", "Policy", "register", "create",
+           "registered", "options_of", "EMPTY"]
 
 #: a job's key: a string (the coordinator's job ids) or an int (trace job ids)
 JobKey = Union[str, int]
@@ -86,6 +87,31 @@ class JobView(msgspec.Struct, frozen=True, gc=False):
         return (self.min_gpu or self.num_gpu) != (self.max_gpu or self.num_gpu)
 
 
+class JobsInOrder(abc.Sequence):
+    """A snapshot's jobs, read from the mechanism's table without copying them: a decision may
+    look at a few jobs of a long queue, and copying thousands at every decision would cost more
+    than deciding. Iterates in arrival order; indexing copies once. Valid during ``decide``."""
+
+    __slots__ = ("_views", "_tuple")
+
+    def __init__(self, views: Mapping) -> None:
+        self._views, self._tuple = views, None
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def __iter__(self):
+        return iter(self._views.values())
+
+    def __getitem__(self, i):
+        if self._tuple is None:
+            self._tuple = tuple(self._views.values())
+        return self._tuple[i]
+
+    def __repr__(self) -> str:
+        return f"JobsInOrder({len(self._views)} jobs)"
+
+
 @dataclass(frozen=True)
 class ClusterSnapshot:
     """Everything a policy may use, valid for the duration of one ``decide`` call.
@@ -98,7 +124,7 @@ class ClusterSnapshot:
     """
 
     now: float
-    jobs: tuple  # JobView, in arrival order
+    jobs: Sequence  # JobView, in arrival order (a tuple, or JobsInOrder)
     gpus_per_node: tuple[int, ...]
     nodes_per_switch: int
     arrived: tuple = ()  # JobView that arrived since the previous snapshot

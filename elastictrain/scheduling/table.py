@@ -19,7 +19,7 @@ from typing import Iterable, Optional
 from msgspec.structs import replace as _replace
 
 from ..errors import ConfigError
-from ..policies.api import EMPTY, ClusterSnapshot, JobView
+from ..policies.api import EMPTY, ClusterSnapshot, JobsInOrder, JobView
 from .api import ClusterShape, JobStatus
 
 __all__ = ["Entry", "JobTable", "Feed"]
@@ -256,7 +256,7 @@ class Feed:
         if t.stopping:  # the live case only
             views = {k: v for k, v in views.items() if k not in t.stopping}
         arrived = tuple(views[k] for k in self.arrived if k in views)
-        return ClusterSnapshot(now, tuple(views.values()), shape.gpus_per_node, shape.nodes_per_switch, arrived,
+        return ClusterSnapshot(now, JobsInOrder(views), shape.gpus_per_node, shape.nodes_per_switch, arrived,
                                tuple(self.ended), tuple(map(views.__getitem__, t.running)), shape.node_types,
                                MappingProxyType(views))
 

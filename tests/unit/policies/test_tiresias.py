@@ -38,3 +38,35 @@ def test_gittins_index_prefers_jobs_likely_to_finish_soon():
     # with 10 s attained... a job under 10 s is likely to end within delta: high index
     assert gi[0] > gi[-2]
     assert np.all(np.isfinite(gi))
+
+
+class _CheckOrder:
+    """Wraps Tiresias-G: after every decision each queue must be in Gittins-key order (it keeps
+    them sorted incrementally), and the key of every job must be the one computed from scratch."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.needs, self.checked = inner, inner.name, inner.needs, 0
+
+    def decide(self, s):
+        d = self.inner.decide(s)
+        p = self.inner
+        for queue in p._queues:
+            assert queue == sorted(queue, key=p._gkey.__getitem__)
+        saved = dict(p._gnext)  # (computing a key records when it changes next: put that back)
+        for j in s.jobs:
+            assert p._gkey[j.job_id] == p._gittins_key(j.job_id, j), j.job_id
+        p._gnext.clear()
+        p._gnext.update(saved)
+        self.checked += 1
+        return d
+
+
+def test_gittins_queues_stay_in_key_order_through_arrivals_demotions_and_promotions():
+    rng = np.random.default_rng(7)
+    jobs = [JobSpec(i, int(rng.choice([1, 2, 4])), float(rng.integers(0, 400)), int(rng.integers(5, 400)), 1.0)
+            for i in range(60)]
+    jobs.sort(key=lambda j: j.submit_time)
+    policy = _CheckOrder(create("tiresias-g", distribution=[20, 50, 80, 200, 400, 900, 1600], delta=100,
+                                thresholds=(200, 800), promote_knob=2.0))
+    result = Simulator(jobs, ClusterSpec(1, 1, 4), policy).run()
+    assert len(result.jobs) == 60 and policy.checked > 100

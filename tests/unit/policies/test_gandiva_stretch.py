@@ -111,3 +111,19 @@ def test_stretch_is_validated(bad):
 def test_stretch_is_for_split_stride_only():
     with pytest.raises(ConfigError, match="split stride only"):
         create("gandiva-fair", split=False, stretch=4)
+
+
+def test_simulate_is_told_when_an_exact_replay_needs_millions_of_quanta(tmp_path, capsys):
+    from elastictrain.sim.run import SimConfig, simulate
+
+    exact = create("gandiva-fair")
+    assert exact.replay_hint(3600.0 * 24 * 30) is None  # a month: 43,200 quanta
+    note = exact.replay_hint(86.4e6)  # 1,000 days: 1.44 million quanta
+    assert "1,440,000 quanta" in note and "--stretch 64" in note
+    assert create("gandiva-fair", stretch=64).replay_hint(86.4e6) is None
+    assert create("gandiva-fair-global").replay_hint(86.4e6) is None  # --stretch is not for it
+    # simulate prints it before the run (two jobs 1,000 days apart finish at once: nothing waits)
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,num_gpu,submit_time,iterations,iteration_time\n0,1,0,10,1\n1,1,86400000,10,1\n")
+    simulate(SimConfig(str(trace), "n1g4", ["gandiva-fair"]), progress=True)
+    assert "note: gandiva-fair decides every 60 s quantum" in capsys.readouterr().err

@@ -12,9 +12,10 @@
    Gandiva-fair <= 60 s. A run is stopped after ``--limit`` seconds and printed as ``timeout``.
    Gandiva-fair is timed twice: exact (a decision every 60-s quantum while a job waits: millions
    of decisions on a trace spanning years; on the larger trace stopped after ``--exact-limit``
-   s, 120 by default, twice its target) and ``--stretch 64`` (after the one-quantum decision at an arrival or an
-   end, quanta of 64 until the next one), with its mean JCT over the exact run's where both
-   finish (``..._avg_jct_vs_exact``): the stretched slices are coarser, so results move.
+   s, 120 by default, twice its target) and ``--stretch 64`` (after the one-quantum decision at
+   an arrival or an end, quanta of 64 until the next one), with its mean JCT over the exact
+   run's where both finish (``..._avg_jct_vs_exact``): the stretched slices are coarser, so
+   results move.
 
 Prints ``name: value unit``.
 """
@@ -74,8 +75,8 @@ def main() -> None:
     ap.add_argument("--limit", type=float, default=None, help="seconds before a run counts as a timeout "
                     "(default 120 with --quick, else 600)")
     ap.add_argument("--exact-limit", type=float, default=120.0,
-                    help="the same for exact gandiva-fair (default 120 s: twice its target; it needs millions of "
-                    "decisions on these traces)")
+                    help="the same for exact gandiva-fair on the larger trace (default 120 s: twice its target; it "
+                    "needs millions of decisions there)")
     args = ap.parse_args()
     reps = 1 if args.quick else 3
     limit = args.limit or (120.0 if args.quick else 600.0)

@@ -649,8 +649,11 @@ class ClusterScheduler:
             self.sched.notes = ()
             for key, limit in self.sched.limits.items():
                 rec = self.records.get(key)
-                if rec is not None and rec.memory_limit != max(int(limit), rec.memory_floor):
-                    rec.memory_limit = max(int(limit), rec.memory_floor)
+                if rec is None:
+                    continue
+                limit = max(int(limit), rec.memory_floor)  # never below what the job last needed
+                if rec.memory_limit != limit:
+                    rec.memory_limit = limit
                     self._dirty.add(rec.id)
         self.nodes.release()
         self._flush(everything=now - self._last_persist >= self.cfg.persist_every)

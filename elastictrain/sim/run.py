@@ -66,9 +66,10 @@ def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[S
     cluster = load_cluster(cfg.cluster)
     horizon = max(j.submit_time for j in jobs)
     if progress:  # a policy whose decisions grow with the simulated span says so before a long run
+        span = horizon - min(j.submit_time for j in jobs)
         for policy in checked:
             hint = getattr(policy, "replay_hint", None)
-            note = hint(horizon - min(j.submit_time for j in jobs)) if hint is not None else None
+            note = hint(span) if hint is not None else None
             if note:
                 print(f"note: {note}", file=sys.stderr)
     bars = _Bars(cfg.policies, horizon, len(jobs)) if progress else None

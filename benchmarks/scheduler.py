@@ -72,6 +72,11 @@ def pct(xs: list, q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
+def pct_rank(n: int, q: float) -> int:
+    """The 1-based rank of the sample :func:`pct` returns out of ``n``."""
+    return min(n - 1, int(round(q * (n - 1)))) + 1
+
+
 def tick_latency(policy: str, ticks: int, jobs: int = 1000, nodes: int = 64, gpus: int = 8) -> list[float]:
     rng = random.Random(7)
     with tempfile.TemporaryDirectory(prefix="et-bench-sched-") as tmp:
@@ -153,12 +158,16 @@ def real_cycles(reps: int) -> dict:
             for e in ev:
                 if e.job in (long, short):
                     t.setdefault((e.job, e.kind, e.detail.get("run")), e.time)
-            try:
-                out["preempt"].append(t[(long, "exit", 1)] - t[(long, "preempt", 1)])
-                out["resume"].append(t[(long, "first_step", 2)] - t[(long, "resume", 2)])
-                out["start"].append(t[(short, "first_step", 1)] - t[(short, "start", 1)])
-            except KeyError as exc:
-                print(f"cycle {r}: the long job was not preempted and resumed ({exc})", file=sys.stderr)
+            for key, job, end, begin, run in (("preempt", long, "exit", "preempt", 1),
+                                              ("resume", long, "first_step", "resume", 2),
+                                              ("start", short, "first_step", "start", 1)):
+                missing = [k for k in ((job, begin, run), (job, end, run)) if k not in t]
+                if missing:  # each figure on its own: one missing event costs only its own sample
+                    seen = sorted({(e.kind, e.detail.get("run")) for e in ev if e.job == job})
+                    print(f"cycle {r}: no {key} sample: event(s) {missing} missing; {job} had {seen}",
+                          file=sys.stderr)
+                else:
+                    out[key].append(t[(job, end, run)] - t[(job, begin, run)])
     return out
 
 
@@ -181,6 +190,8 @@ def main() -> None:
         rows.append((name, pct(times, 0.5) * 1e3, pct(times, 0.99) * 1e3, max(times) * 1e3))
     base = rows[0][2] if rows and rows[0][0] == "noop" else None
     print(f"# one scheduling step, 1,000 jobs on 64 nodes x 8 GPUs, {ticks} ticks each")
+    print(f"scheduler_tick_samples: {ticks} ticks per policy (p99 is the {pct_rank(ticks, 0.99)}th of {ticks}: "
+          "with few ticks it rests on one or two samples; run without --quick for 200)")
     for name, p50, p99, most in rows:
         print(f"scheduler_tick_{name}_p50: {p50:.2f} ms")
         print(f"scheduler_tick_{name}_p99: {p99:.2f} ms")

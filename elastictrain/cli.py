@@ -54,6 +54,8 @@ def get_parser() -> argparse.ArgumentParser:
     c.add_argument("--body-timeout", type=float, default=30.0, help="seconds a request's body may take to arrive")
     c.add_argument("--keep-alive", type=float, default=30.0, help="seconds an idle connection stays open")
     c.add_argument("--max-connections", type=int, default=1000, help="connections open at once; more are closed")
+    c.add_argument("--max-connections-per-client", type=int, default=None,
+                   help="connections open at once from one client address (default: 80%% of --max-connections)")
     c.add_argument("--max-header-bytes", type=int, default=65536, help="largest request head (more: 431)")
     c.add_argument("--policy", default=_env("ET_POLICY", None),
                    help="run the live scheduler with this policy (e.g. tiresias-l, fifo, srtf, muri-s, gandiva-fair); "
@@ -181,10 +183,15 @@ def _limits(args):
     checks = [("--header-timeout", args.header_timeout, 0.1, 3600), ("--body-timeout", args.body_timeout, 0.1, 3600),
               ("--keep-alive", args.keep_alive, 0.1, 3600), ("--max-connections", args.max_connections, 1, 1_000_000),
               ("--max-header-bytes", args.max_header_bytes, 1024, 1 << 24)]
+    per_client = args.max_connections_per_client
+    if per_client is None:
+        per_client = max(1, args.max_connections * 4 // 5)
+    checks.append(("--max-connections-per-client", per_client, 1, 1_000_000))
     for flag, value, lo, hi in checks:
         if not lo <= value <= hi:  # NaN fails too
             raise ConfigError(f"{flag} must be in [{lo}, {hi}], got {value}")
-    return Limits(args.header_timeout, args.body_timeout, args.max_header_bytes, args.max_connections, args.keep_alive)
+    return Limits(args.header_timeout, args.body_timeout, args.max_header_bytes, args.max_connections, args.keep_alive,
+                  max_per_client=per_client)
 
 
 def _policy_values(args) -> dict:

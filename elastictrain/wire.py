@@ -200,9 +200,15 @@ class CommitRequest(_Msg):
     updates: Updates = []
 
 
-class CommitReply(_Msg):
+class CommitReply(_Msg, omit_defaults=True):
+    """``complete``: this part completed the checkpoint; ``parts``: parts in so far;
+    ``committed_step``: the step of the dataset's newest complete commit in the sender's
+    generation (-1: none yet). Every part a worker sent at or before that step is folded into
+    the committed cursor, so the worker may forget the finished shards those parts named."""
+
     complete: bool
     parts: int
+    committed_step: int = -1
 
 
 class RestoreRequest(_Msg):

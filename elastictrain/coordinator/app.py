@@ -355,15 +355,16 @@ class CoordinatorApp:
 
             await send({"type": "http.response.start", "status": 200, "headers": [
                 (b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(PAGE)).encode()),
-                (b"content-security-policy", b"default-src 'self' 'unsafe-inline'")]})
+                (b"content-security-policy", b"default-src 'self' 'unsafe-inline'"), (b"connection", b"close")]})
             await send({"type": "http.response.body", "body": PAGE})
             return
         headers = dict(scope["headers"])
+        authed = self._authed(headers)
         ctype = headers.get(b"content-type", MSGPACK).split(b";")[0].strip().lower()
         # JSON when the client sent JSON, or (a GET) did not ask for msgpack: a plain curl reads text
         as_json = ctype == JSON or (scope["method"] == "GET" and MSGPACK not in headers.get(b"accept", b"").lower())
         try:
-            result = await self._dispatch(scope, headers, ctype, receive)
+            result = await self._dispatch(scope, headers, ctype, receive, authed)
             status = 200
         except ElasticTrainError as exc:
             status, result = exc.http_status, Error(exc.code, str(exc))
@@ -379,11 +380,19 @@ class CoordinatorApp:
             status, result = 500, Error("internal", "internal error; see the coordinator log")
         codec = self._codec
         body = codec.js_enc.encode(result) if as_json else codec.mp_enc.encode(result)
-        await send({"type": "http.response.start", "status": status, "headers": [
-            (b"content-type", JSON if as_json else MSGPACK), (b"content-length", str(len(body)).encode())]})
+        head = [(b"content-type", JSON if as_json else MSGPACK), (b"content-length", str(len(body)).encode())]
+        if not authed:  # no keep-alive without the token: idle anonymous sockets cannot pile up
+            head.append((b"connection", b"close"))
+        await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": body})
 
-    async def _dispatch(self, scope, headers: dict, ctype: bytes, receive):
+    def _authed(self, headers: dict) -> bool:
+        got = headers.get(b"authorization", b"")
+        scheme, _, value = got.partition(b" ")
+        return bool(got) and scheme.lower() == b"bearer" and hmac.compare_digest(b"Bearer " + value.strip(),
+                                                                                 self._token)
+
+    async def _dispatch(self, scope, headers: dict, ctype: bytes, receive, authed: bool):
         routes, args = self._match(scope["path"])
         method = scope["method"]
         route = routes.get(method)
@@ -391,12 +400,10 @@ class CoordinatorApp:
             raise _MethodNotAllowed(f"{method} is not allowed on {scope['path']}; use "
                                     f"{' or '.join(routes)}")
         if not route.public and not (self._public_read and method == "GET"):
-            got = headers.get(b"authorization", b"")
-            if not got:
-                raise AuthError("missing bearer token: send 'Authorization: Bearer <token>' (workers "
-                                "read it from the file named by ET_TOKEN_FILE; the CLI takes --token-file)")
-            scheme, _, value = got.partition(b" ")
-            if scheme.lower() != b"bearer" or not hmac.compare_digest(b"Bearer " + value.strip(), self._token):
+            if not authed:
+                if not headers.get(b"authorization"):
+                    raise AuthError("missing bearer token: send 'Authorization: Bearer <token>' (workers "
+                                    "read it from the file named by ET_TOKEN_FILE; the CLI takes --token-file)")
                 raise AuthError("wrong bearer token; use the coordinator's token file")
         if route.query:
             args = (*args, _query(scope))

@@ -8,9 +8,15 @@ anyone can reach needs, before any token is checked.
 * **Header size**: more than ``max_header`` bytes of head get 431 and a disconnect; nothing more
   is read or buffered.
 * **Connections**: at ``max_connections`` open at once, a new connection evicts the one that has
-  waited longest on an unfinished request head (a slow client), so real clients, whose heads
-  arrive at once, keep being served; if none is waiting on its head, the new connection is
-  closed as soon as it is accepted (uvicorn's ``limit_concurrency`` answers 503 beyond it too).
+  waited longest on an unfinished request head (a slow client), else the one idle longest on
+  keep-alive between requests (its client reconnects when it needs to), so real clients keep
+  being served; a connection in the middle of a request (a long poll) is never evicted. If no
+  connection can be evicted, the new one is closed as soon as it is accepted.
+* **Per client address**: at most ``max_per_client`` connections from one address; beyond it
+  the same rule applies among that address's own connections, so one host cannot take the
+  whole server.
+* Answers to requests without the token close their connection (``app.py``): keep-alive is for
+  clients that hold the token.
 * **Accept errors** (running out of file descriptors) are logged once a minute, not in a loop.
 
 Keep-alive connections idle for ``keep_alive`` seconds between requests are closed (uvicorn's
@@ -40,37 +46,88 @@ class Limits:
     max_connections: int = 1000
     keep_alive: float = 30.0
     backlog: int = 2048
+    max_per_client: int = 800
 
 
 def guarded_protocol(limits: Limits):
     """An ``http`` protocol class for ``uvicorn.Config`` that enforces ``limits``."""
 
     waiting: dict = {}  # connections reading a request head, oldest first (dicts keep order)
+    idle: dict = {}  # connections idle on keep-alive after an answer, oldest first
+    per_client: dict = {}  # client address -> its open connections
+
+    def victim_among(conns) -> Optional["GuardedHttpToolsProtocol"]:
+        """The connection to evict: the oldest still sending its head, else the oldest idle one."""
+        for pool in (waiting, idle):
+            for c in pool:
+                if conns is None or c in conns:
+                    return c
+        return None
 
     class GuardedHttpToolsProtocol(HttpToolsProtocol):
         _guard: Optional[asyncio.TimerHandle] = None
         _in_head = True  # until the current request's headers are complete
         _head_bytes = 0
         _tail = b""  # the last bytes of the head so far (its blank line may straddle two reads)
+        _peer: Optional[str] = None
 
         def connection_made(self, transport) -> None:  # type: ignore[override]
-            if len(self.connections) >= limits.max_connections:
-                victim = next(iter(waiting), None)
-                if victim is None:
-                    _rate_limited("connection refused: %d connections are open (the limit)", limits.max_connections)
-                    self.transport = transport
-                    transport.abort()
-                    return
-                _rate_limited("at %d connections: evicting the ones slowest to send their request head",
-                              limits.max_connections)
-                victim._reject(408, "request head not received in time (server at its connection limit)")
+            peer = transport.get_extra_info("peername")
+            addr = peer[0] if isinstance(peer, tuple) and peer else None
+            mine = per_client.get(addr, ()) if addr is not None else ()
+            if len(mine) >= limits.max_per_client and not self._evict(set(mine), "its client's connection limit"):
+                _rate_limited("connection refused: %s has %d connections open (--max-connections-per-client)",
+                              addr, limits.max_per_client)
+                self.transport = transport
+                transport.abort()
+                return
+            if len(self.connections) >= limits.max_connections and not self._evict(None, "its connection limit"):
+                _rate_limited("connection refused: %d connections are open (the limit)", limits.max_connections)
+                self.transport = transport
+                transport.abort()
+                return
             super().connection_made(transport)
+            if addr is not None:
+                self._peer = addr
+                per_client.setdefault(addr, {})[self] = True
             self._head()
+
+        def _evict(self, among, what: str) -> bool:
+            victim = victim_among(among)
+            if victim is None:
+                return False
+            _rate_limited("at %s: evicting connections slow to send a request head, then idle ones", what)
+            if victim in idle:
+                idle.pop(victim, None)
+                victim._cancel_guard()
+                waiting.pop(victim, None)
+                if victim.transport is not None:
+                    victim.transport.close()  # idle between requests: nothing to answer
+            else:
+                victim._reject(408, f"request head not received in time (server at {what})")
+            victim._forget_peer()
+            return True
+
+        def _forget_peer(self) -> None:
+            conns = per_client.get(self._peer)
+            if conns is not None:
+                conns.pop(self, None)
+                if not conns:
+                    del per_client[self._peer]
 
         def connection_lost(self, exc) -> None:
             self._cancel_guard()
             waiting.pop(self, None)
+            idle.pop(self, None)
+            self._forget_peer()
             super().connection_lost(exc)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if self.transport is not None and not self.transport.is_closing() and \
+                    getattr(self, "timeout_keep_alive_task", None) is not None:
+                idle.pop(self, None)
+                idle[self] = True  # until its next request begins
 
         def data_received(self, data: bytes) -> None:
             if self._in_head:  # count the head's bytes (up to its blank line; a body may follow at once)
@@ -85,6 +142,7 @@ def guarded_protocol(limits: Limits):
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
+            idle.pop(self, None)
             self._head()  # a request starts: its head has header_timeout from its first byte
 
         def _head(self) -> None:

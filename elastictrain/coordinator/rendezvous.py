@@ -70,6 +70,7 @@ class _JobRdzv:
     accumulate: int = 1  # gradient accumulation of the job's generations (the OOM plan raises it)
     excluded: dict = field(default_factory=dict)  # agent -> until when it may not join (a straggler's node)
     cooldowns: dict = field(default_factory=dict)  # agent -> its last cooldown (each exclusion doubles it)
+    ended: bool = False  # cluster mode: the job ended; a tombstone that refuses every later join
 
 
 @dataclass
@@ -159,24 +160,27 @@ class Rendezvous:
     def outcome(self, job: str) -> Optional[tuple[str, str, int]]:
         """``(status, detail, restarts used)`` of the job's current round, or None."""
         j = self._jobs.get(job)
-        return None if j is None else (j.status, j.detail, j.restarts)
+        return None if j is None or j.ended else (j.status, j.detail, j.restarts)
 
     def generation(self, job: str) -> int:
         """The job's current membership generation (0 before its first)."""
         row = self._m.jobs.get(job)
         return row.generation if row is not None else 0
 
-    def forget(self, job: str) -> None:
-        if self._jobs.pop(job, None) is not None and self._store is not None:
-            with self._store.transaction() as tx:
-                tx.delete_rdzv(job)
+    def forget(self, job: str, why: str = "ended") -> None:
+        """The scheduler's job ended (finished, failed, cancelled): its round is dropped and a
+        durable tombstone stays, so that a stale agent (a node frozen while the job ended
+        elsewhere) can never open another generation of it."""
+        self._jobs[job] = j = _JobRdzv(1, 1, 0, status="preempted", ended=True,
+                                       detail=f"job {job} already {why}; a stale run starts no new generation")
+        self._save(job, j)
         self._expect.pop(job, None)
 
     def shape(self, job: str) -> Optional[tuple[str, str, int, int, int]]:
         """``(status, detail, min nodes, max nodes, nodes in the generation)``, or None for a job
         no agent joined."""
         j = self._jobs.get(job)
-        if j is None:
+        if j is None or j.ended:
             return None
         return j.status, j.detail, j.min_nodes, j.max_nodes, len(j.members)
 
@@ -198,6 +202,11 @@ class Rendezvous:
                 not 0 <= req.last_call <= 3600 or not 0 <= req.port <= 65535 or not -1 <= req.node_rank < 65536:
             raise ConfigError(f"agent {req.agent}: max_restarts must be in [0, 100000], agent_timeout in [0.1, 86400] s, "
                               "last_call in [0, 3600] s, port in [0, 65535] and node_rank in [-1, 65535]")
+        ended = self._jobs.get(job)
+        if ended is not None and ended.ended:
+            log.warning("job %s: agent %s (run %d) tried to join after the job ended; told to exit", job, req.agent,
+                        req.run)
+            return AgentAction("exit", status=ended.status, detail=ended.detail)
         exp = self._expect.get(job)
         if req.run and exp is not None and req.run < exp.run:
             return AgentAction("exit", status="preempted", detail=f"run {req.run} was superseded by run {exp.run}")

@@ -358,8 +358,9 @@ class ShardManager:
         """
         jobrow = self._members.check_generation(job, req.generation)
         d = self._get(job, name)
-        if req.checkpoint in d.commits:
-            return CommitReply(True, req.world_size)  # a retry after the commit completed
+        if req.checkpoint in d.commits:  # a retry, or a second save, after the commit completed
+            self._check_covered(d, req)
+            return CommitReply(True, req.world_size, self._committed_step(d, req.generation))
         if not req.checkpoint or len(req.checkpoint) > 256:
             raise BadRequestError("checkpoint id must be 1-256 characters")
         if req.world_size != jobrow.world_size:
@@ -371,8 +372,16 @@ class ShardManager:
             if ckpt == req.checkpoint and p.generation == req.generation and p.step != req.step:
                 raise ConflictError(f"checkpoint {ckpt!r}: worker {w} committed it at step {p.step}, "
                                     f"worker {req.worker} at step {req.step}; all ranks must agree")
+        updates = req.updates
+        earlier = d.parts.get((req.checkpoint, req.worker))
+        if earlier is not None and earlier.generation == req.generation:
+            updates = _merge_part(req, _UPDATES.decode(earlier.updates), earlier.step)
+            if updates is None:  # the same part again (a retry, or a second save at that step)
+                n = sum(1 for (ckpt, _w), p in d.parts.items()
+                        if ckpt == req.checkpoint and p.generation == req.generation)
+                return CommitReply(False, n, self._committed_step(d, req.generation))
         part = PartRow(job, name, req.checkpoint, req.worker, req.step, req.generation, req.world_size,
-                       _ENC.encode(req.updates))
+                       _ENC.encode(updates))
         others = [p for (ckpt, w), p in d.parts.items()
                   if ckpt == req.checkpoint and w != req.worker and p.generation == req.generation]
         complete = len(others) + 1 == req.world_size
@@ -390,7 +399,33 @@ class ShardManager:
         d.parts[(req.checkpoint, req.worker)] = part
         if complete:
             self._after_complete(d, seq, cursor, req)
-        return CommitReply(complete, len(others) + 1)
+        return CommitReply(complete, len(others) + 1, self._committed_step(d, req.generation))
+
+    def _check_covered(self, d: _Dataset, req: CommitRequest) -> None:
+        """A part for an already complete checkpoint may only repeat what it holds.
+
+        Raises:
+            ConflictError: the part names progress the committed cursor does not contain.
+        """
+        if d.base_checkpoint == req.checkpoint:
+            cursor = d.base
+        else:
+            row = self._store.load_commit(d.job, d.spec.name, req.checkpoint)
+            if row is None:
+                return
+            cursor = msgspec.msgpack.decode(row.partial, type=Cursor)
+        for u in req.updates:
+            if u.shard_id >= cursor.frontier or cursor.partial.get(u.shard_id, u.offset) < u.offset:
+                raise ConflictError(
+                    f"checkpoint {req.checkpoint!r} is already committed without worker {req.worker}'s progress on "
+                    f"shard {u.shard_id} (offset {u.offset}): a second save at one step must carry the same data "
+                    "cursor; save once per step, or after a new step")
+
+    @staticmethod
+    def _committed_step(d: _Dataset, generation: int) -> int:
+        """The step of the newest complete commit made by ``generation`` (-1: none)."""
+        c = d.commits.get(d.base_checkpoint) if d.base_checkpoint is not None else None
+        return c.info.step if c is not None and c.info.generation == generation else -1
 
     def _complete(self, d: _Dataset, tx: Tx, req: CommitRequest, last: PartRow) -> tuple[int, Cursor]:
         parts = [p for p in d.parts.values() if p.generation == req.generation and p.step <= req.step
@@ -467,6 +502,31 @@ class ShardManager:
         log.info("dataset %s/%s: generation %d restored from %s (frontier %d, %d partial)",
                  job, name, req.generation, req.checkpoint, cursor.frontier, len(cursor.partial))
         return RestoreReply(req.checkpoint, True)
+
+
+def _merge_part(req: CommitRequest, earlier: list[ShardUpdate], earlier_step: int) -> Optional[list[ShardUpdate]]:
+    """A worker's second part of one checkpoint: parts are additive. The result is the union of
+    both (sorted by shard), or None if the new part adds nothing.
+
+    Raises:
+        ConflictError: the parts name different steps, or one shard at different positions.
+    """
+    if req.step != earlier_step:
+        raise ConflictError(f"worker {req.worker} already sent its part of checkpoint {req.checkpoint!r} at step "
+                            f"{earlier_step}, not {req.step}; a checkpoint id names one step: save under a new name")
+    merged = {u.shard_id: u for u in earlier}
+    added = False
+    for u in req.updates:
+        old = merged.get(u.shard_id)
+        if old is None:
+            merged[u.shard_id] = u
+            added = True
+        elif (old.lease_id, old.offset) != (u.lease_id, u.offset):
+            raise ConflictError(
+                f"worker {req.worker}'s parts of checkpoint {req.checkpoint!r} disagree on shard {u.shard_id} "
+                f"(lease {old.lease_id} offset {old.offset}, then lease {u.lease_id} offset {u.offset}): a second "
+                "save at one step must carry the same data cursor; save once per step, or after a new step")
+    return [merged[k] for k in sorted(merged)] if added else None
 
 
 def _advance_cursor(spec: DatasetSpec, base: Cursor, updates: Iterable[ShardUpdate]) -> Cursor:

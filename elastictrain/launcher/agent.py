@@ -403,6 +403,7 @@ class _Poller:
 
     def _run(self) -> None:
         try:
+            failures = 0
             while not self._stopped.is_set():
                 try:
                     action = self._client.agent_poll(self._job, self._agent, self._gen, self._wait)
@@ -410,6 +411,12 @@ class _Poller:
                     self._error = exc
                     self._wake.set()
                     return
+                except Exception:  # noqa: BLE001 - not ours to die of: log, back off, poll on
+                    failures += 1
+                    log.exception("agent poll failed unexpectedly; polling on")
+                    self._stopped.wait(min(10.0, 0.5 * 2 ** min(failures, 5)))
+                    continue
+                failures = 0
                 if self._stopped.is_set():
                     return
                 if action.action != "run":

@@ -16,13 +16,19 @@ holding the request until that generation exists. A worker that registered is on
 process, so the agent keeps it across its peer's failure (as it keeps workers that opted in through
 ``elastictrain_torch.elastic.run``) and replaces only the one that died.
 
-The store has no authentication, as horovodrun's has none: it listens on the agent's address
-(loopback for a single-node job) and only for the job's lifetime.
+Horovod's clients (its C++ gloo store and its Python elastic driver) send no credentials, so the
+store authenticates the *peer* instead: a connection from this machine is served only if its socket
+belongs to this agent's own user (looked up in ``/proc/net/tcp``, as ``ss -e`` does), and one from
+another machine only if it comes from a host of the job's current generation. It holds at most
+``MAX_BYTES`` in all and serves at most ``MAX_HANDLERS`` connections at once (more are closed at
+once); it listens only for the job's lifetime.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -37,6 +43,8 @@ RANK_AND_SIZE = "rank_and_size"
 WORKER_ADDRESSES = "worker_addresses"
 MAX_VALUE = 16 << 20  # bytes in one PUT (a gloo address is ~100 bytes; pickled worker addresses ~1 KB)
 MAX_KEYS = 100_000  # keys held at once, over all scopes
+MAX_BYTES = 64 << 20  # value bytes held at once, over all scopes
+MAX_HANDLERS = 64  # connections served at once (one thread each)
 _READ_TIMEOUT = 10.0  # seconds a client has to send its request
 
 
@@ -104,9 +112,10 @@ class HorovodRendezvous:
         self._addresses: dict[int, bytes] = {}  # slot -> its notification service (pickled by Horovod)
         self.waiting = 0  # rank_and_size requests held for the next generation
         self._closed = False
+        self._bytes = 0  # value bytes held
+        self.remote_hosts: set[str] = set()  # addresses of the generation's other hosts
         handler = type("_Handler", (_Handler,), {"rdzv": self})
-        self._httpd = ThreadingHTTPServer((host, 0), handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _Server((host, 0), handler, self)
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="et-horovod-rdzv", daemon=True)
         self._thread.start()
@@ -119,6 +128,7 @@ class HorovodRendezvous:
             self._generation = generation
             self._slots = dict(slots)
             self._kv.clear()
+            self._bytes = 0
             self._done.clear()
             self._sizes.clear()
             for s in slots.values():
@@ -182,6 +192,11 @@ class HorovodRendezvous:
         with self._lock:
             if sum(len(v) for v in self._kv.values()) >= MAX_KEYS:
                 return f"the store holds {MAX_KEYS} keys already"
+            old = self._kv.get(scope, {}).get(key)
+            held = self._bytes - (len(old) if old is not None else 0) + len(value)
+            if held > MAX_BYTES:
+                return f"the store holds at most {MAX_BYTES} bytes of values"
+            self._bytes = held
             self._kv.setdefault(scope, {})[key] = value
             slot = self._slot(key) if scope == WORKER_ADDRESSES else None
             if slot is not None:
@@ -196,10 +211,13 @@ class HorovodRendezvous:
                 done = self._done.setdefault(scope, set())
                 done.add(key)
                 if len(done) >= self._sizes[scope]:
-                    self._kv.pop(scope, None)
+                    gone = self._kv.pop(scope, None) or {}
+                    self._bytes -= sum(len(v) for v in gone.values())
                     self._done.pop(scope, None)
             else:
-                self._kv.get(scope, {}).pop(key, None)
+                old = self._kv.get(scope, {}).pop(key, None)
+                if old is not None:
+                    self._bytes -= len(old)
                 if scope in self._kv and not self._kv[scope]:
                     del self._kv[scope]
 
@@ -241,6 +259,72 @@ class HorovodRendezvous:
         log.warning("horovod: local rank %d asked for its place in the next generation, none came in %.0f s", slot,
                     self.wait)
         return REMOVED
+
+
+class _Server(ThreadingHTTPServer):
+    """A thread per connection, at most MAX_HANDLERS at once, each peer checked before it is served."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, rdzv: "HorovodRendezvous") -> None:
+        self._rdzv = rdzv
+        self._handlers = threading.BoundedSemaphore(MAX_HANDLERS)
+        super().__init__(address, handler)
+
+    def verify_request(self, request, client_address) -> bool:
+        if not _peer_allowed(request, client_address, self._rdzv.remote_hosts):
+            log.warning("Horovod rendezvous: refused a connection from %s (not this user's process, nor a host of "
+                        "the job)", client_address[0])
+            return False
+        if not self._handlers.acquire(blocking=False):
+            log.warning("Horovod rendezvous: %d connections are being served; refused one more", MAX_HANDLERS)
+            return False
+        return True
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._handlers.release()
+
+    def handle_error(self, request, client_address) -> None:  # a client that went away: not ours to log loudly
+        log.debug("Horovod rendezvous: a request from %s failed", client_address[0], exc_info=True)
+
+
+def _peer_allowed(sock, peer, remote_hosts: set) -> bool:
+    """A peer on this machine must be a process of this user; a remote one a host of the job."""
+    owner = _local_socket_uid(sock.getsockname(), peer)
+    if owner is not None:
+        return owner == os.getuid()
+    return peer[0] in remote_hosts
+
+
+def _local_socket_uid(ours, peer) -> Optional[int]:
+    """The uid owning the socket at ``peer`` if it is on this machine (its connection to ``ours``
+    is listed in /proc/net/tcp*), else None."""
+    def hexaddr(addr) -> Optional[str]:
+        ip, port = addr[0], addr[1]
+        try:
+            if ":" in ip:
+                raw = socket.inet_pton(socket.AF_INET6, ip)
+                words = [raw[i:i + 4][::-1].hex().upper() for i in range(0, 16, 4)]
+                return "".join(words) + f":{port:04X}"
+            return socket.inet_aton(ip)[::-1].hex().upper() + f":{port:04X}"
+        except OSError:
+            return None
+
+    want_local, want_remote = hexaddr(peer), hexaddr(ours)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)
+                for line in f:
+                    cols = line.split()
+                    if len(cols) > 7 and cols[1] == want_local and cols[2] == want_remote:
+                        return int(cols[7])
+        except OSError:
+            continue
+    return None
 
 
 class _Handler(BaseHTTPRequestHandler):

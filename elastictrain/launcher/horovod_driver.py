@@ -49,6 +49,7 @@ class HorovodDriver:
         returns each fresh worker's Horovod variables."""
         n = len(slots)
         places = {lr: Slot(a.rank_offset + i, a.world_size, i, n, a.node_rank, a.nnodes) for i, lr in enumerate(slots)}
+        self.rdzv.remote_hosts = _addresses([a.master_addr] + [w.rpartition(":")[0] for w in a.workers])
         self.rdzv.begin(a.generation, places)
         rdzv, host, iface = self.rdzv, self.host, self._iface
         return lambda lr: horovod_env(places[lr], rdzv.hostname, host, rdzv.port, elastic=True, iface=iface)
@@ -99,3 +100,16 @@ def _loopback_iface() -> Optional[str]:
     except OSError:
         pass
     return None
+
+
+def _addresses(hosts: list[str]) -> set[str]:
+    """The IP addresses of the generation's hosts (the peers the rendezvous serves from afar)."""
+    out: set[str] = set()
+    for h in set(hosts):
+        if not h:
+            continue
+        try:
+            out.update(info[4][0] for info in socket.getaddrinfo(h.strip("[]"), None))
+        except OSError:
+            log.warning("cannot resolve %s: its workers cannot reach the Horovod rendezvous", h)
+    return out

@@ -142,6 +142,7 @@ class NodeDaemon:
         self._logs: list[LogChunk] = []
         self._wake = threading.Event()
         self._stop: Optional[int] = None
+        self._stopping = threading.Event()  # set with _stop: wakes every back-off at once
         self._reply = None
         self._seen: set = set()
         self._enforce: Optional[str] = None  # how a plan's memory limit is enforced here (probed once)
@@ -173,7 +174,13 @@ class NodeDaemon:
             while self._stop is None:
                 self._wake.wait(0.5)
                 self._wake.clear()
-                self._step()
+                try:
+                    self._step()
+                except ElasticTrainError:
+                    raise
+                except Exception:  # noqa: BLE001 - a bug in one step must not take the node's jobs down
+                    log.exception("node step failed; going on")
+                    self._stopping.wait(1.0)
             return self._drain()
         except ElasticTrainError as exc:
             print(f"elastictrain node: error: {exc}", file=sys.stderr)
@@ -184,6 +191,7 @@ class NodeDaemon:
 
     def _on_signal(self, signum, _frame) -> None:
         self._stop = signum
+        self._stopping.set()
         self._wake.set()
 
     def _register(self) -> None:
@@ -194,13 +202,19 @@ class NodeDaemon:
                  cfg.coordinator, info.index)
 
     def _poll_loop(self) -> None:
+        failures = 0
         while self._stop is None:
             try:
                 reply = self._poll(self.client, self.cfg.poll_wait)
-            except ElasticTrainError as exc:
-                log.error("poll failed: %s", exc)
-                time.sleep(1.0)
+            except Exception as exc:  # noqa: BLE001 - this loop must outlive anything a poll can raise
+                failures += 1
+                if isinstance(exc, ElasticTrainError):
+                    log.error("poll failed: %s", exc)
+                else:
+                    log.exception("poll failed unexpectedly; polling on")
+                self._stopping.wait(min(10.0, 0.5 * 2 ** min(failures, 5)))
                 continue
+            failures = 0
             with self._lock:
                 self._reply = reply
             self._wake.set()

@@ -306,6 +306,9 @@ class Checkpointer:
         # launcher stopping this worker gives the persist time to finish (see _run_bg)
         self._marker = os.environ.get("ET_PERSIST_MARKER") or None
         self._term_deferred = False
+        # the last save's name: a second save at one step (same generation) is a no-op, so one
+        # checkpoint is never written or committed twice
+        self._last_name: Optional[str] = None
 
     def reserve(self, nbytes: int) -> None:
         """Allocate and fault in the host buffer in the background, so that the first save only
@@ -336,6 +339,11 @@ class Checkpointer:
     def save(self, step: int, extra: Optional[dict] = None) -> str:
         """Snapshot now, persist in the background; returns the checkpoint's name.
 
+        A second save at the same step (in one generation) is a no-op that returns the first
+        one's name: the checkpoint of a step is written and committed once, with the state of
+        that first save (a loop that saves every N steps and at each epoch's end saves twice
+        when an epoch ends on a multiple of N; restoring either way resumes correctly).
+
         Raises:
             CheckpointBusyError: the previous save is still persisting and ``on_busy="raise"``.
             ElasticTrainError: the previous background persist failed (its error is re-raised once).
@@ -343,6 +351,11 @@ class Checkpointer:
         t0 = time.perf_counter()
         if self.membership_check is not None:
             self.membership_check()
+        name = f"step-{step:09d}-g{self.generation}"
+        if name == self._last_name:  # e.g. a save every N steps and one at an epoch's end that falls on N
+            self._raise_bg()
+            log.debug("step %d is already saved as %s: this save is a no-op", step, name)
+            return name
         self._wait_previous()
         self._report(step)
         if self.saves_here:
@@ -350,7 +363,7 @@ class Checkpointer:
             if problem is not None:
                 raise CheckpointWriteError(f"cannot save step {step}: {problem}; fix its permissions or pass "
                                            "another directory")
-        name = f"step-{step:09d}-g{self.generation}"
+        self._last_name = name
         part = self.shards.cursor(step) if self.shards is not None else None
         snapshot, fence = None, None
         if self.saves_here:
@@ -372,6 +385,9 @@ class Checkpointer:
         else:
             try:
                 work()
+            except BaseException:
+                self._last_name = None
+                raise
             finally:
                 durable.set()
         return name
@@ -410,6 +426,7 @@ class Checkpointer:
             work()
         except BaseException as exc:  # handed to the training thread at its next save() or wait()
             self.stats.failures += 1
+            self._last_name = None  # a later save of the same step tries again
             self._error = (step, exc)
             log.error("checkpoint of step %d: persist failed: %s", step, exc)
         finally:

@@ -2,7 +2,8 @@
 
 Every call the client makes is safe to repeat (leases carry a request id, progress and
 commits carry absolute offsets, restores and generations are compare-and-set), so the
-client retries connection errors, timeouts and 5xx answers with exponential backoff and
+client retries every transport failure (connection refused or reset, timeouts, a reply cut
+off mid-body) and 5xx answers with exponential backoff and
 full jitter until ``retry_for`` seconds have passed; then it raises
 :class:`CoordinatorUnavailableError` naming the address. A 4xx is never retried: it is
 raised as the matching :mod:`elastictrain.errors` class.
@@ -34,6 +35,11 @@ __all__ = ["CoordinatorClient", "read_token", "token_from_file"]
 T = TypeVar("T")
 _ENC = msgspec.msgpack.Encoder()
 _RETRY_STATUS = {500, 502, 503, 504}
+# Every way a request can fail in transport, retried alike: a refused or reset connection, a
+# timeout, and a reply cut off mid-body (a coordinator killed while answering: the body ends
+# early, as a chunked-encoding error, an undecodable gzip stream or a short msgpack body).
+_TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
+                     requests.exceptions.ContentDecodingError)
 
 
 def token_from_file(path: str, what: str = "the token file") -> str:
@@ -95,7 +101,15 @@ class CoordinatorClient:
                     dec = self._decoders.get(reply)
                     if dec is None:
                         dec = self._decoders[reply] = msgspec.msgpack.Decoder(reply)
-                    return dec.decode(r.content)
+                    try:
+                        return dec.decode(r.content)
+                    except msgspec.ValidationError as exc:  # well-formed, wrong schema: not retried
+                        raise CoordinatorUnavailableError(
+                            f"coordinator at {self.url} answered {method} {path} with a body that is not a "
+                            f"{reply.__name__} ({exc}); is that address an elastictrain coordinator of a "
+                            "compatible version?") from None
+                    except msgspec.DecodeError as exc:  # a body cut short: retried like a reset connection
+                        raise requests.exceptions.ChunkedEncodingError(f"reply body cut short: {exc}") from None
                 if r.status_code not in _RETRY_STATUS:
                     try:
                         err = msgspec.msgpack.decode(r.content, type=Error)
@@ -103,7 +117,7 @@ class CoordinatorClient:
                     except (msgspec.DecodeError, msgspec.ValidationError):
                         raise error_from_status(r.status_code, "", r.text[:200]) from None
                 last = f"HTTP {r.status_code}"
-            except (requests.ConnectionError, requests.Timeout) as exc:
+            except _TRANSPORT_ERRORS as exc:
                 last = type(exc).__name__
                 self._session.close()  # drop a half-dead keep-alive connection
             attempt += 1

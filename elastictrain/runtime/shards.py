@@ -81,7 +81,8 @@ class ShardIterator:
         self._pending: deque[list] = deque()  # segments being yielded / consumed, see samples()
         self._consumed: dict[int, tuple[int, int]] = {}  # finished, not yet reported: id -> (lease, offset)
         self._reported: dict[int, int] = {}
-        self._touched: dict[int, tuple[int, int]] = {}  # since the last acknowledged commit
+        self._touched: dict[int, tuple[int, int]] = {}  # not yet in a complete commit
+        self._unconfirmed: list[tuple[int, list]] = []  # (step, finished shards) of parts sent, not yet complete
         self.epoch: Optional[int] = None  # epoch of the sample yielded last
         self.lease_waits = 0  # times the iterator found no lease ready (the first one always does)
         # started on first use, so that a restore() between construction and iteration is safe
@@ -211,11 +212,25 @@ class ShardIterator:
         part = part or self.cursor(step)
         reply = self._client.commit(self.job, self.spec.name, self.generation, self.worker, world_size,
                                     checkpoint, part.step, list(part.updates))
-        with self._lock:  # finished shards in an acknowledged part need not be sent again
-            for u in part.updates:
-                if self._touched.get(u.shard_id) == (u.lease_id, u.offset) and \
-                        u.offset == self.spec.shard_bounds(u.shard_id)[2]:
-                    del self._touched[u.shard_id]
+        with self._lock:
+            # A finished shard is sent with every part until a *complete* commit covers a part that
+            # named it: an acknowledged part of an incomplete checkpoint may never complete (a rank
+            # dies first), and then the next checkpoint must still carry that shard.
+            done = [(u.shard_id, (u.lease_id, u.offset)) for u in part.updates
+                    if u.offset == self.spec.shard_bounds(u.shard_id)[2]]
+            if done:
+                self._unconfirmed.append((part.step, done))
+            covered = reply.committed_step if not reply.complete else max(reply.committed_step, part.step)
+            if covered >= 0 and self._unconfirmed:
+                keep = []
+                for step, items in self._unconfirmed:
+                    if step > covered:
+                        keep.append((step, items))
+                        continue
+                    for sid, v in items:
+                        if self._touched.get(sid) == v:
+                            del self._touched[sid]
+                self._unconfirmed = keep
         return reply
 
     # ------------------------------------------------------------------ background
@@ -307,6 +322,7 @@ class ShardIterator:
             self._consumed.clear()
             self._reported.clear()
             self._touched.clear()
+            self._unconfirmed.clear()
             self._ended = self._finished = self._closed = False
             self._error = None
             self.epoch = None

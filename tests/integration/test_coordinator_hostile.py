@@ -209,3 +209,52 @@ def test_token_files_are_checked(tmp_path):
     fresh = tmp_path / "fresh.token"
     load_or_create_token(str(fresh), use_env=False)
     assert stat.S_IMODE(fresh.stat().st_mode) == 0o600
+
+
+def test_idle_anonymous_connections_cannot_lock_clients_out(tmp_path):
+    """The audit: sockets that each sent a complete request without the token (a GET /v1/health,
+    or a POST whose body never comes) and then stayed idle held every connection slot, and new
+    connections were reset for as long as they stayed. Answers without the token now close
+    their connection, a missing body is timed out, and idle ones are evicted first."""
+    proc = CoordinatorProcess(str(tmp_path / "db"), str(tmp_path / "token"), log_file=str(tmp_path / "c.log"),
+                              extra_args=("--max-connections", "150", "--body-timeout", "2"))
+    proc.start()
+    host, port = proc.url.split("//")[1].rsplit(":", 1)
+    socks = []
+    try:
+        from elastictrain import CoordinatorClient
+
+        for i in range(200):
+            s = socket.create_connection((host, int(port)), timeout=5)
+            if i % 4:
+                s.sendall(b"GET /v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+            else:
+                s.sendall(b"POST /v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: 100\r\n\r\n")
+            socks.append(s)
+        client = CoordinatorClient(proc.url, proc.token, timeout=2, retry_for=2)
+        ok = 0
+        for _ in range(40):
+            try:
+                ok += client.health().status == "ok"
+            except Exception:  # noqa: BLE001 - counted as a failed check
+                pass
+            time.sleep(0.05)
+        assert ok == 40, f"{ok} of 40 health checks answered"
+        closed = 0
+        for s in socks:  # every anonymous socket got its answer (or was refused) and was closed
+            s.settimeout(3)
+            try:
+                data = b""
+                while chunk := s.recv(65536):
+                    data += chunk
+                closed += 1
+            except ConnectionResetError:
+                closed += 1
+            except socket.timeout:
+                pass
+        assert closed == len(socks), f"{len(socks) - closed} anonymous connections were kept open"
+    finally:
+        for s in socks:
+            s.close()
+        proc.stop()

@@ -29,3 +29,16 @@ def test_cluster_demo_preempts_and_resumes_with_every_sample_once(tmp_path):
     assert r.stdout.count("every sample trained on exactly once per epoch: True") == 3
     assert "preempt@" in r.stdout and "preempted and resumed: job(s) " in r.stdout
     assert "queue=Q1" in r.stdout and "preempted" in r.stdout
+
+
+def test_epoch_ends_that_fall_on_a_save_keep_every_sample_once(tmp_path):
+    """The audit's reproduction: a save at every step, so every epoch's end saves its step twice
+    (the README's loop). A second part of one checkpoint used to replace the first."""
+    cmd = [sys.executable, "-m", "elastictrain.launcher.cli", "--nproc-per-node", "2", "--max-restarts", "1",
+           os.path.join(ROOT, "examples", "torch_ddp_elastic.py"), "--samples", "2000", "--epochs", "3",
+           "--batch-size", "50", "--shard-size", "100", "--ckpt-every", "1", "--crash-at-step", "50",
+           "--ckpt-dir", str(tmp_path / "D")]
+    r = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "exit code 13" in r.stderr  # the crash happened, and the job resumed from a checkpoint
+    assert "every sample trained on exactly once per epoch: True (ledger min 3, max 3" in r.stdout, r.stdout[-2000:]

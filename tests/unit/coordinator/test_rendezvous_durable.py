@@ -57,3 +57,29 @@ def test_no_worker_addresses_unless_every_node_offers_them(tmp_path):
     a = c.rendezvous.join("j", AgentJoin("agent-a", "ha", 2, 1000, 2, 2, worker_ports=[4001, 4002], node_rank=0))
     assert a.action == "run" and a.assignment.workers == []
     c.store.close()
+
+
+def test_an_ended_job_accepts_no_new_generation_ever(tmp_path):
+    """The audit: a node frozen for 60 s while its job resumed elsewhere and finished; after the
+    thaw its stale agent opened generation 3 of the finished job. An ended job's round leaves a
+    durable tombstone: every later join is told to exit, across a coordinator restart too."""
+    from elastictrain.wire import AgentPoll
+
+    clock = ManualClock(100.0)
+    c = _coord(tmp_path, clock)
+    c.rendezvous.expect("j", 2, "requeue", 0)
+    a = c.rendezvous.join("j", AgentJoin("agent-1", "h", 1, 1000, last_call=0.0, run=2))
+    assert a.action == "run"
+    gen = c.members.get("j").generation
+    c.rendezvous.forget("j", "finished")  # the scheduler saw the job finish
+    stale = c.rendezvous.poll("j", AgentPoll("agent-2", 1))
+    assert stale.action == "restart"  # an unknown agent is told to join again ...
+    for run in (1, 2, 3, 0):
+        again = c.rendezvous.join("j", AgentJoin("agent-2", "h", 1, 1000, last_call=0.0, run=run))
+        assert again.action == "exit" and "already finished" in again.detail  # ... and the join says exit
+    c.store.close()
+    c = _coord(tmp_path, clock)
+    again = c.rendezvous.join("j", AgentJoin("agent-2", "h", 1, 1000, last_call=0.0, run=2))
+    assert again.action == "exit"
+    assert c.members.get("j").generation == gen  # no generation was opened
+    c.store.close()

@@ -18,7 +18,7 @@ from elastictrain.clock import ManualClock
 from elastictrain.coordinator.membership import Membership
 from elastictrain.coordinator.shards import ShardManager
 from elastictrain.coordinator.store import SQLiteStore
-from elastictrain.errors import LeaseLostError, StaleGenerationError
+from elastictrain.errors import ConflictError, LeaseLostError, StaleGenerationError
 from elastictrain.model import DatasetSpec
 from elastictrain.sharding import permuted_indices
 from elastictrain.wire import CommitRequest, LeaseRequest, ProgressRequest, RestoreRequest, ShardUpdate
@@ -215,3 +215,57 @@ def test_late_progress_after_the_commit_that_finished_the_shard(tmp_path):
     assert coord.shards.progress(JOB, DS, ProgressRequest(1, 0, [stale])).lost == []
     other = ShardUpdate(ls.shard_id, ls.lease_id + 1, 4)
     assert coord.shards.progress(JOB, DS, ProgressRequest(1, 0, [other])).lost == [ls.shard_id]
+
+
+def _two_workers(tmp_path):
+    coord = Coord(str(tmp_path / "c.db"), ManualClock())
+    coord.members.create_job(JOB, 1, 2)
+    coord.members.open_generation(JOB, 0, 2, "start")
+    coord.shards.register(JOB, DatasetSpec(DS, 100, 10))
+    return coord
+
+
+def test_a_second_part_of_one_checkpoint_adds_and_never_replaces(tmp_path):
+    """The bug of the README's loop: rank 1 sends its part of c1 (finished shard A), then a
+    second save at the same step sends a part without A; rank 0 completes c1. A must be in
+    the committed cursor, or the next restore serves its samples again."""
+    coord = _two_workers(tmp_path)
+    a = coord.shards.lease(JOB, DS, LeaseRequest(1, 1, "a")).lease
+    b = coord.shards.lease(JOB, DS, LeaseRequest(1, 0, "b")).lease
+    first = coord.shards.commit(JOB, DS, CommitRequest(1, 1, 2, "c1", 5, [ShardUpdate(a.shard_id, a.lease_id, a.end)]))
+    assert not first.complete and first.committed_step == -1
+    again = coord.shards.commit(JOB, DS, CommitRequest(1, 1, 2, "c1", 5, []))  # the second save's empty part
+    assert not again.complete and again.parts == 1
+    coord.restart()  # parts are durable and merged across a restart too
+    done = coord.shards.commit(JOB, DS, CommitRequest(1, 0, 2, "c1", 5, [ShardUpdate(b.shard_id, b.lease_id, b.end)]))
+    assert done.complete and done.committed_step == 5
+    coord.members.open_generation(JOB, 1, 2, "failure")
+    coord.shards.restore(JOB, DS, RestoreRequest(2, "c1"))
+    served = set()
+    while (ls := coord.shards.lease(JOB, DS, LeaseRequest(2, 0, uuid.uuid4().hex)).lease) is not None \
+            and ls.epoch == 0:
+        served.add(ls.shard_id)
+        coord.shards.commit(JOB, DS, CommitRequest(2, 0, 2, f"x{ls.shard_id}", ls.shard_id,
+                                                   [ShardUpdate(ls.shard_id, ls.lease_id, ls.end)]))
+    assert a.shard_id not in served and b.shard_id not in served
+    assert len(served) == 8
+
+
+def test_a_second_part_that_contradicts_the_first_is_refused(tmp_path):
+    coord = _two_workers(tmp_path)
+    a = coord.shards.lease(JOB, DS, LeaseRequest(1, 1, "a")).lease
+    coord.shards.commit(JOB, DS, CommitRequest(1, 1, 2, "c1", 5, [ShardUpdate(a.shard_id, a.lease_id, 4)]))
+    with pytest.raises(ConflictError, match="same data cursor"):
+        coord.shards.commit(JOB, DS, CommitRequest(1, 1, 2, "c1", 5, [ShardUpdate(a.shard_id, a.lease_id, 6)]))
+    with pytest.raises(ConflictError, match="at step 5"):
+        coord.shards.commit(JOB, DS, CommitRequest(1, 1, 2, "c1", 6, [ShardUpdate(a.shard_id, a.lease_id, 4)]))
+    # the same part again is a no-op; a new shard is added
+    b = coord.shards.lease(JOB, DS, LeaseRequest(1, 1, "b")).lease
+    assert coord.shards.commit(JOB, DS, CommitRequest(1, 1, 2, "c1", 5, [ShardUpdate(a.shard_id, a.lease_id, 4)])).parts == 1
+    coord.shards.commit(JOB, DS, CommitRequest(1, 1, 2, "c1", 5, [ShardUpdate(b.shard_id, b.lease_id, b.end)]))
+    done = coord.shards.commit(JOB, DS, CommitRequest(1, 0, 2, "c1", 5, []))
+    assert done.complete
+    # after completion, a part may repeat what the commit holds, and nothing more
+    assert coord.shards.commit(JOB, DS, CommitRequest(1, 1, 2, "c1", 5, [ShardUpdate(b.shard_id, b.lease_id, b.end)])).complete
+    with pytest.raises(ConflictError, match="already committed"):
+        coord.shards.commit(JOB, DS, CommitRequest(1, 1, 2, "c1", 5, [ShardUpdate(a.shard_id, a.lease_id, 8)]))

@@ -159,3 +159,65 @@ def test_a_survivor_is_known_by_the_local_rank_horovod_last_gave_it(rdzv):
     rdzv.started(3, {0})
     t.join(5)
     assert got["r"] == (200, b"1,2,1,2,0,1") and rdzv.waiting == 0
+
+
+def test_the_store_caps_its_bytes_and_frees_them(rdzv, monkeypatch):
+    import elastictrain.launcher.horovod as hv
+
+    monkeypatch.setattr(hv, "MAX_BYTES", 3 * 1024)
+    rdzv.begin(1, _slots())
+    for k in range(3):
+        assert _req(rdzv, "PUT", f"/other/{k}", b"x" * 1024)[0] == 200
+    status, body = _req(rdzv, "PUT", "/other/3", b"x")
+    assert status == 413 and b"bytes" in body
+    assert _req(rdzv, "PUT", "/other/2", b"y" * 1024)[0] == 200  # replacing a value is not growth
+    assert _req(rdzv, "DELETE", "/other/0")[0] == 200
+    assert _req(rdzv, "PUT", "/other/3", b"z" * 1024)[0] == 200  # freed by the delete
+
+
+def test_connections_are_bounded_and_idle_ones_cannot_starve_it(rdzv):
+    import socket
+
+    import elastictrain.launcher.horovod as hv
+
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", rdzv.port)) for _ in range(hv.MAX_HANDLERS + 30)]
+    time.sleep(0.5)
+    try:
+        assert threading.active_count() - before <= hv.MAX_HANDLERS
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 15  # the idle ones are let go (closed here, or timed out there)
+    while time.monotonic() < deadline:
+        try:
+            if _req(rdzv, "GET", "/global/x")[0] == 404:
+                break
+        except OSError:
+            time.sleep(0.2)
+    else:
+        raise AssertionError("the rendezvous did not serve again after the idle connections closed")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "getuid") or __import__("os").getuid() != 0,
+                    reason="needs root to connect as another user")
+def test_a_process_of_another_user_is_refused(rdzv):
+    import os
+    import socket
+
+    pid = os.fork()
+    if pid == 0:  # the child: become nobody, try a PUT; exit 0 if it was refused
+        code = 1
+        try:
+            os.setuid(65534)
+            s = socket.create_connection(("127.0.0.1", rdzv.port), timeout=5)
+            s.sendall(b"PUT /global/0 HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\nevil")
+            code = 0 if s.recv(100) == b"" else 1
+        except OSError:
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "a process of another user was served"
+    assert _req(rdzv, "GET", "/global/0")[0] == 404  # nothing was stored
+    assert _req(rdzv, "PUT", "/global/0", b"ok")[0] == 200  # this user's own process is served

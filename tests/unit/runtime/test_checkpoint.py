@@ -52,6 +52,21 @@ def test_keeps_the_last_k(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["step-000000004-g0", "step-000000005-g0"]
 
 
+def test_a_second_save_at_one_step_is_a_no_op(tmp_path):
+    """A loop that saves every N steps and at each epoch's end saves twice when the two meet:
+    the step's checkpoint is written (and committed) once, with the first save's state."""
+    box = Box()
+    ck = Checkpointer(str(tmp_path), {"box": box}, rank=0, world_size=1, keep=5)
+    first = ck.save(3, extra={"epoch": 0})
+    box.w += 1
+    assert ck.save(3, extra={"epoch": 1}) == first
+    assert ck.stats.saves == 1
+    ck.save(4)  # the next step saves again
+    ck.close()
+    assert ck.stats.saves == 2
+    assert sorted(os.listdir(tmp_path)) == ["step-000000003-g0", "step-000000004-g0"]
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "no_manifest"])
 def test_damaged_newest_is_skipped_with_a_warning(tmp_path, damage, caplog):
     box = Box()

@@ -56,3 +56,42 @@ def test_persistent_5xx_ends_in_unavailable(flaky):
     Flaky.plan = [503] * 1000
     with pytest.raises(CoordinatorUnavailableError, match="last: HTTP 503"):
         CoordinatorClient(flaky, "t", retry_for=0.5).health()
+
+
+@pytest.mark.parametrize("cut", ["short_body", "chunked", "reset"])
+def test_a_reply_cut_off_mid_body_is_retried(cut):
+    """A coordinator killed while answering leaves a reply cut short: the call is retried
+    like any transport failure (it raised requests.ChunkedEncodingError after one attempt)."""
+    import socket
+
+    good = msgspec.msgpack.encode({"status": "ok"})
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    served = []
+
+    def serve():
+        while len(served) < 3:
+            conn, _ = srv.accept()
+            conn.recv(65536)
+            served.append(1)
+            if len(served) < 3:
+                if cut == "short_body":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + good[:3])
+                elif cut == "chunked":
+                    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n" + good[:3])
+                else:
+                    conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+            else:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(good) + good)
+            conn.close()
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    c = CoordinatorClient(f"http://127.0.0.1:{srv.getsockname()[1]}", None, timeout=2.0, retry_for=10.0)
+    try:
+        assert c.health().status == "ok"
+        assert len(served) == 3
+    finally:
+        c.close()
+        srv.close()

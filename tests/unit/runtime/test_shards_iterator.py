@@ -81,3 +81,29 @@ def test_commit_then_restore_serves_exactly_the_rest(client, job):
         after = list(b)
     assert sorted(before + after) == list(range(500))
     assert set(lost) <= set(after)
+
+
+def test_finished_shards_are_forgotten_only_once_a_complete_commit_holds_them(client):
+    """An acknowledged part of a checkpoint that is not complete yet may never complete (its
+    other rank dies first): the worker must keep sending its finished shards until a complete
+    commit covers them, and a second save at the same step must send the same part."""
+    client.create_job("two", 1, 2)
+    client.open_generation("two", 0, 2)
+    spec = DatasetSpec("d", 600, 30, seed=4)
+    r0 = ShardIterator(client, "two", spec, generation=1, worker=0)
+    r1 = ShardIterator(client, "two", spec, generation=1, worker=1, register=False)
+    g1 = iter(r1)
+    for _ in range(35):  # one shard finished, one begun
+        next(g1)
+    part = r1.cursor(step=1)
+    finished = [u.shard_id for u in part.updates if u.offset == spec.shard_bounds(u.shard_id)[2]]
+    assert len(finished) == 1
+    assert not r1.commit("c1", 1, 2, part).complete
+    assert r1.cursor(step=1) == part  # the second save at one step: the same part, nothing forgotten
+    assert r1.commit("c1", 1, 2).parts == 1
+    assert r0.commit("c1", 1, 2).complete
+    reply = r1.commit("c2", 2, 2)
+    assert reply.committed_step == 1
+    assert finished[0] not in [u.shard_id for u in r1.cursor(step=3).updates]
+    r0.close(release=False)
+    r1.close(release=False)

@@ -5,6 +5,13 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
+# etrun keeps its state (the embedded coordinator's commit records) per command under
+# $ET_STATE_DIR: tests keep theirs in one temporary directory, not in the user's home
+if "ET_STATE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["ET_STATE_DIR"] = tempfile.mkdtemp(prefix="et-test-state-")
+
 
 @pytest.fixture
 def coordinator(tmp_path):

@@ -40,6 +40,16 @@ _SPARE_DELAY = 2.0  # after a restart (warm workers start at once)
 _MAX_WORKER_PORTS = 1024  # a node with more local workers offers no per-worker ports (no TF_CONFIG)
 
 
+def kept_state_dir(cfg: LaunchConfig) -> str:
+    """``$ET_STATE_DIR`` (else ``$XDG_STATE_HOME/elastictrain``, else ``~/.local/state/elastictrain``)
+    ``/etrun/<run id>-<digest of the working directory and the command>``."""
+    root = os.environ.get("ET_STATE_DIR") or os.path.join(
+        os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"), "elastictrain")
+    key = "\0".join([os.getcwd(), cfg.run_id, os.path.abspath(cfg.entrypoint) if os.path.exists(cfg.entrypoint)
+                     else cfg.entrypoint, *cfg.args])
+    return os.path.join(root, "etrun", f"{cfg.run_id}-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
+
+
 class Agent:
     def __init__(self, cfg: LaunchConfig) -> None:
         self.cfg = cfg
@@ -47,6 +57,7 @@ class Agent:
         self._signal: Optional[int] = None
         self._embedded = None
         self._tmp: Optional[str] = None
+        self._tmp_kept = False  # the state directory outlives etrun (see _state_dir)
         self.attempt = 0
         self._phases = _Phases()
         self._carry: Optional[WorkerGroup] = None  # survivors waiting for the next generation
@@ -57,12 +68,24 @@ class Agent:
 
     # ------------------------------------------------------------------ set-up
     def _state_dir(self) -> str:
+        """Where the embedded coordinator keeps its database (the commit records of the job's
+        checkpoints) and the workers' token: ``--log-dir/<run id>``, else a directory derived
+        from the run id, the working directory and the command, kept after etrun exits, so that
+        the same command run again (after etrun itself was killed) finds its commits and resumes."""
         if self.cfg.log_dir:
             d = os.path.join(self.cfg.log_dir, self.cfg.run_id)
             os.makedirs(d, exist_ok=True)
             return d
         if self._tmp is None:
-            self._tmp = tempfile.mkdtemp(prefix=f"etrun-{self.cfg.run_id}-")
+            d = kept_state_dir(self.cfg)
+            try:
+                os.makedirs(d, mode=0o700, exist_ok=True)
+                self._tmp, self._tmp_kept = d, True
+            except OSError as exc:
+                self._tmp = tempfile.mkdtemp(prefix=f"etrun-{self.cfg.run_id}-")
+                log.warning("cannot keep etrun's state in %s (%s); using %s, removed at exit: a relaunch of this "
+                            "command will not find its checkpoints' commits (set ET_STATE_DIR or --log-dir)", d,
+                            exc.strerror, self._tmp)
         return self._tmp
 
     def _connect(self):
@@ -171,7 +194,7 @@ class Agent:
                 if cfg.rdzv_host is not None:  # the other nodes learn the outcome from this one
                     self._embedded.linger(cfg.run_id, self.agent_id, limit=max(5.0, 3 * cfg.agent_timeout))
                 self._embedded.stop()
-            if self._tmp is not None:
+            if self._tmp is not None and not self._tmp_kept:
                 shutil.rmtree(self._tmp, ignore_errors=True)
             for cg in self._cgroups.values():
                 cg.remove()

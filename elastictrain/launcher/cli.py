@@ -13,7 +13,6 @@ import difflib
 import logging
 import os
 import sys
-import uuid
 from importlib.util import find_spec
 from typing import Optional, Sequence
 
@@ -222,7 +221,9 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     if hosted is not None and args.rdzv_id in (None, "none"):
         run_id = "none"  # torchrun's default id, the same on every node
     else:
-        run_id = args.rdzv_id if args.rdzv_id not in (None, "none") else uuid.uuid4().hex[:12]
+        # no id given: one derived from the working directory and the command (torchrun draws a
+        # random one), so that the same command run again is the same job and resumes it
+        run_id = args.rdzv_id if args.rdzv_id not in (None, "none") else _command_id(args)
     is_host = conf.get("is_host")
     if is_host is not None:
         if is_host.lower() not in ("0", "1", "true", "false"):
@@ -340,5 +341,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
 
 
+def _command_id(args) -> str:
+    """``et-`` and 12 hex digits of the working directory, the entrypoint and its arguments."""
+    import hashlib
+
+    entry = os.path.abspath(args.training_script) if os.path.exists(args.training_script) else args.training_script
+    key = "\0".join([os.getcwd(), "-m" if getattr(args, "module", False) else "", entry,
+                     *getattr(args, "training_script_args", [])])
+    return "et-" + hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
 if __name__ == "__main__":
     sys.exit(main())
+

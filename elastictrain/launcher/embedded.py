@@ -42,7 +42,13 @@ class EmbeddedCoordinator:
         else:
             self.token = token
             write_token_file(self.token_file, token)
-        self._coordinator = Coordinator(open_store(self.db))
+        store = open_store(self.db)
+        stale = store.load().rdzv
+        if stale:  # rounds of a previous etrun of this command: none of its agents lives on
+            with store.transaction() as tx:
+                for job, _ in stale:
+                    tx.delete_rdzv(job)
+        self._coordinator = Coordinator(store)
         try:
             self._server, self._sock, self.url = build_server(ServerConfig(host=host, port=port),
                                                               self._coordinator, self.token)

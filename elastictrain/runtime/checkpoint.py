@@ -621,7 +621,11 @@ class Checkpointer:
                 continue
             reason = self._verify(path)
             if reason is None and committed is not None and name not in committed:
-                log.warning("skipping checkpoint %s: its data cursor was never committed", path)
+                log.warning("skipping checkpoint %s: the coordinator at %s has no commit of its data cursor (a save "
+                            "cut off before every rank committed, or another coordinator's checkpoint: relaunch with "
+                            "the same command, --log-dir or ET_STATE_DIR as the run that wrote it, or point "
+                            "ET_COORDINATOR at the coordinator it ran with); restoring it would repeat or lose "
+                            "samples", path, self.job.client.url)
                 continue
             if reason is None:
                 try:

@@ -42,3 +42,31 @@ def test_epoch_ends_that_fall_on_a_save_keep_every_sample_once(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "exit code 13" in r.stderr  # the crash happened, and the job resumed from a checkpoint
     assert "every sample trained on exactly once per epoch: True (ledger min 3, max 3" in r.stdout, r.stdout[-2000:]
+
+
+def test_the_same_command_resumes_after_etrun_itself_is_killed(tmp_path):
+    """Issue 32.1: etrun killed with SIGKILL (an OOM kill of the launcher, a reboot); the same
+    command run again resumes from the newest committed checkpoint, exactly once."""
+    import signal
+    import time
+
+    cmd = [sys.executable, "-m", "elastictrain.launcher.cli", "--nproc-per-node", "2", "--max-restarts", "1",
+           os.path.join(ROOT, "examples", "torch_ddp_elastic.py"), "--samples", "20000", "--epochs", "8",
+           "--batch-size", "50", "--ckpt-every", "20", "--ckpt-dir", "ckpt"]
+    first = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and len([d for d in os.listdir(tmp_path / "ckpt")
+                                                   if d.startswith("step-")] if (tmp_path / "ckpt").exists()
+                                                  else []) < 2:
+            time.sleep(0.2)
+        time.sleep(1.0)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # etrun and its workers, all at once
+        first.wait()
+    r = subprocess.run(cmd, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from step-" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "every sample trained on exactly once per epoch: True" in r.stdout

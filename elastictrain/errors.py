@@ -18,7 +18,7 @@ __all__ = [
     "StaleGenerationError",
     "LeaseLostError",
     "PayloadTooLargeError",
-    "CoordinatorUnavailableError",
+    "CoordinatorUnavailableError", "InterruptedCallError",
     "PolicyError",
     "error_from_status",
 ]
@@ -100,6 +100,13 @@ class CoordinatorUnavailableError(ElasticTrainError, ConnectionError):
 
     http_status = 503
     code = "unavailable"
+
+
+class InterruptedCallError(CoordinatorUnavailableError):
+    """A call retrying an unreachable coordinator was given up because the process is stopping
+    (SIGINT or SIGTERM): the caller exits promptly instead of retrying for ``retry_for``."""
+
+    code = "interrupted"
 
 
 class PolicyError(ElasticTrainError):

@@ -25,7 +25,7 @@ import uuid
 from importlib.util import find_spec
 from typing import Optional
 
-from ..errors import ConfigError, ElasticTrainError
+from ..errors import ConfigError, ElasticTrainError, InterruptedCallError
 from ..wire import AgentAction, AgentJoin
 from .config import LaunchConfig, size_text
 from .. import PREEMPTED_EXIT_CODE
@@ -55,6 +55,7 @@ class Agent:
         self.cfg = cfg
         self.agent_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._signal: Optional[int] = None
+        self._stopping = threading.Event()  # set on a stop signal: every retrying call gives up at once
         self._embedded = None
         self._tmp: Optional[str] = None
         self._tmp_kept = False  # the state directory outlives etrun (see _state_dir)
@@ -137,6 +138,7 @@ class Agent:
 
     def _on_signal(self, signum, _frame) -> None:
         self._signal = signum
+        self._stopping.set()
         if self._wake is not None:
             self._wake.set()
 
@@ -147,6 +149,7 @@ class Agent:
         pool = None
         try:
             client, url, token_file = self._connect()
+            client.cancel_event = self._stopping
             self.client = client
             self._memory_cgroups()  # (a machine that cannot is told before anything runs)
             if cfg.horovod:
@@ -179,6 +182,14 @@ class Agent:
                 code = self._run_generation(action.assignment, url, token_file, pool)
                 if code is not None:
                     return code
+        except InterruptedCallError:
+            sig = self._signal or signal.SIGTERM
+            print(f"etrun: stopped by {signal.Signals(sig).name} while the coordinator was unreachable",
+                  file=sys.stderr)
+            if self._carry is not None:
+                self._carry.stop(cfg.shutdown_grace, signal.SIGTERM)
+                self._carry = None
+            return 128 + sig
         except ElasticTrainError as exc:
             print(f"etrun: error: {exc}", file=sys.stderr)
             return 1
@@ -416,7 +427,8 @@ class _Poller:
     def __init__(self, client, job: str, agent: str, generation: int, wait: float, wake: threading.Event) -> None:
         from ..runtime.client import CoordinatorClient
 
-        self._client = CoordinatorClient(client.url, client.token, timeout=client.timeout, retry_for=client.retry_for)
+        self._client = CoordinatorClient(client.url, client.token, timeout=client.timeout, retry_for=client.retry_for,
+                                         cancel=client.cancel_event)
         self._job, self._agent, self._gen, self._wait, self._wake = job, agent, generation, wait, wake
         self._action: Optional[AgentAction] = None
         self._error: Optional[BaseException] = None

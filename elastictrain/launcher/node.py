@@ -35,7 +35,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Optional
 
-from ..errors import ConfigError, ElasticTrainError
+from ..errors import ConfigError, ElasticTrainError, InterruptedCallError
 from ..wire import LogChunk, NodeLeave, NodePoll, NodeRegister, Task, TaskState
 
 __all__ = ["NodeConfig", "NodeDaemon", "detect_gpus"]
@@ -143,6 +143,7 @@ class NodeDaemon:
         self._wake = threading.Event()
         self._stop: Optional[int] = None
         self._stopping = threading.Event()  # set with _stop: wakes every back-off at once
+        self.client.cancel_event = self.reporter.cancel_event = self._stopping  # and ends every retrying call
         self._reply = None
         self._seen: set = set()
         self._enforce: Optional[str] = None  # how a plan's memory limit is enforced here (probed once)
@@ -168,7 +169,10 @@ class NodeDaemon:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self._wait_for_orphans()
-            self._register()
+            try:
+                self._register()
+            except InterruptedCallError:
+                return 128 + (self._stop or signal.SIGTERM)
             poller = threading.Thread(target=self._poll_loop, name="et-node-poll", daemon=True)
             poller.start()
             while self._stop is None:
@@ -176,6 +180,8 @@ class NodeDaemon:
                 self._wake.clear()
                 try:
                     self._step()
+                except InterruptedCallError:
+                    break  # a signal came while the coordinator was unreachable: drain
                 except ElasticTrainError:
                     raise
                 except Exception:  # noqa: BLE001 - a bug in one step must not take the node's jobs down

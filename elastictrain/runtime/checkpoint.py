@@ -84,6 +84,7 @@ class _Manifest(msgspec.Struct, forbid_unknown_fields=True):
     cursor: Optional[list[list[int]]]
     chunks: list[int]
     chunk_size: Annotated[int, msgspec.Meta(ge=1)]
+    job: str = ""  # the job that wrote it ("" without a coordinator, or before this field)
 
 
 class ManifestError(ValueError):
@@ -123,6 +124,10 @@ def _parse_manifest(raw: bytes, name: str, rank: int) -> dict:
 
 class CheckpointBusyError(ElasticTrainError):
     """A save was asked for while the previous one was still persisting (``on_busy="raise"``)."""
+
+
+class CheckpointOwnerError(ConfigError):
+    """A checkpoint written by another job (its manifest names the job)."""
 
 
 class CheckpointWriteError(ElasticTrainError):
@@ -247,7 +252,9 @@ class Checkpointer:
 
     Args:
         directory: where ``step-*`` directories go (local or shared filesystem path); inside
-            ``etrun --group``, ``<directory>/<job name>``, so grouped jobs never share one.
+            ``etrun --group``, ``<directory>/<job name>``, and for a relative path under the
+            scheduler (a node daemon's job), ``<directory>/<job id>``, so jobs never share one.
+            A checkpoint's manifest names its job; another job's is never restored.
         state: ``{name: object}``; objects with ``state_dict()``/``load_state_dict()`` are saved
             through them, anything else (dicts of arrays, numbers...) is saved as is and handed
             back by :meth:`restore`.
@@ -277,6 +284,12 @@ class Checkpointer:
         if ctx is not None and ctx.job_id is None:  # inside etrun --group: each job its own directory, whatever
             directory = directory.rstrip("/") + "/" + ctx.name  # it passed (a scheduler's group runs jobs of
             # their own: their directories are their own, the same grouped or alone, so a job resumes either way)
+        elif os.environ.get("ET_NODE_NAME") and not os.path.isabs(directory):
+            # under the scheduler (a node daemon started this worker), a relative directory is the
+            # job's own: two jobs submitted from one directory with the same "checkpoints" never mix
+            jid = getattr(job, "job_id", None) or os.environ.get("ET_JOB_ID")
+            if jid:
+                directory = os.path.join(directory, jid)
         self.dir = directory
         self.store = open_storage(directory)
         self.state = state
@@ -284,6 +297,9 @@ class Checkpointer:
         self.world_size = int(os.environ.get("WORLD_SIZE", 1)) if world_size is None else world_size
         self.generation = int(os.environ.get("ET_GENERATION", 0)) if generation is None else generation
         self.sharded, self.keep, self.shards, self.job = sharded, keep, shards, job
+        # whose checkpoints these are: restoring another job's is refused (two jobs, one directory)
+        self.job_id = (getattr(job, "job_id", None) or os.environ.get("ET_JOB_ID") or "") if \
+            (job is not None or shards is not None) else ""
         self.on_busy, self.async_persist, self.fsync = on_busy, async_persist, fsync
         self.stats = SaveStats()
         self._buf: Optional[mmap.mmap] = None
@@ -493,7 +509,8 @@ class Checkpointer:
         view = memoryview(self._buf)
         for (path, leaf, kind), t in zip(leaves, table):
             kind.copy_into(leaf, view[t["offset"]:t["offset"] + t["nbytes"]], self._buf)
-        return {"format": FORMAT, "name": name, "step": step, "rank": self.rank, "world_size": self.world_size,
+        return {"format": FORMAT, "name": name, "job": self.job_id, "step": step, "rank": self.rank,
+                "world_size": self.world_size,
                 "sharded": self.sharded, "generation": self.generation, "time": time.time(), "size": offset,
                 "tensors": table, "skeleton": skeleton, "extra": _encode(extra, [], "extra"),
                 "cursor": None if part is None else [[u.shard_id, u.lease_id, u.offset] for u in part.updates]}
@@ -625,16 +642,28 @@ class Checkpointer:
                             "cut off before every rank committed, or another coordinator's checkpoint: relaunch with "
                             "the same command, --log-dir or ET_STATE_DIR as the run that wrote it, or point "
                             "ET_COORDINATOR at the coordinator it ran with); restoring it would repeat or lose "
-                            "samples", path, self.job.client.url)
+                            "samples", path, getattr(self.job.client, "url", "?"))
                 continue
             if reason is None:
                 try:
-                    extra = _decode(self._manifest(path, 0)["extra"], [])
-                    return CheckpointInfo(name, step, path, extra)
+                    m = self._manifest(path, 0)
+                    self._check_owner(name, m)
+                    return CheckpointInfo(name, step, path, _decode(m["extra"], []))
+                except CheckpointOwnerError as exc:
+                    reason = str(exc)
                 except Exception as exc:
                     reason = f"its extra data does not decode ({type(exc).__name__})"
             self._skipped(name, path, reason)
         return None
+
+    def _check_owner(self, name: str, manifest: dict) -> None:
+        """Raises CheckpointOwnerError if ``manifest`` was written by another job than this one."""
+        owner = manifest.get("job") or ""
+        if owner and self.job_id and owner != self.job_id:
+            raise CheckpointOwnerError(
+                f"checkpoint {name} belongs to job {owner!r}, not to this job {self.job_id!r}: two jobs share the "
+                f"directory {self.dir}; give each job its own checkpoint directory (under a scheduler the default "
+                "is per job), or run the same command (or --rdzv-id) as the job that wrote it")
 
     def _skipped(self, name: str, path: str, reason: str) -> None:
         log.warning("skipping checkpoint %s: %s", path, reason)
@@ -648,6 +677,8 @@ class Checkpointer:
         the one committed with this checkpoint. ``info``: a result of :meth:`latest` to restore, so
         that the newest checkpoint is not searched and checksummed a second time.
         """
+        if info is not None:  # named by the caller: another job's is an error, not a skip
+            self._check_owner(info.name, self._manifest(info.path, 0))
         info = info or self.latest()  # a caller that already looked (and verified) passes it
         bad: set = set()
         while info is not None:  # a checkpoint that fails to load makes way for the next newest

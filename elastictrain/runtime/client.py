@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from typing import Optional, TypeVar
 
 import msgspec
 import requests
 
-from ..errors import ConfigError, CoordinatorUnavailableError, error_from_status
+from ..errors import ConfigError, CoordinatorUnavailableError, InterruptedCallError, error_from_status
 from ..model import DatasetSpec
 from ..wire import (
     AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterJobInfo, ClusterJobList, ClusterStatus, CommitList,
@@ -70,10 +71,12 @@ class CoordinatorClient:
         token: bearer token for mutating calls; default: :func:`read_token`.
         timeout: seconds one HTTP attempt may take.
         retry_for: seconds to keep retrying an unreachable or failing coordinator.
+        cancel: an event that, once set, ends a retrying call at once with
+            :class:`~elastictrain.errors.InterruptedCallError` (a launcher sets it on SIGINT/SIGTERM).
     """
 
     def __init__(self, url: str, token: Optional[str] = "", *, timeout: float = 10.0,
-                 retry_for: Optional[float] = None) -> None:
+                 retry_for: Optional[float] = None, cancel: Optional[threading.Event] = None) -> None:
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"coordinator address {url!r} must start with http:// or https://")
         self.url = url.rstrip("/")
@@ -85,6 +88,7 @@ class CoordinatorClient:
         if self.token:
             self._headers["Authorization"] = f"Bearer {self.token}"
         self._decoders: dict[type, msgspec.msgpack.Decoder] = {}
+        self.cancel_event = cancel
 
     # ------------------------------------------------------------------ transport
     def _call(self, method: str, path: str, reply: type[T], body: object = None, timeout: Optional[float] = None) -> T:
@@ -122,12 +126,18 @@ class CoordinatorClient:
                 self._session.close()  # drop a half-dead keep-alive connection
             attempt += 1
             delay = random.uniform(0, min(2.0, 0.05 * 2 ** min(attempt, 10)))
+            if self.cancel_event is not None and self.cancel_event.is_set():
+                raise InterruptedCallError(f"{method} {path} to {self.url} given up: interrupted ({last})")
             if time.monotonic() + delay > deadline:
                 raise CoordinatorUnavailableError(
                     f"coordinator at {self.url} did not answer {method} {path} for {self.retry_for:.0f} s "
                     f"({attempt} attempts, last: {last}); check that `elastictrain coordinator` is running "
                     "there, that ET_COORDINATOR points at it, and that the port is reachable")
-            time.sleep(delay)
+            if self.cancel_event is not None:
+                if self.cancel_event.wait(delay):
+                    raise InterruptedCallError(f"{method} {path} to {self.url} given up: interrupted ({last})")
+            else:
+                time.sleep(delay)
 
     def close(self) -> None:
         self._session.close()

@@ -288,3 +288,33 @@ def test_an_unwritable_directory_is_reported_at_the_save_that_hit_it(tmp_path, m
     ck.save(8)
     with pytest.raises(CheckpointWriteError, match=r"step 8 was not saved: .*Permission denied"):
         ck.wait()
+
+
+def test_another_jobs_checkpoint_is_never_restored(tmp_path, monkeypatch, caplog):
+    """Two jobs saving into one directory (the README's default ``checkpoints``, submitted twice
+    from one directory): each manifest names its job; the other job's is skipped, and naming
+    it explicitly is an error that says what to do."""
+    from elastictrain.runtime.checkpoint import CheckpointOwnerError
+
+    monkeypatch.setenv("ET_JOB_ID", "job-a")
+    a = Checkpointer(str(tmp_path), {"box": Box(1)}, rank=0, world_size=1, shards=None, job=None)
+    a.job_id = "job-a"
+    a.save(550)
+    a.close()
+    b = Checkpointer(str(tmp_path), {"box": Box(2)}, rank=0, world_size=1)
+    b.job_id = "job-b"
+    assert b.latest() is None
+    assert "belongs to job 'job-a'" in caplog.text
+    info = a.latest()
+    assert info is not None and info.step == 550  # its own job finds it
+    with pytest.raises(CheckpointOwnerError, match="own checkpoint directory"):
+        b.restore(info)
+
+
+def test_under_the_scheduler_a_relative_directory_is_the_jobs_own(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ET_NODE_NAME", "n1")
+    monkeypatch.setenv("ET_JOB_ID", "train-7")
+    ck = Checkpointer("checkpoints", {"box": Box()}, rank=0, world_size=1)
+    assert ck.dir == os.path.join("checkpoints", "train-7")
+    assert Checkpointer(str(tmp_path / "abs"), {"box": Box()}, rank=0, world_size=1).dir == str(tmp_path / "abs")

@@ -28,7 +28,9 @@ scheduler ended (cancelled) is cancelled here within a second, and counts as no 
 
 Scripts must get their process group from ``elastictrain_torch.init_process_group()`` (and
 pass it to DDP); calling ``torch.distributed.init_process_group`` from a job is refused with
-that advice. Jobs share the process's global RNG: seed a ``torch.Generator`` of your own.
+that advice. Jobs share the process's global RNG; each job's set-up (before its first stage) runs
+alone, in job order, from the RNG state the process started with, so every rank of a job builds
+the same data (see ``runtime/setup_turns.py``); training starts once every job has set up.
 """
 
 from __future__ import annotations

@@ -23,7 +23,10 @@ from the latest iterations as the group runs (``reorder_every``).
 
 Jobs keep their own state: separate threads, recorders, data iterators, checkpoints, and
 (for distributed jobs) their own process groups (use ``torch.distributed.new_group``, not the
-default group, and an explicit ``torch.Generator``: the global RNG is shared by the process).
+default group). The global RNG is shared by the process, so each job's set-up (its code before
+its first stage) runs alone, in job order, from the same RNG state (:mod:`.setup_turns`): a job
+builds the same data on every rank, as alone; random numbers drawn while the jobs train
+concurrently come from the shared generators.
 A job that returns or raises leaves the group at once; the others go on, and its exception is
 reported as that job's result only.
 """
@@ -38,6 +41,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from ..errors import ConfigError
 from ..policies.interleaving import best_ordering
+from .setup_turns import SetupTurns
 from .stages import STAGES, Recorder, use_recorder
 
 __all__ = ["InterleaveGroup", "JobResult", "GroupJob", "JobCancelled"]
@@ -355,12 +359,15 @@ class _WorkGate(_Gate):
 
 
 class _MemberGate:
-    __slots__ = ("gate", "i")
+    __slots__ = ("gate", "i", "turns")
 
-    def __init__(self, gate: _Gate, i: int) -> None:
-        self.gate, self.i = gate, i
+    def __init__(self, gate: _Gate, i: int, turns: Optional[SetupTurns] = None) -> None:
+        self.gate, self.i, self.turns = gate, i, turns
 
     def enter(self, stage: str) -> None:
+        if self.turns is not None:  # the job's first stage: its set-up is over; train once all are
+            self.turns.ready(self.i)
+            self.turns = None
         self.gate.enter(self.i, stage)
 
     def exit(self, stage: str) -> None:
@@ -389,13 +396,16 @@ class InterleaveGroup:
         reorder_every: with the work-conserving schedule and no ``agree``, re-derive the order
             from the jobs' latest 20 iterations every this many iterations of the group (0: never),
             so it follows a job whose phase changes.
+        isolate_setup: run each job's set-up (its code before its first stage) alone, in job
+            order, from the same global RNG state, and start training once all are set up, so
+            each job builds the same data on every rank (see :mod:`.setup_turns`).
     """
 
     def __init__(self, jobs: Sequence, resources: Sequence[str] = STAGES, offsets: Optional[Sequence[int]] = None,
                  probe: int = 3, cuda_streams: bool = True,
                  agree: Optional[Callable[[tuple], Sequence[int]]] = None, schedule: str = "auto",
                  device: Any = "auto", device_stages: Sequence[str] = ("compute",), device_depth: int = 2,
-                 reorder_every: int = 50) -> None:
+                 reorder_every: int = 50, isolate_setup: bool = True) -> None:
         self.jobs = [j if isinstance(j, GroupJob) else GroupJob(*j) for j in jobs]
         if not 1 <= len(self.jobs) <= 4:
             raise ConfigError(f"an interleaving group has 1 to 4 jobs, got {len(self.jobs)}")
@@ -434,6 +444,8 @@ class InterleaveGroup:
         self._recorders: list[Recorder] = []
         self._since = 0  # group iterations since the order was last derived
         self._reordering = threading.Lock()
+        self.isolate_setup = isolate_setup
+        self._turns: Optional[SetupTurns] = None
 
     def _profile(self, job: GroupJob, rec: Recorder, window: Optional[int] = None) -> tuple:
         if job.profile is not None and window is None:
@@ -512,6 +524,7 @@ class InterleaveGroup:
             for i, reason in self._cancelled.items():
                 self.gate.cancel(i, reason)
         recorders = self._recorders = [Recorder() for _ in range(n)]
+        self._turns = SetupTurns(n) if self.isolate_setup and n > 1 else None
         results: list[Optional[JobResult]] = [None] * n
         if self.reorder_every:
             self.gate.on_iteration = self._on_iteration
@@ -533,11 +546,14 @@ class InterleaveGroup:
         return [r for r in results if r is not None]
 
     def _run_one(self, i: int, job: GroupJob, rec: Recorder, results: list) -> None:
-        use_recorder(rec, self.gate.for_member(i))
+        turns = self._turns
+        use_recorder(rec, _MemberGate(self.gate, i, turns) if turns is not None else self.gate.for_member(i))
         t0 = time.perf_counter()
         stream_ctx = _cuda_stream() if self.cuda_streams else None
         value, error, tb = None, None, ""
         try:
+            if turns is not None:
+                turns.begin(i)
             if stream_ctx is not None:
                 with stream_ctx:
                     value = job.fn()
@@ -547,6 +563,8 @@ class InterleaveGroup:
             error, tb = exc, traceback.format_exc()
         finally:
             use_recorder(None, None)
+            if turns is not None:
+                turns.end(i)
             self.gate.leave(i)
         if error is None:
             rec.next_iteration()  # the last iteration ended with the job; a failed one did not

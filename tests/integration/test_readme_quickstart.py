@@ -59,3 +59,23 @@ def test_the_readme_quick_start_runs_twice_interleaved_under_etrun_group(tmp_pat
     assert r.returncode == 0, out[-3000:]
     assert len(re.findall(r"rank \d: done at step \d+", out)) == 4, out[-3000:]
     assert len({p.parent.name for p in tmp_path.glob("checkpoints/*/step-*")}) == 2  # a directory per job
+
+
+def test_under_etrun_group_every_rank_of_a_job_builds_the_same_data(tmp_path):
+    """Issue 32.2: two jobs in one process share its global RNG; the README's dataset
+    (``torch.manual_seed(0); x = torch.randn(...)``) must be the same on both ranks of each job."""
+    digest = ("\nimport hashlib\nprint(f\"rank {job.rank}: data digest "
+              "{hashlib.sha256(x.numpy().tobytes()).hexdigest()[:16]}\", flush=True)\n")
+    (tmp_path / "train.py").write_text(quickstart() + digest)
+    r = subprocess.run([sys.executable, "-m", "elastictrain.launcher.cli", "--nproc-per-node", "2", "--group",
+                        "train.py", ":", "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-3000:]
+    found = re.findall(r"\[(train(?:-2)?)\] rank (\d): data digest (\w+)", out)
+    by_job: dict = {}
+    for job, rank, d in found:
+        by_job.setdefault(job, {})[rank] = d
+    assert sorted(by_job) == ["train", "train-2"] and all(sorted(v) == ["0", "1"] for v in by_job.values()), out[-3000:]
+    for job, ranks in by_job.items():
+        assert ranks["0"] == ranks["1"], f"job {job}: the ranks built different data ({ranks})"
+

@@ -252,7 +252,8 @@ def test_a_device_stage_is_in_flight_until_its_device_work_completes():
             b_in.set()
 
     group = InterleaveGroup([GroupJob("a", a, {"compute": 1.0}), GroupJob("b", b, {"compute": 1.0})],
-                            resources=("load", "compute"), device=device)
+                            resources=("load", "compute"), device=device,
+                            isolate_setup=False)  # b's code before its first stage waits for a's stages
     out = {}
     runner = threading.Thread(target=lambda: out.setdefault("r", group.run(timeout=30)))
     runner.start()
@@ -291,3 +292,37 @@ def test_the_order_follows_a_job_whose_phase_changes():
                             resources=res, probe=3, reorder_every=10)
     assert all(r.ok for r in group.run(timeout=60))
     assert group.reorders >= 1 and group.offsets == second
+
+
+def test_each_job_sets_up_alone_from_the_same_rng_state():
+    """Issue 32.2: jobs of one group share the process's global RNG. Each job's set-up (before
+    its first stage) runs alone, in job order, from the state the group began with, so a job
+    draws the same 'dataset' whatever the other jobs do, as it would alone."""
+    import random
+
+    np = pytest.importorskip("numpy")
+    random.seed(7)
+    np.random.seed(7)
+    alone = ([random.random() for _ in range(50)], np.random.rand(50).tolist())
+    random.seed(7)
+    np.random.seed(7)
+    got, order = {}, []
+
+    def job(name, extra_draws):
+        def fn():
+            order.append(("setup", name))
+            for _ in range(extra_draws):
+                random.random()
+                time.sleep(0.001)  # another job's set-up would draw meanwhile if it could
+            got[name] = ([random.random() for _ in range(50 - extra_draws)], np.random.rand(50).tolist())
+            for _ in range(3):
+                with et.stage("compute"):
+                    order.append(("train", name))
+                    random.random()  # training draws (dropout...) are shared, and harmless
+        return fn
+
+    InterleaveGroup([GroupJob("a", job("a", 0)), GroupJob("b", job("b", 20))], probe=0, offsets=(0, 1)).run(30)
+    assert got["a"] == alone
+    assert got["b"][0] == alone[0][20:] and got["b"][1] == alone[1]
+    first_train = next(k for k, (what, _) in enumerate(order) if what == "train")
+    assert order[:first_train] == [("setup", "a"), ("setup", "b")]  # in job order, all before training

@@ -61,6 +61,20 @@ def get_parser() -> argparse.ArgumentParser:
                    help="run the live scheduler with this policy (e.g. tiresias-l, fifo, srtf, muri-s, gandiva-fair); "
                    "without it the coordinator only serves etrun jobs [ET_POLICY]")
     c.add_argument("--interval", type=float, default=5.0, help="with --policy: also decide every N seconds")
+    c.add_argument("--backend", choices=["nodes", "slurm"], default=_env("ET_BACKEND", "nodes"),
+                   help="with --policy: who runs the jobs: our node daemons (`elastictrain node`), or Slurm "
+                   "(a run is one Slurm job on the decided nodes; docs/slurm.md) [ET_BACKEND]")
+    c.add_argument("--slurm-partition", default=_env("ET_SLURM_PARTITION", None),
+                   help="--backend slurm: the partition whose nodes are the cluster [ET_SLURM_PARTITION]")
+    c.add_argument("--slurm-reservation", default=None, help="--backend slurm: also run inside this reservation")
+    c.add_argument("--slurm-state-dir", default=None,
+                   help="--backend slurm: batch scripts and outputs, on a filesystem the nodes share "
+                   "(default: slurm-runs beside --db)")
+    c.add_argument("--slurm-python", default=None,
+                   help="--backend slurm: the Python the compute nodes run etrun with (default: this one)")
+    c.add_argument("--slurm-coordinator-url", default=None,
+                   help="--backend slurm: the URL the compute nodes reach this coordinator at (default: the "
+                   "address it listens on; with --host 0.0.0.0, this host's name)")
     c.add_argument("--node-timeout", type=float, default=15.0,
                    help="with --policy: seconds without a poll before a node counts as lost")
     c.add_argument("--straggler-factor", type=float, default=1.5,
@@ -176,6 +190,27 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
                    "below this (default 0.7; 0: never)")
 
 
+def _engine_config(args):
+    """``--backend``: None for the node daemons, else the engine's settings.
+
+    Raises:
+        ConfigError: ``--backend slurm`` without ``--policy`` or ``--slurm-partition``.
+    """
+    from .errors import ConfigError
+
+    if args.backend == "nodes":
+        return None
+    from .coordinator.server import SlurmEngineConfig
+
+    if not args.policy:
+        raise ConfigError("--backend slurm carries out a scheduler's decisions: give --policy NAME too "
+                          "(e.g. --policy tiresias-l)")
+    if not args.slurm_partition:
+        raise ConfigError("--backend slurm needs --slurm-partition NAME (`sinfo -s` lists the partitions)")
+    return SlurmEngineConfig(args.slurm_partition, args.slurm_state_dir, args.slurm_python, args.slurm_reservation,
+                             args.slurm_coordinator_url)
+
+
 def _limits(args):
     from .coordinator.protocol import Limits
     from .errors import ConfigError
@@ -222,7 +257,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
                 check_registered(args.policy)
                 cluster = ClusterConfig(args.policy, _policy_values(args), args.interval, args.node_timeout)
-            serve(ServerConfig(host=args.host, port=args.port, db=args.db, token_file=args.token_file,
+            engine = _engine_config(args)
+            serve(ServerConfig(engine=engine, host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                sync=args.sync, ready_file=args.ready_file, public_read=args.public_read,
                                cluster=cluster, allow_insecure_token_file=args.allow_insecure_token_file,
                                limits=_limits(args), stragglers=(args.straggler_factor, args.straggler_windows,

@@ -71,6 +71,14 @@ def add_commands(sub) -> None:
                    help="profile the job again even if a job with the same command was profiled before")
     s.add_argument("--env", action="append", default=[], metavar="K=V", help="environment for the job (repeatable)")
     s.add_argument("-m", "--module", action="store_true", help="run the entrypoint as a module (python -m)")
+    s.add_argument("--dry-run", action="store_true",
+                   help="submit nothing: print what a run of the job would be (with --backend slurm: its batch "
+                   "script, as TorchX's dryrun does)")
+    s.add_argument("--backend", choices=["slurm"], default="slurm", help="--dry-run: the engine (slurm)")
+    s.add_argument("--slurm-partition", default=os.environ.get("ET_SLURM_PARTITION", "PARTITION"),
+                   help="--dry-run: the partition [ET_SLURM_PARTITION]")
+    s.add_argument("--nodes", default=None, metavar="N1:G1,N2:G2",
+                   help="--dry-run: the placement to show (default: one node, n1, with all the job's GPUs)")
     s.add_argument("cmd", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
 
     st = sub.add_parser("status", help="the cluster (nodes, queue, running and preempted jobs), or one job")
@@ -175,9 +183,32 @@ def _submit(args) -> int:
                               JobSubmit)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid job: {exc}") from None
+    if args.dry_run:
+        print(_dry_run_script(args, req), end="")
+        return 0
     info = _client(args).submit(req)
     print(info.id)
     return 0
+
+
+def _dry_run_script(args, req) -> str:
+    """The batch script the Slurm engine would write for the first run of ``req``."""
+    from .engines.api import RunLaunch
+    from .engines.slurm import SlurmAdapter
+    from .wire import Task
+
+    placement = []
+    for part in (args.nodes or f"n1:{req.gpus}").split(","):
+        node, _, g = part.partition(":")
+        if not node or not g.isdigit() or int(g) < 1:
+            raise ConfigError(f"--nodes {args.nodes!r}: use NODE:GPUS[,NODE:GPUS...], e.g. n1:2,n2:1")
+        placement.append((node, int(g)))
+    job = req.name or "JOB"
+    tasks = tuple(Task(job, 1, g, [], len(placement), list(req.command), req.workdir, dict(req.env), req.max_restarts,
+                       req.grace, req.module) for _, g in placement)
+    adapter = SlurmAdapter(args.slurm_partition, args.coordinator, os.path.join("STATE_DIR"),
+                           token_file=args.token_file or "TOKEN_FILE")
+    return adapter.script(RunLaunch(job, 1, tuple(n for n, _ in placement), tasks))
 
 
 def _worker_range(args) -> tuple[int, int]:

@@ -38,3 +38,30 @@ def client(coordinator):
 
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """A real Slurm (munged, slurmctld, two slurmd: n1 and n2, 2 fake GPUs each) for this test
+    session; the tests that use it skip, saying how to install it, where it cannot start."""
+    from tests.integration.slurm_kit import SlurmKit, missing
+
+    why = missing()
+    if why:
+        pytest.skip(why)
+    import shutil
+    import tempfile
+
+    root = tempfile.mkdtemp(prefix="et-slurm-")  # not under pytest's 0700 directory: munged must reach it
+    os.chmod(root, 0o755)
+    kit = SlurmKit(root)
+    try:
+        kit.start()
+    except Exception as exc:  # noqa: BLE001 - reported as the reason to skip, with the logs' place
+        kit.stop()
+        shutil.rmtree(root, ignore_errors=True)
+        pytest.skip(f"Slurm did not start here: {exc}")
+    yield kit
+    kit.stop()
+    shutil.rmtree(root, ignore_errors=True)
+

@@ -73,6 +73,7 @@ class Coordinator:
         self.resources = ResourceBook(self.members)
         self.stragglers = stragglers or StragglerWatch()
         self.cluster = None
+        self.engine = None  # an in-process engine bridge (--backend slurm), run beside the scheduler
         if cluster is not None:
             from .scheduler import ClusterScheduler
 
@@ -334,6 +335,8 @@ class CoordinatorApp:
                 self._tasks.append(loop.create_task(self._reap_loop()))
                 if self.c.cluster is not None:
                     self._tasks.append(loop.create_task(self.c.cluster.run()))
+                if self.c.engine is not None:
+                    self._tasks.append(loop.create_task(self.c.engine.run()))
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
                 for task in self._tasks:

@@ -26,8 +26,10 @@ class CoordinatorProcess:
     """
 
     def __init__(self, db: str, token_file: str, host: str = "127.0.0.1", port: int = 0,
-                 log_file: Optional[str] = None, extra_args: tuple[str, ...] = ()) -> None:
+                 log_file: Optional[str] = None, extra_args: tuple[str, ...] = (),
+                 env: Optional[dict] = None) -> None:
         self.db, self.token_file, self.host, self.port = db, token_file, host, port
+        self.env_extra = dict(env or {})
         self.log_file = log_file
         self.extra_args = extra_args
         self.proc: Optional[subprocess.Popen] = None
@@ -42,6 +44,7 @@ class CoordinatorProcess:
                "--ready-file", ready, *self.extra_args]
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
         env = dict(os.environ)
+        env.update(self.env_extra)
         env.pop("ET_TOKEN", None)
         self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if self.log_file else None,
                                      env=env)

@@ -14,6 +14,7 @@ import logging
 import os
 import secrets
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,7 +26,7 @@ from .app import MAX_BODY, Coordinator, CoordinatorApp
 from .protocol import Limits, guarded_protocol, quiet_accept_errors
 from .store import open_store
 
-__all__ = ["ServerConfig", "serve", "build_server", "load_or_create_token", "write_token_file"]
+__all__ = ["ServerConfig", "SlurmEngineConfig", "serve", "build_server", "load_or_create_token", "write_token_file"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,20 @@ class ServerConfig:
     limits: Limits = Limits()
     allow_insecure_token_file: bool = False
     stragglers: tuple = (1.5, 3, 60.0)  # factor, windows, cooldown (coordinator/stragglers.py)
+    #: the engine that runs the scheduler's decisions: None (node daemons) or a SlurmEngineConfig
+    engine: Optional[object] = None
+
+
+@dataclass(frozen=True)
+class SlurmEngineConfig:
+    """``--backend slurm``: the partition that is the cluster, and how its nodes run etrun."""
+
+    partition: str
+    state_dir: Optional[str] = None  # default: <the database's directory>/slurm-runs (shared with the nodes)
+    python: Optional[str] = None
+    reservation: Optional[str] = None
+    coordinator_url: Optional[str] = None  # the URL the compute nodes reach us at (default: the bound one)
+    poll_interval: float = 1.0
 
 
 def write_token_file(path: str, token: str) -> None:
@@ -167,6 +182,8 @@ def serve(cfg: ServerConfig) -> None:
     coordinator = Coordinator(open_store(cfg.db, sync=cfg.sync), cluster=cfg.cluster, stragglers=watch)
     try:
         server, sock, url = build_server(cfg, coordinator, token)
+        if cfg.engine is not None:
+            coordinator.engine = _engine(cfg, coordinator, url, token)
 
         async def main() -> None:
             quiet_accept_errors(asyncio.get_running_loop())
@@ -188,6 +205,32 @@ def serve(cfg: ServerConfig) -> None:
             runner.run(main())
     finally:
         coordinator.close()
+
+
+def _engine(cfg: ServerConfig, coordinator: Coordinator, url: str, token: str):
+    """The engine bridge for ``cfg.engine`` (Slurm), connected to the live scheduler.
+
+    Raises:
+        ConfigError: no policy (an engine carries out a scheduler's decisions).
+    """
+    from ..engines.bridge import EngineBridge
+    from ..engines.slurm import SlurmAdapter
+
+    e = cfg.engine
+    if coordinator.cluster is None:
+        raise ConfigError("--backend slurm carries out a scheduler's decisions: give --policy NAME too")
+    state = os.path.abspath(e.state_dir or os.path.join(os.path.dirname(os.path.abspath(cfg.db)), "slurm-runs"))
+    os.makedirs(state, exist_ok=True)
+    token_file = cfg.token_file
+    if token_file is None or os.environ.get("ET_TOKEN"):  # the runs read the token from a file
+        token_file = os.path.join(state, "token")
+        write_token_file(token_file, token)
+    port = url.rpartition(":")[2]
+    target = e.coordinator_url or (f"http://{socket.getfqdn()}:{port}" if cfg.host in ("0.0.0.0", "::") else url)
+    adapter = SlurmAdapter(e.partition, target, state, token_file=token_file, python=e.python or sys.executable,
+                           reservation=e.reservation)
+    log.info("Slurm engine: partition %s, runs reach the coordinator at %s, scripts in %s", e.partition, target, state)
+    return EngineBridge(adapter, coordinator.cluster, poll_interval=e.poll_interval)
 
 
 def _has(module: str) -> bool:

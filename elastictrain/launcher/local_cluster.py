@@ -28,15 +28,22 @@ ENDED = ("finished", "failed", "cancelled")
 
 class LocalCluster:
     """``nodes`` daemons of ``slots`` CPU slots each, and a coordinator running ``policy``, with
-    their state and logs in ``tmp``. Every process is stopped by :meth:`stop`."""
+    their state and logs in ``tmp``. Every process is stopped by :meth:`stop`.
+
+    ``slurm_conf``: run the jobs through that Slurm instead (``--backend slurm``, partition
+    ``partition``); its nodes are the cluster's, and no node daemon is started."""
 
     def __init__(self, tmp, policy: str, *policy_args: str, nodes: int = 2, slots: int = 2,
-                 node_timeout: float = 6.0) -> None:
+                 node_timeout: float = 6.0, slurm_conf: Optional[str] = None, partition: str = "low") -> None:
         self.tmp = str(tmp)
+        self.engine = "slurm" if slurm_conf else "nodes"
+        engine = ("--backend", "slurm", "--slurm-partition", partition) if slurm_conf else ()
         self.coordinator = CoordinatorProcess(os.path.join(self.tmp, "coord.db"), os.path.join(self.tmp, "token"),
                                               log_file=os.path.join(self.tmp, "coordinator.log"),
                                               extra_args=("--policy", policy, "--interval", "1",
-                                                          "--node-timeout", str(node_timeout), *policy_args))
+                                                          "--node-timeout", str(node_timeout), *engine,
+                                                          *policy_args),
+                                              env={"SLURM_CONF": slurm_conf} if slurm_conf else None)
         self.names = [f"n{i + 1}" for i in range(nodes)]
         self.slots = slots
         self.daemons: dict = {}
@@ -45,7 +52,7 @@ class LocalCluster:
     def start(self) -> "LocalCluster":
         self.coordinator.start()
         self.client = CoordinatorClient(self.coordinator.url, self.coordinator.token, timeout=10.0, retry_for=30.0)
-        for name in self.names:
+        for name in self.names if self.engine == "nodes" else ():
             self.start_node(name)
         self.wait(lambda st: sum(n.state == "up" for n in st.nodes) == len(self.names), 60, "nodes registered")
         return self
@@ -75,7 +82,8 @@ class LocalCluster:
         """Queue ``command`` (a script and its arguments, run in ``tmp``) for ``user``; returns the
         job id. ``min_gpus``: an elastic job of ``min_gpus..gpus`` workers; ``env``: more variables."""
         info = self.client.submit(JobSubmit(list(command), self.tmp, name=name, gpus=gpus, min_gpus=min_gpus,
-                                            steps=steps, grace=grace, env={"OMP_NUM_THREADS": "1", **(env or {})},
+                                            steps=steps, grace=grace,
+                                            env={"OMP_NUM_THREADS": "1", "ET_STEP_REPORT_INTERVAL": "0.5", **(env or {})},
                                             user=user))
         return info.id
 

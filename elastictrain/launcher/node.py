@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import glob
-import json
 import logging
 import os
 import signal
@@ -37,6 +36,7 @@ from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError, InterruptedCallError
 from ..wire import LogChunk, NodeLeave, NodePoll, NodeRegister, Task, TaskState
+from .task_command import etrun_command, task_env
 
 __all__ = ["NodeConfig", "NodeDaemon", "detect_gpus"]
 
@@ -96,18 +96,6 @@ def detect_gpus() -> tuple[int, str]:
     except Exception:  # a broken CUDA install: no GPU we can use
         pass
     return 0, ""
-
-
-def group_command(spec: Task) -> list[str]:
-    """``--group a.py ARGS : b.py ARGS`` for a group task; each script's path is made absolute
-    from its own job's working directory (the group runs in the first member's)."""
-    out = ["--group"]
-    for i, m in enumerate(spec.group):
-        if i:
-            out.append(":")
-        script = m.command[0] if os.path.isabs(m.command[0]) else os.path.join(m.workdir, m.command[0])
-        out += [script, *m.command[1:]]
-    return out
 
 
 def _pdeathsig() -> None:  # runs in the child between fork and exec
@@ -294,28 +282,12 @@ class NodeDaemon:
         cfg = self.cfg
         run_dir = os.path.abspath(os.path.join(cfg.state_dir, "jobs", spec.job, f"run{spec.run}"))
         os.makedirs(run_dir, exist_ok=True)
-        cmd = [sys.executable, "-u", "-m", "elastictrain.launcher.cli", "--nnodes", f"{spec.nnodes}:{spec.nnodes}",
-               "--nproc-per-node", str(spec.slots), "--rdzv-id", spec.job, "--coordinator", cfg.coordinator,
-               "--max-restarts", str(spec.max_restarts), "--shutdown-grace", str(spec.grace),
-               "--log-dir", run_dir, "--tee", "3", "--rdzv-conf", f"run={spec.run}"]
-        if cfg.token_file:
-            cmd += ["--token-file", os.path.abspath(cfg.token_file)]
-        if cfg.warm_spares >= 0:
-            cmd += ["--warm-spares", str(cfg.warm_spares)]
-        if spec.memory_limit:  # a resource plan's limit: etrun doubles it after an OOM, as always
-            cmd += ["--memory-limit", str(spec.memory_limit), "--memory-enforce", self._memory_enforce()]
+        cmd = etrun_command(spec, cfg.coordinator, log_dir=run_dir, token_file=cfg.token_file,
+                            warm_spares=cfg.warm_spares,
+                            memory_enforce=self._memory_enforce() if spec.memory_limit else None)
         env = dict(os.environ)
-        env.update(spec.env)
-        if spec.group:  # an interleaving group: every member's script in one process per rank
-            cmd += group_command(spec)
-            env["ET_GROUP_MEMBERS"] = json.dumps([{"job": m.job, "run": m.run, "reason": m.reason}
-                                                  for m in spec.group])
-        else:
-            if spec.module:
-                cmd.append("--module")
-            cmd += list(spec.command)
+        env.update(task_env(spec, cfg.name))
         env.pop("ET_TOKEN", None)
-        env.update({"ET_NODE_NAME": cfg.name, "PYTHONUNBUFFERED": "1", "ET_LOG_LEVEL": env.get("ET_LOG_LEVEL", "info")})
         if cfg.kind == "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
         logfile = open(os.path.join(run_dir, "etrun.log"), "ab")

@@ -1,0 +1,90 @@
+"""The engine contract: what an engine adapter knows (capacity, launch, withdraw, kill, runs).
+
+The scheduler decides; an *engine* carries its decisions out. The node daemons are one engine
+(out of process: each daemon polls the coordinator for the tasks placed on its node). An
+in-process engine adapter (Slurm today) implements :class:`EngineAdapter`, and
+:class:`~elastictrain.engines.bridge.EngineBridge` connects it to the coordinator through the same
+node protocol the daemons speak, so everything engine-neutral (runs and their numbers, rendezvous
+expectations, group tasks, the exit rules: 0 finished, 75 or a lost allocation requeued from the
+checkpoint, anything else a failure with restarts) stays in one place above the adapters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Protocol
+
+from ..wire import Task
+
+__all__ = ["EngineNode", "RunLaunch", "RunState", "EngineAdapter", "ACTIVE", "ENDED", "REQUEUED"]
+
+ACTIVE, ENDED, REQUEUED = "active", "ended", "requeued"
+
+
+@dataclass(frozen=True)
+class EngineNode:
+    """A node the engine offers: its GPUs (0 where it has none), and whether jobs may run there
+    now (a drained, down or failed node is not up: it offers nothing)."""
+
+    name: str
+    gpus: int
+    up: bool
+    state: str = ""
+
+
+@dataclass(frozen=True)
+class RunLaunch:
+    """One run of one job: one :class:`~elastictrain.wire.Task` per node of its placement, in node
+    order (``tasks[i].slots`` GPUs on ``nodes[i]``)."""
+
+    job: str
+    run: int
+    nodes: tuple[str, ...]
+    tasks: tuple[Task, ...]
+
+
+@dataclass
+class RunState:
+    """What the engine says of a run it launched. ``state``: ``active`` (pending or running),
+    ``ended`` (``code`` is its exit status: 128+N for a signal, None if unknown), ``requeued`` (the
+    engine itself put it back in its queue: a preemption of its own, an admin's requeue).
+    ``cancelled``: it ended by a cancel nobody here asked for. ``lost``: its node failed."""
+
+    handle: str
+    job: str
+    run: int
+    state: str
+    code: Optional[int] = None
+    detail: str = ""
+    cancelled: bool = False
+    lost: bool = False
+    nodes: list[str] = field(default_factory=list)
+
+
+class EngineAdapter(Protocol):
+    name: str
+
+    async def nodes(self) -> list[EngineNode]:
+        """The nodes of the engine's part of the cluster (a partition, a reservation)."""
+        ...
+
+    async def launch(self, run: RunLaunch) -> str:
+        """Start ``run``; returns the engine's handle for it (e.g. a Slurm job id)."""
+        ...
+
+    async def withdraw(self, handle: str) -> None:
+        """Ask the run to stop: its ``etrun`` gets SIGTERM, its workers checkpoint and exit 75."""
+        ...
+
+    async def kill(self, handle: str) -> None:
+        """Stop the run now (after the grace period, or a copy the engine requeued by itself)."""
+        ...
+
+    async def runs(self, handles: dict[str, tuple[str, int]]) -> list[RunState]:
+        """The state of every run of ours the engine knows: those in ``handles`` (handle -> job,
+        run) and any other it runs for this coordinator (adopted after a coordinator restart)."""
+        ...
+
+    def output(self, handle: str) -> Optional[str]:
+        """The path of the run's output file, where it has one."""
+        ...

@@ -1,0 +1,289 @@
+"""Slurm as an engine: a run is one Slurm job, pinned to the nodes the policy chose.
+
+The batch script (``script()``; ``elastictrain submit --dry-run --backend slurm`` prints it) asks
+for exactly the decided nodes (``--nodelist``) and GPUs per node (``--gres=gpu:N``; unequal GPUs
+per node become a heterogeneous job, one component per node), and ``exec srun``s one ``etrun``
+agent per node that joins this coordinator with the job's id and run, so generations, shards and
+checkpoints are those of every other engine. ``exec`` matters: a batch script that outlives its
+step and swallows its exit code ends COMPLETED and the job's result is lost.
+
+Stopping: ``scancel --signal=TERM`` reaches the step (etrun): its workers checkpoint and exit 75;
+a hard ``scancel`` follows after the grace period. (``--full`` would also signal the batch
+shell, which is srun itself here, and srun answers SIGTERM by killing the step at once: the
+checkpoint would be lost.) Jobs are submitted ``--no-requeue``; an admin's ``RequeueExit=75`` or
+a partition preemption may still requeue one, which the bridge sees and undoes.
+
+States come from ``squeue --json`` (kept ``MinJobAge`` seconds after the end) and, for jobs gone
+from it, the job completion log (``JobCompType=jobcomp/filetxt``) or ``sacct`` where accounting
+exists. Every command runs with a timeout; ``SLURM_CONF`` and the usual Slurm environment apply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import re
+import shlex
+import sys
+from typing import Optional
+
+from ..errors import ConfigError, ElasticTrainError
+from ..launcher.task_command import etrun_command, task_env
+from .api import ACTIVE, ENDED, REQUEUED, EngineNode, RunLaunch, RunState
+
+__all__ = ["SlurmAdapter", "SlurmError", "parse_gres_gpus", "job_name", "parse_job_name"]
+
+log = logging.getLogger(__name__)
+
+PREFIX = "et."
+_NAME = re.compile(r"^et\.(?P<job>[A-Za-z0-9][A-Za-z0-9._-]{0,127})\.r(?P<run>[0-9]{1,10})$")
+_UP = {"idle", "mixed", "allocated", "completing", "planned"}
+_ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD",
+           "REQUEUE_FED", "REQUEUED", "SIGNALING", "STAGE_OUT", "STOPPED"}
+_LOST = {"NODE_FAIL", "BOOT_FAIL"}
+_TIMEOUT = 30.0
+
+
+class SlurmError(ElasticTrainError):
+    """A Slurm command failed; the message has its output."""
+
+    http_status = 502
+    code = "slurm"
+
+
+def job_name(job: str, run: int) -> str:
+    return f"{PREFIX}{job}.r{run}"
+
+
+def parse_job_name(name: str) -> Optional[tuple[str, int]]:
+    m = _NAME.match(name or "")
+    return (m.group("job"), int(m.group("run"))) if m else None
+
+
+def parse_gres_gpus(gres: str) -> int:
+    """GPUs in a node's GRES (``gpu:2``, ``gpu:a100:4(S:0-1)``, ``gpu:2,shard:8``); 0 without."""
+    total = 0
+    for part in (gres or "").split(","):
+        fields = part.split("(")[0].split(":")
+        if fields and fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
+            total += int(fields[-1])
+    return total
+
+
+class SlurmAdapter:
+    """Slurm's ``sinfo``/``sbatch``/``squeue``/``scancel`` behind :class:`~elastictrain.engines.api.EngineAdapter`.
+
+    Args:
+        partition: the partition (its nodes are the coordinator's cluster).
+        coordinator: the URL the compute nodes reach the coordinator at.
+        state_dir: where batch scripts and outputs go (on a filesystem the nodes share).
+        token_file: the token file the runs' etrun reads (shared too).
+        python: the interpreter the nodes run etrun with (default: this one).
+        reservation: also pin runs to this reservation.
+    """
+
+    name = "slurm"
+
+    def __init__(self, partition: str, coordinator: str, state_dir: str, *, token_file: Optional[str] = None,
+                 python: str = sys.executable, reservation: Optional[str] = None) -> None:
+        if not re.match(r"^[A-Za-z0-9._-]{1,128}$", partition or ""):
+            raise ConfigError(f"--slurm-partition {partition!r}: give the name of a Slurm partition (sinfo lists them)")
+        self.partition, self.coordinator, self.token_file = partition, coordinator, token_file
+        self.state_dir, self.python, self.reservation = os.path.abspath(state_dir), python, reservation
+        self._outputs: dict[str, str] = {}
+        self._jobcomp: Optional[str] = None
+
+    # ------------------------------------------------------------------ commands
+    async def _cmd(self, *args: str, check: bool = True) -> str:
+        try:
+            proc = await asyncio.create_subprocess_exec(*args, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.PIPE)
+        except OSError as exc:
+            raise SlurmError(f"cannot run {args[0]}: {exc.strerror}; install Slurm's client commands "
+                             "(Debian: apt-get install slurm-client) and set SLURM_CONF") from None
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), _TIMEOUT)
+        except asyncio.TimeoutError:
+            proc.kill()
+            await proc.wait()
+            raise SlurmError(f"{' '.join(args[:3])} did not answer in {_TIMEOUT:.0f} s (is slurmctld up?)") from None
+        if check and proc.returncode != 0:
+            raise SlurmError(f"{' '.join(args)} exited {proc.returncode}: {err.decode(errors='replace').strip()[:500]}")
+        return out.decode(errors="replace")
+
+    # ------------------------------------------------------------------ capacity
+    async def nodes(self) -> list[EngineNode]:
+        out = await self._cmd("sinfo", "-h", "-N", "-p", self.partition, "-o", "%N|%G|%T")
+        seen: dict[str, EngineNode] = {}
+        for line in out.splitlines():
+            parts = line.strip().split("|")
+            if len(parts) != 3 or parts[0] in seen:
+                continue
+            name, gres, state = parts
+            state = state.lower()
+            up = state.rstrip("*~#!%$@^-") in _UP  # a trailing * (not responding) etc. is not up
+            seen[name] = EngineNode(name, parse_gres_gpus(gres), up and not state.endswith("*"), state)
+        if not seen:
+            raise SlurmError(f"partition {self.partition!r} has no nodes (sinfo -p {self.partition}); check the name")
+        return [seen[n] for n in sorted(seen)]
+
+    # ------------------------------------------------------------------ runs
+    def script(self, run: RunLaunch) -> str:
+        """The batch script of ``run``."""
+        d = self._run_dir(run.job, run.run)
+        head = ["#!/bin/bash", f"# elastictrain: job {run.job}, run {run.run} (written by the coordinator)"]
+        common = [f"--job-name={job_name(run.job, run.run)}", f"--partition={self.partition}", "--no-requeue",
+                  f"--output={d}/slurm-%j.out", "--open-mode=append", f"--chdir={run.tasks[0].workdir}",
+                  "--comment=elastictrain"]
+        if self.reservation:
+            common.append(f"--reservation={self.reservation}")
+        slots = [t.slots for t in run.tasks]
+        env = task_env(run.tasks[0], "slurm")
+        for k in ("ET_TOKEN", "ET_NODE_NAME", "ET_LOG_DIR"):  # per node, below
+            env.pop(k, None)
+        lines = list(head)
+        for flag in common:
+            lines.append(f"#SBATCH {flag}")
+        if len(set(slots)) == 1:  # one component: the same GPUs on every node
+            lines += [f"#SBATCH --nodes={len(run.nodes)}", f"#SBATCH --nodelist={','.join(run.nodes)}",
+                      "#SBATCH --ntasks-per-node=1", f"#SBATCH --gres=gpu:{slots[0]}"]
+        else:  # unequal GPUs per node: a heterogeneous job, one component per node
+            for i, (node, n) in enumerate(zip(run.nodes, slots)):
+                if i:
+                    lines.append("#SBATCH hetjob")
+                lines += ["#SBATCH --nodes=1", f"#SBATCH --nodelist={node}", "#SBATCH --ntasks-per-node=1",
+                          f"#SBATCH --gres=gpu:{n}"]
+        for k in sorted(env):
+            lines.append(f"export {k}={shlex.quote(env[k])}")
+        lines.append("unset ET_TOKEN")
+        # each node's etrun gets its own log and state directory and its node's name; bash execs it,
+        # so srun's signals reach etrun itself
+        wrap = ["/bin/bash", "-c", 'export ET_LOG_DIR="$0" ET_NODE_NAME="${SLURMD_NODENAME:-slurm}"; exec "$@"']
+        if len(set(slots)) == 1:
+            cmd = etrun_command(run.tasks[0], self.coordinator, log_dir=None, token_file=self.token_file,
+                                python=self.python)
+            lines.append("exec srun --kill-on-bad-exit=0 " + shlex.join(wrap[:2]) + " "
+                         + shlex.quote(wrap[2].replace('"$0"', '"$0/node${SLURM_NODEID:-0}"')) + " "
+                         + shlex.join([d, *cmd]))
+        else:
+            parts = []
+            for i, t in enumerate(run.tasks):
+                cmd = etrun_command(t, self.coordinator, log_dir=None, token_file=self.token_file, python=self.python)
+                parts.append(f"--het-group={i} " + shlex.join([*wrap, f"{d}/node{i}", *cmd]))
+            lines.append("exec srun --kill-on-bad-exit=0 " + " : ".join(parts))
+        return "\n".join(lines) + "\n"
+
+    def _run_dir(self, job: str, run: int) -> str:
+        return os.path.join(self.state_dir, "slurm", job, f"run{run}")
+
+    async def launch(self, run: RunLaunch) -> str:
+        d = self._run_dir(run.job, run.run)
+        os.makedirs(d, exist_ok=True)
+        path = os.path.join(d, "job.sh")
+        with open(path, "w") as f:
+            f.write(self.script(run))
+        out = await self._cmd("sbatch", "--parsable", path)
+        handle = out.strip().split(";")[0]
+        if not handle.isdigit():
+            raise SlurmError(f"sbatch answered {out.strip()[:200]!r}, not a job id")
+        self._outputs[handle] = os.path.join(d, f"slurm-{handle}.out")
+        return handle
+
+    async def withdraw(self, handle: str) -> None:
+        # the step only (etrun gets SIGTERM; with --full srun, the batch shell, would kill the step at once)
+        await self._cmd("scancel", "--signal=TERM", handle, check=False)
+
+    async def kill(self, handle: str) -> None:
+        await self._cmd("scancel", handle, check=False)
+
+    def output(self, handle: str) -> Optional[str]:
+        return self._outputs.get(handle)
+
+    async def runs(self, handles: dict[str, tuple[str, int]]) -> list[RunState]:
+        out = await self._cmd("squeue", "--json")
+        try:
+            jobs = json.loads(out).get("jobs", [])
+        except ValueError as exc:
+            raise SlurmError(f"squeue --json printed no JSON ({exc}); Slurm 21.08 or newer is needed") from None
+        states: dict[str, RunState] = {}
+        for j in jobs:
+            key = parse_job_name(j.get("name", ""))
+            handle = str(j.get("job_id", ""))
+            if key is None or (handle not in handles and j.get("comment") not in (None, "", "elastictrain")):
+                continue
+            if handle not in handles and j.get("het_job_offset", 0):
+                continue  # a heterogeneous job's later component: its leader speaks for it
+            state = str(j.get("job_state", "")).upper()
+            raw = int(j.get("exit_code") or 0)
+            code = (raw >> 8) & 0xFF if raw & 0x7F == 0 else 128 + (raw & 0x7F)
+            d = self._run_dir(*key)
+            self._outputs.setdefault(handle, os.path.join(d, f"slurm-{handle}.out"))
+            nodes = _expand(j.get("nodes", ""))
+            if int(j.get("restart_cnt") or 0) > 0 and state in _ACTIVE:
+                last = await self._jobcomp_code(handle)
+                states[handle] = RunState(handle, *key, REQUEUED, detail=f"restart {j.get('restart_cnt')}, "
+                                          f"last exit {last}, reason {j.get('state_reason')}", nodes=nodes)
+            elif state in _ACTIVE:
+                states[handle] = RunState(handle, *key, ACTIVE, nodes=nodes)
+            else:
+                states[handle] = RunState(handle, *key, ENDED, code=code if state != "CANCELLED" or raw else None,
+                                          detail=f"Slurm job {handle} {state.lower()} (exit {code}, "
+                                          f"{j.get('state_reason')})", cancelled=state == "CANCELLED",
+                                          lost=state in _LOST or state == "PREEMPTED", nodes=nodes)
+        for handle, key in handles.items():
+            if handle not in states:  # gone from squeue (older than MinJobAge): the completion log says
+                code = await self._jobcomp_code(handle)
+                states[handle] = RunState(handle, *key, ENDED, code=code,
+                                          detail=f"Slurm job {handle} ended (exit {code}, from the completion log)")
+        return list(states.values())
+
+    async def _jobcomp_code(self, handle: str) -> Optional[int]:
+        """The exit code of the job's last end in the completion log (or sacct), None if unknown."""
+        if self._jobcomp is None:
+            try:
+                conf = await self._cmd("scontrol", "show", "config")
+                m = re.search(r"^JobCompLoc\s*=\s*(\S+)", conf, re.M)
+                self._jobcomp = m.group(1) if m else ""
+            except SlurmError:
+                self._jobcomp = ""
+        if self._jobcomp and os.path.isfile(self._jobcomp):
+            code = None
+            try:
+                with open(self._jobcomp, errors="replace") as f:
+                    for line in f:
+                        if line.startswith(f"JobId={handle} "):
+                            m = re.search(r"\bExitCode=(\d+):(\d+)", line)
+                            if m:
+                                code = int(m.group(1)) if m.group(2) == "0" else 128 + int(m.group(2))
+            except OSError:
+                pass
+            if code is not None:
+                return code
+        try:
+            out = await self._cmd("sacct", "-n", "-X", "-P", "-j", handle, "-o", "ExitCode", check=False)
+            m = re.match(r"\s*(\d+):(\d+)", out)
+            if m:
+                return int(m.group(1)) if m.group(2) == "0" else 128 + int(m.group(2))
+        except SlurmError:
+            pass
+        return None
+
+
+def _expand(nodes: str) -> list[str]:
+    """``n[1-3],m1`` into names (the simple forms Slurm prints)."""
+    out: list[str] = []
+    for m in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodes or ""):
+        base, ranges = m.group(1), m.group(2)
+        if not ranges:
+            out.append(base)
+            continue
+        for r in ranges.split(","):
+            lo, _, hi = r.partition("-")
+            if hi:
+                width = len(lo)
+                out += [f"{base}{i:0{width}d}" for i in range(int(lo), int(hi) + 1)]
+            else:
+                out.append(base + lo)
+    return out

@@ -1,0 +1,175 @@
+"""A real Slurm on this host for the tests: a private munged, slurmctld and two slurmd (nodes n1
+and n2, 2 fake GPUs each, partitions ``low`` and ``high``), started in about 2 s, stopped by PID.
+
+Needs root and Debian's ``slurmctld slurmd slurm-client munge`` (``make test`` installs them
+where it can). Settings that matter, learnt on these machines: ``cred_expire=10`` in AuthInfo (a
+requeued job may start again 10 s later, not 120 s), ``RequeueExit=75`` (etrun's preempted code:
+an admin's setting the engine must undo, as it submits ``--no-requeue``), fake GPUs as character
+devices named in gres.conf, ``jobcomp/filetxt`` (no slurmdbd here), ``ProctrackType=proctrack/pgid``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+CONF = """ClusterName=et
+SlurmctldHost=localhost(127.0.0.1)
+SlurmctldPort={ctld}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={root}/munge/munge.socket,cred_expire=10
+StateSaveLocation={root}/state
+SlurmdSpoolDir={root}/spool/%n
+SlurmctldPidFile={root}/run/slurmctld.pid
+SlurmdPidFile={root}/run/slurmd-%n.pid
+SlurmctldLogFile={root}/log/slurmctld.log
+SlurmdLogFile={root}/log/slurmd-%n.log
+ProctrackType=proctrack/pgid
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/filetxt
+JobCompLoc={root}/log/jobcomp.txt
+MpiDefault=none
+MailProg=/bin/true
+SwitchType=switch/none
+ReturnToService=2
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+GresTypes=gpu
+JobRequeue=1
+PreemptType=preempt/partition_prio
+PreemptMode=REQUEUE
+MinJobAge=300
+KillWait=10
+InactiveLimit=0
+MessageTimeout=10
+NodeName=n[1-2] NodeHostname={host} NodeAddr=127.0.0.1 Port={p1}-{p2} CPUs=8 RealMemory=4000 Gres=gpu:2 State=UNKNOWN
+PartitionName=low Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=NO GraceTime=5
+PartitionName=high Nodes=n[1-2] MaxTime=INFINITE State=UP PriorityTier=10 OverSubscribe=NO
+RequeueExit=75
+SlurmdParameters=config_overrides
+SchedulerParameters=sched_interval=2,bf_interval=2
+"""
+
+NEEDED = ("slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel", "munged")
+
+
+def missing() -> str:
+    """Why a real Slurm cannot be started here ("" if it can)."""
+    if os.geteuid() != 0:
+        return "the Slurm tests need root (slurmd runs jobs as their users)"
+    lacking = [c for c in NEEDED if shutil.which(c) is None and not os.path.exists(f"/usr/sbin/{c}")]
+    if lacking:
+        return (f"Slurm is not installed ({', '.join(lacking)} missing): "
+                "apt-get install -y slurmctld slurmd slurm-client munge, or `make slurm`")
+    return ""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_free_ports() -> tuple[int, int]:
+    for _ in range(100):
+        p = _free_port()
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", p + 1))
+            return p, p + 1
+        except OSError:
+            continue
+    raise RuntimeError("no two consecutive free ports")
+
+
+class SlurmKit:
+    def __init__(self, root: str) -> None:
+        self.root = os.path.abspath(root)
+        self.conf = os.path.join(self.root, "slurm.conf")
+        self.env = dict(os.environ, SLURM_CONF=self.conf)
+
+    def start(self, timeout: float = 30.0) -> "SlurmKit":
+        r = self.root
+        for d in ("munge", "state", "spool/n1", "spool/n2", "run", "log", "fakegpu"):
+            os.makedirs(os.path.join(r, d), exist_ok=True)
+        for i in range(4):
+            dev = os.path.join(r, "fakegpu", f"gpu{i}")
+            if not os.path.exists(dev):
+                os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # a character device, like /dev/null
+        p1, p2 = _two_free_ports()
+        with open(self.conf, "w") as f:
+            f.write(CONF.format(root=r, ctld=_free_port(), p1=p1, p2=p2, host=socket.gethostname()))
+        with open(os.path.join(r, "gres.conf"), "w") as f:
+            f.write(f"AutoDetect=off\nNodeName=n1 Name=gpu File={r}/fakegpu/gpu[0-1]\n"
+                    f"NodeName=n2 Name=gpu File={r}/fakegpu/gpu[2-3]\n")
+        munge = os.path.join(r, "munge")
+        shutil.chown(munge, "munge", "munge")
+        os.chmod(munge, 0o711)
+        key = os.path.join(munge, "munge.key")
+        if not os.path.exists(key):
+            with open(key, "wb") as f:
+                f.write(os.urandom(1024))
+            shutil.chown(key, "munge", "munge")
+            os.chmod(key, 0o400)
+        subprocess.run(["runuser", "-u", "munge", "--", "/usr/sbin/munged", f"--socket={munge}/munge.socket",
+                        f"--key-file={key}", f"--pid-file={munge}/munged.pid", f"--seed-file={munge}/munged.seed",
+                        f"--log-file={munge}/munged.log"], check=True, timeout=30)
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(os.path.join(munge, "munge.socket")):
+            if time.monotonic() > deadline:
+                raise RuntimeError("munged did not start")
+            time.sleep(0.05)
+        subprocess.run(["/usr/sbin/slurmctld", "-f", self.conf], check=True, env=self.env, timeout=30)
+        for n in ("n1", "n2"):
+            subprocess.run(["/usr/sbin/slurmd", "-f", self.conf, "-N", n], check=True, env=self.env, timeout=30)
+        while True:
+            st = self.node_states()
+            if st.get("n1") == "idle" and st.get("n2") == "idle":
+                return self
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Slurm did not come up: {st} (logs in {r}/log)")
+            time.sleep(0.2)
+
+    def run(self, *args: str, check: bool = True) -> str:
+        return subprocess.run(list(args), env=self.env, capture_output=True, text=True, timeout=30,
+                              check=check).stdout
+
+    def node_states(self) -> dict:
+        try:
+            out = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False)
+        except subprocess.TimeoutExpired:
+            return {}
+        return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
+    def slurmd_pid(self, node: str) -> int:
+        with open(os.path.join(self.root, "run", f"slurmd-{node}.pid")) as f:
+            return int(f.read())
+
+    def stop(self) -> None:
+        subprocess.run(["scancel", "--full", "--signal=KILL", "-u", "root"], env=self.env, capture_output=True,
+                       timeout=30, check=False)
+        for name in ("run/slurmd-n1.pid", "run/slurmd-n2.pid", "run/slurmctld.pid", "munge/munged.pid"):
+            path = os.path.join(self.root, name)
+            try:
+                with open(path) as f:
+                    pid = int(f.read())
+            except (OSError, ValueError):
+                continue
+            try:
+                os.kill(pid, signal.SIGTERM)
+                for _ in range(50):
+                    os.kill(pid, 0)
+                    time.sleep(0.1)
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass

@@ -18,6 +18,12 @@ resumed job's first training step. Both from the coordinator's event log. Baseli
 from a *first* start decision to its first step (``start_to_first_step_median``): a resume
 that costs about the same shows that restoring the checkpoint adds little.
 
+Part 3, the same cycles through a real Slurm (``--backend slurm``: a private slurmctld and slurmd on
+this host, partition ``one`` = one node with 2 GPUs, started here as the tests do; it needs root
+and Debian's Slurm, else the part says why it is skipped): ``slurm_*`` figures beside the node
+daemons' of part 2, and ``slurm_vs_nodes_*`` ratios (the cost of going through sbatch, Slurm's
+scheduling pass and srun).
+
 ``--quick``: 3 repetitions and 60 ticks per policy instead of 5 and 200.
 """
 
@@ -136,20 +142,25 @@ def _play_daemons(s, work: dict, dt: float, rng, submit) -> None:
                 submit()
 
 
-def real_cycles(reps: int) -> dict:
+def real_cycles(reps: int, slurm_conf: str = "") -> dict:
     from elastictrain.launcher.local_cluster import LocalCluster
 
     out = {"preempt": [], "resume": [], "start": []}
+    engine = dict(slurm_conf=slurm_conf, partition="one") if slurm_conf else {}
+    # Tiresias' first queue (GPU-seconds): the short job must stay in it through its start, which
+    # costs seconds more through Slurm (sbatch, its scheduling pass, srun) and counts as service
+    first = 20 if slurm_conf else 6
     with tempfile.TemporaryDirectory(prefix="et-bench-cluster-") as tmp, \
-            LocalCluster(tmp, "tiresias-l", "--thresholds", "6", nodes=1, slots=2) as c:
+            LocalCluster(tmp, "tiresias-l", "--thresholds", str(first), nodes=1, slots=2, **engine) as c:
         for r in range(reps):
             def cmd(name, epochs, samples):
                 return [WORKER, "--ckpt-dir", os.path.join(tmp, f"ckpt-{name}"), "--out",
                         os.path.join(tmp, f"{name}.json"), "--epochs", str(epochs), "--samples", str(samples),
                         "--step-sleep", "0.05"]
 
-            long = c.submit(f"long{r}", 2, cmd(f"long{r}", 2, 1200))
-            c.wait(lambda st: any(j.id == long and j.step > 10 for j in st.jobs), 120, "the long job to train")
+            long = c.submit(f"long{r}", 2, cmd(f"long{r}", 2, 4800 if slurm_conf else 1200))
+            c.wait(lambda st: any(j.id == long and j.step > 10 and j.attained_gpu > first + 2 for j in st.jobs), 120,
+                   "the long job to train past the first queue")
             short = c.submit(f"short{r}", 2, cmd(f"short{r}", 1, 200))
             c.wait(lambda st: all(j.status == "finished" for j in st.jobs if j.id in (long, short)), 180,
                    "both jobs to finish")
@@ -214,6 +225,43 @@ def main() -> None:
         print(f"{name}_samples: {len(xs)} of {reps}")
     if cyc["resume"] and cyc["start"]:
         print(f"resume_vs_first_start: {statistics.median(cyc['resume']) / statistics.median(cyc['start']):.2f} x")
+    slurm_part(reps, cyc)
+
+
+def slurm_part(reps: int, nodes: dict) -> None:
+    """Part 3: the same cycles through a real Slurm, beside the node daemons' figures."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    from tests.integration.slurm_kit import SlurmKit, missing
+
+    names = (("preempt", "preempt_to_exit"), ("resume", "resume_to_first_step"), ("start", "start_to_first_step"))
+    why = missing()
+    kit = None
+    if not why:
+        root = tempfile.mkdtemp(prefix="et-bench-slurm-")
+        os.chmod(root, 0o755)
+        kit = SlurmKit(root)
+        try:
+            kit.start()
+        except Exception as exc:  # noqa: BLE001 - reported, and the part is skipped
+            why = f"Slurm did not start: {exc}"
+    if why:
+        print(f"# Slurm part skipped: {why}")
+        for _, name in names:
+            print(f"slurm_{name}_samples: 0 of {reps}")
+        return
+    try:
+        cyc = real_cycles(reps, kit.conf)
+    finally:
+        kit.stop()
+    print(f"# real processes through Slurm 22.05 (--backend slurm, 1 node x 2 GPUs), {reps} cycles")
+    for key, name in names:
+        xs = cyc[key]
+        if xs:
+            print(f"slurm_{name}_median: {statistics.median(xs):.3f} s")
+            print(f"slurm_{name}_max: {max(xs):.3f} s")
+            if nodes[key]:
+                print(f"slurm_vs_nodes_{name}: {statistics.median(xs) / statistics.median(nodes[key]):.2f} x")
+        print(f"slurm_{name}_samples: {len(xs)} of {reps}")
 
 
 if __name__ == "__main__":

@@ -228,9 +228,26 @@ def _engine(cfg: ServerConfig, coordinator: Coordinator, url: str, token: str):
     port = url.rpartition(":")[2]
     target = e.coordinator_url or (f"http://{socket.getfqdn()}:{port}" if cfg.host in ("0.0.0.0", "::") else url)
     adapter = SlurmAdapter(e.partition, target, state, token_file=token_file, python=e.python or sys.executable,
-                           reservation=e.reservation)
+                           reservation=e.reservation, tag=_coordinator_id(state))
     log.info("Slurm engine: partition %s, runs reach the coordinator at %s, scripts in %s", e.partition, target, state)
     return EngineBridge(adapter, coordinator.cluster, poll_interval=e.poll_interval)
+
+
+def _coordinator_id(state_dir: str) -> str:
+    """This coordinator's id, kept in ``state_dir`` (made once): it marks the engine's jobs as ours."""
+    path = os.path.join(state_dir, "coordinator-id")
+    try:
+        with open(path) as f:
+            cid = f.read().strip()
+        if cid:
+            return cid
+    except FileNotFoundError:
+        pass
+    cid = secrets.token_hex(6)
+    with open(path + ".tmp", "w") as f:
+        f.write(cid + "\n")
+    os.replace(path + ".tmp", path)
+    return cid
 
 
 def _has(module: str) -> bool:

@@ -10,8 +10,10 @@ step and swallows its exit code ends COMPLETED and the job's result is lost.
 Stopping: ``scancel --signal=TERM`` reaches the step (etrun): its workers checkpoint and exit 75;
 a hard ``scancel`` follows after the grace period. (``--full`` would also signal the batch
 shell, which is srun itself here, and srun answers SIGTERM by killing the step at once: the
-checkpoint would be lost.) Jobs are submitted ``--no-requeue``; an admin's ``RequeueExit=75`` or
-a partition preemption may still requeue one, which the bridge sees and undoes.
+checkpoint would be lost.) Jobs are submitted ``--requeue``, so that an admin's ``scontrol
+requeue`` and Slurm's own preemption work as Slurm users expect; when Slurm requeues a run by
+itself (those, ``RequeueExit=75``, a failed node), the bridge cancels Slurm's copy and the scheduler
+resumes the job from its checkpoint as a new run, on the nodes it chooses.
 
 States come from ``squeue --json`` (kept ``MinJobAge`` seconds after the end) and, for jobs gone
 from it, the job completion log (``JobCompType=jobcomp/filetxt``) or ``sacct`` where accounting
@@ -82,16 +84,19 @@ class SlurmAdapter:
         token_file: the token file the runs' etrun reads (shared too).
         python: the interpreter the nodes run etrun with (default: this one).
         reservation: also pin runs to this reservation.
+        tag: this coordinator's id, in every job's ``--comment``: jobs of another coordinator on the
+            same Slurm are never adopted, even under the same job name.
     """
 
     name = "slurm"
 
     def __init__(self, partition: str, coordinator: str, state_dir: str, *, token_file: Optional[str] = None,
-                 python: str = sys.executable, reservation: Optional[str] = None) -> None:
+                 python: str = sys.executable, reservation: Optional[str] = None, tag: str = "") -> None:
         if not re.match(r"^[A-Za-z0-9._-]{1,128}$", partition or ""):
             raise ConfigError(f"--slurm-partition {partition!r}: give the name of a Slurm partition (sinfo lists them)")
         self.partition, self.coordinator, self.token_file = partition, coordinator, token_file
         self.state_dir, self.python, self.reservation = os.path.abspath(state_dir), python, reservation
+        self.comment = f"elastictrain:{tag}" if tag else "elastictrain"  # whose jobs these are
         self._outputs: dict[str, str] = {}
         self._jobcomp: Optional[str] = None
 
@@ -134,9 +139,9 @@ class SlurmAdapter:
         """The batch script of ``run``."""
         d = self._run_dir(run.job, run.run)
         head = ["#!/bin/bash", f"# elastictrain: job {run.job}, run {run.run} (written by the coordinator)"]
-        common = [f"--job-name={job_name(run.job, run.run)}", f"--partition={self.partition}", "--no-requeue",
+        common = [f"--job-name={job_name(run.job, run.run)}", f"--partition={self.partition}", "--requeue",
                   f"--output={d}/slurm-%j.out", "--open-mode=append", f"--chdir={run.tasks[0].workdir}",
-                  "--comment=elastictrain"]
+                  f"--comment={self.comment}"]
         if self.reservation:
             common.append(f"--reservation={self.reservation}")
         slots = [t.slots for t in run.tasks]
@@ -211,7 +216,7 @@ class SlurmAdapter:
         for j in jobs:
             key = parse_job_name(j.get("name", ""))
             handle = str(j.get("job_id", ""))
-            if key is None or (handle not in handles and j.get("comment") not in (None, "", "elastictrain")):
+            if key is None or (handle not in handles and j.get("comment") != self.comment):
                 continue
             if handle not in handles and j.get("het_job_offset", 0):
                 continue  # a heterogeneous job's later component: its leader speaks for it

@@ -150,6 +150,22 @@ class LocalCluster:
         if self.client is not None:
             self.client.close()
         self.coordinator.stop()
+        if self.engine == "slurm":  # the runs still in Slurm are ours to stop too
+            self.cancel_slurm_jobs()
+
+    def cancel_slurm_jobs(self) -> None:
+        try:
+            with open(os.path.join(self.tmp, "slurm-runs", "coordinator-id")) as f:
+                comment = "elastictrain:" + f.read().strip()
+            env = dict(os.environ, **self.coordinator.env_extra)
+            out = subprocess.run(["squeue", "--json"], env=env, capture_output=True, text=True, timeout=30).stdout
+            ids = [str(j["job_id"]) for j in json.loads(out).get("jobs", []) if j.get("comment") == comment
+                   and j.get("job_state") not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")]
+            if ids:
+                subprocess.run(["scancel", "--signal=KILL", "--full", *ids], env=env, capture_output=True, timeout=30)
+                subprocess.run(["scancel", *ids], env=env, capture_output=True, timeout=30)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
 
 
 def max_slots_in_use(events, slots: int) -> dict:

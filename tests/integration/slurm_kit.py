@@ -50,11 +50,13 @@ PreemptType=preempt/partition_prio
 PreemptMode=REQUEUE
 MinJobAge=300
 KillWait=10
+SlurmdTimeout=10
 InactiveLimit=0
 MessageTimeout=10
 NodeName=n[1-2] NodeHostname={host} NodeAddr=127.0.0.1 Port={p1}-{p2} CPUs=8 RealMemory=4000 Gres=gpu:2 State=UNKNOWN
 PartitionName=low Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=NO GraceTime=5
 PartitionName=high Nodes=n[1-2] MaxTime=INFINITE State=UP PriorityTier=10 OverSubscribe=NO
+PartitionName=one Nodes=n1 MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=NO
 RequeueExit=75
 SlurmdParameters=config_overrides
 SchedulerParameters=sched_interval=2,bf_interval=2
@@ -151,6 +153,14 @@ class SlurmKit:
             return {}
         return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
 
+    def start_slurmd(self, node: str, timeout: float = 60.0) -> None:
+        subprocess.run(["/usr/sbin/slurmd", "-f", self.conf, "-N", node], check=True, env=self.env, timeout=30)
+        deadline = time.monotonic() + timeout
+        while self.node_states().get(node) not in ("idle", "mixed", "allocated"):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"slurmd {node} did not come back: {self.node_states()}")
+            time.sleep(0.5)
+
     def slurmd_pid(self, node: str) -> int:
         with open(os.path.join(self.root, "run", f"slurmd-{node}.pid")) as f:
             return int(f.read())
@@ -172,4 +182,19 @@ class SlurmKit:
                     time.sleep(0.1)
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
+                pass
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """Kill what is left of this Slurm: step daemons (slurmstepd outlives a killed slurmd) and
+        anything they started, known by the SLURM_CONF they inherited from our daemons."""
+        mark = f"SLURM_CONF={self.conf}".encode()
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if mark in f.read().split(b"\0"):
+                        os.kill(int(entry), signal.SIGKILL)
+            except (OSError, ValueError):
                 pass

@@ -90,22 +90,43 @@ def cluster_factory(tmp_path):
 @pytest.fixture(params=["nodes", "slurm"])
 def engine_cluster(request, cluster_factory):
     """The same scenario on every engine: our node daemons, and a real Slurm (one contract)."""
+    kit = None
     if request.param == "nodes":
         make = lambda policy, *args: cluster_factory(policy, *args)  # noqa: E731
     else:
         kit = request.getfixturevalue("slurm")
         make = lambda policy, *args: cluster_factory(policy, *args, slurm_conf=kit.conf)  # noqa: E731
-    make.engine = request.param
+    make.engine, make.kit = request.param, kit
     return make
+
+
+def _slurm_never_ran_a_job_twice(c: Cluster, kit) -> None:
+    """From Slurm's own records: no two Slurm jobs (runs) of one of our jobs overlapped."""
+    import json
+
+    with open(os.path.join(c.tmp, "slurm-runs", "coordinator-id")) as f:
+        comment = "elastictrain:" + f.read().strip()
+    spans: dict = {}
+    for j in json.loads(kit.run("squeue", "--json"))["jobs"]:
+        if j.get("comment") == comment and j.get("start_time"):
+            job = j["name"].rsplit(".r", 1)[0]
+            spans.setdefault(job, []).append((j["start_time"], j["end_time"], j["job_id"]))
+    assert spans, "no Slurm jobs seen"
+    for job, runs in spans.items():
+        runs.sort()
+        for (s1, e1, a), (s2, e2, b) in zip(runs, runs[1:]):
+            assert s2 >= e1, f"{job}: Slurm jobs {a} and {b} ran at once ({s1}-{e1}, {s2}-{e2})"
 
 
 def test_tiresias_preempts_long_jobs_for_short_ones_and_resumes_them_exactly_once(engine_cluster):
     # Tiresias' first queue in GPU-seconds: a start through Slurm (sbatch, its scheduling pass,
     # srun) costs seconds more than a node daemon's, and that counts as attained service too
-    first = 20 if engine_cluster.engine == "nodes" else 60
+    first = 20 if engine_cluster.engine == "nodes" else 32
     c = engine_cluster("tiresias-l", "--thresholds", str(first))
     ids = _run_workload(c, first_queue=first)
     jobs, events = _check_common(c, ids)
+    if engine_cluster.kit is not None:
+        _slurm_never_ran_a_job_twice(c, engine_cluster.kit)
     preempted = {e.job for e in events if e.kind == "preempted"}
     resumed = {e.job for e in events if e.kind == "resume"}
     assert preempted and preempted <= resumed, (preempted, resumed)

@@ -72,7 +72,21 @@ class EngineBridge:
                     "%s engine step failed (%s); trying again", self.adapter.name, exc)
                 await asyncio.sleep(min(30.0, self.poll_interval * 2 ** min(self.errors, 5)))
                 continue
-            await asyncio.sleep(self.poll_interval)
+            await self._pause()
+
+    async def _pause(self) -> None:
+        """Until the next step: a decision that changes a node's tasks wakes the bridge at once;
+        while a run is stopping, the engine is asked again every quarter second (its exit is what
+        the next run on its GPUs waits for); else every ``poll_interval``."""
+        stopping = any(r.stop_at is not None and r.result is None for r in self.runs.values())
+        timeout = min(0.25, self.poll_interval) if stopping else self.poll_interval
+        waits = [asyncio.ensure_future(self.sched.nodes.wait(n, timeout)) for n in self.registered]
+        if not waits:
+            await asyncio.sleep(timeout)
+            return
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for w in pending:
+            w.cancel()
 
     # ------------------------------------------------------------------ one step
     async def step(self) -> None:

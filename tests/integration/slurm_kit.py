@@ -153,12 +153,16 @@ class SlurmKit:
             return {}
         return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
 
-    def start_slurmd(self, node: str, timeout: float = 60.0) -> None:
+    def start_slurmd(self, node: str, timeout: float = 120.0) -> None:
+        """Start ``node``'s slurmd again and wait until Slurm has it back (a job that was running
+        there when its slurmd died is cleaned up first: the node stays 'completing' a while)."""
         subprocess.run(["/usr/sbin/slurmd", "-f", self.conf, "-N", node], check=True, env=self.env, timeout=30)
         deadline = time.monotonic() + timeout
         while self.node_states().get(node) not in ("idle", "mixed", "allocated"):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"slurmd {node} did not come back: {self.node_states()}")
+            if self.node_states().get(node, "").startswith("down"):
+                self.run("scontrol", "update", f"nodename={node}", "state=resume", check=False)
             time.sleep(0.5)
 
     def slurmd_pid(self, node: str) -> int:

@@ -141,6 +141,7 @@ def test_tiresias_preempts_long_jobs_for_short_ones_and_resumes_them_exactly_onc
     assert all(j.attained_gpu > 0 for j in jobs.values())
 
 
+@pytest.mark.slow  # make test-slow (the default run stays under 15 minutes)
 def test_fifo_never_preempts(cluster_factory):
     c = cluster_factory("fifo")
     ids = _run_workload(c)

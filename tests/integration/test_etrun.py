@@ -230,6 +230,7 @@ def test_grace_expires_into_sigkill(tmp_path):
     assert code == 128 + signal.SIGTERM and time.monotonic() - t0 < 8
 
 
+@pytest.mark.slow  # make test-slow (the default run stays under 15 minutes)
 def test_twenty_kills_twenty_recoveries(tmp_path):
     events = Events(str(tmp_path / "events"))
     p = etrun(["--nproc-per-node", "2", "--max-restarts", "25", TOY], cwd=tmp_path,

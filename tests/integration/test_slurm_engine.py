@@ -1,7 +1,8 @@
 """The scheduler on a real Slurm (``coordinator --backend slurm``): what Slurm itself does to our
 jobs (an outside requeue, an outside cancel), a heterogeneous placement, a coordinator killed
-with -9 that adopts the Slurm jobs still running, and the dry run's batch script. The Tiresias
-scenario runs on Slurm and on the node daemons alike in ``test_cluster.py``."""
+with -9 that adopts the Slurm jobs still running, a slurmd killed under a job, and the dry run's
+batch script. The Tiresias scenario runs on Slurm and on the node daemons alike in
+``test_cluster.py`` (the default run); the slower scenarios here run in ``make test-slow``."""
 
 import json
 import os
@@ -52,6 +53,7 @@ def _wait_training(c, job, step=5, timeout=120):
            f"job {job} to train")
 
 
+@pytest.mark.slow  # make test-slow: the default run keeps the Tiresias scenario on Slurm
 def test_an_outside_requeue_resumes_the_job_from_its_checkpoint_once(cluster, slurm):
     job = _job(cluster, "rq", 2, epochs=3)
     _wait_training(cluster, job, step=15)
@@ -84,6 +86,7 @@ def test_an_outside_scancel_cancels_the_job(cluster, slurm):
     assert cluster.client.cluster_job(job).status == "cancelled"  # not requeued, not failed
 
 
+@pytest.mark.slow  # make test-slow: the default run keeps the Tiresias scenario on Slurm
 def test_unequal_gpus_per_node_run_as_one_heterogeneous_slurm_job(tmp_path, slurm):
     c = LocalCluster(tmp_path, "fifo", slurm_conf=slurm.conf).start()
     try:
@@ -100,6 +103,7 @@ def test_unequal_gpus_per_node_run_as_one_heterogeneous_slurm_job(tmp_path, slur
         c.stop()
 
 
+@pytest.mark.slow  # make test-slow: the default run keeps the Tiresias scenario on Slurm
 def test_a_restarted_coordinator_adopts_the_slurm_jobs_still_running(cluster, slurm):
     job = _job(cluster, "adopt", 2, epochs=4)
     _wait_training(cluster, job, step=10)
@@ -114,6 +118,7 @@ def test_a_restarted_coordinator_adopts_the_slurm_jobs_still_running(cluster, sl
     assert r["min"] == r["max"] == 1, r
 
 
+@pytest.mark.slow  # make test-slow: the default run keeps the Tiresias scenario on Slurm
 def test_a_slurmd_killed_under_a_running_job_requeues_it_elsewhere(cluster, slurm):
     job = _job(cluster, "nf", 2, epochs=4)
     _wait_training(cluster, job, step=10)

@@ -9,6 +9,8 @@ keeps all its nodes. (The scenarios are benchmarks/autoscale.py's, which prints 
 import importlib.util
 import os
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -36,6 +38,7 @@ def test_a_straggler_is_flagged_and_its_node_replaced(tmp_path):
     assert "own work" in r["status"]
 
 
+@pytest.mark.slow  # make test-slow (the default run stays under 15 minutes)
 def test_a_straggler_that_asks_for_its_part_gets_fewer_samples_and_the_job_keeps_its_nodes(tmp_path):
     # 4 nodes, --nnodes 3:4, no spare; --uneven: every rank takes its part of the 32-sample batch
     # from job.local_batch() and computes per sample; one node 3x slower from step 60

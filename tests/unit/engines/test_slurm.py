@@ -1,0 +1,46 @@
+"""The Slurm adapter's parsing and batch scripts, without a Slurm (the real one runs in
+tests/integration/test_slurm_engine.py)."""
+
+import pytest
+
+from elastictrain.engines.api import RunLaunch
+from elastictrain.engines.slurm import SlurmAdapter, _expand, job_name, parse_gres_gpus, parse_job_name
+from elastictrain.errors import ConfigError
+from elastictrain.wire import Task
+
+
+@pytest.mark.parametrize("gres, gpus", [("gpu:2", 2), ("gpu:a100:4(S:0-1)", 4), ("gpu:2,shard:8", 2),
+                                         ("(null)", 0), ("", 0), ("gpu:a100:2,gpu:v100:1", 3), ("mps:100", 0)])
+def test_gpus_from_gres(gres, gpus):
+    assert parse_gres_gpus(gres) == gpus
+
+
+def test_node_lists_and_job_names():
+    assert _expand("n[1-3],m7") == ["n1", "n2", "n3", "m7"]
+    assert _expand("gpu[08-10]") == ["gpu08", "gpu09", "gpu10"]
+    assert _expand("n1") == ["n1"]
+    assert parse_job_name(job_name("train-7", 3)) == ("train-7", 3)
+    assert parse_job_name("et.x") is None and parse_job_name("someone-elses-job") is None
+
+
+def _task(slots, n=2):
+    return Task("j1", 4, slots, [], n, ["train.py", "--lr", "0.1 x"], "/w", {"A": "b c"}, 3, 20.0, False)
+
+
+def test_the_batch_script_pins_the_placement_and_execs_srun(tmp_path):
+    a = SlurmAdapter("gpu", "http://c:7707", str(tmp_path), token_file="/t/token", tag="abc")
+    s = a.script(RunLaunch("j1", 4, ("n1", "n2"), (_task(2), _task(2))))
+    for line in ("#SBATCH --job-name=et.j1.r4", "#SBATCH --partition=gpu", "#SBATCH --nodelist=n1,n2",
+                 "#SBATCH --gres=gpu:2", "#SBATCH --nodes=2", "#SBATCH --requeue", "#SBATCH --comment=elastictrain:abc",
+                 "export A='b c'"):
+        assert line in s.splitlines(), line
+    last = s.strip().splitlines()[-1]
+    assert last.startswith("exec srun ") and "--rdzv-id j1" in last and "--rdzv-conf run=4" in last
+    assert "'0.1 x'" in last and "--token-file /t/token" in last and "hetjob" not in s
+    het = a.script(RunLaunch("j1", 4, ("n1", "n2"), (_task(2), _task(1))))
+    assert het.count("#SBATCH hetjob") == 1 and "--het-group=0" in het and "--het-group=1" in het
+
+
+def test_a_bad_partition_name_is_refused():
+    with pytest.raises(ConfigError, match="sinfo"):
+        SlurmAdapter("a b; rm -rf /", "http://c:7707", "/tmp")

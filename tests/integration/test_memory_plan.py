@@ -42,6 +42,7 @@ def test_the_plan_sets_a_memory_limit_that_the_next_start_runs_under(tmp_path):
     assert f"memory_limit {limit >> 20} MiB per worker" in shown, shown
 
 
+@pytest.mark.slow  # make test-slow (the default run stays near 15 minutes)
 def test_a_job_that_runs_out_under_the_plans_limit_gets_it_doubled_and_keeps_it(tmp_path):
     # at 2 workers, rank 0 needs 1.2 GiB more every 40 steps: the first run (1 worker) never does, so
     # the plan sets 1 GiB; from the resize to 2 it runs out under it; etrun doubles the limit, the

@@ -206,7 +206,7 @@ def _dry_run_script(args, req) -> str:
     job = req.name or "JOB"
     tasks = tuple(Task(job, 1, g, [], len(placement), list(req.command), req.workdir, dict(req.env), req.max_restarts,
                        req.grace, req.module) for _, g in placement)
-    adapter = SlurmAdapter(args.slurm_partition, args.coordinator, os.path.join("STATE_DIR"),
+    adapter = SlurmAdapter(args.slurm_partition, args.coordinator, "STATE_DIR",
                            token_file=args.token_file or "TOKEN_FILE")
     return adapter.script(RunLaunch(job, 1, tuple(n for n, _ in placement), tasks))
 

@@ -97,18 +97,19 @@ def guarded_protocol(limits: Limits):
             if victim is None:
                 return False
             _rate_limited("at %s: evicting connections slow to send a request head, then idle ones", what)
-            if victim in idle:
-                idle.pop(victim, None)
-                victim._cancel_guard()
-                waiting.pop(victim, None)
+            if victim in idle:  # idle between requests: nothing to answer
                 if victim.transport is not None:
-                    victim.transport.close()  # idle between requests: nothing to answer
+                    victim.transport.close()
             else:
                 victim._reject(408, f"request head not received in time (server at {what})")
-            victim._forget_peer()
+            victim._unlist()  # counted out now, not when its connection_lost comes
             return True
 
-        def _forget_peer(self) -> None:
+        def _unlist(self) -> None:
+            """Out of every book: its guard, the waiting and idle pools, its client's connections."""
+            self._cancel_guard()
+            waiting.pop(self, None)
+            idle.pop(self, None)
             conns = per_client.get(self._peer)
             if conns is not None:
                 conns.pop(self, None)
@@ -116,10 +117,7 @@ def guarded_protocol(limits: Limits):
                     del per_client[self._peer]
 
         def connection_lost(self, exc) -> None:
-            self._cancel_guard()
-            waiting.pop(self, None)
-            idle.pop(self, None)
-            self._forget_peer()
+            self._unlist()
             super().connection_lost(exc)
 
         def on_response_complete(self) -> None:

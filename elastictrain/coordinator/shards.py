@@ -372,18 +372,16 @@ class ShardManager:
             if ckpt == req.checkpoint and p.generation == req.generation and p.step != req.step:
                 raise ConflictError(f"checkpoint {ckpt!r}: worker {w} committed it at step {p.step}, "
                                     f"worker {req.worker} at step {req.step}; all ranks must agree")
+        others = [p for (ckpt, w), p in d.parts.items()
+                  if ckpt == req.checkpoint and w != req.worker and p.generation == req.generation]
         updates = req.updates
         earlier = d.parts.get((req.checkpoint, req.worker))
         if earlier is not None and earlier.generation == req.generation:
             updates = _merge_part(req, _UPDATES.decode(earlier.updates), earlier.step)
             if updates is None:  # the same part again (a retry, or a second save at that step)
-                n = sum(1 for (ckpt, _w), p in d.parts.items()
-                        if ckpt == req.checkpoint and p.generation == req.generation)
-                return CommitReply(False, n, self._committed_step(d, req.generation))
+                return CommitReply(False, len(others) + 1, self._committed_step(d, req.generation))
         part = PartRow(job, name, req.checkpoint, req.worker, req.step, req.generation, req.world_size,
                        _ENC.encode(updates))
-        others = [p for (ckpt, w), p in d.parts.items()
-                  if ckpt == req.checkpoint and w != req.worker and p.generation == req.generation]
         complete = len(others) + 1 == req.world_size
         with self._store.transaction() as tx:
             lost, changed = self._advance(d, tx, req.updates, req.generation, req.worker)

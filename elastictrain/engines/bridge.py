@@ -58,6 +58,7 @@ class EngineBridge:
         self.runs: dict[tuple[str, int], _Run] = {}
         self.registered: dict[str, int] = {}  # node -> GPUs it is registered with
         self.errors = 0
+        self._nodes_at = -1e9  # when the engine's nodes were last read
 
     async def run(self) -> None:
         while True:
@@ -90,7 +91,9 @@ class EngineBridge:
 
     # ------------------------------------------------------------------ one step
     async def step(self) -> None:
-        await self._sync_nodes()
+        if time.monotonic() - self._nodes_at >= self.poll_interval:  # not on every quick step while a run stops
+            await self._sync_nodes()
+            self._nodes_at = time.monotonic()
         await self._sync_runs()
         wanted = await self._poll_nodes()
         now = time.monotonic()

@@ -27,7 +27,7 @@ from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError, InterruptedCallError
 from ..wire import AgentAction, AgentJoin
-from .config import LaunchConfig, size_text
+from .config import LaunchConfig, command_digest, size_text
 from .. import PREEMPTED_EXIT_CODE
 from .memcg import WorkerCgroup
 from .workers import Failure, SparePool, WorkerGroup, free_port, free_ports
@@ -45,9 +45,7 @@ def kept_state_dir(cfg: LaunchConfig) -> str:
     ``/etrun/<run id>-<digest of the working directory and the command>``."""
     root = os.environ.get("ET_STATE_DIR") or os.path.join(
         os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state"), "elastictrain")
-    key = "\0".join([os.getcwd(), cfg.run_id, os.path.abspath(cfg.entrypoint) if os.path.exists(cfg.entrypoint)
-                     else cfg.entrypoint, *cfg.args])
-    return os.path.join(root, "etrun", f"{cfg.run_id}-{hashlib.sha256(key.encode()).hexdigest()[:12]}")
+    return os.path.join(root, "etrun", f"{cfg.run_id}-{command_digest(cfg.entrypoint, cfg.args, cfg.module)}")
 
 
 class Agent:

@@ -17,7 +17,7 @@ from importlib.util import find_spec
 from typing import Optional, Sequence
 
 from ..errors import ConfigError
-from .config import (DEFAULT_PRELOAD, LaunchConfig, parse_endpoint, parse_nnodes, parse_nproc, parse_rdzv_conf,
+from .config import (DEFAULT_PRELOAD, LaunchConfig, command_digest, parse_endpoint, parse_nnodes, parse_nproc, parse_rdzv_conf,
                      parse_signals, parse_size, parse_std_spec)
 
 __all__ = ["get_args_parser", "config_from_args", "launch", "main"]
@@ -223,7 +223,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     else:
         # no id given: one derived from the working directory and the command (torchrun draws a
         # random one), so that the same command run again is the same job and resumes it
-        run_id = args.rdzv_id if args.rdzv_id not in (None, "none") else _command_id(args)
+        run_id = args.rdzv_id if args.rdzv_id not in (None, "none") else \
+            "et-" + command_digest(args.training_script, args.training_script_args, bool(args.module))
     is_host = conf.get("is_host")
     if is_host is not None:
         if is_host.lower() not in ("0", "1", "true", "false"):
@@ -339,16 +340,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConfigError as exc:
         print(f"etrun: error: {exc}", file=sys.stderr)
         return 2
-
-
-def _command_id(args) -> str:
-    """``et-`` and 12 hex digits of the working directory, the entrypoint and its arguments."""
-    import hashlib
-
-    entry = os.path.abspath(args.training_script) if os.path.exists(args.training_script) else args.training_script
-    key = "\0".join([os.getcwd(), "-m" if getattr(args, "module", False) else "", entry,
-                     *getattr(args, "training_script_args", [])])
-    return "et-" + hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 if __name__ == "__main__":

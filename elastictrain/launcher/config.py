@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import hashlib
 import os
 import shutil
 import signal
@@ -11,7 +12,7 @@ from typing import Optional
 
 from ..errors import ConfigError
 
-__all__ = ["LaunchConfig", "parse_nnodes", "parse_nproc", "parse_std_spec", "parse_rdzv_conf", "parse_signals",
+__all__ = ["LaunchConfig", "command_digest", "parse_nnodes", "parse_nproc", "parse_std_spec", "parse_rdzv_conf", "parse_signals",
            "parse_endpoint", "Std", "size_text"]
 
 
@@ -26,6 +27,14 @@ class Std:
 #: tests/unit/launcher/test_preload.py fails when a torch release makes this list short
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.optim", "torch._dynamo",
                    "elastictrain_torch")
+
+
+def command_digest(entrypoint: str, args, module: bool = False) -> str:
+    """12 hex digits of the working directory and the command (``etrun`` names a job without
+    ``--rdzv-id``, and keeps its state, by it: the same command run again is the same job)."""
+    entry = os.path.abspath(entrypoint) if os.path.exists(entrypoint) else entrypoint
+    key = "\0".join([os.getcwd(), "-m" if module else "", entry, *args])
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,8 @@ class EmbeddedCoordinator:
             self.token = token
             write_token_file(self.token_file, token)
         store = open_store(self.db)
-        stale = store.load().rdzv
-        if stale:  # rounds of a previous etrun of this command: none of its agents lives on
-            with store.transaction() as tx:
-                for job, _ in stale:
-                    tx.delete_rdzv(job)
+        with store.transaction() as tx:  # rounds of a previous etrun of this command: none of its agents lives on
+            tx.delete_all_rdzv()
         self._coordinator = Coordinator(store)
         try:
             self._server, self._sock, self.url = build_server(ServerConfig(host=host, port=port),

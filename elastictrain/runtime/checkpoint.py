@@ -281,13 +281,13 @@ class Checkpointer:
         from .jobctx import current
 
         ctx = current()
+        jid = getattr(job, "job_id", None) or os.environ.get("ET_JOB_ID") or ""
         if ctx is not None and ctx.job_id is None:  # inside etrun --group: each job its own directory, whatever
             directory = directory.rstrip("/") + "/" + ctx.name  # it passed (a scheduler's group runs jobs of
             # their own: their directories are their own, the same grouped or alone, so a job resumes either way)
         elif os.environ.get("ET_NODE_NAME") and not os.path.isabs(directory):
             # under the scheduler (a node daemon started this worker), a relative directory is the
             # job's own: two jobs submitted from one directory with the same "checkpoints" never mix
-            jid = getattr(job, "job_id", None) or os.environ.get("ET_JOB_ID")
             if jid:
                 directory = os.path.join(directory, jid)
         self.dir = directory
@@ -298,8 +298,7 @@ class Checkpointer:
         self.generation = int(os.environ.get("ET_GENERATION", 0)) if generation is None else generation
         self.sharded, self.keep, self.shards, self.job = sharded, keep, shards, job
         # whose checkpoints these are: restoring another job's is refused (two jobs, one directory)
-        self.job_id = (getattr(job, "job_id", None) or os.environ.get("ET_JOB_ID") or "") if \
-            (job is not None or shards is not None) else ""
+        self.job_id = jid if job is not None or shards is not None else ""
         self.on_busy, self.async_persist, self.fsync = on_busy, async_persist, fsync
         self.stats = SaveStats()
         self._buf: Optional[mmap.mmap] = None

@@ -77,7 +77,3 @@ class SetupTurns:
         with self._cond:
             while self._turn < len(self._done):
                 self._cond.wait()
-
-    @property
-    def all_set_up(self) -> bool:
-        return self._turn >= len(self._done)

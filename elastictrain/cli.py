@@ -77,6 +77,10 @@ def get_parser() -> argparse.ArgumentParser:
                    "address it listens on; with --host 0.0.0.0, this host's name)")
     c.add_argument("--node-timeout", type=float, default=15.0,
                    help="with --policy: seconds without a poll before a node counts as lost")
+    c.add_argument("--job-env-allow", action="append", default=[], metavar="PATTERN",
+                   help="with --policy: also let submitted jobs set environment variables matching this shell "
+                   "pattern (repeatable; loader variables such as LD_* and PYTHONPATH stay refused; "
+                   "docs/security.md)")
     c.add_argument("--straggler-factor", type=float, default=1.5,
                    help="a rank is a straggler when its own work per step (non-sync et.stage spans) is above this "
                    "times its peers' median ...")
@@ -243,6 +247,19 @@ def _policy_values(args) -> dict:
             "memory_headroom": args.memory_headroom}
 
 
+def _env_patterns(given: list) -> list:
+    import re
+
+    out = []
+    for item in given:
+        for p in item.split(","):
+            p = p.strip()
+            if not re.fullmatch(r"[A-Za-z0-9_*?\[\]]{1,128}", p):
+                raise ConfigError(f"--job-env-allow {p!r}: give a shell pattern of variable names, e.g. MYLAB_*")
+            out.append(p)
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = get_parser().parse_args(argv)
     try:
@@ -256,14 +273,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 from .policies.api import check_registered
 
                 check_registered(args.policy)
-                cluster = ClusterConfig(args.policy, _policy_values(args), args.interval, args.node_timeout)
+                cluster = ClusterConfig(args.policy, _policy_values(args), args.interval, args.node_timeout,
+                                        job_env_allow=tuple(_env_patterns(args.job_env_allow)))
             engine = _engine_config(args)
             serve(ServerConfig(engine=engine, host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                sync=args.sync, ready_file=args.ready_file, public_read=args.public_read,
                                cluster=cluster, allow_insecure_token_file=args.allow_insecure_token_file,
                                limits=_limits(args), stragglers=(args.straggler_factor, args.straggler_windows,
                                                                  args.straggler_cooldown)))
-        elif args.command in ("node", "submit", "status", "cancel", "logs", "events", "users"):
+        elif args.command in ("node", "submit", "status", "cancel", "logs", "events", "users", "nodes"):
             from .cluster_cli import run_command
 
             return run_command(args)

@@ -53,8 +53,9 @@ def add_commands(sub) -> None:
                    "on MIN*K..MAX*K workers")
     s.add_argument("--nproc-per-node", type=int, default=None, help="workers per node, with --nnodes")
     s.add_argument("--name", default=None, help="job name (default: the script's)")
-    s.add_argument("--user", default=os.environ.get("ET_USER") or os.environ.get("USER") or "default",
-                   help="who submits it (fair share) [ET_USER, else USER]")
+    s.add_argument("--user", default=os.environ.get("ET_USER") or "default",
+                   help="admin only: submit for this user (its fair share, its UNIX account); a user's credential "
+                   "is always its own user [ET_USER]")
     s.add_argument("--priority", type=int, default=0)
     s.add_argument("--workdir", default=os.getcwd(), help="where the script runs on every node (default: here)")
     s.add_argument("--steps", type=int, default=None, help="training steps in all (lets SRTF-like policies know the "
@@ -100,6 +101,28 @@ def add_commands(sub) -> None:
     ulist = usub.add_parser("list", help="every user's tickets, entitlement and share (as status --users)")
     ulist.add_argument("--window", type=float, default=600.0, help="seconds the shares cover (default 600)")
     ulist.add_argument("--json", action="store_true", help="machine-readable output")
+    uadd = usub.add_parser("add", help="(admin) give a user a credential (shown once; any earlier one is revoked)")
+    uadd.add_argument("name")
+    uadd.add_argument("--unix-user", default=None, help="the UNIX account its jobs run as on the nodes (default: NAME)")
+    uadd.add_argument("--allow-root", action="store_true", help="let its jobs run as root (refused by default)")
+    uadd.add_argument("--token-out", default=None, metavar="FILE",
+                      help="write the token to FILE (mode 0600) instead of printing it")
+    urev = usub.add_parser("revoke", help="(admin) revoke a user's credential and account")
+    urev.add_argument("name")
+    uacc = usub.add_parser("accounts", help="(admin) users with credentials, their UNIX accounts, and node credentials")
+    uacc.add_argument("--json", action="store_true", help="machine-readable output")
+    usub.add_parser("whoami", help="who the coordinator takes this credential for")
+
+    nd = sub.add_parser("nodes", help="(admin) node credentials: a node daemon may only register, poll and report "
+                        "its own node")
+    _connection(nd)
+    nsub = nd.add_subparsers(dest="nodes_command", required=True)
+    nadd = nsub.add_parser("add", help="a credential for node NAME (shown once; any earlier one is revoked)")
+    nadd.add_argument("name")
+    nadd.add_argument("--token-out", default=None, metavar="FILE",
+                      help="write the token to FILE (mode 0600) instead of printing it")
+    nrev = nsub.add_parser("revoke", help="revoke node NAME's credential")
+    nrev.add_argument("name")
 
     c = sub.add_parser("cancel", help="cancel a job (its workers are stopped)")
     _connection(c)
@@ -127,7 +150,7 @@ def _client(args, timeout: float = 10.0):
 
 def run_command(args) -> int:
     return {"node": _node, "submit": _submit, "status": _status, "cancel": _cancel, "logs": _logs,
-            "events": _events, "users": _users}[args.command](args)
+            "events": _events, "users": _users, "nodes": _nodes}[args.command](args)
 
 
 # ---------------------------------------------------------------------- node
@@ -274,8 +297,51 @@ def _status(args) -> int:
     return 0
 
 
+def _show_token(cred, out) -> None:
+    if out:
+        from .coordinator.server import write_token_file
+
+        write_token_file(out, cred.token)
+        print(f"{cred.role} {cred.name}: token written to {out} (mode 0600)")
+    else:
+        print(f"{cred.role} {cred.name}: token (shown once; keep it in a file of mode 0600 and pass --token-file):")
+        print(cred.token)
+
+
+def _nodes(args) -> int:
+    client = _client(args)
+    if args.nodes_command == "add":
+        _show_token(client.add_node(args.name), args.token_out)
+    else:
+        client.revoke("node", args.name)
+        print(f"node {args.name}: credential revoked")
+    return 0
+
+
 def _users(args) -> int:
     client = _client(args)
+    if args.users_command == "add":
+        _show_token(client.add_user(args.name, args.unix_user or "", args.allow_root), args.token_out)
+        return 0
+    if args.users_command == "revoke":
+        client.revoke("user", args.name)
+        print(f"user {args.name}: credential and account revoked")
+        return 0
+    if args.users_command == "whoami":
+        w = client.whoami()
+        extra = f", runs as {w.unix_user}" if w.unix_user else f", jobs {','.join(w.jobs)} run {w.run}" if w.jobs else ""
+        print(f"{w.role} {w.name}{extra}")
+        return 0
+    if args.users_command == "accounts":
+        acc = client.accounts()
+        if args.json:
+            print(msgspec.json.encode(acc).decode())
+            return 0
+        rows = [("user", "UNIX account", "may run as root")]
+        rows += [(a.user, a.unix_user, "yes" if a.allow_root else "no") for a in acc.users]
+        print(table(rows, right_align=False))
+        print("node credentials: " + (", ".join(acc.nodes) or "none"))
+        return 0
     if args.users_command == "set":  # the coordinator checks the name and the number (a 400 with the reason)
         client.set_user(args.name, args.tickets)
         print(f"user {args.name}: {args.tickets:g} tickets")

@@ -13,6 +13,7 @@ __all__ = [
     "ConfigError",
     "BadRequestError",
     "AuthError",
+    "ForbiddenError",
     "NotFoundError",
     "ConflictError",
     "StaleGenerationError",
@@ -50,6 +51,14 @@ class AuthError(ElasticTrainError):
 
     http_status = 401
     code = "unauthorized"
+
+
+class ForbiddenError(ElasticTrainError):
+    """The credential is valid but may not do this (another user's job, a node credential
+    submitting, a worker credential of another job or of a run that ended)."""
+
+    http_status = 403
+    code = "forbidden"
 
 
 class NotFoundError(ElasticTrainError, KeyError):
@@ -123,6 +132,7 @@ _BY_CODE = {
         ConfigError,
         BadRequestError,
         AuthError,
+        ForbiddenError,
         NotFoundError,
         ConflictError,
         StaleGenerationError,
@@ -137,6 +147,6 @@ def error_from_status(status: int, code: str, reason: str) -> ElasticTrainError:
     """Rebuild the exception a coordinator reported as ``(status, code, reason)``."""
     cls = _BY_CODE.get(code)
     if cls is None:
-        cls = {400: BadRequestError, 401: AuthError, 404: NotFoundError, 409: ConflictError,
+        cls = {400: BadRequestError, 401: AuthError, 403: ForbiddenError, 404: NotFoundError, 409: ConflictError,
                413: PayloadTooLargeError}.get(status, ElasticTrainError)
     return cls(f"coordinator answered {status}: {reason}")

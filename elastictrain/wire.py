@@ -25,7 +25,8 @@ __all__ = [
     "StageProfile", "CommProfile", "ProfileReport", "ProfileList", "StepReport", "StepInfo",
     "JobSubmit", "NodeSlots", "ClusterJobInfo", "ClusterJobList", "NodeRegister", "NodeInfo", "TaskState",
     "LogChunk", "NodePoll", "Task", "GroupMember", "MemberResult", "NodeTasks", "NodeLeave", "LogRecord", "LogList", "EventInfo", "EventList",
-    "ClusterStatus", "Series", "StragglerInfo", "BatchShares",
+    "ClusterStatus", "Series", "StragglerInfo", "BatchShares", "AccountCreate", "Credential", "AccountInfo",
+    "AccountList", "WhoAmI",
 ]
 
 
@@ -594,6 +595,15 @@ class Task(_Msg, omit_defaults=True):
     group: list["GroupMember"] = []
     #: each worker's memory limit in bytes, a resource plan's (``etrun --memory-limit``; 0: none)
     memory_limit: Annotated[int, msgspec.Meta(ge=0, le=2**50)] = 0
+    #: the run's worker credential (only its own jobs' routes, while the run lives)
+    token: str = ""
+    #: the UNIX account the task runs as ("": the node daemon's own)
+    run_as: str = ""
+    #: an admin allowed it to run as root
+    allow_root: bool = False
+
+    def __repr__(self) -> str:  # never the credential, in any log line
+        return f"Task(job={self.job!r}, run={self.run}, slots={self.slots}, run_as={self.run_as!r})"
 
 
 class GroupMember(_Msg):
@@ -657,6 +667,47 @@ class EventInfo(_Msg):
 class EventList(_Msg):
     events: list[EventInfo]
     next: int
+
+
+class AccountCreate(_Msg, omit_defaults=True):
+    """``elastictrain users add NAME``: the user's UNIX account on the nodes (default: its name),
+    and whether its jobs may run as root."""
+
+    unix_user: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    allow_root: bool = False
+
+
+class Credential(_Msg):
+    """A credential just made (``token`` is shown this once), or revoked (``token`` empty)."""
+
+    role: str
+    name: str
+    token: str
+
+    def __repr__(self) -> str:
+        return f"Credential(role={self.role!r}, name={self.name!r})"
+
+
+class AccountInfo(_Msg):
+    user: str
+    unix_user: str
+    allow_root: bool
+    created: float
+
+
+class AccountList(_Msg):
+    users: list[AccountInfo]
+    nodes: list[str]
+
+
+class WhoAmI(_Msg):
+    """The caller as the coordinator sees it (``GET /v1/whoami``)."""
+
+    role: str
+    name: str
+    run: int = 0
+    jobs: list[str] = []
+    unix_user: str = ""
 
 
 class UserTickets(_Msg):

@@ -29,15 +29,19 @@ import msgspec
 
 from .. import __version__
 from ..clock import Clock, WallClock
-from ..errors import AuthError, BadRequestError, ConflictError, ElasticTrainError, NotFoundError, PayloadTooLargeError
+from ..errors import (
+    AuthError, BadRequestError, ConflictError, ElasticTrainError, ForbiddenError, NotFoundError, PayloadTooLargeError,
+)
 from ..model import DatasetSpec
 from ..wire import (
-    API_VERSION, AgentJoin, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
+    API_VERSION, AccountCreate, AccountInfo, AccountList, AgentJoin, ClusterJobInfo, ClusterJobList, Credential,
+    WhoAmI, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
     GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, MemberResult, NodeLeave, NodePoll,
     NodeRegister, ProfileList, ProfileReport, ProgressRequest, ReleaseRequest, ResourceList, ResourceReport,
     RestoreRequest, StepInfo, StepReport, StragglerInfo, UserTickets,
     Version,
 )
+from .access import ADMIN, ANONYMOUS, PUBLIC_ROUTES, Access, Credentials, Identity
 from .membership import Membership
 from .profiles import ProfileBook
 from .resources import ResourceBook
@@ -72,12 +76,31 @@ class Coordinator:
         self.profiles = ProfileBook(store, self.members, self.clock, loaded.profiles)
         self.resources = ResourceBook(self.members)
         self.stragglers = stragglers or StragglerWatch()
+        self.creds = Credentials(store, loaded.meta)
         self.cluster = None
         self.engine = None  # an in-process engine bridge (--backend slurm), run beside the scheduler
         if cluster is not None:
             from .scheduler import ClusterScheduler
 
             self.cluster = ClusterScheduler(self, loaded, cluster)
+        self.access = Access(self.owner, self.run_alive, self.creds.claim)
+
+    def owner(self, job: str) -> Optional[str]:
+        """The user a job belongs to: its submitter (a scheduled job), the user whose credential
+        first used its name (an etrun job); "" for a job of the admin's or the scheduler's; None
+        for a job the coordinator does not know."""
+        if self.cluster is not None:
+            rec = self.cluster.records.get(job)
+            if rec is not None:
+                return rec.user
+        known = self.creds.owners.get(job)
+        if known is not None:
+            return known
+        return "" if job in self.members.jobs else None
+
+    def run_alive(self, job: str, run: int) -> bool:
+        """Whether run ``run`` of ``job`` (a task's job id) still has a task placed, running or exiting."""
+        return self.cluster is not None and self.cluster.nodes.run_alive(job, run)
 
     def job_info(self, job: str) -> JobInfo:
         r = self.members.get(job)
@@ -164,8 +187,9 @@ class _Route:
     method: str
     body: Optional[type]
     handler: Callable[..., Any]
-    public: bool = False  # no token needed (health, version)
+    key: str = ""  # its row in access.ACCESS, e.g. "POST /v1/jobs/{job}/steps"
     query: bool = False  # the handler takes the query string as a dict
+    who: bool = False  # the handler takes the caller's Identity (first)
 
 
 def _all_routes(table) -> list["_Route"]:
@@ -187,12 +211,31 @@ class _Codec:
         self.js_enc = msgspec.json.Encoder()
 
 
+def _routes(prefix: str, table: dict) -> dict:
+    """``{verb: {method: _Route}}`` with each route's access key filled in from ``prefix``."""
+    out = {}
+    for verb, methods in table.items():
+        path = prefix + ("/" + verb if verb else "")
+        out[verb] = {m: _with_key(r, f"{m} {path}") for m, r in methods.items()}
+    return out
+
+
+def _with_key(r: _Route, key: str) -> _Route:
+    from .access import ACCESS
+
+    if key not in ACCESS:
+        raise AssertionError(f"route {key} has no row in access.ACCESS")
+    return _Route(r.method, r.body, r.handler, key, r.query, r.who)
+
+
 class CoordinatorApp:
     """ASGI application for a :class:`Coordinator`.
 
     Args:
-        token: the bearer token every request must carry (but health and version).
-        public_read: let GET requests through without the token.
+        token: the admin token (the token file's); users', nodes' and workers' credentials are
+            the coordinator's :class:`~elastictrain.coordinator.access.Credentials`.
+        public_read: let GET requests through without a token (everything but the credential
+            routes, as the admin sees it).
         max_body: bodies larger than this get 413.
         reap_interval: seconds between sweeps that return expired leases.
     """
@@ -202,75 +245,97 @@ class CoordinatorApp:
         if not token:
             raise ValueError("the coordinator needs a non-empty token")
         self.c = coordinator
-        self._token = b"Bearer " + token.encode()
+        coordinator.creds.set_admin(token)
         self._max_body = max_body
         self._reap_interval = reap_interval
         self._public_read = public_read
         self._tasks: list[asyncio.Task] = []
         s = coordinator.shards
         sched = coordinator.scheduler
-        self._fixed: dict[str, dict[str, _Route]] = {
-            "/v1/health": {"GET": _Route("GET", None, lambda: Health("ok"), public=True)},
-            "/v1/version": {"GET": _Route("GET", None, lambda: Version(API_VERSION, __version__,
-                                                                       coordinator.store.kind), public=True)},
-            "/v1/jobs": {"POST": _Route("POST", JobCreate, self._create_job),
-                         "GET": _Route("GET", None, coordinator.job_list)},
-            "/v1/cluster": {"GET": _Route("GET", None, lambda: sched().status())},
-            "/v1/cluster/jobs": {"GET": _Route("GET", None, lambda: sched().jobs()),
-                                 "POST": _Route("POST", JobSubmit, lambda b: sched().submit(b))},
-            "/v1/cluster/events": {"GET": _Route("GET", None, self._events, query=True)},
-            "/v1/cluster/utilization": {"GET": _Route("GET", None, lambda: sched().utilization())},
-            "/v1/cluster/users": {"GET": _Route("GET", None, self._users, query=True)},
+        R = _Route
+        fixed = {
+            "/v1/health": {"GET": R("GET", None, lambda: Health("ok"))},
+            "/v1/version": {"GET": R("GET", None, lambda: Version(API_VERSION, __version__, coordinator.store.kind))},
+            "/v1/whoami": {"GET": R("GET", None, self._whoami, who=True)},
+            "/v1/jobs": {"POST": R("POST", JobCreate, self._create_job, who=True),
+                         "GET": R("GET", None, self._job_list, who=True)},
+            "/v1/cluster": {"GET": R("GET", None, lambda w: self._view(w, sched().status()), who=True)},
+            "/v1/cluster/jobs": {"GET": R("GET", None, lambda w: self._view(w, sched().jobs()), who=True),
+                                 "POST": R("POST", JobSubmit, lambda w, b: sched().submit(b, w), who=True)},
+            "/v1/cluster/events": {"GET": R("GET", None, self._events, query=True, who=True)},
+            "/v1/cluster/utilization": {"GET": R("GET", None, lambda: sched().utilization())},
+            "/v1/cluster/users": {"GET": R("GET", None, self._users, query=True)},
+            "/v1/admin/accounts": {"GET": R("GET", None, self._accounts)},
         }
+        self._fixed = {path: {m: _with_key(r, f"{m} {path}") for m, r in methods.items()}
+                       for path, methods in fixed.items()}
         # /v1/cluster/users/{name}: set its tickets
-        self._user = {"POST": _Route("POST", UserTickets, lambda u, b: sched().set_user(u, b))}
+        self._user = _routes("/v1/cluster/users/{user}", {
+            "": {"POST": R("POST", UserTickets, lambda u, b: sched().set_user(u, b))}})[""]
         # /v1/jobs/{job}[/generations | /profiles | /steps | /datasets[/{ds}[/verb]]]
-        self._job = {"GET": _Route("GET", None, coordinator.job_info)}
-        self._job_sub = {
-            "generations": {"POST": _Route("POST", GenerationCreate, self._open_generation)},
-            "datasets": {"POST": _Route("POST", DatasetSpec, s.register)},
-            "resources": {"POST": _Route("POST", ResourceReport, coordinator.put_resources),
-                          "GET": _Route("GET", None, coordinator.list_resources)},
-            "profiles": {"POST": _Route("POST", ProfileReport, coordinator.put_profile),
-                         "GET": _Route("GET", None, coordinator.profiles.list)},
-            "steps": {"POST": _Route("POST", StepReport, coordinator.step)},
-        }
+        self._job = _routes("/v1/jobs/{job}", {"": {"GET": R("GET", None, coordinator.job_info)}})[""]
+        self._job_sub = _routes("/v1/jobs/{job}", {
+            "generations": {"POST": R("POST", GenerationCreate, self._open_generation)},
+            "datasets": {"POST": R("POST", DatasetSpec, s.register)},
+            "resources": {"POST": R("POST", ResourceReport, coordinator.put_resources),
+                          "GET": R("GET", None, coordinator.list_resources)},
+            "profiles": {"POST": R("POST", ProfileReport, coordinator.put_profile),
+                         "GET": R("GET", None, coordinator.profiles.list)},
+            "steps": {"POST": R("POST", StepReport, coordinator.step)},
+        })
         r = coordinator.rendezvous
-        self._agents = {
-            "join": {"POST": _Route("POST", AgentJoin, r.join)},
-            "poll": {"POST": _Route("POST", AgentPoll, r.long_poll)},
-            "report": {"POST": _Route("POST", AgentReport, coordinator.agent_report)},
-        }
-        self._ds = {"GET": _Route("GET", None, s.info)}
-        self._ds_verb = {
-            "lease": {"POST": _Route("POST", LeaseRequest, s.lease)},
-            "progress": {"POST": _Route("POST", ProgressRequest, s.progress)},
-            "commit": {"POST": _Route("POST", CommitRequest, s.commit)},
-            "restore": {"POST": _Route("POST", RestoreRequest, s.restore)},
-            "release": {"POST": _Route("POST", ReleaseRequest, s.release)},
-            "commits": {"GET": _Route("GET", None, lambda j, d: CommitList(s.commits(j, d)))},
-        }
+        self._agents = _routes("/v1/jobs/{job}/agents", {
+            "join": {"POST": R("POST", AgentJoin, r.join)},
+            "poll": {"POST": R("POST", AgentPoll, r.long_poll)},
+            "report": {"POST": R("POST", AgentReport, coordinator.agent_report)},
+        })
+        self._ds = _routes("/v1/jobs/{job}/datasets/{ds}", {"": {"GET": R("GET", None, s.info)}})[""]
+        self._ds_verb = _routes("/v1/jobs/{job}/datasets/{ds}", {
+            "lease": {"POST": R("POST", LeaseRequest, s.lease)},
+            "progress": {"POST": R("POST", ProgressRequest, s.progress)},
+            "commit": {"POST": R("POST", CommitRequest, s.commit)},
+            "restore": {"POST": R("POST", RestoreRequest, s.restore)},
+            "release": {"POST": R("POST", ReleaseRequest, s.release)},
+            "commits": {"GET": R("GET", None, lambda j, d: CommitList(s.commits(j, d)))},
+        })
         # /v1/cluster/jobs/{id}[/cancel | /logs], /v1/cluster/nodes/{name}/{register | poll | leave}
-        self._cjob = {"GET": _Route("GET", None, lambda j: sched().job(j))}
-        self._cjob_verb = {
-            "cancel": {"POST": _Route("POST", None, lambda j: sched().cancel(j))},
-            "result": {"POST": _Route("POST", MemberResult, lambda j, b: sched().member_result(j, b))},
-            "logs": {"GET": _Route("GET", None, self._logs, query=True)},
-            "steps": {"GET": _Route("GET", None, lambda j: sched().step_history(j))},
-        }
-        self._node_verb = {
-            "register": {"POST": _Route("POST", NodeRegister, lambda n, b: sched().node_register(n, b))},
-            "poll": {"POST": _Route("POST", NodePoll, lambda n, b: sched().node_poll(n, b))},
-            "leave": {"POST": _Route("POST", NodeLeave, lambda n, b: sched().node_leave(n, b))},
-        }
+        self._cjob = _routes("/v1/cluster/jobs/{job}", {
+            "": {"GET": R("GET", None, lambda w, j: self._view(w, sched().job(j)), who=True)}})[""]
+        self._cjob_verb = _routes("/v1/cluster/jobs/{job}", {
+            "cancel": {"POST": R("POST", None, lambda w, j: sched().cancel(j, w), who=True)},
+            "result": {"POST": R("POST", MemberResult, lambda j, b: sched().member_result(j, b))},
+            "logs": {"GET": R("GET", None, self._logs, query=True)},
+            "steps": {"GET": R("GET", None, lambda j: sched().step_history(j))},
+        })
+        self._node_verb = _routes("/v1/cluster/nodes/{node}", {
+            "register": {"POST": R("POST", NodeRegister, lambda n, b: sched().node_register(n, b))},
+            "poll": {"POST": R("POST", NodePoll, lambda n, b: sched().node_poll(n, b))},
+            "leave": {"POST": R("POST", NodeLeave, lambda n, b: sched().node_leave(n, b))},
+        })
+        creds = coordinator.creds
+        self._admin_user = _routes("/v1/admin/users/{user}", {
+            "": {"POST": R("POST", AccountCreate, self._add_user, who=True)},
+            "revoke": {"POST": R("POST", None, lambda w, u: self._revoke(w, "user", u), who=True)},
+        })
+        self._admin_node = _routes("/v1/admin/nodes/{node}", {
+            "": {"POST": R("POST", None, self._add_node, who=True)},
+            "revoke": {"POST": R("POST", None, lambda w, n: self._revoke(w, "node", n), who=True)},
+        })
+        self.creds = creds
         # one decoder per body type of every route, found from the routes themselves, so that a
         # new route cannot miss its decoder
         bodies = {r.body for r in _all_routes(vars(self)) if r.body is not None}
         self._codec = _Codec(sorted(bodies, key=lambda t: t.__name__))
 
-    def _events(self, query: dict):
+    def _events(self, who: Identity, query: dict):
         job = query.get("job")
-        return self.c.scheduler().event_list(_int_arg(query, "after"), job)
+        out = self.c.scheduler().event_list(_int_arg(query, "after"), job)
+        if who.role == "admin":
+            return out
+        owner = self.c.owner
+        return msgspec.structs.replace(out, events=[
+            e if not e.job or self.c.access.may_see(who, owner(e.job) or "", e.job)
+            else msgspec.structs.replace(e, detail={}) for e in out.events])
 
     def _users(self, query: dict):
         return self.c.scheduler().user_list(window_arg(query))
@@ -278,8 +343,67 @@ class CoordinatorApp:
     def _logs(self, job: str, query: dict):
         return self.c.scheduler().job_logs(job, _int_arg(query, "after"))
 
+    def _whoami(self, who: Identity) -> WhoAmI:
+        if who.anonymous:
+            raise AuthError("missing bearer token: send 'Authorization: Bearer <token>'")
+        acct = self.c.creds.accounts.get(who.name) if who.role == "user" else None
+        return WhoAmI(who.role, who.name, who.run, sorted(who.jobs), acct.unix_user if acct else "")
+
+    def _job_list(self, who: Identity) -> JobList:
+        out = self.c.job_list()
+        if who.role == "admin":
+            return out
+        owner, access = self.c.owner, self.c.access
+        return JobList([j for j in out.jobs if access.may_see(who, owner(j.job) or "", j.job)])
+
+    def _view(self, who: Identity, out):
+        """``out`` (a job, a job list, the cluster's status) as ``who`` may see it: other users'
+        commands, working directories and job details left out."""
+        if who.role == "admin":
+            return out
+        owner, access = self.c.owner, self.c.access
+
+        def one(j: ClusterJobInfo) -> ClusterJobInfo:
+            if access.may_see(who, j.user, j.id):
+                return j
+            return msgspec.structs.replace(j, command=[], workdir="", info={})
+
+        if isinstance(out, ClusterJobInfo):
+            return one(out)
+        if isinstance(out, ClusterJobList):
+            return ClusterJobList([one(j) for j in out.jobs])
+        return msgspec.structs.replace(out, jobs=[one(j) for j in out.jobs])
+
+    # ------------------------------------------------------------------ credentials
+    def _add_user(self, who: Identity, user: str, body: AccountCreate) -> Credential:
+        token = self.c.creds.add_user(user, body.unix_user or user, body.allow_root)
+        self._note("credential", user=user, role="user", unix_user=body.unix_user or user,
+                   allow_root=body.allow_root, by=who.name)
+        return Credential("user", user, token)
+
+    def _add_node(self, who: Identity, node: str) -> Credential:
+        token = self.c.creds.add_node(node)
+        self._note("credential", node=node, role="node", by=who.name)
+        return Credential("node", node, token)
+
+    def _revoke(self, who: Identity, role: str, name: str) -> Credential:
+        n = self.c.creds.revoke(role, name)
+        self._note("revoke", role=role, name=name, credentials=n, by=who.name)
+        return Credential(role, name, "")
+
+    def _accounts(self) -> AccountList:
+        creds = self.c.creds
+        return AccountList([AccountInfo(a.user, a.unix_user, a.allow_root, a.created)
+                            for a in sorted(creds.accounts.values(), key=lambda a: a.user)], creds.nodes())
+
+    def _note(self, kind: str, **detail) -> None:
+        log.info("%s: %s", kind, " ".join(f"{k}={v}" for k, v in detail.items()))
+        if self.c.cluster is not None:
+            self.c.cluster.note(kind, "", **detail)
+
     # ------------------------------------------------------------------ handlers with bodies
-    def _create_job(self, body: JobCreate):
+    def _create_job(self, who: Identity, body: JobCreate):
+        self.c.access.check(who, "POST /v1/jobs", (body.job,))
         self.c.members.create_job(body.job, body.min_workers, body.max_workers)
         return self.c.job_info(body.job)
 
@@ -317,6 +441,11 @@ class CoordinatorApp:
                 return self._node_verb[p[5]], (p[4],)
             if p[3] == "users" and n == 5:
                 return self._user, (p[4],)
+        if len(p) >= 5 and p[1] == "v1" and p[2] == "admin" and p[3] in ("users", "nodes") and p[4]:
+            table = self._admin_user if p[3] == "users" else self._admin_node
+            verb = p[5] if len(p) == 6 else "" if len(p) == 5 else None
+            if verb in table:
+                return table[verb], (p[4],)
         raise NotFoundError(f"no route {path}; the API lives under /v1 (see docs/coordinator.md)")
 
     # ------------------------------------------------------------------ ASGI
@@ -353,21 +482,26 @@ class CoordinatorApp:
                 log.exception("lease sweep failed")
 
     async def _http(self, scope, receive, send) -> None:
-        if scope["path"] in ("/ui", "/ui/") and scope["method"] == "GET":  # the status page: no data in it
-            from .ui import PAGE
+        if scope["path"].startswith("/ui") and scope["method"] == "GET":  # the status page: no data in it
+            from .ui import CSP, FILES
 
-            await send({"type": "http.response.start", "status": 200, "headers": [
-                (b"content-type", b"text/html; charset=utf-8"), (b"content-length", str(len(PAGE)).encode()),
-                (b"content-security-policy", b"default-src 'self' 'unsafe-inline'"), (b"connection", b"close")]})
-            await send({"type": "http.response.body", "body": PAGE})
-            return
+            found = FILES.get(scope["path"])
+            if found is not None:
+                ctype, page = found
+                await send({"type": "http.response.start", "status": 200, "headers": [
+                    (b"content-type", ctype), (b"content-length", str(len(page)).encode()),
+                    (b"content-security-policy", CSP), (b"x-content-type-options", b"nosniff"),
+                    (b"referrer-policy", b"no-referrer"), (b"cache-control", b"no-store"), (b"connection", b"close")]})
+                await send({"type": "http.response.body", "body": page})
+                return
         headers = dict(scope["headers"])
-        authed = self._authed(headers)
+        who = self._identify(headers)
+        authed = who is not None
         ctype = headers.get(b"content-type", MSGPACK).split(b";")[0].strip().lower()
         # JSON when the client sent JSON, or (a GET) did not ask for msgpack: a plain curl reads text
         as_json = ctype == JSON or (scope["method"] == "GET" and MSGPACK not in headers.get(b"accept", b"").lower())
         try:
-            result = await self._dispatch(scope, headers, ctype, receive, authed)
+            result = await self._dispatch(scope, headers, ctype, receive, who)
             status = 200
         except ElasticTrainError as exc:
             status, result = exc.http_status, Error(exc.code, str(exc))
@@ -389,25 +523,32 @@ class CoordinatorApp:
         await send({"type": "http.response.start", "status": status, "headers": head})
         await send({"type": "http.response.body", "body": body})
 
-    def _authed(self, headers: dict) -> bool:
+    def _identify(self, headers: dict) -> Optional[Identity]:
         got = headers.get(b"authorization", b"")
         scheme, _, value = got.partition(b" ")
-        return bool(got) and scheme.lower() == b"bearer" and hmac.compare_digest(b"Bearer " + value.strip(),
-                                                                                 self._token)
+        if not got or scheme.lower() != b"bearer":
+            return None
+        return self.c.creds.identify(value.strip())
 
-    async def _dispatch(self, scope, headers: dict, ctype: bytes, receive, authed: bool):
+    async def _dispatch(self, scope, headers: dict, ctype: bytes, receive, who: Optional[Identity]):
         routes, args = self._match(scope["path"])
         method = scope["method"]
         route = routes.get(method)
         if route is None:
             raise _MethodNotAllowed(f"{method} is not allowed on {scope['path']}; use "
                                     f"{' or '.join(routes)}")
-        if not route.public and not (self._public_read and method == "GET"):
-            if not authed:
+        if route.key not in PUBLIC_ROUTES:
+            if who is None and self._public_read and method == "GET" and not route.key.startswith("GET /v1/admin/"):
+                who = ADMIN  # --public-read: reads are open, as the admin sees them
+            if who is None:
                 if not headers.get(b"authorization"):
                     raise AuthError("missing bearer token: send 'Authorization: Bearer <token>' (workers "
                                     "read it from the file named by ET_TOKEN_FILE; the CLI takes --token-file)")
-                raise AuthError("wrong bearer token; use the coordinator's token file")
+                raise AuthError("wrong bearer token, or one that was revoked; use the coordinator's token file or "
+                                "your own (`elastictrain users add` makes one)")
+            self.c.access.check(who, route.key, args)
+        if route.who:
+            args = (who or ANONYMOUS, *args)
         if route.query:
             args = (*args, _query(scope))
         if route.body is None:

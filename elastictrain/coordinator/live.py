@@ -98,6 +98,8 @@ class JobRecord(msgspec.Struct):
     group_members: list[str] = []  # the group it was measured in
     memory_limit: int = 0  # bytes per worker a resource plan set for its next runs (0: none)
     memory_floor: int = 0  # the limit etrun doubled to after the job ran out of memory (plans stay above)
+    run_as: str = ""  # the UNIX account its tasks run as ("": the node daemon's own)
+    allow_root: bool = False  # an admin let it run as root
 
     @property
     def grouped(self) -> bool:

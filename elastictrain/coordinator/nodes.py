@@ -258,6 +258,10 @@ class NodeBook:
                 self.notify(n.name)
         return out
 
+    def run_alive(self, job: str, run: int) -> bool:
+        """Whether a task of run ``run`` of ``job`` (a task's job id) is placed, running or exiting."""
+        return any(t.job == job and t.run == run and t.state != "exited" for n in self.by_index for t in n.tasks)
+
     def wanted(self, n: Node) -> list[Task]:
         return [self._task_of(t) for t in n.tasks if t.wanted and t.alive]
 

@@ -33,7 +33,7 @@ from typing import Optional
 import msgspec
 
 from ..clock import Clock
-from ..errors import ConfigError, ConflictError, NotFoundError, PolicyError
+from ..errors import ConfigError, ConflictError, ForbiddenError, NotFoundError, PolicyError
 from ..policies.api import EMPTY, create, options_of
 from ..runtime.stages import STAGES
 from ..scheduling import ENDED, Entry, JobStatus, JobTable, Scheduler
@@ -41,6 +41,7 @@ from ..wire import (
     ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, GroupMember, JobSubmit, LogList, MemberResult, NodeInfo,
     NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks, Series, StepInfo, StepReport, Task, UserList, UserTickets,
 )
+from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
 from .events import EventLog, LogBook
 from .live import JobRecord, LiveBackend
 from .nodes import Exit, NodeBook, TaskRec
@@ -71,6 +72,8 @@ class ClusterConfig:
     interval: float = 5.0
     node_timeout: float = 15.0
     persist_every: float = 10.0  # seconds between writes of attained service alone
+    #: environment variables a submitted job may set (shell patterns; access.DEFAULT_ENV_ALLOW and these)
+    job_env_allow: tuple = ()
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval <= 3600:
@@ -137,6 +140,7 @@ class ClusterScheduler:
         self._wake: Optional[asyncio.Event] = None
         self._last_persist = now
         self._next_round = now + cfg.interval
+        self._next_prune = now + 30.0
         for node in self.nodes.by_index:  # a restarted coordinator gives every daemon a fresh timeout
             node.last_seen = now
         with self.store.transaction() as tx:
@@ -400,7 +404,23 @@ class ClusterScheduler:
         return StepInfo(job, rec.step, rec.iteration_time)
 
     # ------------------------------------------------------------------ jobs
-    def submit(self, req: JobSubmit) -> ClusterJobInfo:
+    def submit(self, req: JobSubmit, who: Identity = ADMIN) -> ClusterJobInfo:
+        """Queue a job. Its user is ``who``'s (an admin may name another, which the event log
+        records); its tasks run as that user's UNIX account (an admin's job for a user without an
+        account runs as the node daemon's own)."""
+        if who.role == "user":
+            if req.user not in ("default", who.name):
+                raise ForbiddenError(f"you are user {who.name}; only the admin may submit a job for another user "
+                                     f"({req.user}): leave --user out")
+            user = who.name
+        else:
+            user = req.user
+        acct = self.c.creds.accounts.get(user)
+        if who.role == "user" and acct is None:
+            raise ForbiddenError(f"user {user} has no account (it was revoked); ask an admin")
+        run_as, allow_root = (acct.unix_user, acct.allow_root) if acct is not None else ("", True)
+        check_job_command(list(req.command), req.module)
+        check_job_env(dict(req.env), DEFAULT_ENV_ALLOW + tuple(self.cfg.job_env_allow))
         given = _given_stages(req.stage_times)
         if req.min_gpus is not None and req.min_gpus > req.gpus:
             raise ConfigError(f"min_gpus ({req.min_gpus}) must be <= gpus ({req.gpus})")
@@ -417,23 +437,26 @@ class ClusterScheduler:
             job_id = str(self._seq)
         now = self.clock.now()
         name = req.name or _default_name(req.command)
-        rec = JobRecord(job_id, self._seq, name, req.user, req.priority, req.gpus, req.min_gpus or req.gpus,
+        rec = JobRecord(job_id, self._seq, name, user, req.priority, req.gpus, req.min_gpus or req.gpus,
                         list(req.command), req.workdir, dict(req.env), req.module, req.steps, req.epochs,
                         req.max_restarts, req.grace, now, pending_since=now, accrued_at=now,
                         profile_steps=req.profile_steps, reprofile=req.reprofile,
-                        given_stages=given)
+                        given_stages=given, run_as=run_as, allow_root=allow_root)
         self.records[job_id] = rec
         self.c.members.create_job(job_id, 1, 65536)
         self.table.add(self._entry(rec))
         self._dirty.add(job_id)
-        self._emit("submit", job_id, "", name=name, user=req.user, gpus=req.gpus, min_gpus=rec.min_gpus,
-                   steps=req.steps, epochs=req.epochs, command=req.command[:8])
+        by = {"by": who.name} if who.role != "user" and user != "default" else {}  # the admin acted for a user
+        self._emit("submit", job_id, "", name=name, user=user, gpus=req.gpus, min_gpus=rec.min_gpus,
+                   steps=req.steps, epochs=req.epochs, command=req.command[:8], run_as=run_as or "-", **by)
         self._flush()
         self.wake()
         return self.info(rec)
 
-    def cancel(self, job: str) -> ClusterJobInfo:
+    def cancel(self, job: str, who: Identity = ADMIN) -> ClusterJobInfo:
         rec = self._rec(job)
+        if who.role == "admin" and rec.user not in ("default", "admin"):
+            self._emit("cancel_by", job, "", by=who.name, user=rec.user)
         if rec.status in _ENDED_NAMES:
             raise ConflictError(f"job {job} already {rec.status}; nothing to cancel")
         self.backend.cancel(rec)
@@ -547,14 +570,18 @@ class ClusterScheduler:
             for r in recs:
                 env.update(r.env)
             return Task(t.job, t.run, t.slots, list(t.gpus), nnodes, [], recs[0].workdir, env,
-                        min(r.max_restarts for r in recs), max(r.grace for r in recs), False, members)
+                        min(r.max_restarts for r in recs), max(r.grace for r in recs), False, members,
+                        token=self.c.creds.worker_token(t.job, t.run, list(t.members)), run_as=recs[0].run_as,
+                        allow_root=all(r.allow_root for r in recs))
         rec = self.records[t.job]
         env = rec.env
         e = self.table.get(rec.id)
         if e is not None and not e.stage_times and not rec.module and "profile" in getattr(self.policy, "needs", ()):
             env = {**env, "ET_PROFILE_STEPS": str(rec.profile_steps)}  # profile it at its first start
         return Task(t.job, t.run, t.slots, list(t.gpus), nnodes, rec.command, rec.workdir, env, rec.max_restarts,
-                    rec.grace, rec.module, memory_limit=rec.memory_limit)
+                    rec.grace, rec.module, memory_limit=rec.memory_limit,
+                    token=self.c.creds.worker_token(t.job, t.run, [t.job]), run_as=rec.run_as,
+                    allow_root=rec.allow_root)
 
     def profile_arrived(self, job: str) -> None:
         """A worker sent a stage profile: a grouping policy may group the job now."""
@@ -656,6 +683,9 @@ class ClusterScheduler:
                     rec.memory_limit = limit
                     self._dirty.add(rec.id)
         self.nodes.release()
+        if now >= self._next_prune:  # the worker credentials of runs that ended
+            self._next_prune = now + 30.0
+            self.c.creds.prune_workers(self.nodes.run_alive)
         self._flush(everything=now - self._last_persist >= self.cfg.persist_every)
 
     async def run(self) -> None:

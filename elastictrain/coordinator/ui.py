@@ -14,21 +14,18 @@ the token it shows no data. Refreshed every 2 seconds, it shows:
   events), its log tail (``.../logs``), its datasets and each worker's resource use.
 
 The page holds no data itself, so serving it needs no token. Charts are inline SVG; the page
-loads nothing from elsewhere."""
+loads nothing from elsewhere. Its script and style are files of their own (``/ui/app.js``,
+``/ui/app.css``) so that the page's Content-Security-Policy forbids every inline script: text a
+job prints that slipped into the HTML could not run. Every value from the API is escaped before it
+joins the HTML (``esc``)."""
 
 PAGE = b"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>elastictrain</title>
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<style>
-body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
-h1{font-size:1.3em;margin:0 0 .4em} h2{font-size:1.05em;margin:1.2em 0 .3em} h3{font-size:.95em;margin:.8em 0 .2em}
-table{border-collapse:collapse;margin:.2em 0} td,th{border-bottom:1px solid #ddd;padding:.25em .7em;text-align:left}
-th{background:#f4f4f4} tr.pick{cursor:pointer} tr.pick:hover{background:#eef5ff}
-#err{color:#a00} .muted{color:#777} input{width:28em} pre{background:#f7f7f7;padding:.5em;max-height:22em;overflow:auto}
-svg.chart text{font:11px system-ui,sans-serif;fill:#444} .cols{display:flex;gap:2em;flex-wrap:wrap}
-</style></head><body>
+<link rel="stylesheet" href="/ui/app.css">
+</head><body>
 <h1>elastictrain coordinator</h1>
-<form id="login" onsubmit="return false">token <input id="token" type="password" autocomplete="current-password"
+<form id="login">token <input id="token" type="password" autocomplete="current-password"
 placeholder="paste the coordinator's token (not needed with --public-read)">
 <button id="save">use</button> <span id="err"></span></form>
 <h2>Cluster</h2><div id="cluster" class="muted">-</div>
@@ -36,8 +33,18 @@ placeholder="paste the coordinator's token (not needed with --public-read)">
 <h2>Interleaving groups</h2><div id="groups" class="muted">-</div>
 <h2>Other jobs (etrun)</h2><div id="jobs" class="muted">loading...</div>
 <h2 id="jobtitle">Job</h2><div id="job" class="muted">click a job above</div>
-<script>
-"use strict";
+<script src="/ui/app.js"></script></body></html>
+"""
+
+APP_CSS = b"""body{font:14px system-ui,sans-serif;margin:1.5em;color:#222}
+h1{font-size:1.3em;margin:0 0 .4em} h2{font-size:1.05em;margin:1.2em 0 .3em} h3{font-size:.95em;margin:.8em 0 .2em}
+table{border-collapse:collapse;margin:.2em 0} td,th{border-bottom:1px solid #ddd;padding:.25em .7em;text-align:left}
+th{background:#f4f4f4} tr.pick{cursor:pointer} tr.pick:hover{background:#eef5ff}
+#err{color:#a00} .muted{color:#777} input{width:28em} pre{background:#f7f7f7;padding:.5em;max-height:22em;overflow:auto}
+svg.chart text{font:11px system-ui,sans-serif;fill:#444} .cols{display:flex;gap:2em;flex-wrap:wrap}
+"""
+
+APP_JS = b""""use strict";
 let chosen = null;
 const $ = (id) => document.getElementById(id);
 const hash = typeof location !== "undefined" && location.hash || "";
@@ -48,7 +55,7 @@ if (given) {  // a link with the token: kept in this tab, then taken out of the 
   if (typeof history !== "undefined") history.replaceState(null, "", location.pathname + (shown ? "#job=" + shown[1] : ""));
 }
 $("token").value = sessionStorage.getItem("et-token") || "";
-$("save").onclick = () => { sessionStorage.setItem("et-token", $("token").value.trim()); refresh(); };
+$("login").onsubmit = (e) => { e.preventDefault(); sessionStorage.setItem("et-token", $("token").value.trim()); refresh(); };
 async function get(path) {
   const headers = {"Accept": "application/json"};
   const token = sessionStorage.getItem("et-token");
@@ -58,7 +65,12 @@ async function get(path) {
   if (!r.ok) throw new Error(path + ": " + (body.reason || r.status));
   return body;
 }
-function esc(v) { return String(v ?? "-").replace(/[&<>"]/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;"}[c])); }
+// every value from the API goes through esc() before it joins the HTML: names, commands, event
+// texts and log lines are shown as text, never parsed as markup
+function esc(v) {
+  return String(v ?? "-").replace(/[&<>"'`]/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;",
+                                                        "'": "&#39;", "`": "&#96;"}[c]));
+}
 function table(head, rows, onclick, ids) {
   let h = "<table><tr>" + head.map((x) => "<th>" + esc(x) + "</th>").join("") + "</tr>";
   rows.forEach((r, i) => { h += "<tr" + (onclick ? ' class="pick" data-job="' + esc(ids[i]) + '"' : "") + ">" +
@@ -110,7 +122,7 @@ async function clusterView() {
   }
   const util = await get("/v1/cluster/utilization");
   const pct = (x) => (100 * x).toFixed(1) + "%";
-  let h = "policy " + esc(c.policy) + ", " + c.decisions + " decisions" +
+  let h = "policy " + esc(c.policy) + ", " + esc(c.decisions) + " decisions" +
     table(["node", "state", "GPU type", "slots", "in use", "jobs"],
       c.nodes.map((n) => [n.name, n.state, n.gpu_type || n.kind, n.slots, n.used, n.jobs.join(" ")])) +
     "<h3>GPUs in use</h3>" + chart(util.times, [{values: util.values.used, color: "#4a7bd0"},
@@ -153,12 +165,12 @@ async function jobView(c) {
   const q = c && c.jobs.find((x) => x.id === chosen);
   if (q) {
     h += "<p>" + esc(q.name) + " (" + esc(q.user) + "): " + esc(q.status) + (q.reason ? ": " + esc(q.reason) : "") +
-      "; step " + esc(q.step) + (q.steps ? " of " + q.steps : "") + "; run " + q.run + "; " + q.preemptions +
-      " preemptions, " + q.restarts + " failure restarts</p>";
+      "; step " + esc(q.step) + (q.steps ? " of " + esc(q.steps) : "") + "; run " + esc(q.run) + "; " + esc(q.preemptions) +
+      " preemptions, " + esc(q.restarts) + " failure restarts</p>";
     const stages = ["load", "preprocess", "compute", "sync"];
     h += '<div class="cols"><div><h3>Stage profile (per iteration)</h3>' + (q.stage_times.length ?
       bars(stages, q.stage_times, (v) => (v * 1000).toFixed(1) + " ms") : '<span class="muted">not profiled</span>');
-    const st = await get("/v1/cluster/jobs/" + id + "/steps");
+    const st = await get("/v1/cluster/jobs/" + id + "/steps").catch(() => ({times: [], values: {step: []}}));
     const rate = [], at = [];
     for (let i = 1; i < st.times.length; i++) {
       const dt = st.times[i] - st.times[i - 1], ds = st.values.step[i] - st.values.step[i - 1];
@@ -170,9 +182,9 @@ async function jobView(c) {
       ev.slice(-40).map((e) => [clock(e.time), e.kind, e.detail.run ?? "-",
         e.detail.reason || e.detail.why || e.detail.assumed || e.detail.resume_reason ||
         (e.detail.group && e.detail.group.length ? "group " + e.detail.group.join("+") : "") || "-"]));
-    const logs = await get("/v1/cluster/jobs/" + id + "/logs");
+    const logs = await get("/v1/cluster/jobs/" + id + "/logs").catch((e) => ({chunks: [], denied: e.message}));
     const text = logs.chunks.map((k) => { try { return atob(k.data); } catch (e) { return ""; } }).join("");
-    h += "<h3>Log tail</h3><pre>" + esc(text.split("\\n").slice(-40).join("\\n") || "(no output yet)") + "</pre>";
+    h += "<h3>Log tail</h3><pre>" + esc(text.split("\\n").slice(-40).join("\\n") || logs.denied || "(no output yet)") + "</pre>";
   }
   let j = null;
   try { j = await get("/v1/jobs/" + id); } catch (e) { if (!q) throw e; }
@@ -204,5 +216,13 @@ async function refresh() {
   } catch (e) { $("err").textContent = e.message; }
 }
 refresh(); setInterval(refresh, 2000);
-</script></body></html>
 """
+
+#: the page's Content-Security-Policy: scripts and styles only from this origin's files (no inline
+#: script, no eval), requests only to this origin, nothing may frame it
+CSP = (b"default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self' data:; "
+       b"base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+#: path -> (content type, body)
+FILES = {"/ui": (b"text/html; charset=utf-8", PAGE), "/ui/": (b"text/html; charset=utf-8", PAGE),
+         "/ui/app.js": (b"text/javascript; charset=utf-8", APP_JS), "/ui/app.css": (b"text/css; charset=utf-8", APP_CSS)}

@@ -74,6 +74,25 @@ def parse_gres_gpus(gres: str) -> int:
     return total
 
 
+def _refusal(t) -> Optional[str]:
+    """Why a run may not start as its account (the node daemons' rules), or None."""
+    import pwd
+
+    if not t.run_as:
+        if os.geteuid() == 0 and not t.allow_root:
+            return "the job would run as root; only an admin may allow that"
+        return None
+    try:
+        pw = pwd.getpwnam(t.run_as)
+    except KeyError:
+        return f"no UNIX account {t.run_as!r} on the coordinator's host (Slurm needs the same accounts everywhere)"
+    if pw.pw_uid == 0 and not t.allow_root:
+        return "the job would run as root; only an admin may allow that (users add NAME --allow-root)"
+    if os.geteuid() != 0 and pw.pw_uid != os.geteuid():
+        return f"the coordinator is not root, so Slurm cannot run the job as {t.run_as} (sbatch --uid needs root)"
+    return None
+
+
 class SlurmAdapter:
     """Slurm's ``sinfo``/``sbatch``/``squeue``/``scancel`` behind :class:`~elastictrain.engines.api.EngineAdapter`.
 
@@ -144,6 +163,8 @@ class SlurmAdapter:
                   f"--comment={self.comment}"]
         if self.reservation:
             common.append(f"--reservation={self.reservation}")
+        if run.tasks[0].run_as:  # the user's own account (sbatch takes --uid from root only)
+            common.append(f"--uid={run.tasks[0].run_as}")
         slots = [t.slots for t in run.tasks]
         env = task_env(run.tasks[0], "slurm")
         for k in ("ET_TOKEN", "ET_NODE_NAME", "ET_LOG_DIR"):  # per node, below
@@ -166,8 +187,11 @@ class SlurmAdapter:
         # each node's etrun gets its own log and state directory and its node's name; bash execs it,
         # so srun's signals reach etrun itself
         wrap = ["/bin/bash", "-c", 'export ET_LOG_DIR="$0" ET_NODE_NAME="${SLURMD_NODENAME:-slurm}"; exec "$@"']
+        # the run's own worker credential (written beside the script at launch); an old-style run
+        # without one reads the coordinator's token file
+        token_file = os.path.join(d, "token") if run.tasks[0].token else self.token_file
         if len(set(slots)) == 1:
-            cmd = etrun_command(run.tasks[0], self.coordinator, log_dir=None, token_file=self.token_file,
+            cmd = etrun_command(run.tasks[0], self.coordinator, log_dir=None, token_file=token_file,
                                 python=self.python)
             lines.append("exec srun --kill-on-bad-exit=0 " + shlex.join(wrap[:2]) + " "
                          + shlex.quote(wrap[2].replace('"$0"', '"$0/node${SLURM_NODEID:-0}"')) + " "
@@ -175,7 +199,7 @@ class SlurmAdapter:
         else:
             parts = []
             for i, t in enumerate(run.tasks):
-                cmd = etrun_command(t, self.coordinator, log_dir=None, token_file=self.token_file, python=self.python)
+                cmd = etrun_command(t, self.coordinator, log_dir=None, token_file=token_file, python=self.python)
                 parts.append(f"--het-group={i} " + shlex.join([*wrap, f"{d}/node{i}", *cmd]))
             lines.append("exec srun --kill-on-bad-exit=0 " + " : ".join(parts))
         return "\n".join(lines) + "\n"
@@ -187,8 +211,24 @@ class SlurmAdapter:
         d = self._run_dir(run.job, run.run)
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, "job.sh")
+        t = run.tasks[0]
+        refused = _refusal(t)
         with open(path, "w") as f:
-            f.write(self.script(run))
+            f.write(self.script(run) if refused is None else
+                    f"#!/bin/bash\n#SBATCH --partition={self.partition}\n#SBATCH --output={d}/slurm-%j.out\n"
+                    f"#SBATCH --comment={self.comment}\n#SBATCH --job-name={job_name(run.job, run.run)}\n"
+                    f"echo {shlex.quote('refused: ' + refused)}\nexit 126\n")
+        if t.token:
+            fd = os.open(os.path.join(d, "token"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(t.token + "\n")
+        if t.run_as and refused is None and os.geteuid() == 0:  # the run's account writes its output here
+            import pwd
+
+            pw = pwd.getpwnam(t.run_as)
+            for p in (d, os.path.join(d, "token")):
+                if os.path.exists(p):
+                    os.chown(p, pw.pw_uid, pw.pw_gid)
         out = await self._cmd("sbatch", "--parsable", path)
         handle = out.strip().split(";")[0]
         if not handle.isdigit():

@@ -36,6 +36,7 @@ from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError, InterruptedCallError
 from ..wire import LogChunk, NodeLeave, NodePoll, NodeRegister, Task, TaskState
+from .run_as import RunAsError, chown_for, resolve, task_base_env
 from .task_command import etrun_command, task_env
 
 __all__ = ["NodeConfig", "NodeDaemon", "detect_gpus"]
@@ -280,26 +281,47 @@ class NodeDaemon:
     # ------------------------------------------------------------------ tasks
     def _start(self, spec: Task) -> None:
         cfg = self.cfg
+        try:
+            acct = resolve(spec.run_as, spec.allow_root, cfg.name)
+        except RunAsError as exc:
+            self._failed(spec, 126, f"refused: {exc}")
+            return
         run_dir = os.path.abspath(os.path.join(cfg.state_dir, "jobs", spec.job, f"run{spec.run}"))
         os.makedirs(run_dir, exist_ok=True)
-        cmd = etrun_command(spec, cfg.coordinator, log_dir=run_dir, token_file=cfg.token_file,
-                            warm_spares=cfg.warm_spares,
-                            memory_enforce=self._memory_enforce() if spec.memory_limit else None)
-        env = dict(os.environ)
+        token_file = None
+        if spec.token:  # the run's own credential, readable by its account alone
+            token_file = os.path.join(run_dir, "token")
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(spec.token + "\n")
+        # the daemon's own file, opened before the directory is the task account's
+        logfile = os.fdopen(os.open(os.path.join(run_dir, "etrun.log"),
+                                    os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "ab")
+        for path in (run_dir, *((token_file,) if token_file else ())):
+            chown_for(path, acct)
+        enforce = None
+        if spec.memory_limit:  # a task as another account cannot make cgroups: its data segment then
+            enforce = "rlimit" if acct.switch else self._memory_enforce()
+        cmd = etrun_command(spec, cfg.coordinator, log_dir=run_dir, token_file=token_file,
+                            warm_spares=cfg.warm_spares, memory_enforce=enforce)
+        env = task_base_env(acct)
         env.update(task_env(spec, cfg.name))
-        env.pop("ET_TOKEN", None)
         if cfg.kind == "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
-        logfile = open(os.path.join(run_dir, "etrun.log"), "ab")
+        switch = {"user": acct.uid, "group": acct.gid, "extra_groups": list(acct.groups)} if acct.switch else {}
+        workdir = spec.workdir
+
+        def as_task() -> None:  # in the child, after the switch to the task's account
+            os.chdir(workdir)  # the account itself must be able to enter it
+            _pdeathsig()
+
         try:
-            proc = subprocess.Popen(cmd, cwd=spec.workdir, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_pdeathsig)
-        except OSError as exc:
+            proc = subprocess.Popen(cmd, cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                    stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=as_task, **switch)
+        except (OSError, subprocess.SubprocessError) as exc:
             logfile.close()
-            t = _Task(spec, None, "", None)
-            t.code, t.detail = 127, f"cannot start the job in {spec.workdir}: {exc.strerror}"
-            self.tasks[t.key] = t
-            self._wake.set()
+            why = exc.strerror if isinstance(exc, OSError) else "it does not exist or the account may not enter it"
+            self._failed(spec, 127, f"cannot start the job as {acct.name} in {workdir}: {why}")
             return
         pidfile = os.path.join(cfg.state_dir, "tasks", f"{spec.job}-{spec.run}.pid")
         with open(pidfile, "w") as f:
@@ -308,6 +330,13 @@ class NodeDaemon:
         self.tasks[t.key] = t
         threading.Thread(target=self._pump, args=(t,), name=f"et-node-out-{spec.job}", daemon=True).start()
         log.info("started job %s run %d on %d slot(s) %s (pid %d)", spec.job, spec.run, spec.slots, spec.gpus, proc.pid)
+
+    def _failed(self, spec: Task, code: int, detail: str) -> None:
+        log.error("job %s run %d: %s", spec.job, spec.run, detail)
+        t = _Task(spec, None, "", None)
+        t.code, t.detail = code, detail
+        self.tasks[t.key] = t
+        self._wake.set()
 
     def _pump(self, t: _Task) -> None:
         for line in iter(t.proc.stdout.readline, b""):

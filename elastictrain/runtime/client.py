@@ -29,6 +29,7 @@ from ..wire import (
     NodeRegister, NodeTasks,
     ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
     ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserTickets, Version,
+    AccountCreate, AccountList, Credential, WhoAmI,
 )
 
 __all__ = ["CoordinatorClient", "read_token", "token_from_file"]
@@ -138,6 +139,12 @@ class CoordinatorClient:
                     raise InterruptedCallError(f"{method} {path} to {self.url} given up: interrupted ({last})")
             else:
                 time.sleep(delay)
+
+    def __enter__(self) -> "CoordinatorClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def close(self) -> None:
         self._session.close()
@@ -264,6 +271,21 @@ class CoordinatorClient:
 
     def users(self, window: float = 600.0) -> UserList:
         return self._call("GET", f"/v1/cluster/users?window={float(window)!r}", UserList)
+
+    def whoami(self) -> WhoAmI:
+        return self._call("GET", "/v1/whoami", WhoAmI)
+
+    def add_user(self, user: str, unix_user: str = "", allow_root: bool = False) -> Credential:
+        return self._call("POST", f"/v1/admin/users/{user}", Credential, AccountCreate(unix_user, allow_root))
+
+    def add_node(self, node: str) -> Credential:
+        return self._call("POST", f"/v1/admin/nodes/{node}", Credential)
+
+    def revoke(self, role: str, name: str) -> Credential:
+        return self._call("POST", f"/v1/admin/{role}s/{name}/revoke", Credential)
+
+    def accounts(self) -> AccountList:
+        return self._call("GET", "/v1/admin/accounts", AccountList)
 
     def node_register(self, name: str, req: NodeRegister) -> NodeInfo:
         return self._call("POST", f"/v1/cluster/nodes/{name}/register", NodeInfo, req)

@@ -18,7 +18,11 @@ def test_the_status_page_and_the_reads_it_makes(coordinator, client):
     status, ctype, body = _get(coordinator.url + "/ui")
     assert status == 200 and ctype.startswith("text/html")
     page = body.decode()
-    assert "<script>" in page and "Authorization" in page
+    assert '<script src="/ui/app.js"></script>' in page and "<script>" not in page  # no inline script
+    status, ctype, body = _get(coordinator.url + "/ui/app.js")
+    assert status == 200 and ctype.startswith("text/javascript")
+    page = body.decode()
+    assert "Authorization" in page
     client.create_job("web", 1, 2)
     client.register_dataset("web", __import__("elastictrain").DatasetSpec("train", 100, 10))
     paths = set(re.findall(r'get\("(/v1/[a-z]+)"\)', page))
@@ -45,14 +49,14 @@ def test_the_page_script_renders_live_data(tmp_path, coordinator, client):
 
     import pytest
 
-    from elastictrain.coordinator.ui import PAGE
+    from elastictrain.coordinator.ui import APP_JS
     from elastictrain.wire import ResourceReport, ResourceSample
 
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed: the page's script is checked only by the test above")
     script = tmp_path / "page.js"
-    script.write_text(PAGE.decode().split("<script>")[1].split("</script>")[0])
+    script.write_text(APP_JS.decode())
     client.create_job("web", 1, 2)
     client.register_dataset("web", __import__("elastictrain").DatasetSpec("train", 100, 10))
     client.report_resources("web", ResourceReport(0, [ResourceSample(1.0, 97.0, 300 * 2**20, step=5, step_time=0.25,
@@ -79,14 +83,14 @@ def test_the_page_shows_users_tickets_and_shares_in_cluster_mode(tmp_path):
 
     from elastictrain import CoordinatorClient
     from elastictrain.coordinator.process import CoordinatorProcess
-    from elastictrain.coordinator.ui import PAGE
+    from elastictrain.coordinator.ui import APP_JS
     from elastictrain.wire import JobSubmit
 
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed: the page's script is checked only by the test above")
     script = tmp_path / "page.js"
-    script.write_text(PAGE.decode().split("<script>")[1].split("</script>")[0])
+    script.write_text(APP_JS.decode())
     proc = CoordinatorProcess(str(tmp_path / "coord.db"), str(tmp_path / "token"),
                               log_file=str(tmp_path / "coordinator.log"), extra_args=("--policy", "gandiva-fair"))
     proc.start()

@@ -31,10 +31,13 @@ class LocalCluster:
     their state and logs in ``tmp``. Every process is stopped by :meth:`stop`.
 
     ``slurm_conf``: run the jobs through that Slurm instead (``--backend slurm``, partition
-    ``partition``); its nodes are the cluster's, and no node daemon is started."""
+    ``partition``); its nodes are the cluster's, and no node daemon is started.
+    ``node_credentials``: each daemon gets a node credential of its own (``nodes add``), not the
+    admin token. ``python``: the interpreter the daemons (and so the jobs) run."""
 
     def __init__(self, tmp, policy: str, *policy_args: str, nodes: int = 2, slots: int = 2,
-                 node_timeout: float = 6.0, slurm_conf: Optional[str] = None, partition: str = "low") -> None:
+                 node_timeout: float = 6.0, slurm_conf: Optional[str] = None, partition: str = "low",
+                 node_credentials: bool = False, python: str = sys.executable) -> None:
         self.tmp = str(tmp)
         self.engine = "slurm" if slurm_conf else "nodes"
         engine = ("--backend", "slurm", "--slurm-partition", partition) if slurm_conf else ()
@@ -46,6 +49,8 @@ class LocalCluster:
                                               env={"SLURM_CONF": slurm_conf} if slurm_conf else None)
         self.names = [f"n{i + 1}" for i in range(nodes)]
         self.slots = slots
+        self.node_credentials, self.python = node_credentials, python
+        self.node_tokens: dict[str, str] = {}  # node -> its token file
         self.daemons: dict = {}
         self.client = None
 
@@ -64,11 +69,20 @@ class LocalCluster:
         return env
 
     def start_node(self, name: str) -> None:
+        env = self.env()
+        if self.node_credentials:
+            if name not in self.node_tokens:
+                from ..coordinator.server import write_token_file
+
+                path = os.path.join(self.tmp, f"node-{name}.token")
+                write_token_file(path, self.client.add_node(name).token)
+                self.node_tokens[name] = path
+            env["ET_TOKEN_FILE"] = self.node_tokens[name]
         log = open(os.path.join(self.tmp, f"{name}.log"), "ab")
         self.daemons[name] = subprocess.Popen(
-            [sys.executable, "-m", "elastictrain", "node", "--slots", str(self.slots), "--name", name,
+            [self.python, "-m", "elastictrain", "node", "--slots", str(self.slots), "--name", name,
              "--state-dir", os.path.join(self.tmp, f"state-{name}"), "--warm-spares", "0", "--poll-wait", "2"],
-            env=self.env(), stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
+            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
         log.close()
 
     def kill_node(self, name: str) -> None:

@@ -75,3 +75,39 @@ def test_the_status_page_in_headless_chromium(tmp_path):
         assert shot.stat().st_size > 10_000
         if os.environ.get("ET_SCREENSHOT"):  # (how docs/status-page.png was made)
             shutil.copy(shot, os.environ["ET_SCREENSHOT"])
+
+
+XSS = r"""
+import sys
+print("</pre><script>document.body.setAttribute('data-pwned', 'script')</script>")
+print('<img src=x onerror="document.body.setAttribute(\'data-pwned\', \'img\')">')
+print("<svg onload=\"document.body.setAttribute('data-pwned', 'svg')\"></svg>", flush=True)
+raise RuntimeError('<img src=x onerror="document.body.setAttribute(\'data-pwned\', \'reason\')">')
+"""
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed: `apt-get install chromium` (make test does)")
+def test_the_page_shows_script_a_job_prints_as_text_and_runs_none_of_it(tmp_path):
+    """A job whose output (its log tail, its failure reason, its events) carries script: the page
+    shows the text; nothing runs (every value is escaped, and the CSP forbids inline script)."""
+    import urllib.request
+
+    with open(tmp_path / "xss.py", "w") as f:
+        f.write(XSS)
+    with Cluster(tmp_path, "fifo", nodes=1, slots=1) as c:
+        jid = c.client.submit(JobSubmit(["xss.py", "<b>bold</b>"], c.tmp, name="x", max_restarts=0)).id
+        c.wait_all(1, 90)
+        job = c.client.cluster_job(jid)
+        assert job.status == "failed" and "<img src=x" in job.reason, job
+        for _ in range(10):  # its output reaches the coordinator with the node's polls
+            if b"onerror" in b"".join(k.data for k in c.client.job_logs(jid).chunks):
+                break
+            time.sleep(1)
+        with urllib.request.urlopen(c.coordinator.url + "/ui", timeout=10) as r:
+            csp = r.headers["content-security-policy"]
+            assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "<script>" not in r.read().decode()
+        dom = browse(f"{c.coordinator.url}/ui#token={c.coordinator.token}&job={jid}", "--dump-dom")
+        assert 'data-pwned="' not in dom  # no script set the attribute (the text of the payloads is there)
+        assert "&lt;img src=x onerror=" in dom and "&lt;/pre&gt;&lt;script&gt;" in dom  # shown, as text
+        assert '<img src="x"' not in dom and "<svg onload" not in dom
+        assert dom.count("&lt;img src=x") >= 2  # the ended jobs' reason and the job's log tail

@@ -77,6 +77,7 @@ class Coordinator:
         self.resources = ResourceBook(self.members)
         self.stragglers = stragglers or StragglerWatch()
         self.creds = Credentials(store, loaded.meta)
+        self._alive: dict[tuple, float] = {}
         self.cluster = None
         self.engine = None  # an in-process engine bridge (--backend slurm), run beside the scheduler
         if cluster is not None:
@@ -99,8 +100,19 @@ class Coordinator:
         return "" if job in self.members.jobs else None
 
     def run_alive(self, job: str, run: int) -> bool:
-        """Whether run ``run`` of ``job`` (a task's job id) still has a task placed, running or exiting."""
-        return self.cluster is not None and self.cluster.nodes.run_alive(job, run)
+        """Whether run ``run`` of ``job`` (a task's job id) still has a task placed, running or exiting
+        (a yes is remembered for a second: a worker's requests do not each scan every node)."""
+        if self.cluster is None:
+            return False
+        key, now = (job, run), self.clock.now()
+        if self._alive.get(key, 0.0) > now:
+            return True
+        alive = self.cluster.nodes.run_alive(job, run)
+        if alive:
+            if len(self._alive) > 100_000:
+                self._alive.clear()
+            self._alive[key] = now + 1.0
+        return alive
 
     def job_info(self, job: str) -> JobInfo:
         r = self.members.get(job)

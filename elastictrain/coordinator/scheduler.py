@@ -141,6 +141,7 @@ class ClusterScheduler:
         self._last_persist = now
         self._next_round = now + cfg.interval
         self._next_prune = now + 30.0
+        self._node_runs: dict[str, deque] = {}  # node -> the (job, run) of tasks placed on it lately
         for node in self.nodes.by_index:  # a restarted coordinator gives every daemon a fresh timeout
             node.last_seen = now
         with self.store.transaction() as tx:
@@ -615,8 +616,14 @@ class ClusterScheduler:
         if n is None:
             return NodeTasks("register")
         now = self.clock.now()
+        # a node's output is taken only for runs placed on it (now, or recently: the last lines
+        # of a task may come a poll after its exit): a node credential cannot write another job's log
+        recent = self._node_runs.setdefault(name, deque(maxlen=256))
+        recent.extend((t.job, t.run) for t in n.tasks if (t.job, t.run) not in recent)
         exits = self.nodes.report(n, req.tasks, now)
         for chunk in req.logs:
+            if (chunk.job, chunk.run) not in recent:
+                continue
             self.logs.add(chunk.job, name, chunk.run, chunk.data)
             if chunk.job not in self.records:  # a group task's output: each member's lines go to it too
                 for job, data in _split_group_log(chunk.data).items():

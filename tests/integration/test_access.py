@@ -16,7 +16,7 @@ from elastictrain import CoordinatorClient, DatasetSpec
 from elastictrain.coordinator.access import ACCESS, ROLES, access_table_markdown
 from elastictrain.coordinator.process import CoordinatorProcess
 from elastictrain.errors import AuthError, ConfigError, ForbiddenError
-from elastictrain.wire import JobSubmit, NodePoll, NodeRegister, TaskState
+from elastictrain.wire import JobSubmit, LogChunk, NodePoll, NodeRegister, TaskState
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -137,6 +137,12 @@ def test_workers_nodes_and_users_stay_inside_their_scope(world):
         c["node"].node_register("n2", NodeRegister(4, "i2", "slot"))
     with pytest.raises(ForbiddenError):
         c["node"].submit(JobSubmit(["x.py"], "/tmp"))
+    # its output is taken only for runs placed on it
+    run_b = world["tasks"][b].run
+    c["node"].node_poll("n1", NodePoll("i1", [], [LogChunk(b, run_b, b"real line\n"),
+                                                  LogChunk(b, run_b + 7, b"forged line\n")], 0.0))
+    logs = b"".join(k.data for k in c["admin"].job_logs(b).chunks)
+    assert b"real line" in logs and b"forged" not in logs
     # a user: its own name only; no tickets
     with pytest.raises(ForbiddenError, match="only the admin may submit a job for another user"):
         c["alice"].submit(JobSubmit(["x.py"], "/tmp", user="bob"))
@@ -178,6 +184,7 @@ def test_a_worker_credential_dies_with_its_run(world):
         if a not in {t.job for t in reply.tasks}:
             break
     c["node"].node_poll("n1", NodePoll("i1", [TaskState(a, world["tasks"][a].run, "exited", 75, "")], [], 0.0))
+    __import__("time").sleep(1.2)  # a live run is remembered for a second
     with pytest.raises(ForbiddenError, match="which has ended"):
         c["worker"].dataset(a, "train")
 

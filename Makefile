@@ -6,7 +6,7 @@ SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 CORE := $(VENV)/.core-$(SUM)
 FULL := $(VENV)/.full-$(SUM)
 
-.PHONY: demo demo-cluster test test-slow test-horovod horovod bench install clean chromium slurm
+.PHONY: demo demo-cluster test test-slow test-horovod horovod bench install clean chromium slurm postgres
 
 # torch (CPU) + elastictrain: what the demo needs
 $(CORE): pyproject.toml
@@ -53,11 +53,20 @@ slurm:
 	        apt-get install -y -q slurmctld slurmd slurm-client munge >/dev/null 2>&1; }; }; } || \
 	    echo "Slurm could not be installed: the Slurm engine's tests will skip"
 
+# Debian's PostgreSQL for the coordinator's PostgreSQL store and failover tests (the tests start a
+# private server in a temporary directory), where this machine lets us install it; elsewhere those
+# tests skip and say how to install it.
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+	    { apt-get install -y -q postgresql >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
+	      apt-get install -y -q postgresql >/dev/null 2>&1; }; }; } || \
+	    echo "PostgreSQL could not be installed: the PostgreSQL tests will skip"
+
 # The default test run. pytest's exit code 5 ("no tests ran") fails it.
-test: $(FULL) chromium slurm
+test: $(FULL) chromium slurm postgres
 	$(PY) -m pytest -q -p no:cacheprovider
 
-test-slow: $(FULL) chromium slurm
+test-slow: $(FULL) chromium slurm postgres
 	$(PY) -m pytest -q -p no:cacheprovider -m slow
 
 bench: $(FULL)

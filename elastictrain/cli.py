@@ -37,7 +37,14 @@ def get_parser() -> argparse.ArgumentParser:
     c.add_argument("--port", type=int, default=int(_env("ET_PORT", 7707)),
                    help="port to listen on; 0 picks a free one [ET_PORT]")
     c.add_argument("--db", default=_env("ET_DB", "elastictrain.db"),
-                   help="SQLite file or sqlite:///PATH holding all state [ET_DB]")
+                   help="SQLite file or sqlite:///PATH holding all state; or postgresql://USER@HOST/DB, which "
+                   "several coordinators may share (one leads, the others stand by; docs/coordinator.md) [ET_DB]")
+    c.add_argument("--lease", type=float, default=float(_env("ET_LEASE", "5")),
+                   help="--db postgresql://: seconds a leader's lease lasts; a standby takes over about this "
+                   "long after the leader dies [ET_LEASE]")
+    c.add_argument("--advertise-url", default=_env("ET_ADVERTISE_URL", None),
+                   help="--db postgresql://: the address clients reach this coordinator at (a standby names "
+                   "the leader by it; default: the address it listens on) [ET_ADVERTISE_URL]")
     c.add_argument("--token-file", default=_env("ET_TOKEN_FILE", None),
                    help="bearer token file (created with a random token if missing); or set ET_TOKEN")
     c.add_argument("--sync", choices=("normal", "full"), default=_env("ET_DB_SYNC", "normal"),
@@ -277,6 +284,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                         job_env_allow=tuple(_env_patterns(args.job_env_allow)))
             engine = _engine_config(args)
             serve(ServerConfig(engine=engine, host=args.host, port=args.port, db=args.db, token_file=args.token_file,
+                               lease=args.lease, advertise_url=args.advertise_url,
                                sync=args.sync, ready_file=args.ready_file, public_read=args.public_read,
                                cluster=cluster, allow_insecure_token_file=args.allow_insecure_token_file,
                                limits=_limits(args), stragglers=(args.straggler_factor, args.straggler_windows,

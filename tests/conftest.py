@@ -13,13 +13,53 @@ if "ET_STATE_DIR" not in os.environ:
     os.environ["ET_STATE_DIR"] = tempfile.mkdtemp(prefix="et-test-state-")
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """A private PostgreSQL server for this test session (Debian's binaries; `make test`
+    installs them where it can); the tests that use it skip, saying why, where it cannot start."""
+    from elastictrain.coordinator.pg_local import LocalPostgres, find_postgres
+
+    if find_postgres() is None:
+        pytest.skip("PostgreSQL is not installed: apt-get install postgresql (make test does, as root)")
+    try:
+        import psycopg  # noqa: F401
+    except ImportError:
+        pytest.skip("psycopg is not installed: pip install 'elastictrain[postgres]' (make install does)")
+    pg = LocalPostgres()
+    try:
+        pg.start()
+    except Exception as exc:  # noqa: BLE001 - reported as the reason to skip
+        pg.stop()
+        pytest.skip(f"PostgreSQL did not start here: {exc}")
+    pg.databases = 0
+    yield pg
+    pg.stop()
+
+
+def new_database(pg) -> str:
+    """A fresh database on the session's PostgreSQL; its URL."""
+    pg.databases += 1
+    return pg.create_database(f"t{pg.databases}")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request, tmp_path):
+    """The coordinator's database: a SQLite file, or a fresh database on the session's PostgreSQL
+    (every test that takes a coordinator runs on both)."""
+    if request.param == "sqlite":
+        return str(tmp_path / "coord.db")
+    return new_database(request.getfixturevalue("postgres"))
+
+
 @pytest.fixture
-def coordinator(tmp_path):
-    """A real coordinator process on a free loopback port, stopped after the test."""
+def coordinator(tmp_path, db_url):
+    """A real coordinator process on a free loopback port, stopped after the test (on SQLite, and
+    on PostgreSQL with a 2 s lease, so that a restart after kill -9 leads again within 2 s)."""
     from elastictrain.coordinator.process import CoordinatorProcess
 
-    proc = CoordinatorProcess(str(tmp_path / "coord.db"), str(tmp_path / "token"),
-                              log_file=str(tmp_path / "coordinator.log"))
+    extra = ("--lease", "2") if db_url.startswith("postgresql://") else ()
+    proc = CoordinatorProcess(db_url, str(tmp_path / "token"), log_file=str(tmp_path / "coordinator.log"),
+                              extra_args=extra)
     proc.start()
     try:
         yield proc
@@ -65,3 +105,17 @@ def slurm():
     kit.stop()
     shutil.rmtree(root, ignore_errors=True)
 
+
+
+# The heaviest coordinator tests run on PostgreSQL in `make test-slow` (their SQLite runs stay in
+# the default run, and every other coordinator test runs on both there): the default run stays
+# near 15 minutes.
+_PG_IN_SLOW_RUN = {"test_exactly_once_with_kills_and_rescaling", "test_two_agents_shrink_and_grow_with_exactly_once_data",
+                   "test_a_node_that_leaves_is_a_scale_down_not_a_failure"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        spec = getattr(item, "callspec", None)
+        if spec is not None and spec.params.get("db_url") == "postgresql" and item.originalname in _PG_IN_SLOW_RUN:
+            item.add_marker(pytest.mark.slow)

@@ -262,6 +262,7 @@ class CoordinatorApp:
         self._reap_interval = reap_interval
         self._public_read = public_read
         self._tasks: list[asyncio.Task] = []
+        self._barrier = getattr(coordinator.store, "barrier", None)
         s = coordinator.shards
         sched = coordinator.scheduler
         R = _Route
@@ -472,18 +473,27 @@ class CoordinatorApp:
         while True:
             msg = await receive()
             if msg["type"] == "lifespan.startup":
-                loop = asyncio.get_running_loop()
-                self._tasks.append(loop.create_task(self._reap_loop()))
-                if self.c.cluster is not None:
-                    self._tasks.append(loop.create_task(self.c.cluster.run()))
-                if self.c.engine is not None:
-                    self._tasks.append(loop.create_task(self.c.engine.run()))
+                self.start_background(asyncio.get_running_loop())
                 await send({"type": "lifespan.startup.complete"})
             elif msg["type"] == "lifespan.shutdown":
-                for task in self._tasks:
-                    task.cancel()
+                self.stop_background()
                 await send({"type": "lifespan.shutdown.complete"})
                 return
+
+    def start_background(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start the lease sweeps, the scheduler and the engine (and a store's group commit)."""
+        start = getattr(self.c.store, "start", None)
+        if start is not None:
+            start(loop)
+        self._tasks.append(loop.create_task(self._reap_loop()))
+        if self.c.cluster is not None:
+            self._tasks.append(loop.create_task(self.c.cluster.run()))
+        if self.c.engine is not None:
+            self._tasks.append(loop.create_task(self.c.engine.run()))
+
+    def stop_background(self) -> None:
+        for task in self._tasks:
+            task.cancel()
 
     async def _reap_loop(self) -> None:
         while True:
@@ -527,6 +537,12 @@ class CoordinatorApp:
         except Exception:  # a bug: log it in full, answer 500 and keep serving
             log.exception("internal error on %s %s", scope["method"], scope["path"])
             status, result = 500, Error("internal", "internal error; see the coordinator log")
+        barrier = self._barrier
+        if barrier is not None:  # a store that commits in groups: answer only for durable state
+            try:
+                await barrier()
+            except ElasticTrainError as exc:
+                status, result = 503, Error("unavailable", f"{exc}; retry against another coordinator")
         codec = self._codec
         body = codec.js_enc.encode(result) if as_json else codec.mp_enc.encode(result)
         head = [(b"content-type", JSON if as_json else MSGPACK), (b"content-length", str(len(body)).encode())]

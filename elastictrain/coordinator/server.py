@@ -49,6 +49,11 @@ class ServerConfig:
     stragglers: tuple = (1.5, 3, 60.0)  # factor, windows, cooldown (coordinator/stragglers.py)
     #: the engine that runs the scheduler's decisions: None (node daemons) or a SlurmEngineConfig
     engine: Optional[object] = None
+    #: PostgreSQL (--db postgresql://...): seconds a leader's lease lasts (a standby takes over
+    #: within about this long after the leader dies)
+    lease: float = 5.0
+    #: the address clients reach this coordinator at, named to them by a standby (default: the bound one)
+    advertise_url: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -142,14 +147,22 @@ def _bind(host: str, port: int) -> socket.socket:
 def build_server(cfg: ServerConfig, coordinator: Coordinator, token: str) -> tuple[uvicorn.Server, socket.socket, str]:
     """A bound, not yet serving uvicorn server for ``coordinator``; returns (server, socket, url)."""
     sock = _bind(cfg.host, cfg.port)
-    host, port = sock.getsockname()[:2]
-    url = f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+    url = _url_of(sock)
     app = CoordinatorApp(coordinator, token, max_body=cfg.max_body, public_read=cfg.public_read)
+    return _uvicorn(cfg, app), sock, url
+
+
+def _url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
+def _uvicorn(cfg: ServerConfig, app) -> uvicorn.Server:
     lim = cfg.limits
     config = uvicorn.Config(app, loop="none", http=guarded_protocol(lim), lifespan="on", access_log=False,
                             log_level=cfg.log_level, timeout_keep_alive=lim.keep_alive, backlog=lim.backlog,
                             server_header=False, date_header=False)
-    return uvicorn.Server(config), sock, url
+    return uvicorn.Server(config)
 
 
 def event_loop_runner():
@@ -179,6 +192,10 @@ def serve(cfg: ServerConfig) -> None:
     """Serve until SIGTERM or SIGINT. Writes ``{"url", "pid"}`` to ``cfg.ready_file`` once listening."""
     token = load_or_create_token(cfg.token_file, allow_insecure=cfg.allow_insecure_token_file)
     watch = StragglerWatch(*cfg.stragglers)  # (checked before the database is opened)
+    if cfg.db.startswith(("postgresql://", "postgres://")):
+        from .replicated import serve_replicated
+
+        return serve_replicated(cfg, token, watch)
     coordinator = Coordinator(open_store(cfg.db, sync=cfg.sync), cluster=cfg.cluster, stragglers=watch)
     try:
         server, sock, url = build_server(cfg, coordinator, token)
@@ -193,11 +210,7 @@ def serve(cfg: ServerConfig) -> None:
             if server.started:
                 log.info("coordinator listening on %s (db %s%s)", url, cfg.db,
                          f", policy {coordinator.cluster.cfg.policy}" if coordinator.cluster else "")
-                if cfg.ready_file:
-                    tmp = cfg.ready_file + ".tmp"
-                    with open(tmp, "w") as f:
-                        json.dump({"url": url, "pid": os.getpid()}, f)
-                    os.replace(tmp, cfg.ready_file)
+                write_ready(cfg.ready_file, url)
             await task
 
         _raise_fd_limit()
@@ -205,6 +218,13 @@ def serve(cfg: ServerConfig) -> None:
             runner.run(main())
     finally:
         coordinator.close()
+
+
+def write_ready(path: Optional[str], url: str) -> None:
+    if path:
+        with open(path + ".tmp", "w") as f:
+            json.dump({"url": url, "pid": os.getpid()}, f)
+        os.replace(path + ".tmp", path)
 
 
 def _engine(cfg: ServerConfig, coordinator: Coordinator, url: str, token: str):

@@ -425,7 +425,7 @@ class _Poller:
     def __init__(self, client, job: str, agent: str, generation: int, wait: float, wake: threading.Event) -> None:
         from ..runtime.client import CoordinatorClient
 
-        self._client = CoordinatorClient(client.url, client.token, timeout=client.timeout, retry_for=client.retry_for,
+        self._client = CoordinatorClient(client.addresses, client.token, timeout=client.timeout, retry_for=client.retry_for,
                                          cancel=client.cancel_event)
         self._job, self._agent, self._gen, self._wait, self._wake = job, agent, generation, wait, wake
         self._action: Optional[AgentAction] = None

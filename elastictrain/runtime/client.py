@@ -78,9 +78,12 @@ class CoordinatorClient:
 
     def __init__(self, url: str, token: Optional[str] = "", *, timeout: float = 10.0,
                  retry_for: Optional[float] = None, cancel: Optional[threading.Event] = None) -> None:
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"coordinator address {url!r} must start with http:// or https://")
-        self.url = url.rstrip("/")
+        self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
+        for u in self.urls or [url]:
+            if not u.startswith(("http://", "https://")):
+                raise ConfigError(f"coordinator address {u!r} must start with http:// or https:// (several: "
+                                  "comma-separated, e.g. http://a:7707,http://b:7707)")
+        self.url = self.urls[0]
         self.token = read_token() if token == "" else token
         self.timeout = timeout
         self.retry_for = float(os.environ.get("ET_RETRY_FOR", 60.0)) if retry_for is None else retry_for
@@ -94,13 +97,12 @@ class CoordinatorClient:
     # ------------------------------------------------------------------ transport
     def _call(self, method: str, path: str, reply: type[T], body: object = None, timeout: Optional[float] = None) -> T:
         data = None if body is None else _ENC.encode(body)
-        url = self.url + path
         deadline = time.monotonic() + self.retry_for
         attempt, last = 0, ""
         timeout = self.timeout if timeout is None else timeout
         while True:
             try:
-                r = self._session.request(method, url, data=data, headers=self._headers,
+                r = self._session.request(method, self.url + path, data=data, headers=self._headers,
                                           timeout=(min(2.0, timeout), timeout))
                 if r.status_code == 200:
                     dec = self._decoders.get(reply)
@@ -115,6 +117,8 @@ class CoordinatorClient:
                             "compatible version?") from None
                     except msgspec.DecodeError as exc:  # a body cut short: retried like a reset connection
                         raise requests.exceptions.ChunkedEncodingError(f"reply body cut short: {exc}") from None
+                if r.status_code == 503:  # a standby, or a leader that stopped: try the leader it names
+                    self._next_address(r.headers.get("x-et-leader"))
                 if r.status_code not in _RETRY_STATUS:
                     try:
                         err = msgspec.msgpack.decode(r.content, type=Error)
@@ -125,6 +129,7 @@ class CoordinatorClient:
             except _TRANSPORT_ERRORS as exc:
                 last = type(exc).__name__
                 self._session.close()  # drop a half-dead keep-alive connection
+                self._next_address(None)
             attempt += 1
             delay = random.uniform(0, min(2.0, 0.05 * 2 ** min(attempt, 10)))
             if self.cancel_event is not None and self.cancel_event.is_set():
@@ -139,6 +144,26 @@ class CoordinatorClient:
                     raise InterruptedCallError(f"{method} {path} to {self.url} given up: interrupted ({last})")
             else:
                 time.sleep(delay)
+
+    @property
+    def addresses(self) -> str:
+        """Every coordinator address this client knows, comma-separated (for another client)."""
+        return ",".join(self.urls)
+
+    def _next_address(self, hint: Optional[str]) -> None:
+        """Of several coordinators: the one a standby named as leader, else the next in the list."""
+        if len(self.urls) < 2 and not hint:
+            return
+        hint = (hint or "").rstrip("/")
+        if hint and hint.startswith(("http://", "https://")) and hint != self.url:
+            if hint not in self.urls:
+                self.urls.append(hint)
+            self.url = hint
+        elif len(self.urls) > 1:
+            self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
+        else:
+            return
+        self._session.close()
 
     def __enter__(self) -> "CoordinatorClient":
         return self

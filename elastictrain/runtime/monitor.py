@@ -255,5 +255,5 @@ def start_from_env(client, job: str, worker: int) -> Optional[ResourceMonitor]:
         return None
     from .client import CoordinatorClient
 
-    bg = CoordinatorClient(client.url, client.token, timeout=min(client.timeout, 3.0), retry_for=1.0)
+    bg = CoordinatorClient(client.addresses, client.token, timeout=min(client.timeout, 3.0), retry_for=1.0)
     return ResourceMonitor(bg, job, worker, period, batch, hang)

@@ -64,7 +64,7 @@ class ShardIterator:
         self.generation, self.worker = generation, worker
         self.auto_consume = auto_consume
         self._client = client
-        self._bg = CoordinatorClient(client.url, client.token, timeout=client.timeout,
+        self._bg = CoordinatorClient(client.addresses, client.token, timeout=client.timeout,
                                      retry_for=client.retry_for)
         if register:
             client.register_dataset(job, spec)

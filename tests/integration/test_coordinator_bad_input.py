@@ -193,10 +193,27 @@ def test_client_rides_out_a_coordinator_restart(coordinator, client, job):
 
 
 def test_second_coordinator_on_same_db_is_refused(coordinator, tmp_path):
+    """SQLite: a second coordinator on the same file refuses to start. PostgreSQL: it starts as a
+    standby that writes nothing and sends every client to the leader."""
+    import requests
+
     from elastictrain.coordinator.process import CoordinatorProcess
     from elastictrain.errors import CoordinatorUnavailableError
 
     other = CoordinatorProcess(coordinator.db, coordinator.token_file, log_file=str(tmp_path / "other.log"))
-    with pytest.raises(CoordinatorUnavailableError):
-        other.start(timeout=20)
-    assert "in use by another coordinator" in (tmp_path / "other.log").read_text()
+    if not coordinator.db.startswith("postgresql://"):
+        with pytest.raises(CoordinatorUnavailableError):
+            other.start(timeout=20)
+        assert "in use by another coordinator" in (tmp_path / "other.log").read_text()
+        return
+    other.start(timeout=20)
+    try:
+        r = requests.post(other.url + "/v1/jobs", json={"job": "x"}, timeout=5,
+                          headers={"Authorization": "Bearer " + coordinator.token})
+        assert r.status_code == 503 and r.json()["error"] == "not_leader"
+        assert r.headers["x-et-leader"] == coordinator.url
+        with CoordinatorClient(other.url + "," + coordinator.url, coordinator.token, retry_for=10.0) as c:
+            c.create_job("via-standby", 1, 1)  # the client goes to the leader it was named
+            assert c.url == coordinator.url and "x" not in [j.job for j in c.jobs()]
+    finally:
+        other.stop()

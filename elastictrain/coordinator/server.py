@@ -239,6 +239,9 @@ def _engine(cfg: ServerConfig, coordinator: Coordinator, url: str, token: str):
     e = cfg.engine
     if coordinator.cluster is None:
         raise ConfigError("--backend slurm carries out a scheduler's decisions: give --policy NAME too")
+    if e.state_dir is None and "://" in cfg.db and not cfg.db.startswith("sqlite:"):
+        raise ConfigError("--backend slurm with --db postgresql://...: give --slurm-state-dir DIR on a filesystem the "
+                          "nodes and every coordinator share (the batch scripts, outputs and the coordinator id)")
     state = os.path.abspath(e.state_dir or os.path.join(os.path.dirname(os.path.abspath(cfg.db)), "slurm-runs"))
     os.makedirs(state, exist_ok=True)
     token_file = cfg.token_file

@@ -106,7 +106,11 @@ class LocalCluster:
             return json.load(f)
 
     def __enter__(self) -> "LocalCluster":
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:  # a cluster that did not come up stops what it started
+            self.stop()
+            raise
 
     def __exit__(self, *exc) -> None:
         self.stop()

@@ -228,6 +228,7 @@ class PostgresStore:
         def configure(conn) -> None:
             conn.autocommit = True
             conn.execute(setup)
+            conn.execute("SET statement_timeout = 30000")  # every read and commit is bounded in time
 
         try:  # the writer (one commit in flight at a time) and the readers, from one pool
             self._pool = ConnectionPool(url, min_size=1, max_size=4, configure=configure, open=True,

@@ -12,6 +12,7 @@ pytest.importorskip("torch")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # make test-slow: the default run stays under 15 minutes
 def test_interleave_benchmark_prints_every_figure_of_a_mix():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "interleave.py"), "--quick",
                           "--mixes", "io_io", "--item-every", "1"], capture_output=True, text=True, timeout=300)

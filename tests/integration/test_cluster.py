@@ -151,6 +151,7 @@ def test_fifo_never_preempts(cluster_factory):
     assert [job for _, job in starts] == [ids[n] for n, *_ in ALL], "FIFO starts jobs in submission order"
 
 
+@pytest.mark.slow  # make test-slow: the default run stays under 15 minutes
 def test_coordinator_kill_9_loses_nothing(cluster_factory):
     c = cluster_factory("tiresias-l", "--thresholds", "20")
 

@@ -21,6 +21,7 @@ def test_demo_recovers_and_sees_every_sample_once_per_epoch(tmp_path):
     assert "every sample trained on exactly once per epoch: True" in r.stdout
 
 
+@pytest.mark.slow  # make test-slow: the default run stays under 15 minutes
 def test_cluster_demo_preempts_and_resumes_with_every_sample_once(tmp_path):
     """``make demo-cluster``: coordinator + two node daemons + three DDP jobs, one preempted."""
     r = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "cluster_demo.py"), str(tmp_path / "demo")],

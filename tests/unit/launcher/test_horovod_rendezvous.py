@@ -175,6 +175,7 @@ def test_the_store_caps_its_bytes_and_frees_them(rdzv, monkeypatch):
     assert _req(rdzv, "PUT", "/other/3", b"z" * 1024)[0] == 200  # freed by the delete
 
 
+@pytest.mark.slow  # make test-slow: the default run stays under 15 minutes
 def test_connections_are_bounded_and_idle_ones_cannot_starve_it(rdzv):
     import socket
 

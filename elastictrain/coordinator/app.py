@@ -18,7 +18,6 @@ calls. Cluster mode (``/v1/cluster/...``) exists when the coordinator runs a pol
 from __future__ import annotations
 
 import asyncio
-import hmac
 import inspect
 import logging
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ import msgspec
 from .. import __version__
 from ..clock import Clock, WallClock
 from ..errors import (
-    AuthError, BadRequestError, ConflictError, ElasticTrainError, ForbiddenError, NotFoundError, PayloadTooLargeError,
+    AuthError, BadRequestError, ConflictError, ElasticTrainError, NotFoundError, PayloadTooLargeError,
 )
 from ..model import DatasetSpec
 from ..wire import (
@@ -325,7 +324,6 @@ class CoordinatorApp:
             "poll": {"POST": R("POST", NodePoll, lambda n, b: sched().node_poll(n, b))},
             "leave": {"POST": R("POST", NodeLeave, lambda n, b: sched().node_leave(n, b))},
         })
-        creds = coordinator.creds
         self._admin_user = _routes("/v1/admin/users/{user}", {
             "": {"POST": R("POST", AccountCreate, self._add_user, who=True)},
             "revoke": {"POST": R("POST", None, lambda w, u: self._revoke(w, "user", u), who=True)},
@@ -334,7 +332,6 @@ class CoordinatorApp:
             "": {"POST": R("POST", None, self._add_node, who=True)},
             "revoke": {"POST": R("POST", None, lambda w, n: self._revoke(w, "node", n), who=True)},
         })
-        self.creds = creds
         # one decoder per body type of every route, found from the routes themselves, so that a
         # new route cannot miss its decoder
         bodies = {r.body for r in _all_routes(vars(self)) if r.body is not None}
@@ -345,10 +342,12 @@ class CoordinatorApp:
         out = self.c.scheduler().event_list(_int_arg(query, "after"), job)
         if who.role == "admin":
             return out
-        owner = self.c.owner
         return msgspec.structs.replace(out, events=[
-            e if not e.job or self.c.access.may_see(who, owner(e.job) or "", e.job)
-            else msgspec.structs.replace(e, detail={}) for e in out.events])
+            e if not e.job or self._sees(who, e.job) else msgspec.structs.replace(e, detail={}) for e in out.events])
+
+    def _sees(self, who: Identity, job: str) -> bool:
+        """Whether ``who`` sees ``job``'s command, working directory, details and logs."""
+        return self.c.access.may_see(who, self.c.owner(job) or "", job)
 
     def _users(self, query: dict):
         return self.c.scheduler().user_list(window_arg(query))
@@ -366,18 +365,16 @@ class CoordinatorApp:
         out = self.c.job_list()
         if who.role == "admin":
             return out
-        owner, access = self.c.owner, self.c.access
-        return JobList([j for j in out.jobs if access.may_see(who, owner(j.job) or "", j.job)])
+        return JobList([j for j in out.jobs if self._sees(who, j.job)])
 
     def _view(self, who: Identity, out):
         """``out`` (a job, a job list, the cluster's status) as ``who`` may see it: other users'
         commands, working directories and job details left out."""
         if who.role == "admin":
             return out
-        owner, access = self.c.owner, self.c.access
 
         def one(j: ClusterJobInfo) -> ClusterJobInfo:
-            if access.may_see(who, j.user, j.id):
+            if self._sees(who, j.id):
                 return j
             return msgspec.structs.replace(j, command=[], workdir="", info={})
 

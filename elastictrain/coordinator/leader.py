@@ -86,29 +86,19 @@ class Leadership:
         return self.term
 
     def renew(self) -> bool:
-        """Extend the lease; False when it is lost (expired, or taken by another)."""
-        try:
-            row = self._db().execute(
-                "UPDATE et_leader SET expires = now() + make_interval(secs => %s) "
-                "WHERE id = 1 AND term = %s AND holder = %s AND expires > now() RETURNING term",
-                (self.lease, self.term, self.holder)).fetchone()
-        except self._psycopg.Error as exc:
-            log.warning("lease renewal failed: %s", exc)
-            self._conn = None
-            return self._renew_again()
-        return row is not None
-
-    def _renew_again(self) -> bool:
-        """One more try on a fresh connection (a dropped connection is not a lost lease)."""
-        try:
-            row = self._db().execute(
-                "UPDATE et_leader SET expires = now() + make_interval(secs => %s) "
-                "WHERE id = 1 AND term = %s AND holder = %s AND expires > now() RETURNING term",
-                (self.lease, self.term, self.holder)).fetchone()
-            return row is not None
-        except self._psycopg.Error:
-            self._conn = None
-            return False
+        """Extend the lease; False when it is lost (expired, or taken by another). A failed
+        statement is tried once more on a fresh connection: a dropped connection is not a lost lease."""
+        for attempt in (1, 2):
+            try:
+                row = self._db().execute(
+                    "UPDATE et_leader SET expires = now() + make_interval(secs => %s) "
+                    "WHERE id = 1 AND term = %s AND holder = %s AND expires > now() RETURNING term",
+                    (self.lease, self.term, self.holder)).fetchone()
+                return row is not None
+            except self._psycopg.Error as exc:
+                log.warning("lease renewal failed (try %d of 2): %s", attempt, exc)
+                self._conn = None
+        return False
 
     def keep(self, on_lost: Callable[[str], None]) -> None:
         """Renew the lease in a thread until :meth:`close`; ``on_lost(why)`` once it is lost."""

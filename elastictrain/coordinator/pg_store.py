@@ -22,11 +22,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Optional
 
 from ..errors import ConfigError, CoordinatorUnavailableError
+from .store import _SCHEMA as _SQLITE_SCHEMA
 from .store import (
     CommitRow, DatasetRow, EventRow, JobRow, LiveRow, LoadedState, LogRow, PartRow, ProfileRow, _SCHEMA_VERSION,
 )
@@ -35,41 +37,16 @@ __all__ = ["PostgresStore", "FencedError"]
 
 log = logging.getLogger(__name__)
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS jobs (
-  job TEXT PRIMARY KEY, generation BIGINT NOT NULL, world_size BIGINT NOT NULL,
-  min_workers BIGINT NOT NULL, max_workers BIGINT NOT NULL, reason TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS datasets (
-  job TEXT NOT NULL, name TEXT NOT NULL, spec BYTEA NOT NULL, fresh BIGINT NOT NULL,
-  lease_seq BIGINT NOT NULL, base_checkpoint TEXT, restored_from TEXT,
-  restored_generation BIGINT NOT NULL, PRIMARY KEY (job, name));
-CREATE TABLE IF NOT EXISTS live (
-  job TEXT NOT NULL, ds TEXT NOT NULL, shard_id BIGINT NOT NULL, state TEXT NOT NULL,
-  "offset" BIGINT NOT NULL, lease_id BIGINT NOT NULL, worker BIGINT NOT NULL,
-  generation BIGINT NOT NULL, request_id TEXT NOT NULL, PRIMARY KEY (job, ds, shard_id));
-CREATE TABLE IF NOT EXISTS parts (
-  job TEXT NOT NULL, ds TEXT NOT NULL, checkpoint TEXT NOT NULL, worker BIGINT NOT NULL,
-  step BIGINT NOT NULL, generation BIGINT NOT NULL, world_size BIGINT NOT NULL,
-  updates BYTEA NOT NULL, PRIMARY KEY (job, ds, checkpoint, worker));
-CREATE TABLE IF NOT EXISTS commits (
-  job TEXT NOT NULL, ds TEXT NOT NULL, checkpoint TEXT NOT NULL, seq BIGINT NOT NULL,
-  step BIGINT NOT NULL, generation BIGINT NOT NULL, frontier BIGINT NOT NULL,
-  partial BYTEA NOT NULL, time DOUBLE PRECISION NOT NULL, PRIMARY KEY (job, ds, checkpoint));
-CREATE TABLE IF NOT EXISTS profiles (
-  job TEXT NOT NULL, worker BIGINT NOT NULL, report BYTEA NOT NULL, time DOUBLE PRECISION NOT NULL,
-  PRIMARY KEY (job, worker));
-CREATE TABLE IF NOT EXISTS cluster_jobs (
-  id TEXT PRIMARY KEY, seq BIGINT NOT NULL, status TEXT NOT NULL, record BYTEA NOT NULL);
-CREATE TABLE IF NOT EXISTS nodes (name TEXT PRIMARY KEY, idx BIGINT NOT NULL, record BYTEA NOT NULL);
-CREATE TABLE IF NOT EXISTS rdzv (job TEXT PRIMARY KEY, record BYTEA NOT NULL);
-CREATE TABLE IF NOT EXISTS events (
-  seq BIGINT PRIMARY KEY, time DOUBLE PRECISION NOT NULL, kind TEXT NOT NULL, job TEXT NOT NULL,
-  node TEXT NOT NULL, detail TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS events_job ON events (job, seq);
-CREATE TABLE IF NOT EXISTS logs (
-  job TEXT NOT NULL, seq BIGINT NOT NULL, node TEXT NOT NULL, run BIGINT NOT NULL, data BYTEA NOT NULL,
-  PRIMARY KEY (job, seq));
+def _postgres_schema(sqlite_schema: str) -> str:
+    """SQLite's tables (store.py, the one definition) in PostgreSQL's types."""
+    out = re.sub(r"\bINTEGER\b", "BIGINT", sqlite_schema)
+    out = re.sub(r"\bREAL\b", "DOUBLE PRECISION", out)
+    out = re.sub(r"\bBLOB\b", "BYTEA", out)
+    return re.sub(r"(?<=[ (,])offset(?= )", '"offset"', out)  # a reserved word in PostgreSQL
+
+
+# the tables, then what only PostgreSQL has: the leader's lease row and the fence every commit calls
+_SCHEMA = _postgres_schema(_SQLITE_SCHEMA) + """
 CREATE TABLE IF NOT EXISTS et_leader (
   id INTEGER PRIMARY KEY CHECK (id = 1), term BIGINT NOT NULL, holder TEXT NOT NULL, url TEXT NOT NULL,
   expires TIMESTAMPTZ NOT NULL);
@@ -231,7 +208,9 @@ class PostgresStore:
             conn.execute("SET statement_timeout = 30000")  # every read and commit is bounded in time
 
         try:  # the writer (one commit in flight at a time) and the readers, from one pool
+            # check: a standby's connections may sit idle for days before it leads
             self._pool = ConnectionPool(url, min_size=1, max_size=4, configure=configure, open=True,
+                                        check=ConnectionPool.check_connection,
                                         timeout=connect_timeout, kwargs={"connect_timeout": int(connect_timeout)})
             self._pool.wait(timeout=connect_timeout)
         except Exception as exc:  # psycopg_pool.PoolTimeout, psycopg.OperationalError

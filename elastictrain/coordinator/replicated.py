@@ -48,9 +48,8 @@ def _die(why: str) -> None:
 class _Switch:
     """The ASGI app: a standby's answers until this coordinator leads, then the coordinator's."""
 
-    def __init__(self, leadership: Leadership) -> None:
+    def __init__(self) -> None:
         self.inner: Optional[CoordinatorApp] = None
-        self.leadership = leadership
         self.leader_url = ""
         self.leader_term = 0
         self.on_startup = None
@@ -96,21 +95,20 @@ class _Switch:
 def serve_replicated(cfg, token: str, watch) -> None:
     """Serve as one of the coordinators on ``cfg.db`` (PostgreSQL) until SIGTERM or SIGINT."""
     from .pg_store import PostgresStore
-    from .server import _bind, _engine, _raise_fd_limit, _url_of, _uvicorn, event_loop_runner, write_ready
-    from .protocol import quiet_accept_errors
+    from .server import _bind, _engine, _url_of, _uvicorn, run_server
 
-    PostgresStore(cfg.db, sync=cfg.sync).close()  # the schema exists, and the database answers (or a clear error)
+    # opened now: a database that does not answer is a clear error at start, not a standby that waits
+    store = PostgresStore(cfg.db, sync=cfg.sync, on_fatal=lambda exc: _die(f"a commit failed: {exc}"))
     sock = _bind(cfg.host, cfg.port)
     url = cfg.advertise_url or _url_of(sock)
     leadership = Leadership(cfg.db, url, lease=cfg.lease)
-    switch = _Switch(leadership)
+    switch = _Switch()
     server = _uvicorn(cfg, switch)
     state: dict = {}
 
     async def lead(loop) -> None:
         t0 = time.monotonic()
-        store = PostgresStore(cfg.db, sync=cfg.sync, on_fatal=lambda exc: _die(f"a commit failed: {exc}"))
-        store.term = leadership.term
+        store.term = leadership.term  # every commit from now on is fenced by it
         coordinator = Coordinator(store, cluster=cfg.cluster, stragglers=watch)
         app = CoordinatorApp(coordinator, token, max_body=cfg.max_body, public_read=cfg.public_read)
         if cfg.engine is not None:
@@ -152,23 +150,13 @@ def serve_replicated(cfg, token: str, watch) -> None:
 
     switch.on_startup, switch.on_shutdown = startup, shutdown
 
-    async def main() -> None:
-        quiet_accept_errors(asyncio.get_running_loop())
-        task = asyncio.ensure_future(server.serve(sockets=[sock]))
-        while not server.started and not task.done():
-            await asyncio.sleep(0.005)
-        if server.started:
-            log.info("coordinator listening on %s (db %s, standby until it leads)", url, cfg.db)
-            write_ready(cfg.ready_file, url)
-        await task
-
-    _raise_fd_limit()
     try:
-        with event_loop_runner() as runner:
-            runner.run(main())
+        run_server(server, sock, url, cfg, f"db {cfg.db}, standby until it leads")
     finally:
         coordinator = state.get("coordinator")
         if coordinator is not None:
-            coordinator.close()
+            coordinator.close()  # (closes the store)
             leadership.resign()  # a clean stop: a standby takes over at once
+        else:
+            store.close()
         leadership.close()

@@ -25,6 +25,7 @@ from .stragglers import StragglerWatch
 from .app import MAX_BODY, Coordinator, CoordinatorApp
 from .protocol import Limits, guarded_protocol, quiet_accept_errors
 from .store import open_store
+from ..runtime.client import write_token_file
 
 __all__ = ["ServerConfig", "SlurmEngineConfig", "serve", "build_server", "load_or_create_token", "write_token_file"]
 
@@ -66,15 +67,6 @@ class SlurmEngineConfig:
     reservation: Optional[str] = None
     coordinator_url: Optional[str] = None  # the URL the compute nodes reach us at (default: the bound one)
     poll_interval: float = 1.0
-
-
-def write_token_file(path: str, token: str) -> None:
-    """Write ``token`` to ``path`` with mode 0600 (replacing what is there)."""
-    tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    os.replace(tmp, path)
 
 
 def load_or_create_token(token_file: Optional[str], use_env: bool = True, allow_insecure: bool = False) -> str:
@@ -202,29 +194,31 @@ def serve(cfg: ServerConfig) -> None:
         if cfg.engine is not None:
             coordinator.engine = _engine(cfg, coordinator, url, token)
 
-        async def main() -> None:
-            quiet_accept_errors(asyncio.get_running_loop())
-            task = asyncio.ensure_future(server.serve(sockets=[sock]))
-            while not server.started and not task.done():
-                await asyncio.sleep(0.005)
-            if server.started:
-                log.info("coordinator listening on %s (db %s%s)", url, cfg.db,
-                         f", policy {coordinator.cluster.cfg.policy}" if coordinator.cluster else "")
-                write_ready(cfg.ready_file, url)
-            await task
-
-        _raise_fd_limit()
-        with event_loop_runner() as runner:
-            runner.run(main())
+        policy = f", policy {coordinator.cluster.cfg.policy}" if coordinator.cluster else ""
+        run_server(server, sock, url, cfg, f"db {cfg.db}{policy}")
     finally:
         coordinator.close()
 
 
-def write_ready(path: Optional[str], url: str) -> None:
-    if path:
-        with open(path + ".tmp", "w") as f:
-            json.dump({"url": url, "pid": os.getpid()}, f)
-        os.replace(path + ".tmp", path)
+def run_server(server: uvicorn.Server, sock: socket.socket, url: str, cfg: ServerConfig, what: str) -> None:
+    """Serve on ``sock`` until SIGTERM or SIGINT; once listening, log it (``what``) and write
+    ``{"url", "pid"}`` to ``cfg.ready_file``."""
+    async def main() -> None:
+        quiet_accept_errors(asyncio.get_running_loop())
+        task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.005)
+        if server.started:
+            log.info("coordinator listening on %s (%s)", url, what)
+            if cfg.ready_file:
+                with open(cfg.ready_file + ".tmp", "w") as f:
+                    json.dump({"url": url, "pid": os.getpid()}, f)
+                os.replace(cfg.ready_file + ".tmp", cfg.ready_file)
+        await task
+
+    _raise_fd_limit()
+    with event_loop_runner() as runner:
+        runner.run(main())
 
 
 def _engine(cfg: ServerConfig, coordinator: Coordinator, url: str, token: str):

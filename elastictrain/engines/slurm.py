@@ -32,6 +32,8 @@ import sys
 from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError
+from ..launcher.run_as import RunAsError, chown_for, resolve
+from ..runtime.client import write_token_file
 from ..launcher.task_command import etrun_command, task_env
 from .api import ACTIVE, ENDED, REQUEUED, EngineNode, RunLaunch, RunState
 
@@ -72,25 +74,6 @@ def parse_gres_gpus(gres: str) -> int:
         if fields and fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
             total += int(fields[-1])
     return total
-
-
-def _refusal(t) -> Optional[str]:
-    """Why a run may not start as its account (the node daemons' rules), or None."""
-    import pwd
-
-    if not t.run_as:
-        if os.geteuid() == 0 and not t.allow_root:
-            return "the job would run as root; only an admin may allow that"
-        return None
-    try:
-        pw = pwd.getpwnam(t.run_as)
-    except KeyError:
-        return f"no UNIX account {t.run_as!r} on the coordinator's host (Slurm needs the same accounts everywhere)"
-    if pw.pw_uid == 0 and not t.allow_root:
-        return "the job would run as root; only an admin may allow that (users add NAME --allow-root)"
-    if os.geteuid() != 0 and pw.pw_uid != os.geteuid():
-        return f"the coordinator is not root, so Slurm cannot run the job as {t.run_as} (sbatch --uid needs root)"
-    return None
 
 
 class SlurmAdapter:
@@ -212,23 +195,21 @@ class SlurmAdapter:
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, "job.sh")
         t = run.tasks[0]
-        refused = _refusal(t)
+        try:  # the node daemons' rules, checked here (Slurm needs the same accounts on every host)
+            acct, refused = resolve(t.run_as, t.allow_root, "the coordinator's host"), None
+        except RunAsError as exc:
+            acct, refused = None, str(exc)
         with open(path, "w") as f:
             f.write(self.script(run) if refused is None else
                     f"#!/bin/bash\n#SBATCH --partition={self.partition}\n#SBATCH --output={d}/slurm-%j.out\n"
                     f"#SBATCH --comment={self.comment}\n#SBATCH --job-name={job_name(run.job, run.run)}\n"
                     f"echo {shlex.quote('refused: ' + refused)}\nexit 126\n")
         if t.token:
-            fd = os.open(os.path.join(d, "token"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(t.token + "\n")
-        if t.run_as and refused is None and os.geteuid() == 0:  # the run's account writes its output here
-            import pwd
-
-            pw = pwd.getpwnam(t.run_as)
+            write_token_file(os.path.join(d, "token"), t.token)
+        if acct is not None:  # the run's account writes its output here and reads its credential
             for p in (d, os.path.join(d, "token")):
                 if os.path.exists(p):
-                    os.chown(p, pw.pw_uid, pw.pw_gid)
+                    chown_for(p, acct)
         out = await self._cmd("sbatch", "--parsable", path)
         handle = out.strip().split(";")[0]
         if not handle.isdigit():

@@ -36,6 +36,7 @@ from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError, InterruptedCallError
 from ..wire import LogChunk, NodeLeave, NodePoll, NodeRegister, Task, TaskState
+from ..runtime.client import write_token_file
 from .run_as import RunAsError, chown_for, resolve, task_base_env
 from .task_command import etrun_command, task_env
 
@@ -291,9 +292,7 @@ class NodeDaemon:
         token_file = None
         if spec.token:  # the run's own credential, readable by its account alone
             token_file = os.path.join(run_dir, "token")
-            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(spec.token + "\n")
+            write_token_file(token_file, spec.token)
         # the daemon's own file, opened before the directory is the task account's
         logfile = os.fdopen(os.open(os.path.join(run_dir, "etrun.log"),
                                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, 0o644), "ab")

@@ -32,7 +32,7 @@ from ..wire import (
     AccountCreate, AccountList, Credential, WhoAmI,
 )
 
-__all__ = ["CoordinatorClient", "read_token", "token_from_file"]
+__all__ = ["CoordinatorClient", "read_token", "token_from_file", "write_token_file"]
 
 T = TypeVar("T")
 _ENC = msgspec.msgpack.Encoder()
@@ -55,6 +55,15 @@ def token_from_file(path: str, what: str = "the token file") -> str:
             return f.read().strip()
     except OSError as exc:
         raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from exc
+
+
+def write_token_file(path: str, token: str) -> None:
+    """Write ``token`` to ``path`` with mode 0600 (replacing what is there, atomically)."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    os.replace(tmp, path)
 
 
 def read_token() -> Optional[str]:

@@ -6,7 +6,7 @@ SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 CORE := $(VENV)/.core-$(SUM)
 FULL := $(VENV)/.full-$(SUM)
 
-.PHONY: demo demo-cluster test test-slow test-horovod horovod bench install clean chromium slurm postgres
+.PHONY: demo demo-cluster test test-slow test-horovod test-ray horovod bench install clean chromium slurm postgres
 
 # torch (CPU) + elastictrain: what the demo needs
 $(CORE): pyproject.toml
@@ -107,6 +107,16 @@ horovod: $(HVD)
 # The Horovod tests (they skip in `make test` when Horovod is not built).
 test-horovod: $(FULL) $(HVD)
 	$(PY) -m pytest -q -p no:cacheprovider -m horovod
+
+# Ray (optional): the Ray engine's tests on a real local Ray cluster (they skip in `make test`
+# when Ray is not installed; here a Ray that cannot start fails them).
+RAY := $(VENV)/.ray-$(SUM)
+$(RAY): $(FULL)
+	$(PY) -m pip install -q -e '.[dev,tf,ray]'
+	rm -f $(VENV)/.ray-* && touch $(RAY)
+
+test-ray: $(RAY)
+	ET_REQUIRE_RAY=1 $(PY) -m pytest -q -p no:cacheprovider -m ray
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

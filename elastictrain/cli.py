@@ -68,9 +68,10 @@ def get_parser() -> argparse.ArgumentParser:
                    help="run the live scheduler with this policy (e.g. tiresias-l, fifo, srtf, muri-s, gandiva-fair); "
                    "without it the coordinator only serves etrun jobs [ET_POLICY]")
     c.add_argument("--interval", type=float, default=5.0, help="with --policy: also decide every N seconds")
-    c.add_argument("--backend", choices=["nodes", "slurm"], default=_env("ET_BACKEND", "nodes"),
-                   help="with --policy: who runs the jobs: our node daemons (`elastictrain node`), or Slurm "
-                   "(a run is one Slurm job on the decided nodes; docs/slurm.md) [ET_BACKEND]")
+    c.add_argument("--backend", choices=["nodes", "slurm", "ray", "kubernetes"], default=_env("ET_BACKEND", "nodes"),
+                   help="with --policy: who runs the jobs: our node daemons (`elastictrain node`), Slurm (a run is "
+                   "one Slurm job on the decided nodes; docs/slurm.md), Ray (a placement group with one actor per "
+                   "node; docs/ray.md) or Kubernetes (one pod per node; docs/kubernetes.md) [ET_BACKEND]")
     c.add_argument("--slurm-partition", default=_env("ET_SLURM_PARTITION", None),
                    help="--backend slurm: the partition whose nodes are the cluster [ET_SLURM_PARTITION]")
     c.add_argument("--slurm-reservation", default=None, help="--backend slurm: also run inside this reservation")
@@ -82,6 +83,28 @@ def get_parser() -> argparse.ArgumentParser:
     c.add_argument("--slurm-coordinator-url", default=None,
                    help="--backend slurm: the URL the compute nodes reach this coordinator at (default: the "
                    "address it listens on; with --host 0.0.0.0, this host's name)")
+    c.add_argument("--ray-address", default=_env("ET_RAY_ADDRESS", None),
+                   help="--backend ray: the Ray cluster's HOST:PORT, as `ray start --head` printed [ET_RAY_ADDRESS]")
+    c.add_argument("--k8s-namespace", default=_env("ET_K8S_NAMESPACE", None),
+                   help="--backend kubernetes: the namespace the runs' pods go to (default: the coordinator's own "
+                   "pod's, else 'default') [ET_K8S_NAMESPACE]")
+    c.add_argument("--k8s-image", default=_env("ET_K8S_IMAGE", None),
+                   help="--backend kubernetes: the container image the runs' pods run (with elastictrain and the "
+                   "job's code installed) [ET_K8S_IMAGE]")
+    c.add_argument("--k8s-python", default=None, help="--backend kubernetes: the image's Python (default python3)")
+    c.add_argument("--k8s-service-account", default=None,
+                   help="--backend kubernetes: the service account the runs' pods run as (default: the namespace's)")
+    c.add_argument("--k8s-kueue-queue", default=None, metavar="LOCALQUEUE",
+                   help="--backend kubernetes: admit each run's pods through this Kueue LocalQueue as one pod group "
+                   "(all or none; docs/kubernetes.md)")
+    c.add_argument("--k8s-scheduler-name", default=None,
+                   help="--backend kubernetes: the pods' scheduler (default: the cluster's)")
+    c.add_argument("--engine-state-dir", default=None,
+                   help="--backend slurm|ray|kubernetes: where the runs' scripts and outputs and the coordinator id "
+                   "are kept (default: <kind>-runs beside --db; for Slurm on a filesystem the nodes share)")
+    c.add_argument("--engine-coordinator-url", default=None,
+                   help="--backend slurm|ray|kubernetes: the URL the engine's nodes reach this coordinator at "
+                   "(default: the address it listens on; with --host 0.0.0.0, this host's name)")
     c.add_argument("--node-timeout", type=float, default=15.0,
                    help="with --policy: seconds without a poll before a node counts as lost")
     c.add_argument("--job-env-allow", action="append", default=[], metavar="PATTERN",
@@ -205,21 +228,35 @@ def _engine_config(args):
     """``--backend``: None for the node daemons, else the engine's settings.
 
     Raises:
-        ConfigError: ``--backend slurm`` without ``--policy`` or ``--slurm-partition``.
+        ConfigError: an engine without ``--policy``, or without what it needs to find its cluster.
     """
     from .errors import ConfigError
 
     if args.backend == "nodes":
         return None
-    from .coordinator.server import SlurmEngineConfig
+    from .coordinator.server import KubernetesEngineConfig, RayEngineConfig, SlurmEngineConfig
 
     if not args.policy:
-        raise ConfigError("--backend slurm carries out a scheduler's decisions: give --policy NAME too "
+        raise ConfigError(f"--backend {args.backend} carries out a scheduler's decisions: give --policy NAME too "
                           "(e.g. --policy tiresias-l)")
+    url = args.engine_coordinator_url
+    if args.backend == "ray":
+        if not args.ray_address:
+            raise ConfigError("--backend ray needs --ray-address HOST:PORT (the address `ray start --head` printed)")
+        return RayEngineConfig(args.ray_address, args.engine_state_dir, url)
+    if args.backend == "kubernetes":
+        if not args.k8s_image:
+            raise ConfigError("--backend kubernetes needs --k8s-image IMAGE: an image with elastictrain and the jobs' "
+                              "code (docs/kubernetes.md)")
+        from .engines.k8s_manifests import default_namespace
+
+        return KubernetesEngineConfig(args.k8s_namespace or default_namespace(), args.k8s_image, args.k8s_python,
+                                      args.k8s_service_account, args.k8s_kueue_queue, args.k8s_scheduler_name,
+                                      args.engine_state_dir, url)
     if not args.slurm_partition:
         raise ConfigError("--backend slurm needs --slurm-partition NAME (`sinfo -s` lists the partitions)")
-    return SlurmEngineConfig(args.slurm_partition, args.slurm_state_dir, args.slurm_python, args.slurm_reservation,
-                             args.slurm_coordinator_url)
+    return SlurmEngineConfig(args.slurm_partition, args.slurm_state_dir or args.engine_state_dir, args.slurm_python,
+                             args.slurm_reservation, args.slurm_coordinator_url or url)
 
 
 def _limits(args):

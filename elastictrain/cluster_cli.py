@@ -75,9 +75,15 @@ def add_commands(sub) -> None:
     s.add_argument("--dry-run", action="store_true",
                    help="submit nothing: print what a run of the job would be (with --backend slurm: its batch "
                    "script, as TorchX's dryrun does)")
-    s.add_argument("--backend", choices=["slurm"], default="slurm", help="--dry-run: the engine (slurm)")
+    s.add_argument("--backend", choices=["slurm", "kubernetes"], default="slurm",
+                   help="--dry-run: the engine whose objects to print: slurm (the batch script) or kubernetes (the "
+                   "pods and the credential's Secret, as YAML for kubectl)")
     s.add_argument("--slurm-partition", default=os.environ.get("ET_SLURM_PARTITION", "PARTITION"),
                    help="--dry-run: the partition [ET_SLURM_PARTITION]")
+    s.add_argument("--k8s-image", default=os.environ.get("ET_K8S_IMAGE", "IMAGE"),
+                   help="--dry-run --backend kubernetes: the image [ET_K8S_IMAGE]")
+    s.add_argument("--k8s-namespace", default=os.environ.get("ET_K8S_NAMESPACE", "default"),
+                   help="--dry-run --backend kubernetes: the namespace [ET_K8S_NAMESPACE]")
     s.add_argument("--nodes", default=None, metavar="N1:G1,N2:G2",
                    help="--dry-run: the placement to show (default: one node, n1, with all the job's GPUs)")
     s.add_argument("cmd", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
@@ -215,7 +221,8 @@ def _submit(args) -> int:
 
 
 def _dry_run_script(args, req) -> str:
-    """The batch script the Slurm engine would write for the first run of ``req``."""
+    """What the engine would make of the first run of ``req``: Slurm's batch script, or the
+    Kubernetes objects (the run's credential is minted at launch: a placeholder stands for it)."""
     from .engines.api import RunLaunch
     from .engines.slurm import SlurmAdapter
     from .wire import Task
@@ -229,9 +236,18 @@ def _dry_run_script(args, req) -> str:
     job = req.name or "JOB"
     tasks = tuple(Task(job, 1, g, [], len(placement), list(req.command), req.workdir, dict(req.env), req.max_restarts,
                        req.grace, req.module) for _, g in placement)
+    nodes = tuple(n for n, _ in placement)
+    if args.backend == "kubernetes":
+        from .engines.k8s_manifests import manifests_yaml, run_objects
+
+        tasks = tuple(Task(**{**msgspec.structs.asdict(t), "token": "WORKER-CREDENTIAL-MINTED-AT-LAUNCH"})
+                      for t in tasks)
+        secret, pods = run_objects(RunLaunch(job, 1, nodes, tasks), image=args.k8s_image,
+                                   coordinator=args.coordinator, namespace=args.k8s_namespace)
+        return manifests_yaml([secret, *pods])
     adapter = SlurmAdapter(args.slurm_partition, args.coordinator, "STATE_DIR",
                            token_file=args.token_file or "TOKEN_FILE")
-    return adapter.script(RunLaunch(job, 1, tuple(n for n, _ in placement), tasks))
+    return adapter.script(RunLaunch(job, 1, nodes, tasks))
 
 
 def _worker_range(args) -> tuple[int, int]:

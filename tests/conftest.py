@@ -107,6 +107,31 @@ def slurm():
 
 
 
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real Ray cluster (a head and one more node, 2 fake GPUs each) for this test session; the
+    tests that use it skip, saying why, where Ray is not installed or cannot start (`make
+    test-ray` installs it and sets ET_REQUIRE_RAY=1: there, a Ray that cannot run fails)."""
+    from tests.integration.ray_kit import RayKit, missing
+
+    def skip(why):
+        if os.environ.get("ET_REQUIRE_RAY") == "1":
+            pytest.fail(why)
+        pytest.skip(why)
+
+    why = missing()
+    if why:
+        skip(why)
+    kit = RayKit()
+    try:
+        kit.start()
+    except Exception as exc:  # noqa: BLE001 - reported as the reason to skip, with the log's tail
+        kit.stop()
+        skip(f"Ray did not start here: {exc}")
+    yield kit
+    kit.stop()
+
+
 # The heaviest coordinator tests run on PostgreSQL in `make test-slow` (their SQLite runs stay in
 # the default run, and every other coordinator test runs on both there): the default run stays
 # near 15 minutes.

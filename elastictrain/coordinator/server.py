@@ -27,7 +27,8 @@ from .protocol import Limits, guarded_protocol, quiet_accept_errors
 from .store import open_store
 from ..runtime.client import write_token_file
 
-__all__ = ["ServerConfig", "SlurmEngineConfig", "serve", "build_server", "load_or_create_token", "write_token_file"]
+__all__ = ["ServerConfig", "SlurmEngineConfig", "RayEngineConfig", "KubernetesEngineConfig", "serve", "build_server",
+           "load_or_create_token", "write_token_file"]
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,34 @@ class SlurmEngineConfig:
     reservation: Optional[str] = None
     coordinator_url: Optional[str] = None  # the URL the compute nodes reach us at (default: the bound one)
     poll_interval: float = 1.0
+    kind = "slurm"
+
+
+@dataclass(frozen=True)
+class RayEngineConfig:
+    """``--backend ray``: the Ray cluster whose nodes are the cluster (engines/ray_engine.py)."""
+
+    address: str
+    state_dir: Optional[str] = None  # default: <the database's directory>/ray-runs (the runs' output)
+    coordinator_url: Optional[str] = None
+    poll_interval: float = 1.0
+    kind = "ray"
+
+
+@dataclass(frozen=True)
+class KubernetesEngineConfig:
+    """``--backend kubernetes``: the namespace the runs' pods go to and the image they run."""
+
+    namespace: str
+    image: str
+    python: Optional[str] = None  # the interpreter in the image (default: python3)
+    service_account: Optional[str] = None  # the pods' own service account (default: the namespace's default)
+    kueue_queue: Optional[str] = None  # admit each run's pods through this Kueue LocalQueue, as one group
+    scheduler_name: Optional[str] = None  # the pods' scheduler (default: the cluster's)
+    state_dir: Optional[str] = None
+    coordinator_url: Optional[str] = None
+    poll_interval: float = 1.0
+    kind = "kubernetes"
 
 
 def load_or_create_token(token_file: Optional[str], use_env: bool = True, allow_insecure: bool = False) -> str:
@@ -222,31 +251,50 @@ def run_server(server: uvicorn.Server, sock: socket.socket, url: str, cfg: Serve
 
 
 def _engine(cfg: ServerConfig, coordinator: Coordinator, url: str, token: str):
-    """The engine bridge for ``cfg.engine`` (Slurm), connected to the live scheduler.
+    """The engine bridge for ``cfg.engine`` (Slurm, Ray or Kubernetes), connected to the live scheduler.
 
     Raises:
-        ConfigError: no policy (an engine carries out a scheduler's decisions).
+        ConfigError: no policy (an engine carries out a scheduler's decisions), or no state
+        directory where the default one would not be shared.
     """
     from ..engines.bridge import EngineBridge
-    from ..engines.slurm import SlurmAdapter
 
     e = cfg.engine
+    kind = e.kind
     if coordinator.cluster is None:
-        raise ConfigError("--backend slurm carries out a scheduler's decisions: give --policy NAME too")
+        raise ConfigError(f"--backend {kind} carries out a scheduler's decisions: give --policy NAME too")
     if e.state_dir is None and "://" in cfg.db and not cfg.db.startswith("sqlite:"):
-        raise ConfigError("--backend slurm with --db postgresql://...: give --slurm-state-dir DIR on a filesystem the "
-                          "nodes and every coordinator share (the batch scripts, outputs and the coordinator id)")
-    state = os.path.abspath(e.state_dir or os.path.join(os.path.dirname(os.path.abspath(cfg.db)), "slurm-runs"))
+        raise ConfigError(f"--backend {kind} with --db postgresql://...: give --{kind}-state-dir DIR on a filesystem "
+                          "every coordinator shares (the runs' scripts and outputs and the coordinator id)")
+    state = os.path.abspath(e.state_dir or os.path.join(os.path.dirname(os.path.abspath(cfg.db)), f"{kind}-runs"))
     os.makedirs(state, exist_ok=True)
-    token_file = cfg.token_file
-    if token_file is None or os.environ.get("ET_TOKEN"):  # the runs read the token from a file
-        token_file = os.path.join(state, "token")
-        write_token_file(token_file, token)
     port = url.rpartition(":")[2]
     target = e.coordinator_url or (f"http://{socket.getfqdn()}:{port}" if cfg.host in ("0.0.0.0", "::") else url)
-    adapter = SlurmAdapter(e.partition, target, state, token_file=token_file, python=e.python or sys.executable,
-                           reservation=e.reservation, tag=_coordinator_id(state))
-    log.info("Slurm engine: partition %s, runs reach the coordinator at %s, scripts in %s", e.partition, target, state)
+    tag = _coordinator_id(state)
+    if kind == "ray":
+        from ..engines.ray_engine import RayAdapter
+
+        adapter = RayAdapter(e.address, target, state, tag=tag)
+        log.info("Ray engine: cluster %s, runs reach the coordinator at %s", e.address, target)
+    elif kind == "kubernetes":
+        from ..engines.kubernetes_engine import KubernetesAdapter
+
+        adapter = KubernetesAdapter(e.namespace, e.image, target, tag=tag, python=e.python or "python3",
+                                    service_account=e.service_account, kueue_queue=e.kueue_queue,
+                                    scheduler_name=e.scheduler_name)
+        log.info("Kubernetes engine: namespace %s, image %s, runs reach the coordinator at %s", e.namespace, e.image,
+                 target)
+    else:
+        from ..engines.slurm import SlurmAdapter
+
+        token_file = cfg.token_file
+        if token_file is None or os.environ.get("ET_TOKEN"):  # the runs read the token from a file
+            token_file = os.path.join(state, "token")
+            write_token_file(token_file, token)
+        adapter = SlurmAdapter(e.partition, target, state, token_file=token_file, python=e.python or sys.executable,
+                               reservation=e.reservation, tag=tag)
+        log.info("Slurm engine: partition %s, runs reach the coordinator at %s, scripts in %s", e.partition, target,
+                 state)
     return EngineBridge(adapter, coordinator.cluster, poll_interval=e.poll_interval)
 
 

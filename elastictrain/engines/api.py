@@ -11,14 +11,42 @@ checkpoint, anything else a failure with restarts) stays in one place above the 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 from ..wire import Task
 
-__all__ = ["EngineNode", "RunLaunch", "RunState", "EngineAdapter", "ACTIVE", "ENDED", "REQUEUED"]
+__all__ = ["EngineNode", "RunLaunch", "RunState", "EngineAdapter", "ACTIVE", "ENDED", "REQUEUED", "run_name",
+           "parse_run_name", "PREEMPTED", "combine_codes"]
 
 ACTIVE, ENDED, REQUEUED = "active", "ended", "requeued"
+PREEMPTED = 75  # etrun's exit code when its workers checkpointed and stopped on request
+
+_NAME = re.compile(r"^et\.(?P<job>[A-Za-z0-9][A-Za-z0-9._-]{0,127})\.r(?P<run>[0-9]{1,10})$")
+
+
+def run_name(job: str, run: int) -> str:
+    """The engine-side name of one run of a job (a Slurm job's name, a Ray placement group's, a
+    Kubernetes pod's prefix): ``et.<job>.r<run>``. A restarted coordinator finds its runs by it."""
+    return f"et.{job}.r{run}"
+
+
+def parse_run_name(name: str) -> Optional[tuple[str, int]]:
+    m = _NAME.match(name or "")
+    return (m.group("job"), int(m.group("run"))) if m else None
+
+
+def combine_codes(codes: list[Optional[int]]) -> Optional[int]:
+    """One exit status for a run from its nodes' (one ``etrun`` per node): a failure if any node
+    failed (the first such), else preempted if any was, else 0; None if none is known."""
+    known = [c for c in codes if c is not None]
+    if not known:
+        return None
+    failed = [c for c in known if c not in (0, PREEMPTED)]
+    if failed:
+        return failed[0]
+    return PREEMPTED if PREEMPTED in known else 0
 
 
 @dataclass(frozen=True)

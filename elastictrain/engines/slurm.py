@@ -36,13 +36,13 @@ from ..launcher.run_as import RunAsError, chown_for, resolve
 from ..runtime.client import write_token_file
 from ..launcher.task_command import etrun_command, task_env
 from .api import ACTIVE, ENDED, REQUEUED, EngineNode, RunLaunch, RunState
+from .api import parse_run_name as parse_job_name
+from .api import run_name as job_name
 
 __all__ = ["SlurmAdapter", "SlurmError", "parse_gres_gpus", "job_name", "parse_job_name"]
 
 log = logging.getLogger(__name__)
 
-PREFIX = "et."
-_NAME = re.compile(r"^et\.(?P<job>[A-Za-z0-9][A-Za-z0-9._-]{0,127})\.r(?P<run>[0-9]{1,10})$")
 _UP = {"idle", "mixed", "allocated", "completing", "planned"}
 _ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD",
            "REQUEUE_FED", "REQUEUED", "SIGNALING", "STAGE_OUT", "STOPPED"}
@@ -55,15 +55,6 @@ class SlurmError(ElasticTrainError):
 
     http_status = 502
     code = "slurm"
-
-
-def job_name(job: str, run: int) -> str:
-    return f"{PREFIX}{job}.r{run}"
-
-
-def parse_job_name(name: str) -> Optional[tuple[str, int]]:
-    m = _NAME.match(name or "")
-    return (m.group("job"), int(m.group("run"))) if m else None
 
 
 def parse_gres_gpus(gres: str) -> int:

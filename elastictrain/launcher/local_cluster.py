@@ -31,16 +31,20 @@ class LocalCluster:
     their state and logs in ``tmp``. Every process is stopped by :meth:`stop`.
 
     ``slurm_conf``: run the jobs through that Slurm instead (``--backend slurm``, partition
-    ``partition``); its nodes are the cluster's, and no node daemon is started.
+    ``partition``); its nodes are the cluster's, and no node daemon is started. ``ray_address``:
+    through that Ray cluster (``--backend ray``; ``nodes`` is then how many Ray nodes it has).
     ``node_credentials``: each daemon gets a node credential of its own (``nodes add``), not the
     admin token. ``python``: the interpreter the daemons (and so the jobs) run."""
 
     def __init__(self, tmp, policy: str, *policy_args: str, nodes: int = 2, slots: int = 2,
                  node_timeout: float = 6.0, slurm_conf: Optional[str] = None, partition: str = "low",
-                 node_credentials: bool = False, python: str = sys.executable) -> None:
+                 node_credentials: bool = False, python: str = sys.executable,
+                 ray_address: Optional[str] = None) -> None:
         self.tmp = str(tmp)
-        self.engine = "slurm" if slurm_conf else "nodes"
-        engine = ("--backend", "slurm", "--slurm-partition", partition) if slurm_conf else ()
+        self.engine = "slurm" if slurm_conf else "ray" if ray_address else "nodes"
+        self.ray_address = ray_address
+        engine = ("--backend", "slurm", "--slurm-partition", partition) if slurm_conf else \
+            ("--backend", "ray", "--ray-address", ray_address) if ray_address else ()
         self.coordinator = CoordinatorProcess(os.path.join(self.tmp, "coord.db"), os.path.join(self.tmp, "token"),
                                               log_file=os.path.join(self.tmp, "coordinator.log"),
                                               extra_args=("--policy", policy, "--interval", "1",
@@ -170,6 +174,14 @@ class LocalCluster:
         self.coordinator.stop()
         if self.engine == "slurm":  # the runs still in Slurm are ours to stop too
             self.cancel_slurm_jobs()
+        if self.engine == "ray":  # and those still on Ray (detached: they outlive the coordinator)
+            self.release_ray_runs()
+
+    def release_ray_runs(self) -> None:
+        state = os.path.join(self.tmp, "ray-runs")
+        if os.path.exists(os.path.join(state, "coordinator-id")):
+            subprocess.run([sys.executable, "-m", "elastictrain.engines.ray_engine", self.ray_address, state],
+                           capture_output=True, timeout=60, env=dict(os.environ, RAY_USAGE_STATS_ENABLED="0"))
 
     def cancel_slurm_jobs(self) -> None:
         try:

@@ -87,12 +87,15 @@ def cluster_factory(tmp_path):
         c.stop()
 
 
-@pytest.fixture(params=["nodes", "slurm"])
+@pytest.fixture(params=["nodes", "slurm", pytest.param("ray", marks=pytest.mark.ray)])
 def engine_cluster(request, cluster_factory):
-    """The same scenario on every engine: our node daemons, and a real Slurm (one contract)."""
+    """The same scenario on every engine: our node daemons, a real Slurm and a real Ray (one contract)."""
     kit = None
     if request.param == "nodes":
         make = lambda policy, *args: cluster_factory(policy, *args)  # noqa: E731
+    elif request.param == "ray":
+        kit = request.getfixturevalue("ray_cluster")
+        make = lambda policy, *args: cluster_factory(policy, *args, ray_address=kit.address)  # noqa: E731
     else:
         kit = request.getfixturevalue("slurm")
         make = lambda policy, *args: cluster_factory(policy, *args, slurm_conf=kit.conf)  # noqa: E731
@@ -125,8 +128,13 @@ def test_tiresias_preempts_long_jobs_for_short_ones_and_resumes_them_exactly_onc
     c = engine_cluster("tiresias-l", "--thresholds", str(first))
     ids = _run_workload(c, first_queue=first)
     jobs, events = _check_common(c, ids)
-    if engine_cluster.kit is not None:
+    if engine_cluster.engine == "slurm":
         _slurm_never_ran_a_job_twice(c, engine_cluster.kit)
+    if engine_cluster.engine == "ray":  # every run went through Ray, and none is left there
+        assert {e.node for e in events if e.kind == "launch"} <= {n.name for n in c.client.cluster_status().nodes}
+        assert all(e.node.startswith("ray-") for e in events if e.kind == "launch")
+        assert not [a for a in engine_cluster.kit.named_actors() if a["namespace"].startswith("elastictrain")]
+        assert c.client.job_logs(ids["short-a"]).chunks, "the run's output reached the coordinator"
     preempted = {e.job for e in events if e.kind == "preempted"}
     resumed = {e.job for e in events if e.kind == "resume"}
     assert preempted and preempted <= resumed, (preempted, resumed)

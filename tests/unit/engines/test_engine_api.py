@@ -1,0 +1,29 @@
+"""What every engine shares: run names (how a restarted coordinator finds its runs) and one exit
+status for a run of several nodes."""
+
+import pytest
+
+from elastictrain.engines.api import combine_codes, parse_run_name, run_name
+from elastictrain.engines.ray_engine import RayAdapter, node_name
+from elastictrain.errors import ConfigError
+
+
+def test_run_names_round_trip_and_refuse_others():
+    assert parse_run_name(run_name("train-7", 3)) == ("train-7", 3)
+    assert parse_run_name(run_name("a.b_c", 12)) == ("a.b_c", 12)
+    for other in ("et.x", "someone-elses", "et..r1", "et.x.r", "et.x.r1.n0"):
+        assert parse_run_name(other) is None
+
+
+@pytest.mark.parametrize("codes,want", [
+    ([0, 0], 0), ([0, 75], 75), ([75, 1], 1), ([1, 2], 1), ([None, 0], 0), ([None, None], None), ([137, 75], 137)])
+def test_one_exit_status_for_a_run_of_several_nodes(codes, want):
+    assert combine_codes(codes) == want
+
+
+def test_ray_names_and_settings():
+    assert node_name("665b27554f148f0961ba1318c9d4") == "ray-665b27554f14"
+    with pytest.raises(ConfigError, match="--ray-address"):
+        RayAdapter("", "http://c", "/tmp")
+    a = RayAdapter("10.0.0.1:6379", "http://c", "/tmp/x", tag="abc")
+    assert a.namespace == "elastictrain-abc" and a.output("et.j.r4") == "/tmp/x/ray/j/run4/etrun.log"

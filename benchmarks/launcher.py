@@ -8,9 +8,12 @@ log: launch -> worker process start, launch -> first completed step, and SIGKILL
 
 Baselines: ``torchrun`` with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1`` (the ratios' baseline:
 it avoids stale store addresses on restart) and with default settings. etrun runs the same
-unmodified script (``etrun``; ``etrun_cold`` kills before the warm spares are ready), and
-``launcher_toy_inprocess.py``, the toy written for in-process recovery (``etrun_inprocess``;
-the survivor's pid before and after shows it was not restarted). Each recovery is split into
+unmodified script with its zygote (the default: every worker forked from one process that
+imported torch once; ``etrun`` kills after ``--kill-after`` s of training, ``etrun_cold`` 1 s
+after the first step), with warm spares instead (``--zygote off``: ``etrun_spares``, and
+``etrun_spares_cold``, killed before the spares are ready), and ``launcher_toy_inprocess.py``,
+the toy written for in-process recovery (``etrun_inprocess``; the survivor's pid before and
+after shows it was not restarted). Each recovery is split into
 phases: etrun's own (detect, report, stop, rendezvous, spawn, from its log) and the new
 worker's (process start, imports, init, first step, from the toy's events).
 Prints ``name: value unit`` lines; ``--quick`` does 2 runs per launcher instead of 5.
@@ -252,6 +255,8 @@ def main() -> None:
     ap.add_argument("--kill-after", type=float, default=10.0,
                     help="seconds of training before the kill (etrun's spares start 5 s in and then import)")
     ap.add_argument("--horovod", action="store_true", help="elastic Horovod: etrun against horovodrun")
+    ap.add_argument("--only", default=None, help="these launchers only (comma-separated names; the ratios need "
+                    "torchrun, torchrun_noshare, etrun, etrun_cold, etrun_spares, etrun_spares_cold, etrun_inprocess)")
     args = ap.parse_args()
     runs = args.runs or (2 if args.quick else 5)
     if args.horovod:
@@ -264,14 +269,19 @@ def main() -> None:
         "torchrun": (torchrun, base, TOY, args.kill_after),
         "torchrun_noshare": (torchrun, dict(base, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1"), TOY, args.kill_after),
         "etrun": (etrun, base, TOY, args.kill_after),
-        # a failure before the warm spares are ready: a cold replacement, as torchrun's always is
-        "etrun_cold": (etrun, base, TOY, 2.0),
+        # a failure 1 s into training: with the zygote a fork replaces the worker at once
+        "etrun_cold": (etrun, base, TOY, 1.0),
+        # warm spares instead of the zygote; a failure before they are ready is a cold start
+        "etrun_spares": (etrun + ["--zygote", "off"], base, TOY, args.kill_after),
+        "etrun_spares_cold": (etrun + ["--zygote", "off"], base, TOY, 1.0),
         "etrun_inprocess": (etrun, base, TOY_INPROCESS, args.kill_after),
     }
     print(f"# toy: {TOY} (in-process: {TOY_INPROCESS}), 2 workers on gloo, {runs} runs per launcher, kill after "
-          f"{args.kill_after:.0f} s of training (etrun_cold: 2 s), recovery timeout {args.recovery_timeout:.0f} s, "
+          f"{args.kill_after:.0f} s of training (*_cold: 1 s), recovery timeout {args.recovery_timeout:.0f} s, "
           f"{os.cpu_count()} CPUs")
     summary: dict[str, dict[str, list[float]]] = {}
+    if args.only:
+        launchers = {k: v for k, v in launchers.items() if k in args.only.split(",")}
     for name, (cmd, env, toy, kill_after) in launchers.items():
         results = []
         for i in range(runs):
@@ -303,18 +313,22 @@ def main() -> None:
         sys.stdout.flush()
 
     def median(name: str, key: str = "kill_to_step") -> float:
-        vals = summary[name].get(key)
+        vals = summary.get(name, {}).get(key)
         return statistics.median(vals) if vals else float("nan")
 
     base_rec = median("torchrun_noshare")
     print(f"recovery_etrun_vs_torchrun: {median('etrun') / base_rec:.2f} x")
     print(f"recovery_etrun_cold_vs_torchrun: {median('etrun_cold') / base_rec:.2f} x")
+    print(f"recovery_etrun_spares_vs_torchrun: {median('etrun_spares') / base_rec:.2f} x")
+    print(f"recovery_etrun_spares_cold_vs_torchrun: {median('etrun_spares_cold') / base_rec:.2f} x")
     print(f"recovery_inprocess_kill_to_next_step_median: {median('etrun_inprocess'):.3f} s")
     print(f"recovery_inprocess_vs_torchrun: {median('etrun_inprocess') / base_rec:.2f} x")
     print(f"recovery_etrun_vs_torchrun_default_store: {median('etrun') / median('torchrun'):.2f} x")
     print(f"etrun_vs_torchrun_launch_to_worker_start: {median('etrun', 'start') / median('torchrun', 'start'):.2f} x")
     print(f"etrun_vs_torchrun_launch_to_first_step: "
           f"{median('etrun', 'first_step') / median('torchrun', 'first_step'):.2f} x")
+    print(f"etrun_spares_vs_torchrun_launch_to_first_step: "
+          f"{median('etrun_spares', 'first_step') / median('torchrun', 'first_step'):.2f} x")
 
 
 if __name__ == "__main__":

@@ -146,6 +146,8 @@ class Agent:
         old = {s: signal.signal(s, self._on_signal) for s in cfg.signals}
         pool = None
         try:
+            # first: the zygote's imports (a second or two) overlap the coordinator's start and the rendezvous
+            pool = self._worker_pool()
             client, url, token_file = self._connect()
             client.cancel_event = self._stopping
             self.client = client
@@ -156,16 +158,6 @@ class Agent:
                 host = cfg.master_addr if cfg.coordinator is None else "127.0.0.1"
                 self._hvd = HorovodDriver(host, _is_loopback(host), os.path.join(self._state_dir(), "control"),
                                           wait=max(60.0, cfg.join_timeout / 5))
-            spares = cfg.warm_spares if cfg.warm_spares >= 0 else cfg.nproc_per_node
-            if cfg.python_entry and spares > 0:
-                # the top-level name only: find_spec("torch.x") would import torch into the agent
-                preload = tuple(m for m in cfg.preload if find_spec(m.partition(".")[0]) is not None)
-                if cfg.horovod:  # its C++ extension loads in about a second on a small machine
-                    preload += ("horovod.torch",)
-                env = dict(os.environ)
-                if cfg.nproc_per_node > 1:
-                    env.setdefault("OMP_NUM_THREADS", "1")
-                pool = SparePool(spares, preload, env)
             while True:
                 self._slots, grow = self._hvd.take() if self._hvd is not None else (None, False)
                 action = self._rendezvous(grow)
@@ -209,6 +201,31 @@ class Agent:
                 cg.remove()
             for s, h in old.items():
                 signal.signal(s, h)
+
+    def _worker_pool(self):
+        """Where Python workers come from: forked from the zygote (``--zygote on``, Linux), with
+        warm spares as its fallback where it cannot run; warm spares alone (``--zygote off``); or
+        None (fresh interpreters)."""
+        cfg = self.cfg
+        spares = cfg.warm_spares if cfg.warm_spares >= 0 else cfg.nproc_per_node
+        if not cfg.python_entry or (spares <= 0 and not cfg.zygote):
+            return None
+        # the top-level name only: find_spec("torch.x") would import torch into the agent
+        preload = tuple(m for m in cfg.preload if find_spec(m.partition(".")[0]) is not None)
+        if cfg.horovod:  # its C++ extension loads in about a second on a small machine
+            preload += ("horovod.torch",)
+        env = dict(os.environ)
+        if cfg.nproc_per_node > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")
+        spare_pool = SparePool(spares, preload, env) if spares > 0 else None
+        if cfg.zygote:
+            from .zygote import ZygotePool, available
+
+            why = available()
+            if not why:
+                return ZygotePool(preload, env, fallback=spare_pool)
+            log.warning("--zygote on: %s; using warm spares", why)
+        return spare_pool
 
     def _memory_cgroups(self) -> dict:
         """--memory-enforce cgroup: each local worker slot's memory cgroup, at this generation's limit."""

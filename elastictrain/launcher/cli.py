@@ -126,7 +126,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     _add(p, "warm-spares", type=int, default=-1,
          help="pre-started interpreters kept for fast restarts (-1: one per local worker, 0: none)")
     _add(p, "preload", default=",".join(DEFAULT_PRELOAD),
-         help="modules warm spares import ahead (comma-separated; default: what a DDP step imports)")
+         help="modules the zygote (or warm spares) import ahead (comma-separated; default: what a DDP step imports)")
+    _add(p, "zygote", default="on", choices=("on", "off"),
+         help="on (default, Linux): one process imports --preload once at launch and every worker is forked "
+         "from it (a worker, a replacement, is ready in milliseconds); off: warm spares (--warm-spares)")
     _add(p, "memory-limit", default=None,
          help="each worker's memory limit (RLIMIT_DATA), e.g. 2G; after an out-of-memory failure the next "
          "generation gets twice as much, up to --max-memory-limit")
@@ -258,6 +261,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         module=module, no_python=bool(args.no_python), run_path=bool(args.run_path),
         shutdown_grace=float(args.shutdown_grace), restart_grace=float(args.restart_grace),
         warm_spares=int(args.warm_spares), preload=tuple(x for x in str(args.preload).split(",") if x),
+        zygote=args.zygote == "on",
         rdzv_host=hosted, is_host=is_host, virtual_local_rank=bool(args.virtual_local_rank),
         numa_binding=args.numa_binding if args.numa_binding and _gpus_visible() else None,
         signals=parse_signals(str(args.signals_to_handle)),

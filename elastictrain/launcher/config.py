@@ -24,7 +24,9 @@ class Std:
 
 #: what a DDP training step imports, measured with ``python -X importtime`` after ``import torch``
 #: (torch 2.13: DDP pulls torch._dynamo, and with it sympy, about 1-2 s on a small machine);
-#: tests/unit/launcher/test_preload.py fails when a torch release makes this list short
+#: tests/unit/launcher/test_preload.py fails when a torch release makes this list short. (With
+#: torch._dynamo imported ahead, a script that destroys its process group before its DDP model is
+#: freed deadlocked at exit about one run in four: runner._keep_destroyed_groups prevents it.)
 DEFAULT_PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch.optim", "torch._dynamo",
                    "elastictrain_torch")
 
@@ -70,6 +72,7 @@ class LaunchConfig:
     restart_grace: float = 3.0
     warm_spares: int = -1  # -1: one per local worker when the entrypoint is Python
     preload: tuple[str, ...] = DEFAULT_PRELOAD
+    zygote: bool = True  # workers forked from one process that imported the preload list (zygote.py)
     run: int = 0  # cluster mode: the scheduler's run this agent belongs to (--rdzv-conf run=N)
     # torchrun's c10d/static habit: the agent that can listen on this (host, port) serves the
     # coordinator there, embedded; the others join it (None: --coordinator or --standalone)

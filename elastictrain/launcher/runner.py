@@ -85,15 +85,59 @@ def _limit_memory(limit: int) -> None:
         print(f"etrun: --memory-limit not applied: {exc}", file=sys.stderr, flush=True)
 
 
+def _keep_destroyed_groups(keep: int = 2) -> None:
+    """Hold a reference to the last ``keep`` process groups a script destroys, so that freeing
+    a DDP model afterwards (a script that calls ``dist.destroy_process_group()`` and then returns
+    from ``main``) never frees the group itself. Freeing a gloo group joins its threads while
+    holding the GIL, and a gloo thread still destroying a finished work item needs the GIL for
+    the Python context the backward pass stashed in it: a deadlock at exit (pytorch issue
+    56297), seen here in about one run in four of examples/torch_group_job.py when torch._dynamo
+    was imported ahead. Older groups are released as newer ones are kept (an elastic job
+    destroys one per recovery); long idle, their threads join at once. Applies when
+    torch.distributed is already imported (a zygote or warm spare); the process ends with
+    ``os._exit`` (``_exit``), so the kept groups are never torn down."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not getattr(dist, "is_available", lambda: False)() or getattr(dist, "_et_keeps", False):
+        return
+    real = dist.destroy_process_group
+    kept: list = []
+
+    def destroy_process_group(group=None):
+        try:
+            c10d = dist.distributed_c10d
+            groups = list(c10d._world.pg_map) if group is None else [group]
+            groups = [g for g in groups if g is not None]
+            kept.extend(groups)
+            del kept[:-max(keep, len(groups))]
+        except Exception:  # noqa: BLE001 - a torch without these internals: destroy as asked
+            pass
+        return real(group)
+
+    destroy_process_group.__doc__ = real.__doc__
+    dist.destroy_process_group = destroy_process_group
+    dist.distributed_c10d.destroy_process_group = destroy_process_group
+    dist._et_keeps = True
+
+
 def main() -> None:
-    _die_with_launcher(os.getppid())
     args = sys.argv[1:]
     if len(args) == 2 and args[0] == "--preload":
+        _die_with_launcher(os.getppid())
         for name in filter(None, args[1].split(",")):
             try:
                 __import__(name)
             except ImportError:
                 pass
+        serve(watching=True)
+    else:
+        serve()
+
+
+def serve(watching: bool = False) -> None:
+    """Read the command from stdin and become the worker (a fresh runner, a warm spare, or a
+    process the zygote forked: see zygote.py). Dies with its parent (etrun, or the zygote)."""
+    if not watching:
+        _die_with_launcher(os.getppid())
     line = sys.stdin.readline()
     if not line:
         return  # the launcher retired this spare
@@ -110,6 +154,7 @@ def main() -> None:
     torch = sys.modules.get("torch")
     if torch is not None and os.environ.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    _keep_destroyed_groups()
     if os.environ.get("ET_MEMORY_CGROUP"):  # etrun --memory-enforce cgroup: in before the script runs
         from .memcg import join
 

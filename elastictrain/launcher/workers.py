@@ -396,6 +396,8 @@ class WorkerGroup:
         for w in self.workers:
             _killpg(w.proc, signal.SIGKILL)  # also reaps grandchildren left in the group
             w.proc.wait()
+            if w.exit_code is None:  # its waiter thread has not run yet: the status is known here
+                w.exited_at, w.exit_code = time.time(), w.proc.returncode
         for w in self.workers:
             for t in w.threads:
                 t.join(5)

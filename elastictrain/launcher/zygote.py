@@ -1,0 +1,363 @@
+"""A zygote: one process per node that imports what a worker imports once, and forks workers.
+
+Without it every worker (and every warm spare) is a fresh interpreter that pays ``import torch``
+(about 1-2 s, more when several import at once on a small machine): at launch, and again for a
+replacement after a failure unless a warm spare is ready. With it, ``etrun`` starts one zygote
+at launch (``python -m elastictrain.launcher.zygote``), which imports the preload list and then
+only forks: a worker is ready in milliseconds, 1 s or 1 hour into training.
+
+Protocol (a ``SOCK_SEQPACKET`` socket pair, one message per packet): etrun sends ``F`` with three
+file descriptors (the worker's stdin, stdout and stderr); the zygote forks and answers ``P
+<pid>``; when a child exits, ``X <pid> <wait status>``. At start: ``R`` (ready) or ``U <why>``
+(unsafe to fork: etrun falls back to warm spares and says why).
+
+The forked worker is what a spare runner is (:mod:`.runner`): in a session of its own (so
+etrun's ``killpg`` reaches it and its children), its stdio on etrun's pipes, signal handlers
+back to the defaults, the random generators of ``random`` and numpy reseeded; it reads its
+command (environment, working directory, script) from stdin and becomes the worker. It dies
+with the zygote, and the zygote with etrun (each watches its parent), so nothing outlives a
+killed etrun.
+
+Fork safety: the zygote is single-threaded in Python (no thread of its own, a ``select`` loop);
+native threads that libraries start at import (torch's) are theirs to make fork-safe, as for
+the fork that starts every DataLoader worker. If a preloaded module starts a Python thread, the
+zygote refuses (``U``). Only Linux uses it (macOS: fork after such imports is unsafe).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+__all__ = ["ZygotePool", "ForkedProcess", "available"]
+
+log = logging.getLogger("etrun")
+_READY_TIMEOUT = 300.0  # seconds the zygote may take to import the preload list
+
+
+def available() -> str:
+    """"" where a zygote can run here, else why not."""
+    if not sys.platform.startswith("linux"):
+        return f"fork after importing torch is not safe on {sys.platform}"
+    if not hasattr(socket, "send_fds"):
+        return "this Python cannot pass file descriptors (3.9+ is needed)"
+    return ""
+
+
+# ---------------------------------------------------------------------- the zygote process
+def _die_with_parent(parent: int) -> None:
+    """SIGKILL from the kernel when the parent dies: no thread, no GIL needed (a worker stuck in a
+    native destructor holding the GIL cannot run a watcher thread)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent:  # it died before the call
+        os._exit(0)
+
+
+def _serve(sock: socket.socket, preload: list[str]) -> None:
+    for name in preload:
+        try:
+            __import__(name)
+        except ImportError:
+            pass
+    if threading.active_count() > 1:
+        names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
+        sock.send(f"U importing {','.join(preload)} started Python threads ({names}): forking is unsafe".encode())
+        return
+    parent = os.getppid()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select through the wakeup fd
+    sock.send(b"R")
+    while True:
+        try:
+            ready, _, _ = select.select([sock, wake_r], [], [], 0.5)
+        except InterruptedError:
+            ready = []
+        if os.getppid() != parent:  # etrun is gone: so are we (our children follow us)
+            os._exit(0)
+        if wake_r in ready:
+            try:
+                while os.read(wake_r, 512):
+                    pass
+            except BlockingIOError:
+                pass
+        while True:  # reap, and report every child that exited
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            sock.send(f"X {pid} {status}".encode())
+        if sock in ready:
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(sock, 64, 3)
+            except OSError:
+                msg, fds = b"", []
+            if not msg:  # etrun closed its end: retire
+                return
+            if msg == b"F" and len(fds) == 3:
+                pid = os.fork()
+                if pid == 0:
+                    _child(sock, fds, (wake_r, wake_w))  # never returns
+                for fd in fds:
+                    os.close(fd)
+                sock.send(f"P {pid}".encode())
+            else:
+                for fd in fds:
+                    os.close(fd)
+
+
+def _child(sock: socket.socket, fds: list[int], wake: tuple) -> None:
+    """In the forked child: become a fresh spare runner, then the worker."""
+    code = 70
+    try:
+        _die_with_parent(_zygote_pid)
+        os.setsid()
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in wake:
+            os.close(fd)
+        sock.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        np = sys.modules.get("numpy")
+        if np is not None:  # as a fresh interpreter's: its own entropy (random reseeds itself at fork)
+            np.random.seed()
+        from .runner import serve
+
+        serve()
+        code = 0
+    except SystemExit as exc:
+        from .runner import exit_status
+
+        code = exit_status(exc.code)
+    except BaseException:  # noqa: BLE001 - the worker's own errors are reported by runner.serve
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+_zygote_pid = os.getpid()
+
+
+def main() -> None:
+    global _zygote_pid
+    _zygote_pid = os.getpid()
+    if len(sys.argv) > 3 and sys.argv[3].isdigit():  # etrun's pid
+        _die_with_parent(int(sys.argv[3]))
+    sock = socket.socket(fileno=int(sys.argv[1]))
+    preload = [m for m in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if m]
+    try:
+        _serve(sock, preload)
+    finally:
+        sock.close()
+
+
+# ---------------------------------------------------------------------- etrun's side
+class ForkedProcess:
+    """A worker forked by the zygote, with the parts of :class:`subprocess.Popen` that etrun
+    uses (its exit status comes from the zygote, which is its parent)."""
+
+    def __init__(self, pool: "ZygotePool", pid: int, stdin, stdout, stderr) -> None:
+        self._pool, self.pid = pool, pid
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self.args = ["zygote-fork", str(pid)]
+        self.returncode: Optional[int] = None
+
+    def poll(self) -> Optional[int]:
+        if self.returncode is None:
+            self.returncode = self._pool._exit_of(self.pid)
+        return self.returncode
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if self.returncode is None:
+            code = self._pool._wait_exit(self.pid, timeout)
+            if code is None:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = code
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+class ZygotePool:
+    """Workers forked from a zygote, behind the interface of :class:`~.workers.SparePool`
+    (``take``, ``fill``, ``fill_later``, ``close``). Where the zygote cannot be used (``why``),
+    ``fallback`` (today's warm spares) serves instead."""
+
+    def __init__(self, preload: tuple[str, ...], env: dict[str, str], fallback=None) -> None:
+        self._fallback = fallback
+        self.why = ""  # why the zygote is not used ("" while it is)
+        self._ready = threading.Event()
+        self._lock = threading.Lock()  # one fork request at a time
+        self._cond = threading.Condition()
+        self._exits: dict[int, int] = {}
+        self._live: set[int] = set()
+        self._pids: "queue.Queue[int]" = queue.Queue()
+        self._dead = False
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
+        self._proc = subprocess.Popen(
+            [sys.executable, "-u", "-m", "elastictrain.launcher.zygote", str(theirs.fileno()), ",".join(preload),
+             str(os.getpid())],
+            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+        theirs.close()
+        self._reader = threading.Thread(target=self._read, name="et-zygote", daemon=True)
+        self._reader.start()
+
+    # ---------------------------------------------------------------- messages
+    def _read(self) -> None:
+        while True:
+            try:
+                msg = self._sock.recv(256)
+            except OSError:
+                msg = b""
+            if not msg:
+                break
+            kind, _, rest = msg.decode(errors="replace").partition(" ")
+            if kind == "R":
+                self._ready.set()
+            elif kind == "U":
+                self.why = rest
+                self._ready.set()
+            elif kind == "P":
+                self._pids.put(int(rest))
+            elif kind == "X":
+                pid, status = (int(x) for x in rest.split())
+                with self._cond:
+                    self._exits[pid] = os.waitstatus_to_exitcode(status)
+                    self._live.discard(pid)
+                    self._cond.notify_all()
+        # the zygote is gone: its children die with it (they watch their parent); say so
+        with self._cond:
+            self._dead = True
+            for pid in list(self._live):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                self._exits.setdefault(pid, -signal.SIGKILL)
+            self._live.clear()
+            self._cond.notify_all()
+        if not self._ready.is_set():
+            self.why = self.why or f"the zygote exited at start ({self._proc.wait()})"
+            self._ready.set()
+        self._pids.put(-1)
+
+    def _exit_of(self, pid: int) -> Optional[int]:
+        with self._cond:
+            return self._exits.get(pid)
+
+    def _wait_exit(self, pid: int, timeout: Optional[float]) -> Optional[int]:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while pid not in self._exits:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return None
+                self._cond.wait(left)
+            return self._exits[pid]
+
+    # ---------------------------------------------------------------- SparePool's interface
+    def usable(self, timeout: float = _READY_TIMEOUT) -> bool:
+        """Whether workers come from the zygote (waits until it has imported its preload list)."""
+        if not self._ready.wait(timeout):
+            self.why = f"the zygote did not finish its imports in {timeout:.0f} s"
+        usable = not self.why and not self._dead
+        if not usable and not getattr(self, "_said", False):
+            self._said = True
+            log.warning("zygote not used (%s); workers start as warm spares or fresh interpreters", self.why)
+        return usable
+
+    def take(self):
+        """A worker process waiting for its command on stdin, forked from the zygote (or a
+        spare of the fallback pool, or None: the caller starts a fresh interpreter)."""
+        if not self.usable():
+            return self._fallback.take() if self._fallback is not None else None
+        fds = []
+        try:
+            in_r, in_w = os.pipe()
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            fds = [in_r, in_w, out_r, out_w, err_r, err_w]
+            with self._lock:
+                socket.send_fds(self._sock, [b"F"], [in_r, out_w, err_w])
+                pid = self._pids.get(timeout=30)
+            if pid < 0:
+                raise OSError("the zygote exited")
+        except (OSError, queue.Empty) as exc:
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            log.warning("the zygote did not fork a worker (%s); starting a fresh interpreter", exc)
+            return None
+        for fd in (in_r, out_w, err_w):
+            os.close(fd)
+        with self._cond:
+            self._live.add(pid)
+        return ForkedProcess(self, pid, os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb"), os.fdopen(err_r, "rb"))
+
+    def fill(self) -> None:
+        if self._fallback is not None and self.why:
+            self._fallback.fill()
+
+    def fill_later(self, delay: float) -> None:
+        if self._fallback is not None and self._ready.is_set() and self.why:
+            self._fallback.fill_later(delay)
+
+    def close(self) -> None:
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._sock.close()
+        try:
+            self._proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join(5)
+        if self._fallback is not None:
+            self._fallback.close()
+
+
+if __name__ == "__main__":
+    main()

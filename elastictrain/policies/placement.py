@@ -61,10 +61,11 @@ class Placer:
         """Place ``jobs`` in the given order: job id -> placement. A job that does not fit is
         skipped (``strict``: it stops the filling, as strict FIFO does)."""
         run = {}
+        place = self.place
         for j in jobs:
             if self.total_free == 0:
                 break
-            where = self.place(j.num_gpu, j.skew, j.placement if j.running else ())
+            where = place(j.num_gpu, j.skew, j.placement if j.running else ())
             if where is not None:
                 run[j.job_id] = where
             elif strict:
@@ -77,9 +78,23 @@ class Placer:
         if num_gpu > self.total_free:
             return None
         if not self.sticky:  # the common path, kept short: simulations place millions of gangs
-            if self.mode == "count":
+            mode = self.mode
+            if mode == "count":
                 self.total_free -= num_gpu
                 return ((-1, num_gpu),)
+            if mode == "consolidated" and num_gpu <= self.per_node:  # first fit on one node, inline
+                top = self.max_free
+                if num_gpu > top:
+                    return None
+                free = self.free
+                for i, f in enumerate(free):
+                    if f >= num_gpu:
+                        free[i] = f - num_gpu
+                        self.total_free -= num_gpu
+                        if f == top:  # the fullest-free node gave GPUs: the maximum may drop
+                            self.max_free = max(free)
+                        return ((i, num_gpu),)
+                return None
             out = self._place(num_gpu, skew)
             return None if out is None else self._take(out, num_gpu, soft=False)
         if current:  # sticky: a running job keeps its GPUs if they are still free

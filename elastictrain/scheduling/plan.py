@@ -55,7 +55,7 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
     for key, where in run.items():
         if plain:
             e = running.get(key)
-            if e is not None and where is e.placement:  # kept as it is: the mechanism's own tuple
+            if e is not None and (where is e.placement or where == e.placement):  # kept where it runs
                 total += e.num_gpu
                 for node, g in where:
                     used[node] += g
@@ -111,7 +111,7 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
         if resolved is not None:
             where = resolved.get(grp[0] if grp else key, where)
         e = running.get(key)
-        if e is not None and where is e.placement and plain and not e.group:
+        if plain and e is not None and not e.group and (where is e.placement or where == e.placement):
             continue  # keeps running as it is (a job left of its group is regrouped below: runs alone)
         size = workers.get(key, e.num_gpu if e is not None else get(key).num_gpu) if workers else \
             (e.num_gpu if e is not None else get(key).num_gpu)

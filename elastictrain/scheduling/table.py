@@ -176,6 +176,25 @@ class JobTable:
         self._dirty.add(key)
         return e
 
+    def preempt_now(self, key, now: float) -> Entry:
+        """:meth:`stop` and :meth:`stopped` at once, for a backend whose stops complete at once
+        (the simulator's): the same state, in one step."""
+        e = self.running.pop(key)
+        dt = now - e.accrued_at
+        if dt > 0:
+            where = e.placement
+            g = sum(n for _, n in where) if where else e.num_gpu
+            e.attained += dt
+            e.attained_gpu += dt * g
+        e.accrued_at = now
+        e.running = e.stopping = False
+        e.held = e.placement = e.group = ()
+        e.preemptions += 1
+        e.pending_since = now
+        e.status = JobStatus.PREEMPTED
+        self._dirty.add(key)
+        return e
+
     def move(self, key, placement: tuple, group: tuple, workers: int) -> Entry:
         """A running job changes placement, group or size (it keeps running)."""
         e = self._entries[key]

@@ -57,6 +57,10 @@ class SimBackend:
         if not self.every:
             self.owed[e.key] = self.charge[e.key]
 
+    #: stops complete at once: the mechanism core preempts with JobTable.preempt_now (stop and
+    #: stopped in one step) and does not call :meth:`stop`
+    instant_stop = True
+
     def stop(self, e: Entry, a: Action) -> None:
         self.table.stopped(e.key, self.clock.now())
 

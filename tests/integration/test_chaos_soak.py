@@ -20,7 +20,8 @@ SCRIPT = os.path.join(ROOT, "examples", "torch_ddp_elastic.py")
 
 
 def _busy_workers(pid: int) -> list:
-    """The etrun worker processes that are training now (warm spares idle: they use no CPU)."""
+    """The etrun worker processes that are training now (warm spares and the zygote idle: they use
+    no CPU)."""
     try:
         procs = psutil.Process(pid).children(recursive=True)
     except psutil.Error:
@@ -28,7 +29,8 @@ def _busy_workers(pid: int) -> list:
     before = {}
     for p in procs:
         try:  # one that exited meanwhile (a zombie) is skipped, not the whole list
-            if "elastictrain.launcher.runner" in " ".join(p.cmdline()):
+            cmd = " ".join(p.cmdline())  # a fresh runner, or a fork of etrun's zygote (the zygote itself idles)
+            if "elastictrain.launcher.runner" in cmd or "elastictrain.launcher.zygote" in cmd:
                 before[p] = sum(p.cpu_times()[:2])
         except psutil.Error:
             pass

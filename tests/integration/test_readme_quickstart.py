@@ -22,6 +22,18 @@ def quickstart() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
+def _is_worker(p, etrun_pid: int) -> bool:
+    """A worker: forked by etrun's zygote (the zygote itself is etrun's child), or a fresh runner
+    (not a warm spare waiting with --preload: killing one ends no worker)."""
+    try:
+        cmd = " ".join(p.cmdline())
+        if "elastictrain.launcher.zygote" in cmd:
+            return p.ppid() != etrun_pid
+        return "elastictrain.launcher.runner" in cmd and "--preload" not in p.cmdline()
+    except psutil.Error:
+        return False
+
+
 def test_the_readme_quick_start_survives_a_killed_worker_and_resumes_every_rank(tmp_path):
     (tmp_path / "train.py").write_text(quickstart())
     etrun = subprocess.Popen([sys.executable, "-m", "elastictrain.launcher.cli", "--nproc-per-node", "2",
@@ -33,9 +45,7 @@ def test_the_readme_quick_start_survives_a_killed_worker_and_resumes_every_rank(
             assert time.monotonic() < deadline and etrun.poll() is None, "no checkpoint at step 50"
             time.sleep(0.05)
         time.sleep(1.0)  # and committed (its data cursor), a moment later
-        workers = [p for p in psutil.Process(etrun.pid).children(recursive=True)  # not a warm spare (--preload):
-                   if "elastictrain.launcher.runner" in " ".join(p.cmdline())  # killing one ends no worker
-                   and "--preload" not in p.cmdline()]
+        workers = [p for p in psutil.Process(etrun.pid).children(recursive=True) if _is_worker(p, etrun.pid)]
         assert len(workers) >= 2
         os.kill(workers[-1].pid, signal.SIGKILL)  # one rank dies without warning
         out, _ = etrun.communicate(timeout=180)

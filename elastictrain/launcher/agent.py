@@ -27,7 +27,7 @@ from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError, InterruptedCallError
 from ..wire import AgentAction, AgentJoin
-from .config import LaunchConfig, command_digest, size_text
+from .config import DEFAULT_PRELOAD, LaunchConfig, command_digest, size_text
 from .. import PREEMPTED_EXIT_CODE
 from .memcg import WorkerCgroup
 from .workers import Failure, SparePool, WorkerGroup, free_port, free_ports
@@ -212,6 +212,8 @@ class Agent:
             return None
         # the top-level name only: find_spec("torch.x") would import torch into the agent
         preload = tuple(m for m in cfg.preload if find_spec(m.partition(".")[0]) is not None)
+        if cfg.zygote and cfg.preload == DEFAULT_PRELOAD and not _mentions_torch(cfg.entrypoint, cfg.module):
+            preload = ()  # a script that never names torch (TensorFlow's, a plain one): the zygote imports nothing
         if cfg.horovod:  # its C++ extension loads in about a second on a small machine
             preload += ("horovod.torch",)
         env = dict(os.environ)
@@ -429,6 +431,18 @@ class Agent:
             return PREEMPTED_EXIT_CODE
         print(f"etrun: job {action.status}: {action.detail}", file=sys.stderr)
         return 1
+
+
+def _mentions_torch(entrypoint: str, module: bool) -> bool:
+    """Whether the script names torch (or our torch integration) anywhere in its source; True
+    when it cannot be read (a module entrypoint, a missing file): then the default preload holds."""
+    if module:
+        return True
+    try:
+        with open(entrypoint, "rb") as f:
+            return b"torch" in f.read(4 << 20)
+    except OSError:
+        return True
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)

@@ -291,20 +291,18 @@ class KubernetesAdapter:
             return max(self._sizes.get(handle, 0), self.watch.size(handle), 1)
 
     async def withdraw(self, handle: str) -> None:
-        key = parse_run_name(handle)
-        if key is None:
-            return
-        with self._lock:
-            self.watch.withdrawn.add(handle)
-        await self._call(self._delete, *key, self._nnodes(handle), self._grace.get(handle))
+        await self._stop(handle, self._grace.get(handle))  # the kubelet's SIGTERM, then the pod's grace
 
     async def kill(self, handle: str) -> None:
+        await self._stop(handle, 0)
+
+    async def _stop(self, handle: str, grace: Optional[int]) -> None:
         key = parse_run_name(handle)
         if key is None:
             return
         with self._lock:
             self.watch.withdrawn.add(handle)
-        await self._call(self._delete, *key, self._nnodes(handle), 0)
+        await self._call(self._delete, *key, self._nnodes(handle), grace)
 
     def output(self, handle: str) -> Optional[str]:
         return None  # the pods' output is the cluster's (kubectl logs; a log collector)

@@ -173,11 +173,8 @@ class RayAdapter:
     def _stale(self, handle: str) -> None:
         """Actors or a placement group left under ``handle`` by an earlier life: removed first."""
         ray = self._ray()
-        for name in self._named().get(handle, []):
-            try:
-                ray.kill(ray.get_actor(name))
-            except ValueError:
-                pass
+        for actor in self._actors(self._named().get(handle, [])):
+            ray.kill(actor)
         self._remove_pg(handle)
 
     async def withdraw(self, handle: str) -> None:
@@ -232,6 +229,17 @@ class RayAdapter:
     async def runs(self, handles: dict[str, tuple[str, int]]) -> list[RunState]:
         return await self._call(self._states, handles)
 
+    def _actors(self, names: list[str]) -> list:
+        """The live actors of these names (one gone meanwhile is left out)."""
+        ray = self._ray()
+        out = []
+        for n in names:
+            try:
+                out.append(ray.get_actor(n))
+            except ValueError:
+                pass
+        return out
+
     def _named(self) -> dict[str, list[str]]:
         """This namespace's run actors, by run handle."""
         ray = self._ray()
@@ -250,12 +258,7 @@ class RayAdapter:
         for handle, names in named.items():  # a run of ours the engine still has: adopted
             if handle not in self._runs and handle not in self._ended:
                 job, run = parse_run_name(handle)
-                actors = []
-                for n in names:
-                    try:
-                        actors.append(ray.get_actor(n))
-                    except ValueError:
-                        pass
+                actors = self._actors(names)
                 if actors:
                     self._runs[handle] = _RayRun(handle, job, run, actors, [], [0] * len(actors))
         for handle in list(self._ended):
@@ -336,17 +339,9 @@ def release_all(address: str, state_dir: str) -> int:
     with open(path) as f:
         tag = f.read().strip()
     adapter = RayAdapter(address, "", state_dir, tag=tag)
-    ray = adapter._ray()
     named = adapter._named()
     for handle, names in named.items():
-        job, run = parse_run_name(handle)
-        actors = []
-        for n in names:
-            try:
-                actors.append(ray.get_actor(n))
-            except ValueError:
-                pass
-        adapter._release(_RayRun(handle, job, run, actors, []))
+        adapter._release(_RayRun(handle, *parse_run_name(handle), adapter._actors(names), []))
     return len(named)
 
 

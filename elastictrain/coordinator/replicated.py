@@ -133,10 +133,12 @@ def serve_replicated(cfg, token: str, watch) -> None:
                     log.exception("could not start leading")
                     leadership.resign()
                     _die(f"start-up as leader failed: {exc}")
+                state["settled"] = True
                 return
             info = await loop.run_in_executor(None, leadership.current)
             if info is not None:
                 switch.leader_url, switch.leader_term = info.url, info.term
+            state["settled"] = True  # a standby that knows it is one (and, where one leads, whom)
             await asyncio.sleep(min(0.5, cfg.lease / 4))
 
     async def startup() -> None:
@@ -151,7 +153,8 @@ def serve_replicated(cfg, token: str, watch) -> None:
     switch.on_startup, switch.on_shutdown = startup, shutdown
 
     try:
-        run_server(server, sock, url, cfg, f"db {cfg.db}, standby until it leads")
+        run_server(server, sock, url, cfg, f"db {cfg.db}, standby until it leads",
+                   settled=lambda: state.get("settled", False), settle_for=max(5.0, 2 * cfg.lease))
     finally:
         coordinator = state.get("coordinator")
         if coordinator is not None:

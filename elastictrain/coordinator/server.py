@@ -15,6 +15,7 @@ import os
 import secrets
 import socket
 import sys
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -229,13 +230,19 @@ def serve(cfg: ServerConfig) -> None:
         coordinator.close()
 
 
-def run_server(server: uvicorn.Server, sock: socket.socket, url: str, cfg: ServerConfig, what: str) -> None:
+def run_server(server: uvicorn.Server, sock: socket.socket, url: str, cfg: ServerConfig, what: str,
+               settled=None, settle_for: float = 0.0) -> None:
     """Serve on ``sock`` until SIGTERM or SIGINT; once listening, log it (``what``) and write
-    ``{"url", "pid"}`` to ``cfg.ready_file``."""
+    ``{"url", "pid"}`` to ``cfg.ready_file``. With ``settled`` (a callable), the ready file waits,
+    at most ``settle_for`` seconds, until it returns true: a replicated coordinator is ready once
+    its first campaign knows whether it leads, so that whoever waited for it is not answered 503."""
     async def main() -> None:
         quiet_accept_errors(asyncio.get_running_loop())
         task = asyncio.ensure_future(server.serve(sockets=[sock]))
         while not server.started and not task.done():
+            await asyncio.sleep(0.005)
+        deadline = time.monotonic() + settle_for
+        while settled is not None and not settled() and not task.done() and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
         if server.started:
             log.info("coordinator listening on %s (%s)", url, what)

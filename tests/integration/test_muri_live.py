@@ -29,6 +29,7 @@ def submit(c, name, steps, *extra):
     return c.submit(name, 1, args, steps=steps)
 
 
+@pytest.mark.slow  # (about 50 s; the default run keeps test_etrun_group.py's interleaved jobs)
 def test_muri_groups_run_interleaved_as_one_process_and_match_the_model(tmp_path):
     with Cluster(tmp_path, "muri-s", nodes=2, slots=1) as c:
         ids = {name: submit(c, name, 300) for name in PROFILES}

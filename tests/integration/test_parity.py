@@ -27,13 +27,17 @@ TOLERANCE = 6.0  # seconds: a decision that depends on a finish carries the run'
 
 
 def restart_cost(events) -> float:
-    """Mean seconds from a run's start (or resume, regroup...) to its first training step."""
+    """Mean seconds from a run's start (or resume, regroup...) to its first training step, per
+    job: the simulator charges a group's start the sum of its members' costs, where live the
+    members of a group start together (one process), so a member's share of a group start is
+    its gap over the group's size."""
     began, gaps = {}, []
     for e in events:
         if e.kind in ("start", "resume", "regroup", "migrate", "resize"):
-            began[e.job] = e.time
+            began[e.job] = (e.time, max(1, len(e.detail.get("group") or ())))
         elif e.kind == "first_step" and e.job in began:
-            gaps.append(e.time - began.pop(e.job))
+            t, size = began.pop(e.job)
+            gaps.append((e.time - t) / size)
     return sum(gaps) / len(gaps) if gaps else 2.0
 
 

@@ -21,6 +21,7 @@ def _bench():
     return mod
 
 
+@pytest.mark.slow  # make test-slow (about 25 s; the flagging itself is in tests/unit)
 def test_a_straggler_is_flagged_and_its_node_replaced(tmp_path):
     r = _bench().straggler(str(tmp_path), quick=True)
     logs = "".join(open(os.path.join(tmp_path, f)).read()[-2000:] for f in sorted(os.listdir(tmp_path))

@@ -75,14 +75,8 @@ def get_parser() -> argparse.ArgumentParser:
     c.add_argument("--slurm-partition", default=_env("ET_SLURM_PARTITION", None),
                    help="--backend slurm: the partition whose nodes are the cluster [ET_SLURM_PARTITION]")
     c.add_argument("--slurm-reservation", default=None, help="--backend slurm: also run inside this reservation")
-    c.add_argument("--slurm-state-dir", default=None,
-                   help="--backend slurm: batch scripts and outputs, on a filesystem the nodes share "
-                   "(default: slurm-runs beside --db)")
     c.add_argument("--slurm-python", default=None,
                    help="--backend slurm: the Python the compute nodes run etrun with (default: this one)")
-    c.add_argument("--slurm-coordinator-url", default=None,
-                   help="--backend slurm: the URL the compute nodes reach this coordinator at (default: the "
-                   "address it listens on; with --host 0.0.0.0, this host's name)")
     c.add_argument("--ray-address", default=_env("ET_RAY_ADDRESS", None),
                    help="--backend ray: the Ray cluster's HOST:PORT, as `ray start --head` printed [ET_RAY_ADDRESS]")
     c.add_argument("--k8s-namespace", default=_env("ET_K8S_NAMESPACE", None),
@@ -99,10 +93,11 @@ def get_parser() -> argparse.ArgumentParser:
                    "(all or none; docs/kubernetes.md)")
     c.add_argument("--k8s-scheduler-name", default=None,
                    help="--backend kubernetes: the pods' scheduler (default: the cluster's)")
-    c.add_argument("--engine-state-dir", default=None,
+    c.add_argument("--engine-state-dir", "--slurm-state-dir", dest="engine_state_dir", default=None,
                    help="--backend slurm|ray|kubernetes: where the runs' scripts and outputs and the coordinator id "
                    "are kept (default: <kind>-runs beside --db; for Slurm on a filesystem the nodes share)")
-    c.add_argument("--engine-coordinator-url", default=None,
+    c.add_argument("--engine-coordinator-url", "--slurm-coordinator-url", dest="engine_coordinator_url",
+                   default=None,
                    help="--backend slurm|ray|kubernetes: the URL the engine's nodes reach this coordinator at "
                    "(default: the address it listens on; with --host 0.0.0.0, this host's name)")
     c.add_argument("--node-timeout", type=float, default=15.0,
@@ -255,8 +250,8 @@ def _engine_config(args):
                                       args.engine_state_dir, url)
     if not args.slurm_partition:
         raise ConfigError("--backend slurm needs --slurm-partition NAME (`sinfo -s` lists the partitions)")
-    return SlurmEngineConfig(args.slurm_partition, args.slurm_state_dir or args.engine_state_dir, args.slurm_python,
-                             args.slurm_reservation, args.slurm_coordinator_url or url)
+    return SlurmEngineConfig(args.slurm_partition, args.engine_state_dir, args.slurm_python,
+                             args.slurm_reservation, url)
 
 
 def _limits(args):

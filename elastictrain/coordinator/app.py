@@ -33,7 +33,8 @@ from ..errors import (
 )
 from ..model import DatasetSpec
 from ..wire import (
-    API_VERSION, AccountCreate, AccountInfo, AccountList, AgentJoin, ClusterJobInfo, ClusterJobList, Credential,
+    API_VERSION, AccountCreate, AccountInfo, AccountList, AgentAction, AgentJoin, ClusterJobInfo, ClusterJobList,
+    Credential,
     WhoAmI, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
     GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, MemberResult, NodeLeave, NodePoll,
     NodeRegister, ProfileList, ProfileReport, ProgressRequest, ReleaseRequest, ResourceList, ResourceReport,

@@ -32,7 +32,6 @@ from typing import Optional
 
 import msgspec
 
-from ..clock import Clock
 from ..errors import ConfigError, ConflictError, ForbiddenError, NotFoundError, PolicyError
 from ..policies.api import EMPTY, create, options_of
 from ..runtime.stages import STAGES

@@ -6,7 +6,6 @@ hundred a fresh interpreter needs, which is most of etrun's own start-up budget.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import threading

@@ -90,7 +90,8 @@ def cluster_factory(tmp_path):
 
 # on Slurm the scenario takes about a minute: it runs in make test-slow (the default run keeps
 # Slurm's own tests, test_slurm_engine.py, and stays under 15 minutes)
-@pytest.fixture(params=["nodes", pytest.param("slurm", marks=pytest.mark.slow), pytest.param("ray", marks=pytest.mark.ray)])
+@pytest.fixture(params=["nodes", pytest.param("slurm", marks=pytest.mark.slow),
+                        pytest.param("ray", marks=pytest.mark.ray)])
 def engine_cluster(request, cluster_factory):
     """The same scenario on every engine: our node daemons, a real Slurm and a real Ray (one contract)."""
     kit = None

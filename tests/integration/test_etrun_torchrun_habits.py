@@ -2,7 +2,6 @@
 where one node hosts the rendezvous (c10d endpoint, classic static master) work with real
 agents and real gloo workers."""
 
-import os
 import re
 import signal
 import socket

@@ -41,7 +41,7 @@ def test_gandiva_fair_shares_real_slots_by_the_users_tickets(tmp_path):
         t0 = time.monotonic()
         # stride runs alice's two jobs together for 3 quanta per bob's one (their passes stay
         # equal), so a share is measured over whole cycles: from the start to the first finish
-        st = c.wait(lambda st: any(j.status == "finished" for j in st.jobs), 400, "the first job to finish")
+        c.wait(lambda st: any(j.status == "finished" for j in st.jobs), 400, "the first job to finish")
         window = time.monotonic() - t0
         assert window > 60, f"the jobs ended too soon ({window:.0f} s) to measure shares"
         ul = c.client.users(window)  # (alice's two jobs run as a pair, so both may have finished now)

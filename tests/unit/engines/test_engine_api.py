@@ -27,3 +27,16 @@ def test_ray_names_and_settings():
         RayAdapter("", "http://c", "/tmp")
     a = RayAdapter("10.0.0.1:6379", "http://c", "/tmp/x", tag="abc")
     assert a.namespace == "elastictrain-abc" and a.output("et.j.r4") == "/tmp/x/ray/j/run4/etrun.log"
+
+
+def test_the_slurm_option_names_are_the_engine_options():
+    """``--slurm-state-dir`` and ``--slurm-coordinator-url`` (the first Slurm release's names) set the
+    same settings as ``--engine-state-dir`` and ``--engine-coordinator-url``."""
+    from elastictrain.cli import _engine_config, get_parser
+
+    base = ["coordinator", "--policy", "fifo", "--backend", "slurm", "--slurm-partition", "gpu"]
+    old = _engine_config(get_parser().parse_args(base + ["--slurm-state-dir", "/s", "--slurm-coordinator-url",
+                                                         "http://h:1"]))
+    new = _engine_config(get_parser().parse_args(base + ["--engine-state-dir", "/s", "--engine-coordinator-url",
+                                                         "http://h:1"]))
+    assert old == new and old.state_dir == "/s" and old.coordinator_url == "http://h:1"

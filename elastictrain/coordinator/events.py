@@ -81,6 +81,14 @@ class LogBook:
                 tx.prune_log(job, keep_from)
                 self._size[job] = self.cap // 2
 
+    def kept(self, job: str, run: int) -> int:
+        """Bytes of ``job``'s output from run ``run`` received so far (stored, or to be stored at
+        the next commit): where an engine run adopted after a restart resumes shipping. (Output
+        past the cap was pruned, so for a run that printed more than half the cap this is short
+        and some of its output is shipped again.)"""
+        return self._store.log_bytes(job, run) + sum(len(r.data) for r in self.pending
+                                                     if r.job == job and r.run == run)
+
     def list(self, job: str, after: int, ended: bool) -> LogList:
         rows = self._store.read_logs(job, after, MAX_LOG_REPLY)
         chunks = [LogRecord(r.seq, r.node, r.run, r.data) for r in rows]

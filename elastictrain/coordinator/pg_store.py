@@ -394,6 +394,10 @@ class PostgresStore:
             keep = seq
         return keep
 
+    def log_bytes(self, job: str, run: int) -> int:
+        return int(self._rows("SELECT COALESCE(SUM(octet_length(data)), 0) FROM logs WHERE job=%s AND run=%s",
+                              (job, run))[0][0])
+
     def load_commit(self, job: str, ds: str, checkpoint: str) -> Optional[CommitRow]:
         rows = self._rows("SELECT * FROM commits WHERE job=%s AND ds=%s AND checkpoint=%s", (job, ds, checkpoint))
         if not rows:

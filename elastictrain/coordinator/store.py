@@ -171,6 +171,7 @@ class Store(Protocol):
     def read_events(self, after: int, limit: int, job: Optional[str] = None) -> list[EventRow]: ...
     def read_logs(self, job: str, after: int, limit_bytes: int) -> list[LogRow]: ...
     def log_seq_at(self, job: str, keep_bytes: int) -> int: ...
+    def log_bytes(self, job: str, run: int) -> int: ...
     def close(self) -> None: ...
 
 
@@ -390,6 +391,11 @@ class SQLiteStore:
                 break
             keep = seq
         return keep
+
+    def log_bytes(self, job: str, run: int) -> int:
+        """Bytes of ``job``'s output kept from run ``run``."""
+        return self._conn.execute("SELECT COALESCE(SUM(LENGTH(data)), 0) FROM logs WHERE job=? AND run=?",
+                                  (job, run)).fetchone()[0]
 
     def load_commit(self, job: str, ds: str, checkpoint: str) -> Optional[CommitRow]:
         r = self._conn.execute("SELECT * FROM commits WHERE job=? AND ds=? AND checkpoint=?",

@@ -144,7 +144,8 @@ class EngineBridge:
         for key, s in states.items():
             if key not in self.runs and s.state == ACTIVE:  # still in the engine: adopted
                 log.info("adopting %s %s (job %s run %d) from the engine", self.adapter.name, s.handle, *key)
-                self.runs[key] = _Run(s.handle, list(s.nodes))
+                self.runs[key] = r = _Run(s.handle, list(s.nodes))
+                r.out_pos = self.sched.logs.kept(*key)  # the output shipped before the restart is not shipped again
         for key, r in self.runs.items():
             if r.result is not None:
                 continue

@@ -260,7 +260,7 @@ class RayAdapter:
                 job, run = parse_run_name(handle)
                 actors = self._actors(names)
                 if actors:
-                    self._runs[handle] = _RayRun(handle, job, run, actors, [], [0] * len(actors))
+                    self._runs[handle] = _RayRun(handle, job, run, actors, [], self._offsets(job, run, len(actors)))
         for handle in list(self._ended):
             if handle not in handles:
                 del self._ended[handle]  # reported already
@@ -301,6 +301,7 @@ class RayAdapter:
             if data:
                 self._append(r, data)
                 r.offsets[i] += len(data)
+                self._save_offsets(r)
             if len(nodes) <= i:
                 nodes.append(node_name(nid))
             if nid not in self._alive and self._alive:
@@ -323,6 +324,22 @@ class RayAdapter:
             return RunState(r.handle, r.job, r.run, ACTIVE, nodes=r.nodes)
         self._ended[r.handle] = s
         return s
+
+    def _offsets(self, job: str, run: int, actors: int) -> list:
+        """How much of each actor's output an earlier life of this coordinator copied (an adopted
+        run goes on from there rather than copying it twice)."""
+        try:
+            with open(self._out_path(job, run) + ".offsets", "rb") as f:
+                got = msgspec.json.decode(f.read(), type=list[int])
+        except (OSError, msgspec.DecodeError):
+            return [0] * actors
+        return got if len(got) == actors and all(n >= 0 for n in got) else [0] * actors
+
+    def _save_offsets(self, r: _RayRun) -> None:
+        path = self._out_path(r.job, r.run) + ".offsets"
+        with open(path + ".tmp", "wb") as f:
+            f.write(msgspec.json.encode(r.offsets))
+        os.replace(path + ".tmp", path)
 
     def _append(self, r: _RayRun, data: bytes) -> None:
         path = self._out_path(r.job, r.run)

@@ -137,6 +137,16 @@ class LocalCluster:
         return self.wait(lambda st: len(st.jobs) == n and all(j.status in ENDED for j in st.jobs), timeout,
                          f"all {n} jobs to end")
 
+    def output(self, job: str) -> str:
+        """Everything the coordinator keeps of ``job``'s output, as text."""
+        out, after = [], 0
+        while True:
+            page = self.client.job_logs(job, after)
+            if not page.chunks:
+                return "".join(out)
+            out += [c.data.decode(errors="replace") for c in page.chunks]
+            after = page.next
+
     def events(self) -> list:
         out, after = [], 0
         while True:

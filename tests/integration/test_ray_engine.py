@@ -79,4 +79,7 @@ def test_a_restarted_coordinator_adopts_the_runs_still_on_ray(cluster, ray_clust
     assert {e.detail["run"] for e in launches} == {1}, launches  # adopted, never launched again
     r = cluster.result("adopt")
     assert r["min"] == r["max"] == 1, r
+    # the output shipped before the restart is kept once: the adopted run's shipping went on from there
+    said = [ln for ln in cluster.output(job).splitlines() if "[train] generation" in ln]
+    assert said and len(said) == len(set(said)), said
     assert not _ours(ray_cluster, cluster)

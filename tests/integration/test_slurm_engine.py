@@ -116,6 +116,9 @@ def test_a_restarted_coordinator_adopts_the_slurm_jobs_still_running(cluster, sl
     assert runs == {before["job_id"]}, f"a second Slurm job was started: {runs}"  # adopted, not started again
     r = cluster.result("adopt")
     assert r["min"] == r["max"] == 1, r
+    # the output shipped before the restart is kept once: the adopted run's shipping went on from there
+    said = [ln for ln in cluster.output(job).splitlines() if "[train] generation" in ln]
+    assert said and len(said) == len(set(said)), said
 
 
 @pytest.mark.slow  # make test-slow: the default run keeps the Tiresias scenario on Slurm

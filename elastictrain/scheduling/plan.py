@@ -20,8 +20,10 @@ from .table import JobTable
 __all__ = ["plan"]
 
 
-def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str = "policy") -> list[Action]:
-    """Check ``decision`` against ``snap`` and turn it into actions.
+def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str = "policy",
+         fast: bool = True) -> list[Action]:
+    """Check ``decision`` against ``snap`` and turn it into actions. (``fast=False``: never the
+    one-pass path for plain decisions; the tests hold the two to the same results.)
 
     Raises:
         PolicyError: the decision breaks an invariant (see the module docstring).
@@ -45,6 +47,10 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
     for key, f in decision.slowdown.items():
         if key not in run or not f > 0:
             raise PolicyError(f"policy {policy}: slowdown {f!r} for job {key!r}, which is not placed or not > 0")
+    if fast and not workers and not group_of:
+        actions = _plan_plain(table, snap, decision, policy)
+        if actions is not None:
+            return actions
 
     # ---- check every placement; count the GPUs each node gives out
     used = [0] * nodes
@@ -80,11 +86,9 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
                 ok = ok and type(g) is int and g > 0 and type(node) is int and 0 <= node < nodes
                 got += g if type(g) is int else 0
         if not ok:
-            raise PolicyError(f"policy {policy}: job {key!r} has a bad placement {where!r} (need (node, gpus) "
-                              f"pairs with node in 0..{nodes - 1} and gpus >= 1, or one (-1, gpus) for any node)")
+            _bad_placement(policy, key, where, nodes)
         if got != size:
-            raise PolicyError(f"policy {policy}: job {key!r} placed on {got} GPUs but runs with {size} (a gang "
-                              "is all or nothing)")
+            _split_gang(policy, key, got, size)
         if group_of and key in group_of and group_of[key][0] != key:
             continue  # a group's followers share its leader's GPUs
         total += size
@@ -93,11 +97,7 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
                 anywhere.append(key)
             else:
                 used[node] += g
-    if total > sum(caps):
-        raise PolicyError(f"policy {policy} placed {total} GPUs on a cluster offering {sum(caps)}")
-    for node in range(nodes):
-        if used[node] > caps[node]:
-            raise PolicyError(f"policy {policy} placed {used[node]} GPUs on node {node}, which offers {caps[node]}")
+    _check_capacity(policy, total, used, caps)
 
     resolved = _resolve(anywhere, run, get, used, caps, table.held_per_node(nodes) if table.stopping else None) \
         if anywhere else None
@@ -138,6 +138,92 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
             continue
         actions.append(Action(kind, key, where, e.placement, size, group, slow.get(key), moved))
     return actions
+
+
+def _plan_plain(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str):
+    """:func:`plan` for the common decision (no groups, no worker counts), in one pass: the
+    same checks, the same actions in the same order. None where a placement is on "any node"
+    (the general path resolves those)."""
+    run, slow = decision.run, decision.slowdown
+    caps = snap.gpus_per_node
+    nodes = len(caps)
+    used = [0] * nodes
+    total = 0
+    running = table.running
+    get = snap.by_key.get
+    placed = []
+    reorder = []  # running jobs whose GPUs are listed in another order: nothing restarts
+    for key, where in run.items():
+        e = running.get(key)
+        if e is not None:
+            old = e.placement
+            if where is old or where == old:  # kept where it runs
+                total += e.num_gpu
+                for node, g in where:
+                    used[node] += g
+                if e.group:  # a job left of its group: it runs alone now (its group restarts)
+                    placed.append(Action(ActionKind.REGROUP, key, where, old, e.num_gpu, (), slow.get(key), False))
+                continue
+        view = get(key)
+        if view is None:
+            raise PolicyError(f"policy {policy}: placed job {key!r}, which is not runnable (unknown, ended, or "
+                              "still stopping)")
+        size = view.num_gpu
+        if len(where) == 1:
+            node, got = where[0]
+            ok = type(got) is int and got > 0 and type(node) is int and -1 <= node < nodes
+            if ok and node < 0:
+                return None
+        else:
+            got, ok = 0, len(where) > 1
+            for node, g in where:
+                ok = ok and type(g) is int and g > 0 and type(node) is int and 0 <= node < nodes
+                got += g if type(g) is int else 0
+        if not ok:
+            _bad_placement(policy, key, where, nodes)
+        if got != size:
+            _split_gang(policy, key, got, size)
+        total += size
+        for node, g in where:
+            used[node] += g
+        if e is None:
+            placed.append(Action(ActionKind.START, key, where, (), size, (), slow.get(key)))
+            continue
+        moved = len(where) == 1 or len(old) != len(where) or sorted(old) != sorted(where)
+        if e.group:
+            kind = ActionKind.REGROUP
+        elif moved:
+            kind = ActionKind.MIGRATE
+        else:
+            reorder.append((e, where))
+            continue
+        placed.append(Action(kind, key, where, old, e.num_gpu, (), slow.get(key), moved))
+    _check_capacity(policy, total, used, caps)
+    for e, where in reorder:
+        e.placement = where
+        table.touch(e.key)
+    actions = [Action(ActionKind.PREEMPT, key, (), e.placement, e.num_gpu) for key, e in running.items()
+               if key not in run]
+    actions += placed
+    return actions
+
+
+def _bad_placement(policy: str, key, where, nodes: int):
+    raise PolicyError(f"policy {policy}: job {key!r} has a bad placement {where!r} (need (node, gpus) "
+                      f"pairs with node in 0..{nodes - 1} and gpus >= 1, or one (-1, gpus) for any node)")
+
+
+def _split_gang(policy: str, key, got, size: int):
+    raise PolicyError(f"policy {policy}: job {key!r} placed on {got} GPUs but runs with {size} (a gang "
+                      "is all or nothing)")
+
+
+def _check_capacity(policy: str, total: int, used: list, caps: tuple) -> None:
+    if total > sum(caps):
+        raise PolicyError(f"policy {policy} placed {total} GPUs on a cluster offering {sum(caps)}")
+    for node in range(len(caps)):
+        if used[node] > caps[node]:
+            raise PolicyError(f"policy {policy} placed {used[node]} GPUs on node {node}, which offers {caps[node]}")
 
 
 def _size(view, workers: dict) -> int:

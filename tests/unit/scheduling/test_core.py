@@ -257,3 +257,71 @@ def test_every_policy_runs_live_like_with_string_keys_slow_stops_and_a_rebuild(n
         if not pending and not len(table):
             break
     assert done == set(jobs), f"unfinished: {set(jobs) - done}"
+
+
+def _random_case(seed: int):
+    """A table with running and waiting jobs on 3 nodes, and a plain decision (no groups, no worker
+    counts): kept, moved, reordered, started and preempted jobs, and now and then a broken one."""
+    rng = random.Random(seed)
+    caps = (4, 4, 2)
+    table, feed = JobTable(), None
+    free = list(caps)
+    for k in range(8):
+        e = table.add(Entry(k, rng.choice((1, 1, 2, 3)), float(k)))
+        where = []
+        if rng.random() < 0.5:  # running: on one node, or spread over two
+            need = e.num_gpu
+            for n in rng.sample(range(3), 3):
+                g = min(need, free[n])
+                if g:
+                    where.append((n, g))
+                    free[n] -= g
+                    need -= g
+                if not need:
+                    break
+            if need:
+                for n, g in where:
+                    free[n] += g
+                where = []
+        if where:
+            table.start(k, tuple(where), (), 0.0)
+    feed = table.subscribe()
+    snap = feed.snapshot(1.0, ClusterShape(caps))
+    run, left = {}, list(caps)
+    for j in sorted(snap.jobs, key=lambda j: not j.running):
+        r = rng.random()
+        if j.running and r < 0.5:
+            # kept (the same tuple), or the same GPUs listed in another order
+            run[j.job_id] = tuple(reversed(j.placement)) if r < 0.15 else j.placement
+            for n, g in j.placement:
+                left[n] -= g
+            continue
+        if r < 0.8:
+            fits = [n for n in range(3) if left[n] >= j.num_gpu]
+            if fits and rng.random() < 0.9:
+                n = rng.choice(fits)
+                left[n] -= j.num_gpu
+                run[j.job_id] = ((n, j.num_gpu),) if rng.random() < 0.9 else ((-1, j.num_gpu),)
+            elif rng.random() < 0.3:  # over a node's capacity
+                run[j.job_id] = ((rng.randrange(3), j.num_gpu),)
+    if rng.random() < 0.2 and run:  # broken now and then: a wrong size, a bad node, an unknown job
+        key = rng.choice(list(run))
+        run[key] = rng.choice((((0, 9),), ((7, 1),), ((0, 0),)))
+    if rng.random() < 0.1:
+        run[99] = ((0, 1),)
+    return table, snap, Decision(run, slowdown={k: 1.5 for k in list(run)[:1]})
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_the_one_pass_plan_equals_the_general_one(seed):
+    """plan()'s one-pass path for plain decisions returns the same actions (or the same refusal)
+    and leaves the table as the general path does."""
+    out = []
+    for fast in (True, False):
+        table, snap, decision = _random_case(seed)
+        try:
+            actions = plan(table, snap, decision, "p", fast=fast)
+        except PolicyError as exc:
+            actions = str(exc)
+        out.append((actions, [(e.key, e.placement, e.group) for e in table.entries()]))
+    assert out[0] == out[1]

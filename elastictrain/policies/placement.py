@@ -61,11 +61,42 @@ class Placer:
         """Place ``jobs`` in the given order: job id -> placement. A job that does not fit is
         skipped (``strict``: it stops the filling, as strict FIFO does)."""
         run = {}
+        if not self.sticky and self.mode == "consolidated":
+            return self._fill_first_fit(jobs, strict, run)
         place = self.place
         for j in jobs:
             if self.total_free == 0:
                 break
             where = place(j.num_gpu, j.skew, j.placement if j.running else ())
+            if where is not None:
+                run[j.job_id] = where
+            elif strict:
+                break
+        return run
+
+    def _fill_first_fit(self, jobs, strict: bool, run: dict) -> dict:
+        """:meth:`fill` for consolidated, non-sticky placement (every simulation of SRTF, FIFO,
+        time slicing...): :meth:`place`'s first fit on one node, inline; anything else through it."""
+        free, per_node = self.free, self.per_node
+        for j in jobs:
+            total = self.total_free
+            if total == 0:
+                break
+            n = j.num_gpu
+            where = None
+            if n <= per_node:
+                top = self.max_free
+                if n <= top and n <= total:
+                    for i, f in enumerate(free):
+                        if f >= n:
+                            free[i] = f - n
+                            self.total_free = total - n
+                            if f == top:  # the fullest-free node gave GPUs: the maximum may drop
+                                self.max_free = max(free)
+                            where = ((i, n),)
+                            break
+            else:
+                where = self.place(n, j.skew)
             if where is not None:
                 run[j.job_id] = where
             elif strict:

@@ -46,6 +46,7 @@ class Scheduler:
         self.deferred: list = []  # starts of the last decision that wait for stopping jobs' GPUs
         self.notes: tuple = ()  # the last decision's reasons (Decision.notes)
         self.limits: dict = {}  # the last decision's per-worker memory limits (Decision.limits)
+        self.grouped = False  # some decision formed an interleaving group (jobs may share GPUs)
 
     def tick(self) -> list[Action]:
         """One decision; returns the actions taken (empty if the policy failed)."""
@@ -73,6 +74,8 @@ class Scheduler:
         self.feed.consumed()
         self.decisions += 1
         self.wakeup = decision.wakeup
+        if decision.groups:
+            self.grouped = True
         self.notes = decision.notes
         self.limits = decision.limits
         self.act(actions, now)
@@ -92,6 +95,19 @@ class Scheduler:
         table, backend = self.table, self.backend
         self.deferred = []
         instant = getattr(backend, "instant_stop", False)  # its stops complete at once (the simulator)
+        if instant and not table.stopping:  # nothing is ever deferred: starts after the rest
+            starts = []
+            for a in actions:
+                kind = a.kind
+                if kind is ActionKind.PREEMPT:
+                    table.preempt_now(a.key, now)
+                elif kind is ActionKind.START:
+                    starts.append(a)
+                else:
+                    backend.restart(table.move(a.key, a.placement, a.group, a.workers), a)
+            for a in starts:
+                backend.start(table.start(a.key, a.placement, a.group, now, a.workers), a)
+            return
         for a in actions:
             if a.kind is ActionKind.PREEMPT:
                 if instant:

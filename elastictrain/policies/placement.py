@@ -76,27 +76,13 @@ class Placer:
 
     def _fill_first_fit(self, jobs, strict: bool, run: dict) -> dict:
         """:meth:`fill` for consolidated, non-sticky placement (every simulation of SRTF, FIFO,
-        time slicing...): :meth:`place`'s first fit on one node, inline; anything else through it."""
-        free, per_node = self.free, self.per_node
+        time slicing...): a job of one node's GPUs goes straight to :meth:`_first_fit`."""
+        per_node, first_fit = self.per_node, self._first_fit
         for j in jobs:
-            total = self.total_free
-            if total == 0:
+            if self.total_free == 0:
                 break
             n = j.num_gpu
-            where = None
-            if n <= per_node:
-                top = self.max_free
-                if n <= top and n <= total:
-                    for i, f in enumerate(free):
-                        if f >= n:
-                            free[i] = f - n
-                            self.total_free = total - n
-                            if f == top:  # the fullest-free node gave GPUs: the maximum may drop
-                                self.max_free = max(free)
-                            where = ((i, n),)
-                            break
-            else:
-                where = self.place(n, j.skew)
+            where = first_fit(n) if n <= per_node else self.place(n, j.skew)
             if where is not None:
                 run[j.job_id] = where
             elif strict:
@@ -113,19 +99,8 @@ class Placer:
             if mode == "count":
                 self.total_free -= num_gpu
                 return ((-1, num_gpu),)
-            if mode == "consolidated" and num_gpu <= self.per_node:  # first fit on one node, inline
-                top = self.max_free
-                if num_gpu > top:
-                    return None
-                free = self.free
-                for i, f in enumerate(free):
-                    if f >= num_gpu:
-                        free[i] = f - num_gpu
-                        self.total_free -= num_gpu
-                        if f == top:  # the fullest-free node gave GPUs: the maximum may drop
-                            self.max_free = max(free)
-                        return ((i, num_gpu),)
-                return None
+            if mode == "consolidated" and num_gpu <= self.per_node:
+                return self._first_fit(num_gpu)
             out = self._place(num_gpu, skew)
             return None if out is None else self._take(out, num_gpu, soft=False)
         if current:  # sticky: a running job keeps its GPUs if they are still free
@@ -149,6 +124,22 @@ class Placer:
                 return self._take(out, num_gpu, soft=False)
         out = self._place(num_gpu, skew)
         return None if out is None else self._take(out, num_gpu, soft=True)
+
+    def _first_fit(self, num_gpu: int) -> Optional[tuple]:
+        """Consolidated placement of a job of at most one node's GPUs, not sticky: the first node
+        with room (the common path, kept short: simulations place millions of gangs)."""
+        top = self.max_free
+        if num_gpu > top or num_gpu > self.total_free:
+            return None
+        free = self.free
+        for i, f in enumerate(free):
+            if f >= num_gpu:
+                free[i] = f - num_gpu
+                self.total_free -= num_gpu
+                if f == top:  # the fullest-free node gave GPUs: the maximum may drop
+                    self.max_free = max(free)
+                return ((i, num_gpu),)
+        return None
 
     def _take(self, out: tuple, num_gpu: int, soft: bool) -> tuple:
         if out[0][0] >= 0:

@@ -46,7 +46,6 @@ class Scheduler:
         self.deferred: list = []  # starts of the last decision that wait for stopping jobs' GPUs
         self.notes: tuple = ()  # the last decision's reasons (Decision.notes)
         self.limits: dict = {}  # the last decision's per-worker memory limits (Decision.limits)
-        self.grouped = False  # some decision formed an interleaving group (jobs may share GPUs)
 
     def tick(self) -> list[Action]:
         """One decision; returns the actions taken (empty if the policy failed)."""
@@ -74,8 +73,6 @@ class Scheduler:
         self.feed.consumed()
         self.decisions += 1
         self.wakeup = decision.wakeup
-        if decision.groups:
-            self.grouped = True
         self.notes = decision.notes
         self.limits = decision.limits
         self.act(actions, now)
@@ -110,10 +107,7 @@ class Scheduler:
             return
         for a in actions:
             if a.kind is ActionKind.PREEMPT:
-                if instant:
-                    table.preempt_now(a.key, now)
-                else:
-                    backend.stop(table.stop(a.key, now), a)
+                backend.stop(table.stop(a.key, now), a)
         free = None
         if table.stopping:
             moving = {a.key for a in actions if a.kind is not ActionKind.PREEMPT}

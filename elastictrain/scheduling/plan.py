@@ -77,18 +77,7 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
             if not (isinstance(size, int) and lo <= size <= hi):
                 raise PolicyError(f"policy {policy}: job {key!r} given {size!r} workers, outside its range "
                                   f"{lo}..{hi}")
-        if len(where) == 1:
-            node, got = where[0]
-            ok = type(got) is int and got > 0 and type(node) is int and -1 <= node < nodes
-        else:
-            got, ok = 0, len(where) > 1
-            for node, g in where:
-                ok = ok and type(g) is int and g > 0 and type(node) is int and 0 <= node < nodes
-                got += g if type(g) is int else 0
-        if not ok:
-            _bad_placement(policy, key, where, nodes)
-        if got != size:
-            _split_gang(policy, key, got, size)
+        _check_placement(policy, key, where, size, nodes)
         if group_of and key in group_of and group_of[key][0] != key:
             continue  # a group's followers share its leader's GPUs
         total += size
@@ -169,20 +158,9 @@ def _plan_plain(table: JobTable, snap: ClusterSnapshot, decision: Decision, poli
             raise PolicyError(f"policy {policy}: placed job {key!r}, which is not runnable (unknown, ended, or "
                               "still stopping)")
         size = view.num_gpu
-        if len(where) == 1:
-            node, got = where[0]
-            ok = type(got) is int and got > 0 and type(node) is int and -1 <= node < nodes
-            if ok and node < 0:
-                return None
-        else:
-            got, ok = 0, len(where) > 1
-            for node, g in where:
-                ok = ok and type(g) is int and g > 0 and type(node) is int and 0 <= node < nodes
-                got += g if type(g) is int else 0
-        if not ok:
-            _bad_placement(policy, key, where, nodes)
-        if got != size:
-            _split_gang(policy, key, got, size)
+        _check_placement(policy, key, where, size, nodes)
+        if where[0][0] < 0:
+            return None
         total += size
         for node, g in where:
             used[node] += g
@@ -208,14 +186,23 @@ def _plan_plain(table: JobTable, snap: ClusterSnapshot, decision: Decision, poli
     return actions
 
 
-def _bad_placement(policy: str, key, where, nodes: int):
-    raise PolicyError(f"policy {policy}: job {key!r} has a bad placement {where!r} (need (node, gpus) "
-                      f"pairs with node in 0..{nodes - 1} and gpus >= 1, or one (-1, gpus) for any node)")
-
-
-def _split_gang(policy: str, key, got, size: int):
-    raise PolicyError(f"policy {policy}: job {key!r} placed on {got} GPUs but runs with {size} (a gang "
-                      "is all or nothing)")
+def _check_placement(policy: str, key, where: tuple, size: int, nodes: int) -> None:
+    """``where`` is (node, gpus) pairs on real nodes, or one (-1, gpus) for any node, adding up to
+    the job's ``size``."""
+    if len(where) == 1:
+        node, got = where[0]
+        ok = type(got) is int and got > 0 and type(node) is int and -1 <= node < nodes
+    else:
+        got, ok = 0, len(where) > 1
+        for node, g in where:
+            ok = ok and type(g) is int and g > 0 and type(node) is int and 0 <= node < nodes
+            got += g if type(g) is int else 0
+    if not ok:
+        raise PolicyError(f"policy {policy}: job {key!r} has a bad placement {where!r} (need (node, gpus) "
+                          f"pairs with node in 0..{nodes - 1} and gpus >= 1, or one (-1, gpus) for any node)")
+    if got != size:
+        raise PolicyError(f"policy {policy}: job {key!r} placed on {got} GPUs but runs with {size} (a gang "
+                          "is all or nothing)")
 
 
 def _check_capacity(policy: str, total: int, used: list, caps: tuple) -> None:

@@ -92,21 +92,13 @@ class SimBackend:
         :meth:`advance` to that time finishes them, see the module docstring)."""
         best = float("inf")
         due: list = []
-        if self.every:
-            for e in self.table.running.values():
-                t = now + e.remaining_iterations * e.iteration_time * e.slowdown + 0.0
-                if t < best:
-                    best, due = t, [e]
-                elif t == best:
-                    due.append(e)
-        else:
-            get = self.owed.get
-            for e in self.table.running.values():
-                t = now + e.remaining_iterations * e.iteration_time * e.slowdown + get(e.key, 0.0)
-                if t < best:
-                    best, due = t, [e]
-                elif t == best:
-                    due.append(e)
+        every, get = self.every, self.owed.get
+        for e in self.table.running.values():
+            t = now + e.remaining_iterations * e.iteration_time * e.slowdown + (0.0 if every else get(e.key, 0.0))
+            if t < best:
+                best, due = t, [e]
+            elif t == best:
+                due.append(e)
         self._due = (best, due)
         return best
 
@@ -118,33 +110,7 @@ class SimBackend:
         every, owed = self.every, self.owed
         lost = self.lost
         window = self.window
-        if not every and window is None:  # the common case, kept short: the same arithmetic as below
-            worked = False
-            get = owed.get
-            for e in self.table.running.values():
-                da = t - e.accrued_at
-                e.attained += da
-                e.attained_gpu += da * e.num_gpu
-                e.accrued_at = t
-                o = get(e.key, 0.0)
-                if o:  # a restart cost still owed is paid first
-                    pay = o if o < dt else dt
-                    owed[e.key] = o - pay
-                    lost += pay
-                    work = dt - pay
-                else:
-                    work = dt
-                its = work / (e.iteration_time * e.slowdown)
-                e.remaining_iterations -= its
-                if its > 0:
-                    worked = True
-                n = e.iterations
-                if e.remaining_iterations <= 1e-9 * (n if n > 1.0 else 1.0):
-                    finished.append(e)
-            self.worked = worked  # whether any job did work in this step (the thrashing watchdog)
-            self.lost = lost
-            return self._finish_due(t, finished)
-        self.worked = False
+        worked = False
         for e in self.table.running.values():
             da = t - e.accrued_at
             e.attained += da
@@ -171,15 +137,13 @@ class SimBackend:
             its = work / (e.iteration_time * e.slowdown)
             e.remaining_iterations -= its
             if its > 0:
-                self.worked = True
+                worked = True
             if window is not None and dt > 0:
                 self._record(now, t, e, its)
             if not every and e.remaining_iterations <= 1e-9 * max(1.0, e.iterations):
                 finished.append(e)
+        self.worked = worked  # whether any job did work in this step (the thrashing watchdog)
         self.lost = lost
-        return self._finish_due(t, finished)
-
-    def _finish_due(self, t: float, finished: list) -> list:
         if t == self._due[0]:
             # completion is decided by the event, not by float residue: the jobs whose completion
             # time is this event finish now, even when (at large times) a last fraction of an

@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from operator import attrgetter
 from types import MappingProxyType
 from typing import Callable, Optional, Union
 
@@ -54,7 +53,6 @@ STALL_LIMIT = 100_000
 #: events in a row in which time advanced but no job did any work (nothing arrived or finished)
 #: before the engine stops: the jobs spend every slice restarting (thrashing)
 THRASH_LIMIT = 10_000
-_GPUS = attrgetter("num_gpu")
 
 
 class SimulationStalled(ConfigError):
@@ -233,8 +231,7 @@ class Simulator:
                 if wakeup is not None and wakeup <= now:  # a wake-up is always in the future
                     wakeup = math.nextafter(now, math.inf)
                 if actions or finished:  # else the running set is unchanged
-                    used = (sum(e.num_gpu for e in table.running.values() if not e.group or e.group[0] == e.key)
-                            if sched.grouped else sum(map(_GPUS, table.running.values())))
+                    used = sum(e.num_gpu for e in table.running.values() if not e.group or e.group[0] == e.key)
             elif finished:
                 used = 0
             util.append((now, used))

@@ -167,23 +167,8 @@ def load_gavel(path: str, throughputs: Optional[str] = None, gpu: str = "v100") 
 
 def load_native(path: str) -> list[JobSpec]:
     out = []
-    high = _HIGH
     for ln, r in _rows(path, ("job_id", "num_gpu", "submit_time", "iterations", "iteration_time")):
         stages = tuple(float(x) for x in (r.get("stage_times") or "").split(";") if x)
-        try:  # the common row, checked in one go; any doubt goes to _num, whose errors name the fix
-            jid, gpus, t = float(r["job_id"]), float(r["num_gpu"]), float(r["submit_time"])
-            its, it_time = float(r["iterations"]), float(r["iteration_time"])
-            fast = (0 <= jid <= high and jid.is_integer() and 1 <= gpus <= high and gpus.is_integer()
-                    and 0 <= t <= high and 0 < its <= high and 0 < it_time <= high)
-        except (TypeError, ValueError):
-            fast = False
-        if fast:
-            try:
-                out.append(JobSpec(int(jid), int(gpus), t, its, it_time, r.get("model", ""), stages,
-                                   r.get("user", "")))
-                continue
-            except ConfigError:
-                pass
         out.append(_check(path, ln, lambda: JobSpec(
             _num(path, ln, r, "job_id", int), _num(path, ln, r, "num_gpu", int), _num(path, ln, r, "submit_time"),
             _num(path, ln, r, "iterations"), _num(path, ln, r, "iteration_time"), r.get("model", ""), stages,

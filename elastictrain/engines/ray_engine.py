@@ -284,6 +284,7 @@ class RayAdapter:
 
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
         codes, details, lost, nodes = [], [], [], list(r.nodes)
+        copied = list(r.offsets)
         for i, ref in enumerate(refs):
             if ref not in ready:
                 codes.append(None)
@@ -301,7 +302,6 @@ class RayAdapter:
             if data:
                 self._append(r, data)
                 r.offsets[i] += len(data)
-                self._save_offsets(r)
             if len(nodes) <= i:
                 nodes.append(node_name(nid))
             if nid not in self._alive and self._alive:
@@ -309,6 +309,8 @@ class RayAdapter:
             codes.append(code)
             if detail:
                 details.append(detail)
+        if r.offsets != copied:
+            self._save_offsets(r)  # once per poll, after every actor's output is in the mirror
         if not r.nodes:
             r.nodes = nodes
         if lost:

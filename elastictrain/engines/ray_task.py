@@ -32,7 +32,7 @@ class RunProcess:
     def __init__(self, task_json: bytes, coordinator: str, node: str) -> None:
         import msgspec
 
-        from ..launcher.node import _pdeathsig
+        from ..launcher.parent_death import set_pdeathsig
         from ..launcher.run_as import RunAsError, chown_for, resolve, task_base_env
         from ..launcher.task_command import etrun_command, task_env
         from ..runtime.client import write_token_file
@@ -68,7 +68,7 @@ class RunProcess:
 
         def as_task() -> None:  # in the child, after the switch to the task's account
             os.chdir(workdir)
-            _pdeathsig()
+            set_pdeathsig()
 
         out = open(self.log, "ab")
         try:

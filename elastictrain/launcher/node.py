@@ -19,7 +19,6 @@ the node: its tasks are stopped (and checkpoint), their exits reported, then it 
 
 from __future__ import annotations
 
-import ctypes
 import glob
 import logging
 import os
@@ -37,6 +36,7 @@ from typing import Optional
 from ..errors import ConfigError, ElasticTrainError, InterruptedCallError
 from ..wire import LogChunk, NodeLeave, NodePoll, NodeRegister, Task, TaskState
 from ..runtime.client import write_token_file
+from .parent_death import set_pdeathsig
 from .run_as import RunAsError, chown_for, resolve, task_base_env
 from .task_command import etrun_command, task_env
 
@@ -98,13 +98,6 @@ def detect_gpus() -> tuple[int, str]:
     except Exception:  # a broken CUDA install: no GPU we can use
         pass
     return 0, ""
-
-
-def _pdeathsig() -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 class _Task:
@@ -312,7 +305,7 @@ class NodeDaemon:
 
         def as_task() -> None:  # in the child, after the switch to the task's account
             os.chdir(workdir)  # the account itself must be able to enter it
-            _pdeathsig()
+            set_pdeathsig()
 
         try:
             proc = subprocess.Popen(cmd, cwd="/", env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

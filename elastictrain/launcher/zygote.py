@@ -38,6 +38,8 @@ import threading
 import time
 from typing import Optional
 
+from .parent_death import set_pdeathsig
+
 __all__ = ["ZygotePool", "ForkedProcess", "available"]
 
 log = logging.getLogger("etrun")
@@ -57,12 +59,7 @@ def available() -> str:
 def _die_with_parent(parent: int) -> None:
     """SIGKILL from the kernel when the parent dies: no thread, no GIL needed (a worker stuck in a
     native destructor holding the GIL cannot run a watcher thread)."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    set_pdeathsig(signal.SIGKILL)
     if os.getppid() != parent:  # it died before the call
         os._exit(0)
 
@@ -231,6 +228,7 @@ class ZygotePool:
         self._live: set[int] = set()
         self._pids: "queue.Queue[int]" = queue.Queue()
         self._dead = False
+        self._said = False  # the fallback was reported
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._sock = ours
         self._proc = subprocess.Popen(
@@ -300,7 +298,7 @@ class ZygotePool:
         if not self._ready.wait(timeout):
             self.why = f"the zygote did not finish its imports in {timeout:.0f} s"
         usable = not self.why and not self._dead
-        if not usable and not getattr(self, "_said", False):
+        if not usable and not self._said:
             self._said = True
             log.warning("zygote not used (%s); workers start as warm spares or fresh interpreters", self.why)
         return usable

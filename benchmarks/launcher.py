@@ -13,7 +13,10 @@ imported torch once; ``etrun`` kills after ``--kill-after`` s of training, ``etr
 after the first step), with warm spares instead (``--zygote off``: ``etrun_spares``, and
 ``etrun_spares_cold``, killed before the spares are ready), and ``launcher_toy_inprocess.py``,
 the toy written for in-process recovery (``etrun_inprocess``; the survivor's pid before and
-after shows it was not restarted). Each recovery is split into
+after shows it was not restarted), and with the zygote kept between launches (``--zygote keep``:
+``etrun_kept``; its first run is a first launch, printed alone as
+``etrun_kept_first_launch_to_first_step``, and the medians are of the launches after it, which
+find the zygote ready). Each recovery is split into
 phases: etrun's own (detect, report, stop, rendezvous, spawn, from its log) and the new
 worker's (process start, imports, init, first step, from the toy's events).
 Prints ``name: value unit`` lines; ``--quick`` does 2 runs per launcher instead of 5.
@@ -45,6 +48,8 @@ TOY = os.path.join(HERE, "launcher_toy.py")
 TOY_INPROCESS = os.path.join(HERE, "launcher_toy_inprocess.py")
 TOY_HOROVOD = os.path.join(HERE, "launcher_toy_horovod.py")
 BIN = os.path.dirname(sys.executable)
+sys.path.insert(0, os.path.dirname(HERE))
+from elastictrain.launcher.zygote_keep import stop_all  # noqa: E402
 
 
 def read(path: str) -> list[tuple[float, int, int, int, str]]:
@@ -81,7 +86,8 @@ def kill_tree(proc: subprocess.Popen) -> None:
         pass
     for p in procs:
         try:
-            p.kill()
+            if "--keep" not in p.cmdline():  # a kept zygote outlives the launch that started it
+                p.kill()
         except psutil.NoSuchProcess:
             pass
     proc.wait()
@@ -256,7 +262,8 @@ def main() -> None:
                     help="seconds of training before the kill (etrun's spares start 5 s in and then import)")
     ap.add_argument("--horovod", action="store_true", help="elastic Horovod: etrun against horovodrun")
     ap.add_argument("--only", default=None, help="these launchers only (comma-separated names; the ratios need "
-                    "torchrun, torchrun_noshare, etrun, etrun_cold, etrun_spares, etrun_spares_cold, etrun_inprocess)")
+                    "torchrun, torchrun_noshare, etrun, etrun_cold, etrun_spares, etrun_spares_cold, etrun_inprocess, "
+                    "etrun_kept)")
     args = ap.parse_args()
     runs = args.runs or (2 if args.quick else 5)
     if args.horovod:
@@ -275,6 +282,9 @@ def main() -> None:
         "etrun_spares": (etrun + ["--zygote", "off"], base, TOY, args.kill_after),
         "etrun_spares_cold": (etrun + ["--zygote", "off"], base, TOY, 1.0),
         "etrun_inprocess": (etrun, base, TOY_INPROCESS, args.kill_after),
+        # the zygote kept between launches: the first run starts it (a first launch), the others find
+        # it ready (one more run than the others, so that the warm figures have as many)
+        "etrun_kept": (etrun + ["--zygote", "keep"], base, TOY, args.kill_after),
     }
     print(f"# toy: {TOY} (in-process: {TOY_INPROCESS}), 2 workers on gloo, {runs} runs per launcher, kill after "
           f"{args.kill_after:.0f} s of training (*_cold: 1 s), recovery timeout {args.recovery_timeout:.0f} s, "
@@ -284,11 +294,22 @@ def main() -> None:
         launchers = {k: v for k, v in launchers.items() if k in args.only.split(",")}
     for name, (cmd, env, toy, kill_after) in launchers.items():
         results = []
-        for i in range(runs):
+        kept = name == "etrun_kept"
+        if kept:
+            stop_all()  # its first run is a first launch
+        for i in range(runs + kept):
             r = one_run(cmd, env, args.recovery_timeout, kill_after, toy)
+            print(f"# {name} run {i + 1}{' (first launch)' * (kept and i == 0)}: "
+                  + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
+                  flush=True)
+            if kept and i == 0:
+                v = r.get("first_step")
+                print(f"etrun_kept_first_launch_to_first_step: {v:.3f} s" if v is not None else
+                      "etrun_kept_first_launch_to_first_step: nan s")
+                continue
             results.append(r)
-            print(f"# {name} run {i + 1}: " + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}"
-                                                         for k, v in r.items()), flush=True)
+        if kept:
+            stop_all()
         s = summary[name] = {k: [r[k] for r in results if k in r] for k in ("start", "first_step", "kill_to_step")}
         ok = sum(1 for r in results if r.get("recovered"))
         for key, label in (("start", "launch_to_worker_start"), ("first_step", "launch_to_first_step")):
@@ -327,6 +348,9 @@ def main() -> None:
     print(f"etrun_vs_torchrun_launch_to_worker_start: {median('etrun', 'start') / median('torchrun', 'start'):.2f} x")
     print(f"etrun_vs_torchrun_launch_to_first_step: "
           f"{median('etrun', 'first_step') / median('torchrun', 'first_step'):.2f} x")
+    print(f"etrun_kept_vs_torchrun_launch_to_first_step: "
+          f"{median('etrun_kept', 'first_step') / median('torchrun', 'first_step'):.2f} x")
+    print(f"recovery_etrun_kept_vs_torchrun: {median('etrun_kept') / base_rec:.2f} x")
     print(f"etrun_spares_vs_torchrun_launch_to_first_step: "
           f"{median('etrun_spares', 'first_step') / median('torchrun', 'first_step'):.2f} x")
 

@@ -44,6 +44,10 @@ def add_commands(sub) -> None:
     n.add_argument("--state-dir", default=None, help="task logs and pid files (default: ./elastictrain-node-NAME)")
     n.add_argument("--poll-wait", type=float, default=5.0, help="seconds a poll may wait for new work (long poll)")
     n.add_argument("--warm-spares", type=int, default=-1, help="etrun's --warm-spares for the jobs run here")
+    n.add_argument("--zygote", choices=("on", "off", "keep"), default=None,
+                   help="etrun's --zygote for the jobs run here; keep: one zygote per job account and environment "
+                   "is kept between the tasks, so a resumed or restarted job forks its workers at once "
+                   "(default: etrun's, on)")
 
     s = sub.add_parser("submit", help="queue a job for the scheduler; prints its id",
                        usage="elastictrain submit [options] -- script.py [args ...]")
@@ -177,7 +181,8 @@ def _node(args) -> int:
             raise ConfigError(f"--gpus {args.gpus}: this machine has {found} GPU(s)")
         slots, kind, gpu_type = args.gpus or found, "gpu", args.gpu_type or name
     cfg = NodeConfig(args.coordinator, args.token_file, args.name, slots, kind, gpu_type,
-                     args.state_dir or f"elastictrain-node-{args.name}", args.poll_wait, args.warm_spares)
+                     args.state_dir or f"elastictrain-node-{args.name}", args.poll_wait, args.warm_spares,
+                     args.zygote)
     return NodeDaemon(cfg).run()
 
 

@@ -225,7 +225,7 @@ class Agent:
 
             why = available()
             if not why:
-                return ZygotePool(preload, env, fallback=spare_pool)
+                return ZygotePool(preload, env, fallback=spare_pool, keep=cfg.zygote_keep)
             log.warning("--zygote on: %s; using warm spares", why)
         return spare_pool
 

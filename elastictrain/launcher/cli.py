@@ -127,9 +127,13 @@ def get_args_parser() -> argparse.ArgumentParser:
          help="pre-started interpreters kept for fast restarts (-1: one per local worker, 0: none)")
     _add(p, "preload", default=",".join(DEFAULT_PRELOAD),
          help="modules the zygote (or warm spares) import ahead (comma-separated; default: what a DDP step imports)")
-    _add(p, "zygote", default="on", choices=("on", "off"),
+    _add(p, "zygote", default="on", choices=("on", "off", "keep"),
          help="on (default, Linux): one process imports --preload once at launch and every worker is forked "
-         "from it (a worker, a replacement, is ready in milliseconds); off: warm spares (--warm-spares)")
+         "from it (a worker, a replacement, is ready in milliseconds); keep: the same process is kept between "
+         "launches of this user and environment, so the next launch skips the imports too; off: warm spares "
+         "(--warm-spares)")
+    _add(p, "zygote-idle", type=float, default=600.0,
+         help="--zygote keep: seconds a kept zygote waits with no etrun and no worker before it exits (default 600)")
     _add(p, "memory-limit", default=None,
          help="each worker's memory limit (RLIMIT_DATA), e.g. 2G; after an out-of-memory failure the next "
          "generation gets twice as much, up to --max-memory-limit")
@@ -245,6 +249,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
 
         parse_group([entrypoint, *script_args])  # refuse a bad job list here, not in every worker
         entrypoint, script_args, module = "elastictrain.launcher.group_main", (entrypoint, *script_args), True
+    if args.zygote == "keep" and not float(args.zygote_idle) > 0:
+        raise ConfigError(f"--zygote keep needs --zygote-idle > 0 seconds, got {args.zygote_idle!r}")
     return LaunchConfig(
         entrypoint=entrypoint, args=script_args,
         min_nodes=lo, max_nodes=hi, nproc_per_node=nproc, run_id=run_id,
@@ -261,7 +267,7 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         module=module, no_python=bool(args.no_python), run_path=bool(args.run_path),
         shutdown_grace=float(args.shutdown_grace), restart_grace=float(args.restart_grace),
         warm_spares=int(args.warm_spares), preload=tuple(x for x in str(args.preload).split(",") if x),
-        zygote=args.zygote == "on",
+        zygote=args.zygote != "off", zygote_keep=float(args.zygote_idle) if args.zygote == "keep" else 0.0,
         rdzv_host=hosted, is_host=is_host, virtual_local_rank=bool(args.virtual_local_rank),
         numa_binding=args.numa_binding if args.numa_binding and _gpus_visible() else None,
         signals=parse_signals(str(args.signals_to_handle)),

@@ -73,6 +73,7 @@ class LaunchConfig:
     warm_spares: int = -1  # -1: one per local worker when the entrypoint is Python
     preload: tuple[str, ...] = DEFAULT_PRELOAD
     zygote: bool = True  # workers forked from one process that imported the preload list (zygote.py)
+    zygote_keep: float = 0.0  # > 0: that process is kept between launches, this many idle seconds (zygote_keep.py)
     run: int = 0  # cluster mode: the scheduler's run this agent belongs to (--rdzv-conf run=N)
     # torchrun's c10d/static habit: the agent that can listen on this (host, port) serves the
     # coordinator there, embedded; the others join it (None: --coordinator or --standalone)
@@ -104,6 +105,8 @@ class LaunchConfig:
             raise ConfigError(f"--nproc-per-node must be >= 1, got {self.nproc_per_node}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
+        if not 0 <= self.zygote_keep <= 7 * 86400 or self.zygote_keep != self.zygote_keep:
+            raise ConfigError(f"--zygote-idle must be 0 to 604800 seconds, got {self.zygote_keep!r}")
         if self.monitor_interval <= 0 or self.shutdown_grace < 0:
             raise ConfigError("--monitor-interval must be > 0 and --shutdown-grace >= 0")
         if self.module and self.no_python:

@@ -58,6 +58,7 @@ class NodeConfig:
     state_dir: str = "elastictrain-node"
     poll_wait: float = 5.0
     warm_spares: int = -1  # passed to etrun (-1: its default)
+    zygote: Optional[str] = None  # etrun's --zygote (None: its default)
 
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= 65536:
@@ -295,7 +296,7 @@ class NodeDaemon:
         if spec.memory_limit:  # a task as another account cannot make cgroups: its data segment then
             enforce = "rlimit" if acct.switch else self._memory_enforce()
         cmd = etrun_command(spec, cfg.coordinator, log_dir=run_dir, token_file=token_file,
-                            warm_spares=cfg.warm_spares, memory_enforce=enforce)
+                            warm_spares=cfg.warm_spares, memory_enforce=enforce, zygote=cfg.zygote)
         env = task_base_env(acct)
         env.update(task_env(spec, cfg.name))
         if cfg.kind == "gpu":

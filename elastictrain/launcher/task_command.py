@@ -31,7 +31,7 @@ def group_command(spec: Task) -> list[str]:
 
 def etrun_command(spec: Task, coordinator: str, *, log_dir: Optional[str], slots: Optional[int] = None,
                   token_file: Optional[str] = None, warm_spares: int = -1, memory_enforce: Optional[str] = None,
-                  python: str = sys.executable) -> list[str]:
+                  python: str = sys.executable, zygote: Optional[str] = None) -> list[str]:
     """The ``etrun`` agent of ``spec`` on one node (``slots``: its local workers, default the task's;
     ``log_dir`` None: etrun takes ``ET_LOG_DIR``, which an engine sets per node)."""
     cmd = [python, "-u", "-m", "elastictrain.launcher.cli", "--nnodes", f"{spec.nnodes}:{spec.nnodes}",
@@ -43,6 +43,8 @@ def etrun_command(spec: Task, coordinator: str, *, log_dir: Optional[str], slots
         cmd += ["--token-file", os.path.abspath(token_file)]
     if warm_spares >= 0:
         cmd += ["--warm-spares", str(warm_spares)]
+    if zygote:
+        cmd += ["--zygote", zygote]
     if spec.memory_limit and memory_enforce:  # a resource plan's limit: etrun doubles it after an OOM
         cmd += ["--memory-limit", str(spec.memory_limit), "--memory-enforce", memory_enforce]
     if spec.group:  # an interleaving group: every member's script in one process per rank

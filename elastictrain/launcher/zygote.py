@@ -6,6 +6,9 @@ replacement after a failure unless a warm spare is ready. With it, ``etrun`` sta
 at launch (``python -m elastictrain.launcher.zygote``), which imports the preload list and then
 only forks: a worker is ready in milliseconds, 1 s or 1 hour into training.
 
+``--zygote keep`` keeps the zygote between launches instead (:mod:`.zygote_keep`): the next etrun
+of the same user and environment connects to it, and its workers are forks from the first moment.
+
 Protocol (a ``SOCK_SEQPACKET`` socket pair, one message per packet): etrun sends ``F`` with three
 file descriptors (the worker's stdin, stdout and stderr); the zygote forks and answers ``P
 <pid>``; when a child exits, ``X <pid> <wait status>``. At start: ``R`` (ready) or ``U <why>``
@@ -64,7 +67,8 @@ def _die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
-def _serve(sock: socket.socket, preload: list[str]) -> None:
+def _import(preload: list[str]) -> str:
+    """Import the preload list; "" where forking is then safe, else why not."""
     for name in preload:
         try:
             __import__(name)
@@ -72,21 +76,53 @@ def _serve(sock: socket.socket, preload: list[str]) -> None:
             pass
     if threading.active_count() > 1:
         names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
-        sock.send(f"U importing {','.join(preload)} started Python threads ({names}): forking is unsafe".encode())
-        return
-    parent = os.getppid()
+        return f"importing {','.join(preload)} started Python threads ({names}): forking is unsafe"
+    return ""
+
+
+def _serve(first: Optional[socket.socket], preload: list[str], listener: Optional[socket.socket] = None,
+           idle: float = 0.0) -> None:
+    """Import, then fork workers on request until there is no one left to serve.
+
+    Per launch (``first``: etrun's end of a socket pair): one client; the zygote retires when it
+    closes its end, or dies with etrun. Kept (``listener``: a Unix socket etruns connect to, see
+    :mod:`.zygote_keep`): any number of clients, one after another or at once; a client that goes
+    (closes or dies) takes its workers with it (their process groups get SIGKILL), and the zygote
+    retires after ``idle`` seconds with no client and no worker."""
+    why = _import(preload)
+    clients: list[socket.socket] = []
+    if first is not None:
+        clients.append(first)
+        first.send(f"U {why}".encode() if why else b"R")
+        if why:
+            return
+    if listener is not None and why:  # tell whoever is already waiting, then retire
+        listener.setblocking(False)
+        try:
+            while True:
+                c, _ = listener.accept()
+                c.send(f"U {why}".encode())
+                c.close()
+        except OSError:
+            return
+    parent = os.getppid() if listener is None else None
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select through the wakeup fd
-    sock.send(b"R")
-    while True:
+    stop = []
+    if listener is not None:
+        signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    owner: dict[int, socket.socket] = {}  # live fork -> the client that asked for it
+    quiet_since = time.monotonic()
+    while not stop:
+        watch = [*clients, wake_r] + ([listener] if listener is not None else [])
         try:
-            ready, _, _ = select.select([sock, wake_r], [], [], 0.5)
+            ready, _, _ = select.select(watch, [], [], 0.5)
         except InterruptedError:
             ready = []
-        if os.getppid() != parent:  # etrun is gone: so are we (our children follow us)
+        if parent is not None and os.getppid() != parent:  # etrun is gone: so are we (our children follow us)
             os._exit(0)
         if wake_r in ready:
             try:
@@ -94,34 +130,82 @@ def _serve(sock: socket.socket, preload: list[str]) -> None:
                     pass
             except BlockingIOError:
                 pass
-        while True:  # reap, and report every child that exited
+        while True:  # reap, and report every child that exited to the client that asked for it
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 break
             if pid == 0:
                 break
-            sock.send(f"X {pid} {status}".encode())
-        if sock in ready:
+            c = owner.pop(pid, None)
+            if c is not None and c in clients:
+                _send(c, f"X {pid} {status}".encode())
+        if listener is not None and listener in ready:
             try:
-                msg, fds, _flags, _addr = socket.recv_fds(sock, 64, 3)
+                c, _ = listener.accept()
+            except OSError:
+                c = None
+            if c is not None:
+                if _peer_uid(c) in (os.getuid(), None):
+                    clients.append(c)
+                    _send(c, b"R")
+                else:  # the directory is private; this is a second line of defence
+                    c.close()
+        for c in [c for c in clients if c in ready]:
+            try:
+                msg, fds, _flags, _addr = socket.recv_fds(c, 64, 3)
             except OSError:
                 msg, fds = b"", []
-            if not msg:  # etrun closed its end: retire
-                return
+            if not msg:  # the client closed its end, or died
+                clients.remove(c)
+                c.close()
+                if listener is None:  # per launch: retire (our children follow us)
+                    return
+                for pid in [p for p, o in owner.items() if o is c]:
+                    del owner[pid]
+                    for kill in (os.killpg, os.kill):
+                        try:
+                            kill(pid, signal.SIGKILL)
+                        except (ProcessLookupError, PermissionError):
+                            pass
+                continue
             if msg == b"F" and len(fds) == 3:
                 pid = os.fork()
                 if pid == 0:
-                    _child(sock, fds, (wake_r, wake_w))  # never returns
+                    _child(fds, [*clients, *([listener] if listener is not None else [])], (wake_r, wake_w))
                 for fd in fds:
                     os.close(fd)
-                sock.send(f"P {pid}".encode())
+                owner[pid] = c
+                _send(c, f"P {pid}".encode())
             else:
                 for fd in fds:
                     os.close(fd)
+        if listener is not None:
+            if clients or owner:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= idle:
+                return
 
 
-def _child(sock: socket.socket, fds: list[int], wake: tuple) -> None:
+def _send(c: socket.socket, msg: bytes) -> None:
+    try:
+        c.send(msg)
+    except OSError:  # it is gone: its end is read as closed at the next select
+        pass
+
+
+def _peer_uid(c: socket.socket) -> Optional[int]:
+    try:
+        import struct
+
+        _pid, uid, _gid = struct.unpack("3i", c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                           struct.calcsize("3i")))
+        return uid
+    except (OSError, AttributeError):
+        return None
+
+
+def _child(fds: list[int], socks: list, wake: tuple) -> None:
     """In the forked child: become a fresh spare runner, then the worker."""
     code = 70
     try:
@@ -129,9 +213,11 @@ def _child(sock: socket.socket, fds: list[int], wake: tuple) -> None:
         os.setsid()
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         for fd in wake:
             os.close(fd)
-        sock.close()
+        for s in socks:
+            s.close()
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
@@ -163,8 +249,22 @@ _zygote_pid = os.getpid()
 
 
 def main() -> None:
+    """``python -m elastictrain.launcher.zygote FD PRELOAD [ETRUN_PID]`` (per launch: FD is its
+    end of etrun's socket pair), or ``--keep SOCKET PRELOAD IDLE`` (kept: :mod:`.zygote_keep`
+    starts it), or ``--stop`` (stop this user's kept zygotes)."""
     global _zygote_pid
     _zygote_pid = os.getpid()
+    if sys.argv[1:2] == ["--stop"]:
+        from .zygote_keep import stop_all
+
+        n = stop_all()
+        print(f"stopped {n} kept zygote{'s' * (n != 1)}")
+        return
+    if sys.argv[1:2] == ["--keep"]:
+        from .zygote_keep import serve_kept
+
+        serve_kept(sys.argv[2], [m for m in sys.argv[3].split(",") if m], float(sys.argv[4]))
+        return
     if len(sys.argv) > 3 and sys.argv[3].isdigit():  # etrun's pid
         _die_with_parent(int(sys.argv[3]))
     sock = socket.socket(fileno=int(sys.argv[1]))
@@ -218,8 +318,9 @@ class ZygotePool:
     (``take``, ``fill``, ``fill_later``, ``close``). Where the zygote cannot be used (``why``),
     ``fallback`` (today's warm spares) serves instead."""
 
-    def __init__(self, preload: tuple[str, ...], env: dict[str, str], fallback=None) -> None:
+    def __init__(self, preload: tuple[str, ...], env: dict[str, str], fallback=None, keep: float = 0.0) -> None:
         self._fallback = fallback
+        self.kept = False  # workers come from a zygote kept between launches (keep > 0: .zygote_keep)
         self.why = ""  # why the zygote is not used ("" while it is)
         self._ready = threading.Event()
         self._lock = threading.Lock()  # one fork request at a time
@@ -229,13 +330,23 @@ class ZygotePool:
         self._pids: "queue.Queue[int]" = queue.Queue()
         self._dead = False
         self._said = False  # the fallback was reported
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self._sock = ours
-        self._proc = subprocess.Popen(
-            [sys.executable, "-u", "-m", "elastictrain.launcher.zygote", str(theirs.fileno()), ",".join(preload),
-             str(os.getpid())],
-            pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
-        theirs.close()
+        self._proc: Optional[subprocess.Popen] = None
+        if keep > 0:
+            from .zygote_keep import connect
+
+            try:
+                self._sock = connect(preload, env, keep)
+                self.kept = True
+            except OSError as exc:
+                log.warning("--zygote keep: %s; this launch starts its own zygote", exc.strerror or exc)
+        if not self.kept:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            self._sock = ours
+            self._proc = subprocess.Popen(
+                [sys.executable, "-u", "-m", "elastictrain.launcher.zygote", str(theirs.fileno()),
+                 ",".join(preload), str(os.getpid())],
+                pass_fds=[theirs.fileno()], env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+            theirs.close()
         self._reader = threading.Thread(target=self._read, name="et-zygote", daemon=True)
         self._reader.start()
 
@@ -274,7 +385,7 @@ class ZygotePool:
             self._live.clear()
             self._cond.notify_all()
         if not self._ready.is_set():
-            self.why = self.why or f"the zygote exited at start ({self._proc.wait()})"
+            self.why = self.why or f"the zygote exited at start ({self._proc.wait() if self._proc else 'kept'})"
             self._ready.set()
         self._pids.put(-1)
 
@@ -347,11 +458,12 @@ class ZygotePool:
         except OSError:
             pass
         self._sock.close()
-        try:
-            self._proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self._proc.kill()
-            self._proc.wait()
+        if self._proc is not None:  # (a kept zygote stays: it retires when idle)
+            try:
+                self._proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
         self._reader.join(5)
         if self._fallback is not None:
             self._fallback.close()

@@ -147,3 +147,127 @@ def test_zygote_off_uses_fresh_interpreters(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     info = [json.loads((tmp_path / f"probe{i}.json").read_text()) for i in range(2)]
     assert not any(i["preloaded"] for i in info)
+
+
+# ---------------------------------------------------------------- --zygote keep (launcher/zygote_keep.py)
+KEPT_JOB = """
+import json, os, sys
+print(json.dumps({"rank": os.environ["RANK"], "ppid": os.getppid(), "preloaded": "%s" in sys.modules,
+                  "var": os.environ.get("MYVAR")}), flush=True)
+sys.exit(int(os.environ.get("EXIT", "0")))
+"""
+
+
+@pytest.fixture
+def kept_env(tmp_path):
+    """A private runtime directory of its own (short: a socket path is at most 107 bytes), and every
+    kept zygote started in it stopped afterwards."""
+    import tempfile
+
+    run = tempfile.mkdtemp(prefix="etz", dir="/tmp")
+    env = {"XDG_RUNTIME_DIR": run}
+    yield env
+    subprocess.run([sys.executable, "-m", "elastictrain.launcher.zygote", "--stop"], env=dict(os.environ, **env),
+                   capture_output=True, timeout=30)
+    for k in psutil.process_iter():
+        if _cmdline_has(k, run):
+            try:
+                k.kill()
+            except psutil.Error:
+                pass
+    import shutil
+
+    shutil.rmtree(run, ignore_errors=True)
+
+
+def _cmdline_has(proc, *words) -> bool:
+    if proc is None:
+        return False
+    try:
+        line = " ".join(proc.cmdline())
+    except psutil.Error:
+        return False
+    return all(w in line for w in words)
+
+
+def _parent(proc):
+    try:
+        return proc.parent()
+    except psutil.Error:
+        return None
+
+
+def _kept(tmp_path, env, *extra):
+    (tmp_path / "job.py").write_text(textwrap.dedent(KEPT_JOB % "xml.dom.minidom"))
+    r = _run(["--standalone", "--nproc-per-node", "2", "--zygote", "keep", "--zygote-idle", "30",
+              "--preload", "xml.dom.minidom", *extra, "job.py"], tmp_path, env=env)
+    rows = [json.loads(line[line.index("{"):]) for line in r.stdout.splitlines() if "{" in line]
+    return r, rows
+
+
+def test_a_kept_zygote_serves_the_next_launch_of_the_same_environment(tmp_path, kept_env):
+    r1, first = _kept(tmp_path, dict(kept_env, MYVAR="one"))
+    assert r1.returncode == 0 and len(first) == 2, r1.stderr[-3000:]
+    assert "started a kept zygote" in r1.stderr
+    zygote = first[0]["ppid"]
+    assert first[1]["ppid"] == zygote and all(w["preloaded"] for w in first)
+    assert psutil.pid_exists(zygote), "the kept zygote outlives the launch that started it"
+    # the next launch (another value of a variable imports do not read) forks from the same process
+    r2, second = _kept(tmp_path, dict(kept_env, MYVAR="two"))
+    assert r2.returncode == 0 and "started a kept zygote" not in r2.stderr, r2.stderr[-3000:]
+    assert {w["ppid"] for w in second} == {zygote}
+    assert {w["var"] for w in second} == {"two"}, "each launch's workers get that launch's environment"
+    # a variable that could change what an import does selects another zygote
+    r3, third = _kept(tmp_path, dict(kept_env, TORCH_SHOW_CPP_STACKTRACES="1"))
+    assert r3.returncode == 0 and "started a kept zygote" in r3.stderr, r3.stderr[-3000:]
+    assert {w["ppid"] for w in third} != {zygote}
+    # a worker's exit status comes back through the kept zygote
+    r4, _ = _kept(tmp_path, dict(kept_env, EXIT="3"), "--max-restarts", "0")
+    assert r4.returncode != 0 and "exit code 3" in r4.stderr, r4.stderr[-3000:]
+    stop = subprocess.run([sys.executable, "-m", "elastictrain.launcher.zygote", "--stop"],
+                          env=dict(os.environ, **kept_env), capture_output=True, text=True, timeout=30)
+    assert "stopped 2 kept zygotes" in stop.stdout, stop.stdout + stop.stderr
+    assert not psutil.pid_exists(zygote) or psutil.Process(zygote).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_killed_etrun_takes_its_workers_but_not_the_kept_zygote_which_retires_when_idle(tmp_path, kept_env):
+    (tmp_path / "sleep.py").write_text("import time\nwhile True:\n    time.sleep(0.1)\n")
+    env = dict(os.environ, **kept_env)
+    env.pop("ET_COORDINATOR", None)
+    p = subprocess.Popen(ETRUN + ["--standalone", "--nproc-per-node", "2", "--zygote", "keep", "--zygote-idle", "2",
+                                  "--preload", "json", "sleep.py"], cwd=tmp_path, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            # (its forks have its command line too)
+            zyg = [k for k in psutil.process_iter() if _cmdline_has(k, "--keep", kept_env["XDG_RUNTIME_DIR"])
+                   and not _cmdline_has(_parent(k), "--keep")]
+            workers = [c for z in zyg for c in z.children()]
+            if len(zyg) == 1 and len(workers) == 2:
+                break
+            assert time.monotonic() < deadline, (zyg, workers)
+            time.sleep(0.05)
+        p.kill()  # SIGKILL: etrun cannot clean up; the kept zygote sees its connection close
+        p.wait()
+        gone, alive = psutil.wait_procs(workers, timeout=10)
+        assert not alive, f"workers left running after etrun's SIGKILL: {[k.pid for k in alive]}"
+        assert zyg[0].is_running(), "the kept zygote stays for the next launch"
+        sock = [f for f in os.listdir(os.path.join(kept_env["XDG_RUNTIME_DIR"], "elastictrain"))
+                if f.endswith(".sock")]
+        assert len(sock) == 1
+        zyg[0].wait(timeout=15)  # --zygote-idle 2: it retires, and removes its socket
+        assert not [f for f in os.listdir(os.path.join(kept_env["XDG_RUNTIME_DIR"], "elastictrain"))
+                    if f.endswith(".sock")]
+    finally:
+        if p.poll() is None:
+            p.kill()
+
+
+def test_a_shared_socket_directory_is_refused_and_the_launch_goes_on(tmp_path, kept_env):
+    os.mkdir(os.path.join(kept_env["XDG_RUNTIME_DIR"], "elastictrain"), 0o755)
+    os.chmod(os.path.join(kept_env["XDG_RUNTIME_DIR"], "elastictrain"), 0o755)
+    r, rows = _kept(tmp_path, kept_env)
+    assert r.returncode == 0 and len(rows) == 2, r.stderr[-3000:]
+    assert "--zygote keep" in r.stderr and "only user" in r.stderr and "starts its own zygote" in r.stderr
+    assert all(w["preloaded"] for w in rows), "the launch still forks from a zygote, its own"

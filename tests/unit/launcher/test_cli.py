@@ -68,3 +68,42 @@ def test_horovod_mode_is_chosen_and_refused_where_it_cannot_work(monkeypatch):
     assert cfg(["x.py"]).horovod is False
     with pytest.raises(ConfigError, match="make horovod"):
         cfg(["--horovod", "on", "x.py"])
+
+
+def test_zygote_keep_flags():
+    from elastictrain.launcher.cli import config_from_args, get_args_parser
+
+    cfg = config_from_args(get_args_parser().parse_args(["--standalone", "--zygote", "keep", "x.py"]))
+    assert cfg.zygote and cfg.zygote_keep == 600.0
+    cfg = config_from_args(get_args_parser().parse_args(["--standalone", "--zygote", "keep", "--zygote-idle", "5",
+                                                         "x.py"]))
+    assert cfg.zygote_keep == 5.0
+    assert config_from_args(get_args_parser().parse_args(["--standalone", "x.py"])).zygote_keep == 0.0
+    for bad in ("0", "-1", "nan", "1e9"):
+        with pytest.raises(ConfigError, match="zygote-idle"):
+            config_from_args(get_args_parser().parse_args(["--standalone", "--zygote", "keep", "--zygote-idle",
+                                                           bad, "x.py"]))
+
+
+def test_kept_zygote_key_reads_only_what_imports_could_depend_on():
+    from elastictrain.launcher.zygote_keep import key
+
+    base = {"PATH": "/usr/bin", "HOME": "/root"}
+    k = key(("torch",), base)
+    assert key(("torch",), dict(base, RANK="3", MASTER_PORT="1234", ET_JOB="x")) == k
+    for name in ("PYTHONPATH", "LD_LIBRARY_PATH", "TORCH_LOGS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
+        assert key(("torch",), dict(base, **{name: "1"})) != k, name
+    assert key(("torch", "numpy"), base) != k
+
+
+def test_node_daemon_passes_its_zygote_mode_to_every_task():
+    from elastictrain.launcher.task_command import etrun_command
+    from elastictrain.wire import Task
+
+    spec = Task(job="j1", run=1, slots=2, gpus=[0, 1], nnodes=1, command=["train.py"], workdir="/w", env={},
+                max_restarts=3, grace=30.0, module=False)
+    cmd = etrun_command(spec, "http://127.0.0.1:1", log_dir=None, zygote="keep")
+    assert cmd[cmd.index("--zygote") + 1] == "keep" and cmd[-1] == "train.py"
+    assert "--zygote" not in etrun_command(spec, "http://127.0.0.1:1", log_dir=None)
+    cfg = config_from_args(get_args_parser().parse_args(cmd[4:]))  # etrun accepts what the daemon builds
+    assert cfg.zygote_keep == 600.0

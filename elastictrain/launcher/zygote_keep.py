@@ -10,8 +10,11 @@ Where it lives: a Unix socket ``zygote-<key>.sock`` in a directory only its user
 (``$XDG_RUNTIME_DIR/elastictrain``, else ``<tmp>/elastictrain-<uid>``; one that is not a private
 directory of this user is refused, and etrun falls back to a per-launch zygote). The key is a
 digest of what the imports could depend on: the Python executable and version, the preload list
-and every environment variable that configures Python, torch or its native libraries
-(:data:`IMPORT_ENV`); a launch that differs in any of them gets its own zygote. The zygote also
+and the zygote's environment, which is the launch's variables that configure Python, torch or its
+native libraries (:data:`IMPORT_ENV`), plus the user's ``PATH``, ``HOME`` and locale
+(:func:`zygote_env`); a launch that differs in any of them gets its own zygote. (So the zygote's
+imports see the same environment whichever launch started it, and it holds none of a launch's
+other variables: a job's tokens stay out of it.) The zygote also
 checks each connecting peer's uid. Its own output goes to ``zygote-<key>.log`` beside the socket.
 
 What a worker keeps from the zygote is what it keeps from a per-launch one: the imported
@@ -37,7 +40,7 @@ import tempfile
 import time
 from typing import Optional
 
-__all__ = ["IMPORT_ENV", "key", "socket_dir", "connect", "serve_kept", "stop_all"]
+__all__ = ["IMPORT_ENV", "zygote_env", "key", "socket_dir", "connect", "serve_kept", "stop_all"]
 
 log = logging.getLogger("etrun")
 
@@ -46,7 +49,9 @@ log = logging.getLogger("etrun")
 IMPORT_ENV = ("PYTHONPATH", "PYTHONHOME", "PYTHONNOUSERSITE", "PYTHONSAFEPATH", "PYTHONDONTWRITEBYTECODE",
               "PYTHONHASHSEED", "PYTHONWARNINGS", "PYTHONOPTIMIZE", "LD_LIBRARY_PATH", "LD_PRELOAD", "VIRTUAL_ENV",
               "TORCH_", "PYTORCH_", "OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "CUDA_", "NCCL_", "HF_", "TF_",
-              "XLA_", "NUMEXPR_", "TRITON_", "ET_PRELOAD")
+              "XLA_", "NUMEXPR_", "TRITON_", "ET_PRELOAD",
+              # and the user's basics, which the zygote needs to run at all
+              "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "LC_", "TZ", "TMPDIR")
 _CONNECT_TIMEOUT = 10.0  # seconds a newly started zygote may take to listen (it listens before importing)
 _started: list = []  # the kept zygotes this process started (kept referenced: they outlive our wait)
 
@@ -55,9 +60,14 @@ def _relevant(name: str) -> bool:
     return any(name.startswith(p) if p.endswith("_") else name == p for p in IMPORT_ENV)
 
 
+def zygote_env(env: dict[str, str]) -> dict[str, str]:
+    """The kept zygote's environment: the launch's variables named by :data:`IMPORT_ENV`."""
+    return {k: v for k, v in env.items() if _relevant(k)}
+
+
 def key(preload: tuple[str, ...], env: dict[str, str]) -> str:
     """The digest naming the zygote for this Python, preload list and import-time environment."""
-    parts = [sys.executable, sys.version, list(preload), sorted((k, v) for k, v in env.items() if _relevant(k))]
+    parts = [sys.executable, sys.version, list(preload), sorted(zygote_env(env).items())]
     return hashlib.sha256(json.dumps(parts).encode()).hexdigest()[:20]
 
 
@@ -116,7 +126,7 @@ def connect(preload: tuple[str, ...], env: dict[str, str], idle: float) -> socke
         out = open(os.path.join(d, f"zygote-{name}.log"), "ab")
         proc = subprocess.Popen([sys.executable, "-u", "-m", "elastictrain.launcher.zygote", "--keep", path,
                                  ",".join(preload), repr(float(idle))],
-                                env=env, cwd="/", stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                env=zygote_env(env), cwd="/", stdin=subprocess.DEVNULL, stdout=out, stderr=out,
                                 start_new_session=True)
         out.close()
         _started.append(proc)

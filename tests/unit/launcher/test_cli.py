@@ -94,6 +94,10 @@ def test_kept_zygote_key_reads_only_what_imports_could_depend_on():
     for name in ("PYTHONPATH", "LD_LIBRARY_PATH", "TORCH_LOGS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
         assert key(("torch",), dict(base, **{name: "1"})) != k, name
     assert key(("torch", "numpy"), base) != k
+    assert key(("torch",), dict(base, PATH="/opt/bin")) != k
+    from elastictrain.launcher.zygote_keep import zygote_env
+
+    assert zygote_env(dict(base, ET_TOKEN="secret", RANK="1", TORCH_LOGS="x")) == dict(base, TORCH_LOGS="x")
 
 
 def test_node_daemon_passes_its_zygote_mode_to_every_task():

@@ -81,14 +81,16 @@ def _import(preload: list[str]) -> str:
 
 
 def _serve(first: Optional[socket.socket], preload: list[str], listener: Optional[socket.socket] = None,
-           idle: float = 0.0) -> None:
+           idle: float = 0.0, retire=None) -> None:
     """Import, then fork workers on request until there is no one left to serve.
 
     Per launch (``first``: etrun's end of a socket pair): one client; the zygote retires when it
     closes its end, or dies with etrun. Kept (``listener``: a Unix socket etruns connect to, see
     :mod:`.zygote_keep`): any number of clients, one after another or at once; a client that goes
     (closes or dies) takes its workers with it (their process groups get SIGKILL), and the zygote
-    retires after ``idle`` seconds with no client and no worker."""
+    retires after ``idle`` seconds with no client and no worker: it calls ``retire`` (which
+    removes its socket's name, so the next etrun starts a new zygote), serves whoever connected
+    just before, and exits when they have gone."""
     why = _import(preload)
     clients: list[socket.socket] = []
     if first is not None:
@@ -105,14 +107,15 @@ def _serve(first: Optional[socket.socket], preload: list[str], listener: Optiona
                 c.close()
         except OSError:
             return
-    parent = os.getppid() if listener is None else None
+    kept = listener is not None
+    parent = None if kept else os.getppid()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_r, False)
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the select through the wakeup fd
     stop = []
-    if listener is not None:
+    if kept:
         signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
     owner: dict[int, socket.socket] = {}  # live fork -> the client that asked for it
     quiet_since = time.monotonic()
@@ -159,7 +162,7 @@ def _serve(first: Optional[socket.socket], preload: list[str], listener: Optiona
             if not msg:  # the client closed its end, or died
                 clients.remove(c)
                 c.close()
-                if listener is None:  # per launch: retire (our children follow us)
+                if not kept:  # per launch: retire (our children follow us)
                     return
                 for pid in [p for p, o in owner.items() if o is c]:
                     del owner[pid]
@@ -180,11 +183,24 @@ def _serve(first: Optional[socket.socket], preload: list[str], listener: Optiona
             else:
                 for fd in fds:
                     os.close(fd)
-        if listener is not None:
+        if kept:
             if clients or owner:
                 quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= idle:
+            elif listener is None:  # retired, and the last client has gone
                 return
+            elif time.monotonic() - quiet_since >= idle:
+                if retire is not None:
+                    retire()
+                listener.setblocking(False)
+                try:  # an etrun that connected just before: served, not dropped
+                    while True:
+                        c, _ = listener.accept()
+                        clients.append(c)
+                        _send(c, b"R")
+                except OSError:
+                    pass
+                listener.close()
+                listener = None
 
 
 def _send(c: socket.socket, msg: bytes) -> None:

@@ -162,15 +162,19 @@ def serve_kept(path: str, preload: list[str], idle: float) -> None:
     with open(path[:-5] + ".pid", "w") as f:
         f.write(f"{os.getpid()}\n")
     ino = os.stat(path).st_ino
-    try:
-        _serve(None, preload, listener=listener, idle=idle)
-    finally:
+
+    def retire() -> None:
         try:
             if os.stat(path).st_ino == ino:  # not a successor's socket
                 os.unlink(path)
                 os.unlink(path[:-5] + ".pid")
         except OSError:
             pass
+
+    try:
+        _serve(None, preload, listener=listener, idle=idle, retire=retire)
+    finally:
+        retire()
         listener.close()
 
 

@@ -172,18 +172,25 @@ class SlurmKit:
     def stop(self) -> None:
         subprocess.run(["scancel", "--full", "--signal=KILL", "-u", "root"], env=self.env, capture_output=True,
                        timeout=30, check=False)
+        pids = []
         for name in ("run/slurmd-n1.pid", "run/slurmd-n2.pid", "run/slurmctld.pid", "munge/munged.pid"):
             path = os.path.join(self.root, name)
             try:
                 with open(path) as f:
-                    pid = int(f.read())
+                    pids.append(int(f.read()))
             except (OSError, ValueError):
                 continue
+        for pid in pids:  # all at once: each takes about 2 s to wind down
             try:
                 os.kill(pid, signal.SIGTERM)
-                for _ in range(50):
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + 5.0
+        for pid in pids:
+            try:
+                while time.monotonic() < deadline:
                     os.kill(pid, 0)
-                    time.sleep(0.1)
+                    time.sleep(0.05)
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass

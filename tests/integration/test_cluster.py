@@ -47,11 +47,11 @@ def _run_workload(c: Cluster, during=None, first_queue: float = 20.0, long_epoch
     return ids
 
 
-def _check_common(c: Cluster, ids: dict) -> tuple[dict, list]:
+def _check_common(c: Cluster, ids: dict, workload=ALL) -> tuple[dict, list]:
     st = c.client.cluster_status()
     jobs = {j.name: j for j in st.jobs}
     assert all(j.status == "finished" for j in jobs.values()), {n: (j.status, j.reason) for n, j in jobs.items()}
-    for name, _, epochs, _ in ALL:
+    for name, _, epochs, _ in workload:
         r = c.result(name)
         assert r["min"] == r["max"] == 1, f"{name}: every sample must be trained on once per epoch: {r}"
     events = c.events()
@@ -188,17 +188,17 @@ def test_coordinator_kill_9_loses_nothing(cluster_factory):
 def test_node_daemon_kill_9_requeues_its_jobs_from_their_checkpoints(cluster_factory):
     c = cluster_factory("tiresias-l", "--thresholds", "20", node_timeout=4.0)
 
-    def crash(c, ids):
-        st = c.wait(lambda st: any(j.status == "running" and j.step > 2 and any(p.node == "n2" for p in j.placement)
-                                   for j in st.jobs), 120, "a job training on n2")
-        victims = [j.id for j in st.jobs if j.status == "running" and any(p.node == "n2" for p in j.placement)]
-        c.kill_node("n2")
-        c.wait(lambda st: any(n.name == "n2" and n.state == "down" for n in st.nodes) or
-               all(j.status != "running" or not any(p.node == "n2" for p in j.placement)
-                   for j in st.jobs if j.id in victims), 60, "n2's jobs to be requeued")
-        c.start_node("n2")  # it comes back and registers again
-
-    ids = _run_workload(c, crash)
-    jobs, events = _check_common(c, ids)
+    # the long jobs alone (the queueing scenario is test_tiresias_preempts_...): one trains on n2
+    ids = {name: submit(c, name, gpus, epochs, samples) for name, gpus, epochs, samples in LONG}
+    st = c.wait(lambda st: any(j.status == "running" and j.step > 2 and any(p.node == "n2" for p in j.placement)
+                               for j in st.jobs), 120, "a job training on n2")
+    victims = [j.id for j in st.jobs if j.status == "running" and any(p.node == "n2" for p in j.placement)]
+    c.kill_node("n2")
+    c.wait(lambda st: any(n.name == "n2" and n.state == "down" for n in st.nodes) or
+           all(j.status != "running" or not any(p.node == "n2" for p in j.placement)
+               for j in st.jobs if j.id in victims), 60, "n2's jobs to be requeued")
+    c.start_node("n2")  # it comes back and registers again
+    c.wait_all(len(LONG), timeout=200)
+    jobs, events = _check_common(c, ids, LONG)
     assert [e for e in events if e.kind == "requeue" or (e.kind == "preempted" and e.detail.get("codes"))]
     assert [e for e in events if e.kind == "node_up" and e.node == "n2"]

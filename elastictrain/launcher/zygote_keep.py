@@ -113,11 +113,13 @@ def connect(preload: tuple[str, ...], env: dict[str, str], idle: float) -> socke
     path = os.path.join(d, f"zygote-{name}.sock")
     sock = _try(path)
     if sock is not None:
+        log.info("forking workers from the kept zygote %s", path)
         return sock
     with open(os.path.join(d, f"zygote-{name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one etrun starts it; the others connect to it
         sock = _try(path)
         if sock is not None:
+            log.info("forking workers from the kept zygote %s", path)
             return sock
         try:
             os.unlink(path)  # a socket nobody listens on: its zygote died

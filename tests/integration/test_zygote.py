@@ -215,6 +215,7 @@ def test_a_kept_zygote_serves_the_next_launch_of_the_same_environment(tmp_path, 
     # the next launch (another value of a variable imports do not read) forks from the same process
     r2, second = _kept(tmp_path, dict(kept_env, MYVAR="two"))
     assert r2.returncode == 0 and "started a kept zygote" not in r2.stderr, r2.stderr[-3000:]
+    assert "forking workers from the kept zygote" in r2.stderr
     assert {w["ppid"] for w in second} == {zygote}
     assert {w["var"] for w in second} == {"two"}, "each launch's workers get that launch's environment"
     # a variable that could change what an import does selects another zygote

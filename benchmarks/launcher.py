@@ -20,6 +20,7 @@ find the zygote ready). Each recovery is split into
 phases: etrun's own (detect, report, stop, rendezvous, spawn, from its log) and the new
 worker's (process start, imports, init, first step, from the toy's events).
 Prints ``name: value unit`` lines; ``--quick`` does 2 runs per launcher instead of 5.
+``--backend nccl --nproc 1`` runs the toy on a GPU (NCCL allows one rank per GPU; docs/gpu.md).
 
 ``--horovod`` (needs ``make horovod``) instead compares elastic Horovod: launcher_toy_horovod.py
 (``hvd.elastic.run``, unmodified) under etrun and under horovodrun's own elastic mode
@@ -145,13 +146,14 @@ def _phases(rows, t_kill: float, nxt, log_path: str) -> dict:
     return out
 
 
-def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: float, toy: str = TOY) -> dict:
+def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: float, toy: str = TOY,
+            nproc: int = 2) -> dict:
     work = tempfile.mkdtemp(prefix="et-launch-")
     events = os.path.join(work, "events")
     env = dict(env, BENCH_EVENTS=events)
     out = open(os.path.join(work, "launcher.log"), "wb")
     t0 = time.time()
-    proc = subprocess.Popen(cmd + ["--nproc-per-node", "2", "--max-restarts", "3", "--standalone", toy],
+    proc = subprocess.Popen(cmd + ["--nproc-per-node", str(nproc), "--max-restarts", "3", "--standalone", toy],
                             env=env, cwd=work, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     res: dict = {}
     try:
@@ -164,7 +166,7 @@ def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: floa
         res["first_step"] = first[0] - t0
         time.sleep(kill_after)  # a failure comes after the job settled (etrun's spares are warm by then)
         before = {r[1]: r[3] for r in read(events) if r[2] == 0}
-        victim = before[1]
+        victim = before[nproc - 1]  # the last rank (rank 1 of the usual 2)
         t_kill = time.time()
         os.kill(victim, signal.SIGKILL)
         nxt = wait_for(events, lambda r: r[4].startswith("step") and r[2] >= 1 and r[0] > t_kill, recovery_timeout)
@@ -261,6 +263,9 @@ def main() -> None:
     ap.add_argument("--kill-after", type=float, default=10.0,
                     help="seconds of training before the kill (etrun's spares start 5 s in and then import)")
     ap.add_argument("--horovod", action="store_true", help="elastic Horovod: etrun against horovodrun")
+    ap.add_argument("--backend", default="gloo", choices=("gloo", "nccl"),
+                    help="the toy's process group: gloo on the CPU, or nccl (each rank on a GPU; one rank per GPU)")
+    ap.add_argument("--nproc", type=int, default=2, help="workers (default 2; NCCL on one GPU: 1)")
     ap.add_argument("--only", default=None, help="these launchers only (comma-separated names; the ratios need "
                     "torchrun, torchrun_noshare, etrun, etrun_cold, etrun_spares, etrun_spares_cold, etrun_inprocess, "
                     "etrun_kept)")
@@ -268,9 +273,14 @@ def main() -> None:
     runs = args.runs or (2 if args.quick else 5)
     if args.horovod:
         return main_horovod(runs, args.recovery_timeout, min(args.kill_after, 5.0))
-    base = dict(os.environ)
+    base = dict(os.environ, BENCH_BACKEND=args.backend)
     base.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)
     etrun, torchrun = [os.path.join(BIN, "etrun")], [os.path.join(BIN, "torchrun")]
+    if not os.path.exists(etrun[0]):  # not installed (a machine with the sources on PYTHONPATH)
+        etrun = [sys.executable, "-m", "elastictrain.launcher.cli"]
+        base["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(HERE), base.get("PYTHONPATH")]))
+    if not os.path.exists(torchrun[0]):
+        torchrun = [sys.executable, "-m", "torch.distributed.run"]
     # name: (command, environment, script, seconds of training before the kill)
     launchers = {
         "torchrun": (torchrun, base, TOY, args.kill_after),
@@ -281,12 +291,13 @@ def main() -> None:
         # warm spares instead of the zygote; a failure before they are ready is a cold start
         "etrun_spares": (etrun + ["--zygote", "off"], base, TOY, args.kill_after),
         "etrun_spares_cold": (etrun + ["--zygote", "off"], base, TOY, 1.0),
-        "etrun_inprocess": (etrun, base, TOY_INPROCESS, args.kill_after),
+        "etrun_inprocess": (etrun, base, TOY_INPROCESS, args.kill_after),  # (gloo only)
         # the zygote kept between launches: the first run starts it (a first launch), the others find
         # it ready (one more run than the others, so that the warm figures have as many)
         "etrun_kept": (etrun + ["--zygote", "keep"], base, TOY, args.kill_after),
     }
-    print(f"# toy: {TOY} (in-process: {TOY_INPROCESS}), 2 workers on gloo, {runs} runs per launcher, kill after "
+    print(f"# toy: {TOY} (in-process: {TOY_INPROCESS}), {args.nproc} workers on {args.backend}, {runs} runs per "
+          f"launcher, kill after "
           f"{args.kill_after:.0f} s of training (*_cold: 1 s), recovery timeout {args.recovery_timeout:.0f} s, "
           f"{os.cpu_count()} CPUs")
     summary: dict[str, dict[str, list[float]]] = {}
@@ -298,7 +309,7 @@ def main() -> None:
         if kept:
             stop_all()  # its first run is a first launch
         for i in range(runs + kept):
-            r = one_run(cmd, env, args.recovery_timeout, kill_after, toy)
+            r = one_run(cmd, env, args.recovery_timeout, kill_after, toy, args.nproc)
             print(f"# {name} run {i + 1}{' (first launch)' * (kept and i == 0)}: "
                   + ", ".join(f"{k}={v:.3f}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()),
                   flush=True)

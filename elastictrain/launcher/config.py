@@ -105,7 +105,7 @@ class LaunchConfig:
             raise ConfigError(f"--nproc-per-node must be >= 1, got {self.nproc_per_node}")
         if self.max_restarts < 0:
             raise ConfigError(f"--max-restarts must be >= 0, got {self.max_restarts}")
-        if not 0 <= self.zygote_keep <= 7 * 86400 or self.zygote_keep != self.zygote_keep:
+        if not 0 <= self.zygote_keep <= 7 * 86400:  # (NaN fails it too)
             raise ConfigError(f"--zygote-idle must be 0 to 604800 seconds, got {self.zygote_keep!r}")
         if self.monitor_interval <= 0 or self.shutdown_grace < 0:
             raise ConfigError("--monitor-interval must be > 0 and --shutdown-grace >= 0")

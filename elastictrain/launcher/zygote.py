@@ -35,6 +35,7 @@ import queue
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -100,13 +101,9 @@ def _serve(first: Optional[socket.socket], preload: list[str], listener: Optiona
             return
     if listener is not None and why:  # tell whoever is already waiting, then retire
         listener.setblocking(False)
-        try:
-            while True:
-                c, _ = listener.accept()
-                c.send(f"U {why}".encode())
-                c.close()
-        except OSError:
-            return
+        for c in _admit(listener, f"U {why}".encode(), every=True):
+            c.close()
+        return
     kept = listener is not None
     parent = None if kept else os.getppid()
     wake_r, wake_w = os.pipe()
@@ -144,16 +141,7 @@ def _serve(first: Optional[socket.socket], preload: list[str], listener: Optiona
             if c is not None and c in clients:
                 _send(c, f"X {pid} {status}".encode())
         if listener is not None and listener in ready:
-            try:
-                c, _ = listener.accept()
-            except OSError:
-                c = None
-            if c is not None:
-                if _peer_uid(c) in (os.getuid(), None):
-                    clients.append(c)
-                    _send(c, b"R")
-                else:  # the directory is private; this is a second line of defence
-                    c.close()
+            clients += _admit(listener, b"R")
         for c in [c for c in clients if c in ready]:
             try:
                 msg, fds, _flags, _addr = socket.recv_fds(c, 64, 3)
@@ -191,16 +179,29 @@ def _serve(first: Optional[socket.socket], preload: list[str], listener: Optiona
             elif time.monotonic() - quiet_since >= idle:
                 if retire is not None:
                     retire()
-                listener.setblocking(False)
-                try:  # an etrun that connected just before: served, not dropped
-                    while True:
-                        c, _ = listener.accept()
-                        clients.append(c)
-                        _send(c, b"R")
-                except OSError:
-                    pass
+                listener.setblocking(False)  # an etrun that connected just before: served, not dropped
+                clients += _admit(listener, b"R", every=True)
                 listener.close()
                 listener = None
+
+
+def _admit(listener: socket.socket, hello: bytes, every: bool = False) -> list:
+    """Accept one waiting connection (``every``: all of them, from a non-blocking listener) of a
+    peer running as this user, and greet it with ``hello``. (The socket's directory is private;
+    the uid check is a second line of defence.)"""
+    out = []
+    while True:
+        try:
+            c, _ = listener.accept()
+        except OSError:
+            return out
+        if _peer_uid(c) in (os.getuid(), None):
+            _send(c, hello)
+            out.append(c)
+        else:
+            c.close()
+        if not every:
+            return out
 
 
 def _send(c: socket.socket, msg: bytes) -> None:
@@ -212,8 +213,6 @@ def _send(c: socket.socket, msg: bytes) -> None:
 
 def _peer_uid(c: socket.socket) -> Optional[int]:
     try:
-        import struct
-
         _pid, uid, _gid = struct.unpack("3i", c.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                                            struct.calcsize("3i")))
         return uid
@@ -336,7 +335,6 @@ class ZygotePool:
 
     def __init__(self, preload: tuple[str, ...], env: dict[str, str], fallback=None, keep: float = 0.0) -> None:
         self._fallback = fallback
-        self.kept = False  # workers come from a zygote kept between launches (keep > 0: .zygote_keep)
         self.why = ""  # why the zygote is not used ("" while it is)
         self._ready = threading.Event()
         self._lock = threading.Lock()  # one fork request at a time
@@ -346,16 +344,16 @@ class ZygotePool:
         self._pids: "queue.Queue[int]" = queue.Queue()
         self._dead = False
         self._said = False  # the fallback was reported
-        self._proc: Optional[subprocess.Popen] = None
+        self._proc: Optional[subprocess.Popen] = None  # None: a kept zygote (keep > 0, .zygote_keep)
+        sock = None
         if keep > 0:
             from .zygote_keep import connect
 
             try:
-                self._sock = connect(preload, env, keep)
-                self.kept = True
+                sock = self._sock = connect(preload, env, keep)
             except OSError as exc:
                 log.warning("--zygote keep: %s; this launch starts its own zygote", exc.strerror or exc)
-        if not self.kept:
+        if sock is None:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             self._sock = ours
             self._proc = subprocess.Popen(

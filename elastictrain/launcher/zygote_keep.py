@@ -111,15 +111,13 @@ def connect(preload: tuple[str, ...], env: dict[str, str], idle: float) -> socke
     d = socket_dir()
     name = key(preload, env)
     path = os.path.join(d, f"zygote-{name}.sock")
-    sock = _try(path)
+    sock = _reuse(path)
     if sock is not None:
-        log.info("forking workers from the kept zygote %s", path)
         return sock
     with open(os.path.join(d, f"zygote-{name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one etrun starts it; the others connect to it
-        sock = _try(path)
+        sock = _reuse(path)  # another etrun started it meanwhile
         if sock is not None:
-            log.info("forking workers from the kept zygote %s", path)
             return sock
         try:
             os.unlink(path)  # a socket nobody listens on: its zygote died
@@ -141,6 +139,13 @@ def connect(preload: tuple[str, ...], env: dict[str, str], idle: float) -> socke
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise OSError(errno.ECONNREFUSED, f"the kept zygote did not start (see {path[:-5]}.log)")
             time.sleep(0.01)
+
+
+def _reuse(path: str) -> Optional[socket.socket]:
+    sock = _try(path)
+    if sock is not None:
+        log.info("forking workers from the kept zygote %s", path)
+    return sock
 
 
 def _try(path: str) -> Optional[socket.socket]:

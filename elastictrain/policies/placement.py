@@ -128,8 +128,8 @@ class Placer:
     def _first_fit(self, num_gpu: int) -> Optional[tuple]:
         """Consolidated placement of a job of at most one node's GPUs, not sticky: the first node
         with room (the common path, kept short: simulations place millions of gangs)."""
-        top = self.max_free
-        if num_gpu > top or num_gpu > self.total_free:
+        top = self.max_free  # (never more than total_free: no second test needed)
+        if num_gpu > top:
             return None
         free = self.free
         for i, f in enumerate(free):

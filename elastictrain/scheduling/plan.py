@@ -66,10 +66,7 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
                 for node, g in where:
                     used[node] += g
                 continue
-        view = get(key)
-        if view is None:
-            raise PolicyError(f"policy {policy}: placed job {key!r}, which is not runnable (unknown, ended, or "
-                              "still stopping)")
+        view = get(key) or _not_runnable(policy, key)
         size = view.num_gpu
         if workers and key in workers:
             size = workers[key]
@@ -153,10 +150,7 @@ def _plan_plain(table: JobTable, snap: ClusterSnapshot, decision: Decision, poli
                 if e.group:  # a job left of its group: it runs alone now (its group restarts)
                     placed.append(Action(ActionKind.REGROUP, key, where, old, e.num_gpu, (), slow.get(key), False))
                 continue
-        view = get(key)
-        if view is None:
-            raise PolicyError(f"policy {policy}: placed job {key!r}, which is not runnable (unknown, ended, or "
-                              "still stopping)")
+        view = get(key) or _not_runnable(policy, key)
         size = view.num_gpu
         _check_placement(policy, key, where, size, nodes)
         if where[0][0] < 0:
@@ -184,6 +178,11 @@ def _plan_plain(table: JobTable, snap: ClusterSnapshot, decision: Decision, poli
                if key not in run]
     actions += placed
     return actions
+
+
+def _not_runnable(policy: str, key):
+    raise PolicyError(f"policy {policy}: placed job {key!r}, which is not runnable (unknown, ended, or still "
+                      "stopping)")
 
 
 def _check_placement(policy: str, key, where: tuple, size: int, nodes: int) -> None:

@@ -278,16 +278,34 @@ def main() -> None:
     if sys.argv[1:2] == ["--keep"]:
         from .zygote_keep import serve_kept
 
-        serve_kept(sys.argv[2], [m for m in sys.argv[3].split(",") if m], float(sys.argv[4]))
-        return
+        _exit_after(lambda: serve_kept(sys.argv[2], [m for m in sys.argv[3].split(",") if m], float(sys.argv[4])))
     if len(sys.argv) > 3 and sys.argv[3].isdigit():  # etrun's pid
         _die_with_parent(int(sys.argv[3]))
     sock = socket.socket(fileno=int(sys.argv[1]))
     preload = [m for m in (sys.argv[2] if len(sys.argv) > 2 else "").split(",") if m]
+    _exit_after(lambda: _serve(sock, preload), sock)
+
+
+def _exit_after(serve, sock: Optional[socket.socket] = None) -> None:
+    """Serve, then exit without the interpreter's teardown: with torch imported it takes about a
+    second, and etrun waits for this exit before its own (every preemption paid it; so did
+    ``--stop``). There is nothing else to finish: stdio is flushed here."""
+    code = 0
     try:
-        _serve(sock, preload)
+        serve()
+    except BaseException:  # noqa: BLE001 - said, then the exit status says it
+        import traceback
+
+        traceback.print_exc()
+        code = 1
     finally:
-        sock.close()
+        if sock is not None:
+            sock.close()
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
 
 
 # ---------------------------------------------------------------------- etrun's side

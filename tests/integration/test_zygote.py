@@ -141,6 +141,30 @@ def test_a_preload_that_starts_a_thread_falls_back_and_says_so(tmp_path):
     assert "ran 0" in r.stdout and "ran 1" in r.stdout
 
 
+def test_the_zygote_exits_without_the_interpreters_teardown(tmp_path):
+    """etrun waits for its zygote's exit before its own; with torch imported, Python's teardown
+    took about a second, which every preemption paid. The zygote now leaves with os._exit: an
+    atexit handler of its preload list (the teardown) never runs, and the exit status is 0."""
+    import socket
+
+    (tmp_path / "teardown_mod.py").write_text(
+        "import atexit\n"
+        f"atexit.register(lambda: open({str(tmp_path / 'teardown_ran')!r}, 'w').close())\n")
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    p = subprocess.Popen([sys.executable, "-m", "elastictrain.launcher.zygote", str(theirs.fileno()), "teardown_mod"],
+                         pass_fds=[theirs.fileno()], env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    theirs.close()
+    try:
+        ours.settimeout(60)
+        assert ours.recv(256) == b"R"  # imported, ready to fork
+        ours.close()  # etrun is done: the zygote retires
+        assert p.wait(30) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert not (tmp_path / "teardown_ran").exists()
+
+
 def test_zygote_off_uses_fresh_interpreters(tmp_path):
     (tmp_path / "probe.py").write_text(textwrap.dedent(PROBE))
     r = _run(["--standalone", "--nproc-per-node", "2", "--zygote", "off", "--warm-spares", "0", "probe.py"], tmp_path)

@@ -113,9 +113,9 @@ class JobSpec:
     speeds: tuple = ()
 
     def __post_init__(self) -> None:
-        nums = (self.submit_time, self.iterations, self.iteration_time)
-        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in nums) or not isinstance(self.num_gpu, int) \
-                or self.num_gpu < 1 or self.iterations <= 0 or self.iteration_time <= 0 or self.submit_time < 0:
+        s, i, t, g = self.submit_time, self.iterations, self.iteration_time, self.num_gpu
+        if not (isinstance(s, (int, float)) and isinstance(i, (int, float)) and isinstance(t, (int, float))
+                and isinstance(g, int) and g >= 1 and 0 <= s < math.inf and 0 < i < math.inf and 0 < t < math.inf):
             raise ConfigError(f"job {self.job_id}: need num_gpu >= 1 (an integer), and finite iterations > 0, "
                               f"iteration_time > 0 and submit_time >= 0")
 

@@ -47,12 +47,21 @@ class SimBackend:
         self.migrations = 0
         self._due: tuple = (float("inf"), [])  # the next completion: its time and the jobs due then
         self.timeline: dict = {}  # window index -> per-user iterations and GPU-seconds
+        # a plain start's slowdown is the policy's alone (no spread slowdown, one GPU type)
+        self._plain = spread_slowdown <= 1.0 and not shape.node_types
 
     # ------------------------------------------------------------------ Backend
     def shape(self) -> ClusterShape:
         return self._shape
 
     def start(self, e: Entry, a: Action) -> None:
+        if self._plain and not a.group and a.workers == e.data["gpus"]:  # the common start, kept short
+            key = e.key
+            self.charge[key] = cost = e.restart_cost
+            e.slowdown = a.slowdown or 1.0
+            if not self.every:
+                self.owed[key] = cost
+            return
         self._placed(e, a)
         if not self.every:
             self.owed[e.key] = self.charge[e.key]
@@ -65,7 +74,11 @@ class SimBackend:
         self.table.stopped(e.key, self.clock.now())
 
     def restart(self, e: Entry, a: Action) -> None:
-        self._placed(e, a)
+        if self._plain and not a.group and a.workers == e.data["gpus"]:
+            self.charge[e.key] = e.restart_cost
+            e.slowdown = a.slowdown or 1.0
+        else:
+            self._placed(e, a)
         if a.moved:
             self.migrations += 1
             if not self.every and self.migration_cost:
@@ -82,7 +95,7 @@ class SimBackend:
         types = self._shape.node_types
         if types and e.speeds:
             e.slowdown /= min(e.speeds.get(types[node], 1.0) for node, _ in where)
-        size0 = e.data.get("gpus", e.num_gpu)
+        size0 = e.data["gpus"]
         if e.num_gpu != size0:
             e.slowdown *= size0 / e.num_gpu
 

@@ -49,7 +49,8 @@ class TraceError(ConfigError):
 
 
 #: the smallest value each numeric column may take (inclusive unless marked ">"), all finite
-_LOW = {"job_id": 0, "num_gpu": 1, "submit_time": 0, "iterations": ">0", "duration": ">0", "iteration_time": ">0"}
+_LOW = {"job_id": 0, "num_gpu": 1, "submit_time": 0, "iterations": ">0", "duration": ">0", "iteration_time": ">0",
+        "stage_times": 0}
 _HIGH = 1e15  # beyond any real trace (31 million years in seconds); keeps arithmetic exact enough
 
 
@@ -61,6 +62,16 @@ def _num(path: str, line: int, row: dict, col: str, conv: Callable = float):
             needed, or out of range; the message names the file, line, column and value.
     """
     raw = row.get(col)
+    try:  # the common case, kept short: simulations load traces of 100,000 rows
+        v = float(raw)
+        if -_HIGH <= v <= _HIGH and (conv is float or v.is_integer()):
+            if conv is int:
+                v = int(v)
+            low = _LOW.get(col)
+            if low is None or (v > 0 if low == ">0" else v >= low):
+                return v
+    except (TypeError, ValueError):
+        pass
     if raw is None or raw.strip() == "":
         raise TraceError(f"{path}:{line}: column {col!r} is missing or empty")
     try:
@@ -166,9 +177,54 @@ def load_gavel(path: str, throughputs: Optional[str] = None, gpu: str = "v100") 
 
 
 def load_native(path: str) -> list[JobSpec]:
+    jobs = _native_fast(path)
+    return jobs if jobs is not None else _native_checked(path)
+
+
+_NATIVE = ("job_id", "num_gpu", "submit_time", "iterations", "iteration_time")
+
+
+def _native_fast(path: str) -> Optional[list[JobSpec]]:
+    """The common case of :func:`load_native` in one tight loop (simulations load traces of
+    100,000 rows); None at the first doubt (a bad row, a missing column, a number written as
+    ``8.0``), and :func:`_native_checked` reads the file again and names what is wrong."""
     out = []
-    for ln, r in _rows(path, ("job_id", "num_gpu", "submit_time", "iterations", "iteration_time")):
-        stages = tuple(float(x) for x in (r.get("stage_times") or "").split(";") if x)
+    with open_text(path) as f:
+        reader = csv.reader(f)
+        header = next(reader, [])
+        if not all(c in header for c in _NATIVE):
+            return None
+        at = [header.index(c) for c in _NATIVE]
+        model, user, stages = (header.index(c) if c in header else -1 for c in ("model", "user", "stage_times"))
+        width = len(header)
+        try:
+            for row in reader:
+                if not row:  # a blank line (DictReader skips them too)
+                    continue
+                if len(row) != width:
+                    return None
+                job, gpus, submit, its, it = (row[i] for i in at)
+                job, gpus = int(job), int(gpus)
+                submit, its, it = float(submit), float(its), float(it)
+                if not (0 <= job <= _HIGH and 1 <= gpus <= _HIGH and 0 <= submit <= _HIGH and 0 < its <= _HIGH
+                        and 0 < it <= _HIGH):
+                    return None
+                st = row[stages] if stages >= 0 else ""
+                st = tuple(float(x) for x in st.split(";") if x) if st else ()
+                if st and not all(0 <= x <= _HIGH for x in st):
+                    return None
+                out.append(JobSpec(job, gpus, submit, its, it, row[model] if model >= 0 else "", st,
+                                   row[user] if user >= 0 else ""))
+        except (ValueError, ConfigError):
+            return None
+    return sorted(out, key=lambda j: (j.submit_time, j.job_id))
+
+
+def _native_checked(path: str) -> list[JobSpec]:
+    out = []
+    for ln, r in _rows(path, _NATIVE):
+        stages = tuple(_num(path, ln, {"stage_times": x}, "stage_times")
+                       for x in (r.get("stage_times") or "").split(";") if x)
         out.append(_check(path, ln, lambda: JobSpec(
             _num(path, ln, r, "job_id", int), _num(path, ln, r, "num_gpu", int), _num(path, ln, r, "submit_time"),
             _num(path, ln, r, "iterations"), _num(path, ln, r, "iteration_time"), r.get("model", ""), stages,

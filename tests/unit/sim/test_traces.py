@@ -54,6 +54,38 @@ def test_native_format(tmp_path):
     assert (j.user, j.stage_times, j.duration) == ("alice", (0.1, 0.4), 5.0)
 
 
+def test_native_fast_reading_equals_the_checked_one(tmp_path):
+    from elastictrain.sim.synth import synthesize, write_native
+    from elastictrain.sim.traces import _native_checked, _native_fast
+
+    p = write_native(synthesize(300, seed=2, gpus=32), str(tmp_path / "s.csv"))
+    fast = _native_fast(p)
+    assert fast is not None and fast == _native_checked(p) and len(fast) == 300
+    # what the tight loop does not take (a GPU count written 2.0, a blank line) goes the checked way, same result
+    q = tmp_path / "odd.csv"
+    q.write_text("job_id,num_gpu,submit_time,iterations,iteration_time,model,user,stage_times\n"
+                 "1,2.0,5,10,0.5,bert,alice,0.1;0.4\n\n2,1,3,4,1,,,\n")
+    assert _native_fast(str(q)) is None
+    assert [(j.job_id, j.num_gpu, j.submit_time, j.stage_times) for j in load_trace(str(q))] == \
+        [(2, 1, 3.0, ()), (1, 2, 5.0, (0.1, 0.4))]
+
+
+@pytest.mark.parametrize("row, words", [
+    ("1,2,5,10,0.5,bert,alice,0.1;x", ["n.csv:2", "'stage_times'", "'x'", "not a number"]),
+    ("1,2,5,10,0.5,bert,alice,0.1;-2", ["n.csv:2", "'stage_times'", "'-2'", ">= 0"]),
+    ("1,2,5,10,0.5,bert,alice,nan", ["n.csv:2", "'stage_times'", "finite"]),
+    ("1,2,5,0,0.5,bert,alice,", ["n.csv:2", "'iterations'", "> 0"]),
+    ("1,2,5,10", ["n.csv:2", "'iteration_time'", "missing"]),
+])
+def test_bad_native_rows_name_file_line_column_value(tmp_path, row, words):
+    p = tmp_path / "n.csv"
+    p.write_text("job_id,num_gpu,submit_time,iterations,iteration_time,model,user,stage_times\n" + row + "\n")
+    with pytest.raises(TraceError) as exc:
+        load_trace(str(p))
+    for w in words:
+        assert w in str(exc.value)
+
+
 @pytest.mark.parametrize("row, words", [
     ("3,two,0,10,vgg16,5,0", ["x.csv:2", "'num_gpu'", "'two'"]),
     ("3,1,0,,vgg16,5,0", ["x.csv:2", "'iterations'", "missing"]),

@@ -70,39 +70,32 @@ def test_native_fast_reading_equals_the_checked_one(tmp_path):
         [(2, 1, 3.0, ()), (1, 2, 5.0, (0.1, 0.4))]
 
 
-@pytest.mark.parametrize("row, words", [
-    ("1,2,5,10,0.5,bert,alice,0.1;x", ["n.csv:2", "'stage_times'", "'x'", "not a number"]),
-    ("1,2,5,10,0.5,bert,alice,0.1;-2", ["n.csv:2", "'stage_times'", "'-2'", ">= 0"]),
-    ("1,2,5,10,0.5,bert,alice,nan", ["n.csv:2", "'stage_times'", "finite"]),
-    ("1,2,5,0,0.5,bert,alice,", ["n.csv:2", "'iterations'", "> 0"]),
-    ("1,2,5,10", ["n.csv:2", "'iteration_time'", "missing"]),
-])
-def test_bad_native_rows_name_file_line_column_value(tmp_path, row, words):
-    p = tmp_path / "n.csv"
-    p.write_text("job_id,num_gpu,submit_time,iterations,iteration_time,model,user,stage_times\n" + row + "\n")
-    with pytest.raises(TraceError) as exc:
-        load_trace(str(p))
-    for w in words:
-        assert w in str(exc.value)
+TIRESIAS = "job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+NATIVE = "job_id,num_gpu,submit_time,iterations,iteration_time,model,user,stage_times\n"
 
 
-@pytest.mark.parametrize("row, words", [
-    ("3,two,0,10,vgg16,5,0", ["x.csv:2", "'num_gpu'", "'two'"]),
-    ("3,1,0,,vgg16,5,0", ["x.csv:2", "'iterations'", "missing"]),
-    ("3,0,0,10,vgg16,5,0", ["x.csv:2", "'num_gpu'", "'0'", ">= 1"]),
-    ("3,1.5,0,10,vgg16,5,0", ["x.csv:2", "'num_gpu'", "whole number"]),
-    ("3,1,-4,10,vgg16,5,0", ["x.csv:2", "'submit_time'", "'-4'", ">= 0"]),
-    ("3,1,nan,10,vgg16,5,0", ["x.csv:2", "'submit_time'", "'nan'", "finite"]),
-    ("3,1,0,inf,vgg16,5,0", ["x.csv:2", "'iterations'", "finite"]),
-    ("3,1,0,10,vgg16,0,0", ["x.csv:2", "'duration'", "> 0"]),
-    ("3,1,0,10,vgg16,1e300,0", ["x.csv:2", "'duration'", "below 1e15"]),
+@pytest.mark.parametrize("text, words", [
+    (TIRESIAS + "3,two,0,10,vgg16,5,0", ["'num_gpu'", "'two'"]),
+    (TIRESIAS + "3,1,0,,vgg16,5,0", ["'iterations'", "missing"]),
+    (TIRESIAS + "3,0,0,10,vgg16,5,0", ["'num_gpu'", "'0'", ">= 1"]),
+    (TIRESIAS + "3,1.5,0,10,vgg16,5,0", ["'num_gpu'", "whole number"]),
+    (TIRESIAS + "3,1,-4,10,vgg16,5,0", ["'submit_time'", "'-4'", ">= 0"]),
+    (TIRESIAS + "3,1,nan,10,vgg16,5,0", ["'submit_time'", "'nan'", "finite"]),
+    (TIRESIAS + "3,1,0,inf,vgg16,5,0", ["'iterations'", "finite"]),
+    (TIRESIAS + "3,1,0,10,vgg16,0,0", ["'duration'", "> 0"]),
+    (TIRESIAS + "3,1,0,10,vgg16,1e300,0", ["'duration'", "below 1e15"]),
+    (NATIVE + "1,2,5,10,0.5,bert,alice,0.1;x", ["'stage_times'", "'x'", "not a number"]),
+    (NATIVE + "1,2,5,10,0.5,bert,alice,0.1;-2", ["'stage_times'", "'-2'", ">= 0"]),
+    (NATIVE + "1,2,5,10,0.5,bert,alice,nan", ["'stage_times'", "finite"]),
+    (NATIVE + "1,2,5,0,0.5,bert,alice,", ["'iterations'", "> 0"]),
+    (NATIVE + "1,2,5,10", ["'iteration_time'", "missing"]),
 ])
-def test_bad_rows_name_file_line_column_value(tmp_path, row, words):
+def test_bad_rows_name_file_line_column_value(tmp_path, text, words):
     p = tmp_path / "x.csv"
-    p.write_text("job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n" + row + "\n")
+    p.write_text(text + "\n")
     with pytest.raises(TraceError) as exc:
         load_trace(str(p))
-    for w in words:
+    for w in ["x.csv:2", *words]:
         assert w in str(exc.value)
 
 

@@ -19,6 +19,9 @@ after shows it was not restarted), and with the zygote kept between launches (``
 find the zygote ready). Each recovery is split into
 phases: etrun's own (detect, report, stop, rendezvous, spawn, from its log) and the new
 worker's (process start, imports, init, first step, from the toy's events).
+At the end the toy is told to stop (it leaves its loop after the step it is in):
+``<launcher>_stop_to_exit_median`` is the time from then to the launcher's exit, the wait after
+the last step for the command to return.
 Prints ``name: value unit`` lines; ``--quick`` does 2 runs per launcher instead of 5.
 ``--backend nccl --nproc 1`` runs the toy on a GPU (NCCL allows one rank per GPU; docs/gpu.md).
 
@@ -94,13 +97,17 @@ def kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def _ask_to_stop(proc: subprocess.Popen, events: str) -> None:
-    """The toys stop training when ``<events>.stop`` exists; give the launcher 20 s to end."""
+def _ask_to_stop(proc: subprocess.Popen, events: str) -> float | None:
+    """The toys stop training when ``<events>.stop`` exists; give the launcher 20 s to end.
+    Returns the seconds from the stop to the launcher's exit (None past 20 s): what a user waits
+    after the last step for the command to return (the workers' and the launcher's own exit)."""
+    t = time.time()
     open(events + ".stop", "w").close()
     try:
         proc.wait(20)
     except subprocess.TimeoutExpired:
-        pass
+        return None
+    return time.time() - t
 
 
 def _clean_up(proc: subprocess.Popen, events: str, out, work: str) -> None:
@@ -177,7 +184,9 @@ def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: floa
             time.sleep(0.5)
             after = {r[1]: r[3] for r in read(events) if r[2] == nxt[2]}
             res["pids"] = f"rank0 {before.get(0)}->{after.get(0)} rank1 {before.get(1)}->{after.get(1)}"
-        _ask_to_stop(proc, events)
+        took = _ask_to_stop(proc, events)
+        if took is not None:
+            res["stop_to_exit"] = took
         return res
     finally:
         _clean_up(proc, events, out, work)
@@ -321,9 +330,11 @@ def main() -> None:
             results.append(r)
         if kept:
             stop_all()
-        s = summary[name] = {k: [r[k] for r in results if k in r] for k in ("start", "first_step", "kill_to_step")}
+        s = summary[name] = {k: [r[k] for r in results if k in r]
+                             for k in ("start", "first_step", "kill_to_step", "stop_to_exit")}
         ok = sum(1 for r in results if r.get("recovered"))
-        for key, label in (("start", "launch_to_worker_start"), ("first_step", "launch_to_first_step")):
+        for key, label in (("start", "launch_to_worker_start"), ("first_step", "launch_to_first_step"),
+                           ("stop_to_exit", "stop_to_exit")):
             vals = s[key]
             print(f"{name}_{label}_median: {statistics.median(vals):.3f} s" if vals else f"{name}_{label}_median: nan s")
         vals = s["kill_to_step"]
@@ -364,6 +375,7 @@ def main() -> None:
     print(f"recovery_etrun_kept_vs_torchrun: {median('etrun_kept') / base_rec:.2f} x")
     print(f"etrun_spares_vs_torchrun_launch_to_first_step: "
           f"{median('etrun_spares', 'first_step') / median('torchrun', 'first_step'):.2f} x")
+    print(f"etrun_vs_torchrun_stop_to_exit: {median('etrun', 'stop_to_exit') / median('torchrun', 'stop_to_exit'):.2f} x")
 
 
 if __name__ == "__main__":

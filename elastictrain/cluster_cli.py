@@ -45,9 +45,11 @@ def add_commands(sub) -> None:
     n.add_argument("--poll-wait", type=float, default=5.0, help="seconds a poll may wait for new work (long poll)")
     n.add_argument("--warm-spares", type=int, default=-1, help="etrun's --warm-spares for the jobs run here")
     n.add_argument("--zygote", choices=("on", "off", "keep"), default=None,
-                   help="etrun's --zygote for the jobs run here; keep: one zygote per job account and environment "
-                   "is kept between the tasks, so a resumed or restarted job forks its workers at once "
-                   "(default: etrun's, on)")
+                   help="etrun's --zygote for the jobs run here. keep: one zygote per job account and environment is "
+                   "kept between the tasks (it retires after 10 idle minutes), so a job started, resumed or "
+                   "restarted here forks its workers at once; on: one zygote per task; off: none. Default: keep "
+                   "for the jobs that run as this daemon's own account, on for those run as another account "
+                   "(a process of theirs that outlives their job is theirs to want)")
 
     s = sub.add_parser("submit", help="queue a job for the scheduler; prints its id",
                        usage="elastictrain submit [options] -- script.py [args ...]")

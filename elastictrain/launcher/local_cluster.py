@@ -20,6 +20,7 @@ from typing import Optional
 from ..coordinator.process import CoordinatorProcess
 from ..runtime.client import CoordinatorClient
 from ..wire import JobSubmit
+from .node import stop_node_zygotes
 
 __all__ = ["LocalCluster", "max_slots_in_use", "ENDED"]
 
@@ -179,6 +180,8 @@ class LocalCluster:
                     os.killpg(int(f.read()), signal.SIGKILL)
             except (OSError, ValueError):
                 pass
+        for name in self.daemons:  # the zygotes a daemon killed with -9 could not stop (each stops its own)
+            stop_node_zygotes(os.path.join(self.tmp, f"state-{name}"))
         if self.client is not None:
             self.client.close()
         self.coordinator.stop()

@@ -58,7 +58,7 @@ class NodeConfig:
     state_dir: str = "elastictrain-node"
     poll_wait: float = 5.0
     warm_spares: int = -1  # passed to etrun (-1: its default)
-    zygote: Optional[str] = None  # etrun's --zygote (None: its default)
+    zygote: Optional[str] = None  # etrun's --zygote (None: keep for our own account's jobs, else on)
 
     def __post_init__(self) -> None:
         if not 1 <= self.slots <= 65536:
@@ -112,6 +112,30 @@ class _Task:
         self.reported = False  # its exit was in a poll that got an answer
 
 
+def node_zygote_dir(state_dir: str) -> str:
+    """Where the kept zygotes of a daemon's own-account tasks listen (``ET_ZYGOTE_DIR``): a
+    directory of this daemon alone, named after its state directory (short: a socket's path is
+    at most 107 bytes), so that the daemon can stop them when it leaves, or when it starts again
+    after a kill -9, without touching a zygote its user keeps for anything else."""
+    import hashlib
+
+    digest = hashlib.sha256(os.path.abspath(state_dir).encode()).hexdigest()[:12]
+    return f"/tmp/et-node-{os.getuid()}-{digest}"
+
+
+def stop_node_zygotes(state_dir: str) -> int:
+    """Stop the kept zygotes of the daemon with this state directory (and their workers), and
+    remove their directory; returns how many there were."""
+    import shutil
+
+    from .zygote_keep import stop_all
+
+    d = node_zygote_dir(state_dir)
+    n = stop_all(directory=d)
+    shutil.rmtree(d, ignore_errors=True)
+    return n
+
+
 class NodeDaemon:
     def __init__(self, cfg: NodeConfig) -> None:
         from ..runtime.client import CoordinatorClient, token_from_file
@@ -131,7 +155,21 @@ class NodeDaemon:
         self._reply = None
         self._seen: set = set()
         self._enforce: Optional[str] = None  # how a plan's memory limit is enforced here (probed once)
+        self._zygote_dir: Optional[str] = None  # ET_ZYGOTE_DIR of our own account's tasks (kept zygotes)
         os.makedirs(os.path.join(cfg.state_dir, "tasks"), exist_ok=True)
+
+    def _make_zygote_dir(self) -> Optional[str]:
+        """The private directory for the zygotes our tasks keep, made at the first such task (and
+        removed, with them, when this daemon leaves); None where it cannot be made."""
+        d = node_zygote_dir(self.cfg.state_dir)
+        try:
+            os.mkdir(d, 0o700)
+            self._zygote_dir = d
+        except OSError as exc:  # etrun then uses its user's default directory
+            self._zygote_dir = ""
+            log.warning("cannot make %s for the kept zygotes (%s); tasks keep them in their user's default "
+                        "directory", d, exc.strerror or exc)
+        return self._zygote_dir
 
     def _memory_enforce(self) -> str:
         """``cgroup`` where this daemon may make memory cgroups (the kernel then counts a worker's
@@ -153,6 +191,7 @@ class NodeDaemon:
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
             self._wait_for_orphans()
+            stop_node_zygotes(self.cfg.state_dir)  # those of a previous life of this daemon (killed with -9)
             try:
                 self._register()
             except InterruptedCallError:
@@ -178,6 +217,8 @@ class NodeDaemon:
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+            if self._zygote_dir:  # after the drain: no task of ours uses them
+                stop_node_zygotes(self.cfg.state_dir)
 
     def _on_signal(self, signum, _frame) -> None:
         self._stop = signum
@@ -295,10 +336,15 @@ class NodeDaemon:
         enforce = None
         if spec.memory_limit:  # a task as another account cannot make cgroups: its data segment then
             enforce = "rlimit" if acct.switch else self._memory_enforce()
+        zygote = cfg.zygote or ("on" if acct.switch else "keep")
         cmd = etrun_command(spec, cfg.coordinator, log_dir=run_dir, token_file=token_file,
-                            warm_spares=cfg.warm_spares, memory_enforce=enforce, zygote=cfg.zygote)
+                            warm_spares=cfg.warm_spares, memory_enforce=enforce, zygote=zygote)
         env = task_base_env(acct)
         env.update(task_env(spec, cfg.name))
+        if zygote == "keep" and not acct.switch:
+            d = self._make_zygote_dir() if self._zygote_dir is None else self._zygote_dir
+            if d:
+                env["ET_ZYGOTE_DIR"] = d  # ours: stopped when this daemon leaves
         if cfg.kind == "gpu":
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in spec.gpus)
         switch = {"user": acct.uid, "group": acct.gid, "extra_groups": list(acct.groups)} if acct.switch else {}

@@ -7,7 +7,8 @@ and its workers are forks from the first moment. It retires after ``--zygote-idl
 (default 600) with no etrun connected and no worker alive.
 
 Where it lives: a Unix socket ``zygote-<key>.sock`` in a directory only its user can enter
-(``$XDG_RUNTIME_DIR/elastictrain``, else ``<tmp>/elastictrain-<uid>``; one that is not a private
+(``$ET_ZYGOTE_DIR``, which a node daemon sets for its tasks so that their zygotes are its own,
+else ``$XDG_RUNTIME_DIR/elastictrain``, else ``<tmp>/elastictrain-<uid>``; one that is not a private
 directory of this user is refused, and etrun falls back to a per-launch zygote). The key is a
 digest of what the imports could depend on: the Python executable and version, the preload list
 and the zygote's environment, which is the launch's variables that configure Python, torch or its
@@ -57,11 +58,17 @@ _started: list = []  # the kept zygotes this process started (kept referenced: t
 
 
 def _relevant(name: str) -> bool:
+    if name.endswith("_VISIBLE_DEVICES"):  # read when the device is first used, in the worker (below)
+        return False
     return any(name.startswith(p) if p.endswith("_") else name == p for p in IMPORT_ENV)
 
 
 def zygote_env(env: dict[str, str]) -> dict[str, str]:
-    """The kept zygote's environment: the launch's variables named by :data:`IMPORT_ENV`."""
+    """The kept zygote's environment: the launch's variables named by :data:`IMPORT_ENV`, less the
+    device lists (``CUDA_VISIBLE_DEVICES`` and the like). Those are read when a process first uses
+    its GPUs (the CUDA driver's init), which happens in the worker after the fork, with the
+    worker's own environment: the zygote never touches a GPU. Leaving them out lets a job resumed
+    on other GPUs of the node fork from the same zygote."""
     return {k: v for k, v in env.items() if _relevant(k)}
 
 
@@ -78,10 +85,11 @@ def socket_dir() -> str:
         OSError: it exists but is not a directory of this user that only this user can enter.
     """
     uid = os.getuid()
+    given = os.environ.get("ET_ZYGOTE_DIR", "")  # a node daemon's own (elastictrain node: node_zygote_dir)
     run = os.environ.get("XDG_RUNTIME_DIR", "")
-    path = os.path.join(run, "elastictrain") if run and _private(run, uid) else \
-        os.path.join(tempfile.gettempdir(), f"elastictrain-{uid}")
-    if len(path) > 60:  # a Unix socket's path is at most 107 bytes
+    path = given or (os.path.join(run, "elastictrain") if run and _private(run, uid) else
+                     os.path.join(tempfile.gettempdir(), f"elastictrain-{uid}"))
+    if len(path) > 60 and not given:  # a Unix socket's path is at most 107 bytes
         path = f"/tmp/elastictrain-{uid}"
     try:
         os.mkdir(path, 0o700)
@@ -185,11 +193,14 @@ def serve_kept(path: str, preload: list[str], idle: float) -> None:
         listener.close()
 
 
-def stop_all(timeout: float = 10.0) -> int:
-    """SIGTERM every kept zygote of this user (its workers die with it); returns how many."""
+def stop_all(timeout: float = 10.0, directory: Optional[str] = None) -> int:
+    """SIGTERM every kept zygote of this user (its workers die with it), or those of the socket
+    ``directory`` given; returns how many."""
     try:
-        d = socket_dir()
+        d = directory or socket_dir()
     except OSError:
+        return 0
+    if not os.path.isdir(d):
         return 0
     pids = []
     for name in os.listdir(d):

@@ -2,6 +2,7 @@
 2 CPU slots each, and six real DDP training jobs (gloo, loopback) of different lengths, some
 submitted while others run. Each job keeps an exactly-once ledger of its samples."""
 
+import glob
 import os
 import time
 
@@ -149,6 +150,9 @@ def test_tiresias_preempts_long_jobs_for_short_ones_and_resumes_them_exactly_onc
             reasons = c.result(name)["reasons"]
             assert any(r.startswith("preempt@") and int(r.split("@")[1]) > 0 for r in reasons), \
                 f"{name} resumed but not from its checkpoint: {reasons}"
+    if engine_cluster.engine == "nodes":  # the node daemons keep a zygote between tasks: a resume forks at once
+        logs = glob.glob(os.path.join(c.tmp, "state-*", "jobs", "*", "run[2-9]", "etrun.log"))
+        assert any("forking workers from the kept zygote" in open(p, errors="replace").read() for p in logs), logs
     # 2D-LAS: the short jobs, submitted after the long ones had run a while, finish first
     end = {n: j.end_time for n, j in jobs.items()}
     assert max(end["short-a"], end["short-b"]) < min(end["long-a"], end["long-b"]), end

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 
 from elastictrain.errors import ConfigError
@@ -91,13 +93,17 @@ def test_kept_zygote_key_reads_only_what_imports_could_depend_on():
     base = {"PATH": "/usr/bin", "HOME": "/root"}
     k = key(("torch",), base)
     assert key(("torch",), dict(base, RANK="3", MASTER_PORT="1234", ET_JOB="x")) == k
-    for name in ("PYTHONPATH", "LD_LIBRARY_PATH", "TORCH_LOGS", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"):
+    for name in ("PYTHONPATH", "LD_LIBRARY_PATH", "TORCH_LOGS", "OMP_NUM_THREADS", "CUDA_HOME"):
         assert key(("torch",), dict(base, **{name: "1"})) != k, name
     assert key(("torch", "numpy"), base) != k
     assert key(("torch",), dict(base, PATH="/opt/bin")) != k
+    # a job on other GPUs of the node forks from the same zygote: the device list is the worker's,
+    # read when it first uses a GPU, after the fork (the zygote does not even see one)
+    assert key(("torch",), dict(base, CUDA_VISIBLE_DEVICES="2,3", HIP_VISIBLE_DEVICES="1")) == k
     from elastictrain.launcher.zygote_keep import zygote_env
 
-    assert zygote_env(dict(base, ET_TOKEN="secret", RANK="1", TORCH_LOGS="x")) == dict(base, TORCH_LOGS="x")
+    assert zygote_env(dict(base, ET_TOKEN="secret", RANK="1", TORCH_LOGS="x", CUDA_VISIBLE_DEVICES="0")) == \
+        dict(base, TORCH_LOGS="x")
 
 
 def test_node_daemon_passes_its_zygote_mode_to_every_task():
@@ -111,3 +117,45 @@ def test_node_daemon_passes_its_zygote_mode_to_every_task():
     assert "--zygote" not in etrun_command(spec, "http://127.0.0.1:1", log_dir=None)
     cfg = config_from_args(get_args_parser().parse_args(cmd[4:]))  # etrun accepts what the daemon builds
     assert cfg.zygote_keep == 600.0
+
+
+def test_node_daemon_keeps_a_zygote_for_its_own_accounts_jobs_by_default(tmp_path, monkeypatch):
+    """Without --zygote, the daemon's own account's jobs keep a zygote between tasks (a job started
+    or resumed there forks at once); a job run as another account gets one per task."""
+    import subprocess
+
+    from elastictrain.launcher import node as node_mod
+    from elastictrain.launcher.run_as import Account
+    from elastictrain.wire import Task
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def popen(cmd, **kw):
+        seen.append((cmd[cmd.index("--zygote") + 1] if "--zygote" in cmd else None, kw["env"].get("ET_ZYGOTE_DIR")))
+        raise Stop
+
+    me = Account("me", os.getuid(), os.getgid(), (), str(tmp_path), "/bin/sh", False)
+    other = Account("alice", 12345, 12345, (), str(tmp_path), "/bin/sh", True)
+    monkeypatch.setattr(subprocess, "Popen", popen)
+    monkeypatch.setattr(node_mod, "chown_for", lambda *a: None)
+    spec = Task(job="j1", run=1, slots=1, gpus=[0], nnodes=1, command=["train.py"], workdir=str(tmp_path), env={},
+                max_restarts=3, grace=30.0, module=False)
+    ours = node_mod.node_zygote_dir(str(tmp_path))
+    try:
+        # (a kept zygote of our own account's job listens in the daemon's own directory, which the
+        # daemon stops and removes when it leaves; another account's stays in that user's default)
+        for zygote, acct, want in ((None, me, ("keep", ours)), (None, other, ("on", None)), ("on", me, ("on", None)),
+                                   ("keep", other, ("keep", None))):
+            monkeypatch.setattr(node_mod, "resolve", lambda *a, _acct=acct: _acct)
+            daemon = node_mod.NodeDaemon(node_mod.NodeConfig("http://127.0.0.1:1", None, "n1", 1,
+                                                             state_dir=str(tmp_path), zygote=zygote))
+            with pytest.raises(Stop):
+                daemon._start(spec)
+            assert seen[-1] == want, (zygote, acct.name)
+        assert os.stat(ours).st_mode & 0o777 == 0o700
+    finally:
+        node_mod.stop_node_zygotes(str(tmp_path))
+    assert not os.path.exists(ours)

@@ -159,3 +159,9 @@ def test_node_daemon_keeps_a_zygote_for_its_own_accounts_jobs_by_default(tmp_pat
     finally:
         node_mod.stop_node_zygotes(str(tmp_path))
     assert not os.path.exists(ours)
+    # /tmp is shared: a directory of that name that is not private to the daemon is not its to remove
+    os.mkdir(ours, 0o755)
+    try:
+        assert node_mod.stop_node_zygotes(str(tmp_path)) == 0 and os.path.isdir(ours)
+    finally:
+        os.rmdir(ours)

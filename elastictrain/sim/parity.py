@@ -12,8 +12,11 @@ description of the first decision (in time) where they diverge.
 
 On a live cluster a move that does not fit beside a job still stopping is carried out as a stop
 and, once the GPUs are free, a start (the simulator's stops are instantaneous, so it never
-defers); :func:`normalize` folds such a preempt-then-start of one job within ``tolerance``
-into the restart it stands for, so that both sides describe the same decision.
+defers); the coordinator logs a ``deferred`` event for it at the decision. :func:`normalize`
+folds such a preempt-then-start of one job (within ``tolerance``) into the restart it stands
+for, so that both sides describe the same decision. Only a preemption the log marks deferred
+is folded: a real preemption followed by a quick resume (a few seconds, once the node daemons
+fork workers from a kept zygote) stays a preemption and a start, on both sides.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ class Step:
     kind: str  # start | preempt | regroup | migrate | resize | finish
     job: int  # the job's index in the trace (its submission order)
     group: tuple = ()  # the sorted indices of the group it runs in (() alone)
+    deferred: bool = False  # a preemption that is the stop of a deferred move (live only)
 
     def __str__(self) -> str:
         grp = f" in group {list(self.group)}" if self.group else ""
@@ -46,6 +50,8 @@ def live_decisions(events: Iterable, jobs: Iterable) -> list[Step]:
     order = sorted(jobs, key=lambda j: (j.submit_time, j.id))
     index = {j.id: i for i, j in enumerate(order)}
     t0 = order[0].submit_time if order else 0.0
+    events = list(events)
+    deferred = [(e.job, e.time) for e in events if e.kind == "deferred"]  # logged right after the decision
     out = []
     for e in events:  # (each member's start or regroup names its group: `group` events add nothing)
         kind = _LIVE.get(e.kind)
@@ -53,7 +59,8 @@ def live_decisions(events: Iterable, jobs: Iterable) -> list[Step]:
             continue
         grp = e.detail.get("group") or ()
         members = tuple(sorted(index[m] for m in grp if m in index)) if len(grp) > 1 else ()
-        out.append(Step(round(e.time - t0, 3), kind, index[e.job], members))
+        moved = kind == "preempt" and any(j == e.job and 0.0 <= t - e.time <= 1.0 for j, t in deferred)
+        out.append(Step(round(e.time - t0, 3), kind, index[e.job], members, moved))
     return out
 
 
@@ -77,7 +84,7 @@ def normalize(steps: list[Step], tolerance: float) -> list[Step]:
             out[i] = Step(prev.time, "regroup" if s.group or _group_before(out[:i], s.job) else "migrate", s.job,
                           s.group)
             continue
-        if s.kind == "preempt":
+        if s.kind == "preempt" and s.deferred:
             pending[s.job] = len(out)
         out.append(s)
     return out

@@ -20,9 +20,22 @@ def test_live_events_become_steps_by_submission_order():
 
 
 def test_a_deferred_move_folds_into_the_restart_it_stands_for():
-    live = [Step(0, "start", 0), Step(5.0, "preempt", 0), Step(6.5, "start", 0, (0, 1))]
+    live = [Step(0, "start", 0), Step(5.0, "preempt", 0, deferred=True), Step(6.5, "start", 0, (0, 1))]
     assert normalize(live, 3.0) == [Step(0, "start", 0), Step(5.0, "regroup", 0, (0, 1))]
     assert normalize(live, 1.0) == live  # too far apart: a preemption and a later start
+    # a real preemption and a quick resume (no deferred event) stay what they are
+    quick = [Step(0, "start", 0), Step(5.0, "preempt", 0), Step(6.5, "start", 0)]
+    assert normalize(quick, 3.0) == quick
+
+
+def test_the_live_log_marks_the_stop_of_a_deferred_move():
+    jobs = [NS(id="a", submit_time=100.0)]
+    events = [ev(100.0, "start", "a"), ev(105.0, "preempt", "a"), ev(105.01, "deferred", "a"),
+              ev(106.0, "resume", "a"), ev(110.0, "preempt", "a"), ev(111.0, "resume", "a")]
+    steps = live_decisions(events, jobs)
+    assert [s.deferred for s in steps] == [False, True, False, False, False]
+    assert normalize(steps, 3.0) == [Step(0.0, "start", 0), Step(5.0, "migrate", 0), Step(10.0, "preempt", 0),
+                                     Step(11.0, "start", 0)]
 
 
 def test_compare_names_the_first_divergence_in_time():

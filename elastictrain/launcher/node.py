@@ -162,7 +162,7 @@ class NodeDaemon:
 
     def _make_zygote_dir(self) -> Optional[str]:
         """The private directory for the zygotes our tasks keep, made at the first such task (and
-        removed, with them, when this daemon leaves); None where it cannot be made."""
+        removed, with them, when this daemon leaves); "" where it cannot be made."""
         d = node_zygote_dir(self.cfg.state_dir)
         try:
             os.mkdir(d, 0o700)

@@ -152,13 +152,9 @@ def _plan_plain(table: JobTable, snap: ClusterSnapshot, decision: Decision, poli
                 continue
         view = get(key) or _not_runnable(policy, key)
         size = view.num_gpu
-        if len(where) == 1:  # one node: the check of _check_placement, inline
-            node, g = where[0]
-            if not (type(g) is int and g == size and type(node) is int and 0 <= node < nodes):
-                _check_placement(policy, key, where, size, nodes)  # raises, unless "any node"
-                return None
-        else:
-            _check_placement(policy, key, where, size, nodes)
+        _check_placement(policy, key, where, size, nodes)
+        if where[0][0] < 0:
+            return None
         total += size
         for node, g in where:
             used[node] += g

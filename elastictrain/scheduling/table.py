@@ -183,7 +183,7 @@ class JobTable:
         dt = now - e.accrued_at
         if dt > 0:
             where = e.placement
-            g = where[0][1] if len(where) == 1 else sum(n for _, n in where) if where else e.num_gpu
+            g = sum(n for _, n in where) if where else e.num_gpu
             e.attained += dt
             e.attained_gpu += dt * g
         e.accrued_at = now

@@ -55,13 +55,6 @@ class SimBackend:
         return self._shape
 
     def start(self, e: Entry, a: Action) -> None:
-        if self._plain and not a.group and a.workers == e.data["gpus"]:  # the common start, kept short
-            key = e.key
-            self.charge[key] = cost = e.restart_cost
-            e.slowdown = a.slowdown or 1.0
-            if not self.every:
-                self.owed[key] = cost
-            return
         self._placed(e, a)
         if not self.every:
             self.owed[e.key] = self.charge[e.key]
@@ -74,11 +67,7 @@ class SimBackend:
         self.table.stopped(e.key, self.clock.now())
 
     def restart(self, e: Entry, a: Action) -> None:
-        if self._plain and not a.group and a.workers == e.data["gpus"]:
-            self.charge[e.key] = e.restart_cost
-            e.slowdown = a.slowdown or 1.0
-        else:
-            self._placed(e, a)
+        self._placed(e, a)
         if a.moved:
             self.migrations += 1
             if not self.every and self.migration_cost:
@@ -87,6 +76,11 @@ class SimBackend:
             self.owed[e.key] = self.charge[e.key]  # the group (or the resized job) restarts
 
     def _placed(self, e: Entry, a: Action) -> None:
+        size0 = e.data["gpus"]
+        if self._plain and not a.group and e.num_gpu == size0:  # the common case: the policy's slowdown alone
+            self.charge[e.key] = e.restart_cost
+            e.slowdown = a.slowdown or 1.0
+            return
         entries = self.table
         self.charge[e.key] = (sum(entries.get(m).restart_cost for m in a.group) if a.group else e.restart_cost)
         where = a.placement
@@ -95,7 +89,6 @@ class SimBackend:
         types = self._shape.node_types
         if types and e.speeds:
             e.slowdown /= min(e.speeds.get(types[node], 1.0) for node, _ in where)
-        size0 = e.data["gpus"]
         if e.num_gpu != size0:
             e.slowdown *= size0 / e.num_gpu
 

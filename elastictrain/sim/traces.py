@@ -62,16 +62,6 @@ def _num(path: str, line: int, row: dict, col: str, conv: Callable = float):
             needed, or out of range; the message names the file, line, column and value.
     """
     raw = row.get(col)
-    try:  # the common case, kept short: simulations load traces of 100,000 rows
-        v = float(raw)
-        if -_HIGH <= v <= _HIGH and (conv is float or v.is_integer()):
-            if conv is int:
-                v = int(v)
-            low = _LOW.get(col)
-            if low is None or (v > 0 if low == ">0" else v >= low):
-                return v
-    except (TypeError, ValueError):
-        pass
     if raw is None or raw.strip() == "":
         raise TraceError(f"{path}:{line}: column {col!r} is missing or empty")
     try:

@@ -6,6 +6,10 @@ Events are structured: a kind (``submit``, ``start``, ``resume``, ``preempt``, `
 they concern, and a JSON detail. They are written in the same transaction as the state change
 they describe and are also logged (``elastictrain.events``) as one JSON object per line.
 
+A ``deferred`` or ``plan`` event identical to the job's previous event (the same decision
+taken again at the next tick) is folded into it: its detail gains ``count`` (how many times)
+and ``last`` (when last), instead of a new row per tick.
+
 Job output arrives from the node daemons in chunks (``etrun --tee`` lines of every rank) and
 is kept per job up to ``log_cap`` bytes; older chunks are dropped first.
 """
@@ -25,6 +29,7 @@ log = logging.getLogger("elastictrain.events")
 LOG_CAP = 8 << 20  # bytes of output kept per job
 MAX_EVENTS = 1000  # events per reply
 MAX_LOG_REPLY = 1 << 20  # bytes of output per reply
+FOLDED = frozenset({"deferred", "plan"})  # kinds whose repeats fold into one event with a count
 
 
 class EventLog:
@@ -32,20 +37,47 @@ class EventLog:
         self._store = store
         self.seq = last_seq
         self.pending: list[EventRow] = []
+        # job -> its last event (seq, kind, node, detail, count): a repeat of it folds into it
+        self._last: dict[str, tuple[int, str, str, str, int]] = {}
+        self._folds: dict[int, str] = {}  # seq -> new detail of a row already written, folded since the last flush
 
     def emit(self, now: float, event: str, job: str = "", node: str = "", /, **detail) -> None:
         """Queue an event; it is written with the next flush (the change it describes)."""
-        self.seq += 1
         text = json.dumps(detail, sort_keys=True, default=str)
+        last = self._last.get(job) if job else None
+        if event in FOLDED and last is not None and last[1:4] == (event, node, text):
+            seq, count = last[0], last[4] + 1
+            folded = json.dumps({**detail, "count": count, "last": round(now, 3)}, sort_keys=True, default=str)
+            self._last[job] = (seq, event, node, text, count)
+            for i, row in enumerate(self.pending):
+                if row.seq == seq:
+                    self.pending[i] = EventRow(seq, row.time, event, job, node, folded)
+                    break
+            else:
+                self._folds[seq] = folded
+            return
+        self.seq += 1
+        if job:
+            if len(self._last) > 10_000:  # jobs long gone: their next repeat is a row of its own
+                self._last.clear()
+            self._last[job] = (self.seq, event, node, text, 1)
         self.pending.append(EventRow(self.seq, now, event, job, node, text))
         if log.isEnabledFor(logging.INFO):
             log.info(json.dumps({"seq": self.seq, "time": round(now, 3), "kind": event, "job": job, "node": node,
                                  "detail": detail}, default=str))
 
+    @property
+    def dirty(self) -> bool:
+        """Events or folds wait to be written."""
+        return bool(self.pending or self._folds)
+
     def write(self, tx) -> None:
         for row in self.pending:
             tx.add_event(row)
+        for seq, detail in self._folds.items():
+            tx.fold_event(seq, detail)
         self.pending.clear()
+        self._folds.clear()
 
     def list(self, after: int, job: Optional[str] = None, limit: int = MAX_EVENTS) -> EventList:
         rows = self._store.read_events(after, min(limit, MAX_EVENTS), job)

@@ -164,6 +164,9 @@ class _PGTx:
         self.ops.append(("INSERT INTO events VALUES (%s,%s,%s,%s,%s,%s)",
                          (r.seq, r.time, r.kind, r.job, r.node, r.detail)))
 
+    def fold_event(self, seq: int, detail: str) -> None:
+        self.ops.append(("UPDATE events SET detail=%s WHERE seq=%s", (detail, seq)))
+
     def add_log(self, r: LogRow) -> None:
         self.ops.append(("INSERT INTO logs VALUES (%s,%s,%s,%s,%s)", (r.job, r.seq, r.node, r.run, r.data)))
 

@@ -182,7 +182,7 @@ class ClusterScheduler:
         state = None
         if hasattr(self.policy, "export_state"):
             state = json.dumps(self.policy.export_state(), sort_keys=True)
-        if not (self._dirty or self.nodes.dirty or self.events.pending or self.logs.pending
+        if not (self._dirty or self.nodes.dirty or self.events.dirty or self.logs.pending
                 or state != self._policy_state):
             return
         with self.store.transaction() as tx:
@@ -505,12 +505,36 @@ class ClusterScheduler:
         reason = rec.reason
         if not reason and rec.id in self.sched.deferred:
             reason = "placed; waiting for GPUs that stopping jobs still hold"
+        elif not reason and rec.status in ("queued", "preempted"):
+            reason = self._why_waiting(rec)
         return ClusterJobInfo(rec.id, rec.name, rec.user, rec.priority, rec.status, rec.gpus, rec.min_gpus,
                               rec.command, rec.workdir, rec.submit_time, rec.start_time, rec.end_time, rec.attained,
                               rec.attained_gpu, where, rec.preemptions, rec.restarts, rec.max_restarts, reason,
                               rec.step, rec.steps, rec.epochs, rec.iteration_time, rec.run, rec.stopping, info,
                               rec.workers, round(e.rate, 3) if e is not None and e.rate > 0 else None,
                               list(rec.stage_times))
+
+    def _why_waiting(self, rec: JobRecord) -> str:
+        """Why a queued or preempted job is not running, as far as the nodes tell (squeue's REASON)."""
+        up = [n for n in self.nodes.by_index if n.state == "up"]
+        unit = "slots" if up and all(n.kind == "slot" for n in up) else "GPUs"
+        need = rec.min_gpus or rec.gpus
+        if not up:
+            return (f"no node is up to run it: start `elastictrain node` on a machine with {unit} (or, with an "
+                    "engine, check that it offers nodes); it starts when one registers")
+        total = sum(n.slots for n in up)
+        if need > total:
+            return (f"needs {need} {unit}; the nodes up offer {total} in all: add nodes, or cancel it and submit "
+                    "it again with fewer (--gpus)")
+        free = [n.slots - n.info().used for n in up]
+        policy = self.cfg.policy
+        if sum(free) < need:
+            return f"waiting for {need} {unit}: {sum(free)} of {total} free; policy {policy} runs other jobs first"
+        if need <= max(n.slots for n in up) and max(free) < need:
+            return (f"{sum(free)} of {total} {unit} are free, but no node has {need} free together (at most "
+                    f"{max(free)}); it waits for a node to free up")
+        return (f"{sum(free)} of {total} {unit} are free; policy {policy} has not placed it (it keeps them for "
+                "other jobs, or it is placed at its next decision)")
 
     def status(self) -> ClusterStatus:
         return ClusterStatus(self.cfg.policy, self.clock.now(), [n.info() for n in self.nodes.by_index],

@@ -12,6 +12,7 @@ import argparse
 import difflib
 import logging
 import os
+import shutil
 import sys
 from importlib.util import find_spec
 from typing import Optional, Sequence
@@ -277,6 +278,49 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
     )
 
 
+def check_entrypoint(cfg: LaunchConfig) -> None:
+    """A script or program that is not there fails the launch at once, naming the path (every
+    restart would fail the same way; torchrun restarts it ``--max-restarts`` times)."""
+    if cfg.module and cfg.entrypoint == "elastictrain.launcher.group_main":
+        from .group_main import parse_group
+
+        for spec in parse_group(cfg.args):
+            _check_script(spec.script, "--group script")
+    elif cfg.no_python:
+        _check_program(cfg.entrypoint)
+    elif not cfg.module:
+        _check_script(cfg.entrypoint, "training script")
+    else:  # -m: its top-level package, found as the worker's `python -m` will (the working directory first)
+        top = cfg.entrypoint.split(".")[0]
+        sys.path.insert(0, os.getcwd())
+        try:
+            found = find_spec(top) is not None  # (a top-level name: nothing is imported to find it)
+        except (ImportError, ValueError):
+            found = False
+        finally:
+            sys.path.pop(0)
+        if not found:
+            raise ConfigError(f"-m {cfg.entrypoint}: no module named {top!r} in the working directory or this "
+                              f"Python's path ({sys.executable}); install it or run etrun from its directory")
+
+
+def _check_script(path: str, what: str) -> None:
+    """A script that is not there fails the launch at once (every restart would fail the same way)."""
+    if not os.path.isfile(path):
+        where = "" if os.path.isabs(path) else f" (looked in {os.getcwd()})"
+        raise ConfigError(f"the {what} {path} does not exist{where}; check the path, or run etrun from the "
+                          "directory it is relative to")
+
+
+def _check_program(name: str) -> None:
+    """``--no-python``: the program must be there and executable."""
+    found = (name if os.path.isfile(name) and os.access(name, os.X_OK) else None) if os.sep in name else \
+        shutil.which(name)
+    if found is None:
+        raise ConfigError(f"--no-python: the program {name} was not found or is not executable"
+                          f"{'' if os.sep in name else ' on PATH'}; check the name, or give its path")
+
+
 def _horovod(args, max_nodes: int) -> bool:
     if args.horovod == "off":
         return False
@@ -346,6 +390,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
+        check_entrypoint(config)
         return launch(config)
     except ConfigError as exc:
         print(f"etrun: error: {exc}", file=sys.stderr)

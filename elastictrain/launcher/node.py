@@ -128,10 +128,10 @@ def stop_node_zygotes(state_dir: str) -> int:
     remove their directory; returns how many there were."""
     import shutil
 
-    from .zygote_keep import _private, stop_all
+    from .zygote_keep import private_dir, stop_all
 
     d = node_zygote_dir(state_dir)
-    if not _private(d, os.getuid()):  # not ours (/tmp is shared): not ours to read or remove
+    if not private_dir(d, os.getuid()):  # not ours (/tmp is shared): not ours to read or remove
         return 0
     n = stop_all(directory=d)
     shutil.rmtree(d, ignore_errors=True)

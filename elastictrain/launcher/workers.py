@@ -42,6 +42,11 @@ class Failure:
     oom_kill: str = ""
 
 
+def _master_addr(host: str) -> str:
+    """The rendezvous head's address as torchrun names it: a loopback one is ``localhost``."""
+    return "localhost" if host in ("127.0.0.1", "::1") else host
+
+
 def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_file: Optional[str],
                error_file: str, base: Optional[dict] = None, local_size: Optional[int] = None) -> dict[str, str]:
     """The environment torchrun gives a worker, plus elastictrain's ``ET_*`` variables
@@ -53,11 +58,12 @@ def worker_env(cfg: LaunchConfig, a, local_rank: int, coordinator: str, token_fi
         "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(a.world_size),
         "LOCAL_WORLD_SIZE": str(local_size or cfg.nproc_per_node), "GROUP_RANK": str(a.node_rank),
         "GROUP_WORLD_SIZE": str(a.nnodes), "ROLE_NAME": cfg.role, "ROLE_RANK": str(rank),
-        "ROLE_WORLD_SIZE": str(a.world_size), "MASTER_ADDR": a.master_addr,
+        "ROLE_WORLD_SIZE": str(a.world_size), "MASTER_ADDR": _master_addr(a.master_addr),
         "MASTER_PORT": str(cfg.master_port or a.master_port),
         "TORCHELASTIC_RESTART_COUNT": str(a.restart_count), "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
         "TORCHELASTIC_RUN_ID": cfg.run_id, "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCHELASTIC_ERROR_FILE": error_file,
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(signal.Signals(s).name for s in cfg.signals),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "ET_COORDINATOR": coordinator, "ET_JOB_ID": cfg.run_id, "ET_GENERATION": str(a.generation),
         "ET_RESTART_REASON": a.reason, "ET_PREV_WORLD_SIZE": str(a.prev_world_size),

@@ -87,7 +87,7 @@ def socket_dir() -> str:
     uid = os.getuid()
     given = os.environ.get("ET_ZYGOTE_DIR", "")  # a node daemon's own (elastictrain node: node_zygote_dir)
     run = os.environ.get("XDG_RUNTIME_DIR", "")
-    path = given or (os.path.join(run, "elastictrain") if run and _private(run, uid) else
+    path = given or (os.path.join(run, "elastictrain") if run and private_dir(run, uid) else
                      os.path.join(tempfile.gettempdir(), f"elastictrain-{uid}"))
     if len(path) > 60 and not given:  # a Unix socket's path is at most 107 bytes
         path = f"/tmp/elastictrain-{uid}"
@@ -95,13 +95,13 @@ def socket_dir() -> str:
         os.mkdir(path, 0o700)
     except FileExistsError:
         pass
-    if not _private(path, uid):
+    if not private_dir(path, uid):
         raise OSError(errno.EPERM, f"{path} is not a directory that only user {uid} can enter "
                       "(remove it, or set XDG_RUNTIME_DIR to a private directory)")
     return path
 
 
-def _private(path: str, uid: int) -> bool:
+def private_dir(path: str, uid: int) -> bool:
     try:
         st = os.lstat(path)
     except OSError:

@@ -88,7 +88,12 @@ class _Readable:
 class LocalStorage(_Readable):
     def __init__(self, root: str) -> None:
         self.root = root
-        os.makedirs(root, exist_ok=True)
+        try:
+            os.makedirs(root, exist_ok=True)
+        except OSError as exc:  # at construction, not at the first save, and saying what to do
+            raise ConfigError(f"the checkpoint directory {root} cannot be created ({exc.strerror or exc}: "
+                              f"{exc.filename or root}); pass a directory this process can create and write, "
+                              "or create it first") from exc
 
     def writable(self) -> Optional[str]:
         if not os.access(self.root, os.W_OK | os.X_OK):

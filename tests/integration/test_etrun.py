@@ -93,7 +93,7 @@ ENV_SCRIPT = """
     keys = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
             "ROLE_NAME", "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
             "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID",
-            "TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS", "ET_COORDINATOR", "ET_JOB_ID", "ET_TOKEN_FILE",
+            "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_SIGNALS_TO_HANDLE", "OMP_NUM_THREADS", "ET_COORDINATOR", "ET_JOB_ID", "ET_TOKEN_FILE",
             "ET_GENERATION", "ET_RESTART_REASON", "ET_PREV_WORLD_SIZE"]
     env = {k: os.environ.get(k) for k in keys}
     env["sum"] = t.item()
@@ -120,6 +120,9 @@ def test_unmodified_torchrun_script_sees_torchrun_env(tmp_path):
         assert e[r]["OMP_NUM_THREADS"] == "1" and e[r]["sum"] == 3.0
         assert e[r]["ET_GENERATION"] == "1" and e[r]["ET_RESTART_REASON"] == "start"
         assert e[r]["ET_PREV_WORLD_SIZE"] == "0" and len(e[r]["token"]) > 20
+        # as torchrun's, which set "localhost" and the handled signals where etrun had 127.0.0.1 and nothing
+        assert e[r]["MASTER_ADDR"] == "localhost"
+        assert e[r]["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
     assert e[0]["MASTER_PORT"] == e[1]["MASTER_PORT"] and e[0]["ET_COORDINATOR"] == e[1]["ET_COORDINATOR"]
 
 

@@ -318,3 +318,48 @@ def test_a_stage_profile_given_at_submission_is_checked_and_used_until_one_is_me
     assert "ET_PROFILE_STEPS" not in task.env  # nothing to profile: it was given
     w.c.put_profile(a, _profile(0.02, 0.0, 0.02, 0.0))  # measured: it replaces the given one
     assert w.s.job(a).stage_times == [0.02, 0.0, 0.02, 0.0]
+
+
+def test_a_waiting_job_says_why_it_waits(tmp_path):
+    # the reason column was empty ("-") for every waiting job (issue 32.6 and 32.8)
+    w = World(tmp_path, policy="fifo", nodes=0, slots=2)
+    a = w.submit(1)
+    w.s.tick()
+    assert "no node is up to run it: start `elastictrain node`" in w.s.job(a).reason
+    w.register("n1", "i1")
+    w.register("n2", "i2")
+    w.s.tick()
+    w.run_all()
+    b = w.submit(1)
+    w.s.tick()
+    w.run_all()
+    assert w.status(a) == w.status(b) == "running" and w.s.job(a).reason == ""
+    c = w.submit(2)  # one slot free on each node
+    w.s.tick()
+    assert w.s.job(c).reason == "2 of 4 slots are free, but no node has 2 free together (at most 1); it waits " \
+                                "for a node to free up"
+    d = w.submit(3)
+    w.s.tick()
+    assert w.s.job(d).reason == "waiting for 3 slots: 2 of 4 free; policy fifo runs other jobs first"
+    w.s.node_leave("n2", NodeLeave("i2"))
+    w.s.tick()
+    assert w.s.job(d).reason.startswith("needs 3 slots; the nodes up offer 2 in all: add nodes")
+    assert {j.id: j.reason for j in w.s.jobs().jobs}[c].startswith("waiting for 2 slots")  # the list the CLI reads
+
+
+def test_repeated_identical_deferred_and_plan_events_fold_into_one_with_a_count(tmp_path):
+    # every tick wrote one more identical row (issue 32.6)
+    w = World(tmp_path, nodes=1, slots=2)
+    ev = w.c.cluster.events
+    for t in range(4):
+        ev.emit(1000.0 + t, "deferred", "7", "", why="held")
+        if t == 1:
+            w.s._flush()  # a fold reaches a row already written as well as one still pending
+    ev.emit(1005.0, "plan", "7", "", decision="grow")
+    ev.emit(1006.0, "deferred", "7", "", why="held")  # another event came between: a row of its own
+    ev.emit(1007.0, "deferred", "8", "", why="held")  # another job: its own row
+    w.s._flush()
+    rows = [(e.kind, e.job, e.detail) for e in w.s.event_list(0, None).events if e.job in ("7", "8")]
+    assert rows == [("deferred", "7", {"why": "held", "count": 4, "last": 1003.0}),
+                    ("plan", "7", {"decision": "grow"}), ("deferred", "7", {"why": "held"}),
+                    ("deferred", "8", {"why": "held"})]

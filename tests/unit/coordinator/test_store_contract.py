@@ -48,6 +48,7 @@ def _fill(s) -> None:
         tx.put_meta("gone", "x")
         tx.delete_meta("gone")
         tx.prune_log("j", 2)
+        tx.fold_event(3, '{"count": 2}')
 
 
 def test_the_same_state_on_every_store(store):
@@ -65,7 +66,7 @@ def test_the_same_state_on_every_store(store):
     assert st.last_event == 3 and st.log_bytes == {"j": (200, 3)}
     assert store.load_commit("j", "train", "ck1") == CommitRow("j", "train", "ck1", 2, 10, 2, 4, b"partial-1", 2.5)
     assert store.load_commit("j", "train", "nope") is None
-    assert [e.seq for e in store.read_events(0, 10)] == [1, 2, 3]
+    assert [(e.seq, e.detail) for e in store.read_events(0, 10)] == [(1, "{}"), (2, "{}"), (3, '{"count": 2}')]
     assert [e.seq for e in store.read_events(1, 10, "j")] == [3]
     assert [r.seq for r in store.read_logs("j", 0, 150)] == [2]
     assert [r.seq for r in store.read_logs("j", 0, 10_000)] == [2, 3]

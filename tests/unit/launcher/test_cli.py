@@ -165,3 +165,31 @@ def test_node_daemon_keeps_a_zygote_for_its_own_accounts_jobs_by_default(tmp_pat
         assert node_mod.stop_node_zygotes(str(tmp_path)) == 0 and os.path.isdir(ours)
     finally:
         os.rmdir(ours)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["missing.py"], "the training script missing.py does not exist (looked in"),
+    (["--group", "here.py", "missing.py"], "the --group script missing.py does not exist"),
+    (["--no-python", "no-such-program-x"], "the program no-such-program-x was not found or is not executable on PATH"),
+    (["--no-python", "./here.py"], "the program ./here.py was not found or is not executable;"),
+    (["-m", "no_such_module_x"], "-m no_such_module_x: no module named 'no_such_module_x'"),
+])
+def test_a_missing_script_program_or_module_fails_at_once(argv, says, tmp_path, monkeypatch, capsys):
+    # it was retried --max-restarts times, each attempt failing the same way (issue 32.8)
+    from elastictrain.launcher.cli import main
+
+    (tmp_path / "here.py").write_text("print('hi')\n")  # exists, but is not executable
+    monkeypatch.chdir(tmp_path)
+    assert main(["--max-restarts", "3", "--standalone", *argv]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_script_module_or_program_that_is_there_passes_the_check(tmp_path, monkeypatch):
+    from elastictrain.launcher.cli import check_entrypoint
+
+    (tmp_path / "here.py").write_text("print('hi')\n")
+    (tmp_path / "mymod.py").write_text("print('hi')\n")
+    monkeypatch.chdir(tmp_path)
+    for argv in (["here.py"], ["-m", "mymod"], ["-m", "json.tool"], ["--no-python", "true"],
+                 ["--group", "here.py", "here.py"]):
+        check_entrypoint(cfg(argv))

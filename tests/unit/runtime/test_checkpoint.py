@@ -10,6 +10,7 @@ import textwrap
 import numpy as np
 import pytest
 
+from elastictrain.errors import ConfigError
 from elastictrain.runtime.checkpoint import CheckpointBusyError, Checkpointer
 
 
@@ -317,3 +318,11 @@ def test_under_the_scheduler_a_relative_directory_is_the_jobs_own(tmp_path, monk
     ck = Checkpointer("checkpoints", {"box": Box()}, rank=0, world_size=1)
     assert ck.dir == os.path.join("checkpoints", "train-7")
     assert Checkpointer(str(tmp_path / "abs"), {"box": Box()}, rank=0, world_size=1).dir == str(tmp_path / "abs")
+
+
+def test_a_checkpoint_directory_that_cannot_be_made_fails_at_construction_saying_so(tmp_path):
+    # it was a raw FileNotFoundError (issue 32.8)
+    blocker = tmp_path / "afile"
+    blocker.write_text("x")
+    with pytest.raises(ConfigError, match=r"the checkpoint directory .*afile/ck cannot be created .*pass a directory"):
+        Checkpointer(str(blocker / "ck"), {"x": 1})

@@ -145,6 +145,16 @@ def add_commands(sub) -> None:
     lg.add_argument("job")
     lg.add_argument("-f", "--follow", action="store_true", help="keep printing until the job ends")
 
+    hi = sub.add_parser("history", help="every job's accounting, as sacct shows it: submit, start, end, elapsed, "
+                        "state, exit code, restarts by reason, GPU-hours")
+    _connection(hi)
+    hi.add_argument("--user", default=None, help="only this user's jobs (comma-separated for several)")
+    hi.add_argument("--state", default=None,
+                    help="only jobs in these states, comma-separated (queued,running,preempted,finished,failed,cancelled)")
+    hi.add_argument("--since", default=None,
+                    help="only jobs submitted since: a date (2026-11-26 or 2026-11-26T14:00) or a span ago (90m, 2h, 7d)")
+    hi.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output (default table)")
+
     ev = sub.add_parser("events", help="the scheduler's event log: starts, preemptions, resizes, plans, failures")
     _connection(ev)
     ev.add_argument("--job", default=None, help="only this job's events")
@@ -162,7 +172,7 @@ def _client(args, timeout: float = 10.0):
 
 def run_command(args) -> int:
     return {"node": _node, "submit": _submit, "status": _status, "cancel": _cancel, "logs": _logs,
-            "events": _events, "users": _users, "nodes": _nodes}[args.command](args)
+            "events": _events, "users": _users, "nodes": _nodes, "history": _history}[args.command](args)
 
 
 # ---------------------------------------------------------------------- node
@@ -527,6 +537,98 @@ def _short(text: str, n: int = 60) -> str:
 
 
 # ---------------------------------------------------------------------- cancel, logs
+_STATES = ("queued", "running", "preempted", "finished", "failed", "cancelled")
+_SPAN = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _since(text: str, now: float) -> float:
+    """``--since``: a date, a date and time (local), or a span before ``now`` (90m, 2h, 7d)."""
+    t = text.strip()
+    if t[:-1].replace(".", "", 1).isdigit() and t[-1:] in _SPAN:
+        return now - float(t[:-1]) * _SPAN[t[-1]]
+    for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"):
+        try:
+            return time.mktime(time.strptime(t, fmt))
+        except ValueError:
+            pass
+    raise ConfigError(f"--since {text!r}: give a date (2026-11-26), a date and time (2026-11-26T14:00) or a span "
+                      "ago (90m, 2h, 7d)")
+
+
+def _history_rows(jobs, now: float) -> list[dict]:
+    """One accounting row per job (times are seconds since the epoch; elapsed: from its first
+    start to its end, or to now while it has not ended)."""
+    out = []
+    for j in jobs:
+        restarts = dict(j.runs_by_reason)
+        failures = j.restarts - restarts.get("failure", 0)  # etrun's own restarts after worker failures
+        if failures > 0:
+            restarts["worker_failure"] = failures
+        end = j.end_time if j.status in _ENDED else None
+        out.append({"id": j.id, "name": j.name, "user": j.user, "gpus": j.gpus, "state": j.status,
+                    "submit": j.submit_time, "start": j.start_time, "end": end,
+                    "elapsed": None if j.start_time is None else round((end or now) - j.start_time, 3),
+                    "waited": round((j.start_time or end or now) - j.submit_time, 3),
+                    "exit_code": j.exit_code, "runs": j.run, "preemptions": j.preemptions, "restarts": restarts,
+                    "gpu_hours": round(j.attained_gpu / 3600, 6)})
+    return out
+
+
+def _history(args) -> int:
+    import csv
+    import json
+
+    states = set(args.state.split(",")) if args.state else None
+    if states and not states <= set(_STATES):
+        raise ConfigError(f"--state {args.state!r}: states are {', '.join(_STATES)}")
+    users = set(args.user.split(",")) if args.user else None
+    st = _client(args).cluster_status()  # (its time is the coordinator's clock)
+    since = _since(args.since, st.now) if args.since else None
+    jobs = [j for j in st.jobs if (states is None or j.status in states) and (users is None or j.user in users)
+            and (since is None or j.submit_time >= since)]
+    rows = _history_rows(sorted(jobs, key=lambda j: j.submit_time), st.now)
+    if args.format == "json":
+        for r in rows:
+            print(json.dumps(r, sort_keys=True))
+        return 0
+    fields = ("id", "name", "user", "gpus", "state", "submit", "start", "end", "elapsed", "waited", "exit_code",
+              "runs", "restarts", "gpu_hours")
+
+    def when(t):
+        return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+    def span(s):
+        if s is None:
+            return "-"
+        s = int(s)
+        return (f"{s // 86400}-" if s >= 86400 else "") + f"{s % 86400 // 3600:02d}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+    def text(r, k):
+        v = r[k]
+        if k in ("submit", "start", "end"):
+            return when(v)
+        if k in ("elapsed", "waited"):
+            return span(v)
+        if k == "restarts":
+            return ",".join(f"{a}:{n}" for a, n in sorted(v.items())) or "-"
+        if k == "gpu_hours":
+            return f"{v:.3f}"
+        return "-" if v is None else str(v)
+
+    if args.format == "csv":
+        w = csv.writer(sys.stdout)
+        w.writerow(fields)
+        for r in rows:
+            w.writerow(["" if r[k] is None else (json.dumps(r[k], sort_keys=True) if k == "restarts" else r[k])
+                        for k in fields])
+        return 0
+    if not rows:
+        print("no jobs" + (" match" if states or users or since else f" at {args.coordinator}"))
+        return 0
+    print(table([fields] + [tuple(text(r, k) for k in fields) for r in rows], right_align=False))
+    return 0
+
+
 def _cancel(args) -> int:
     info = _client(args).cancel(args.job)
     print(f"job {info.id} cancelled")

@@ -523,6 +523,8 @@ class ClusterJobInfo(_Msg):
     workers: int = 0  # the worker count of its current (or last) run
     rate: Optional[float] = None  # measured data samples/s of the current run (None: not measured)
     stage_times: list[float] = []  # seconds per iteration in load, preprocess, compute, sync (empty: unknown)
+    exit_code: Optional[int] = None  # of the run that ended it (0: finished; None: not ended, or cancelled)
+    runs_by_reason: dict[str, int] = {}  # runs after the first, by why each started (preempt, node_lost, ...)
 
 
 class ClusterJobList(_Msg):

@@ -100,6 +100,8 @@ class JobRecord(msgspec.Struct):
     memory_floor: int = 0  # the limit etrun doubled to after the job ran out of memory (plans stay above)
     run_as: str = ""  # the UNIX account its tasks run as ("": the node daemon's own)
     allow_root: bool = False  # an admin let it run as root
+    exit_code: Optional[int] = None  # of the run that ended it (0: finished; None: running, or cancelled)
+    runs_by_reason: dict[str, int] = {}  # runs after its first, by why each started (preempt, node_lost ...)
 
     @property
     def grouped(self) -> bool:
@@ -151,6 +153,8 @@ class LiveBackend:
         rec.run += 1
         rec.reason = ""
         rec.resume_reason = reason
+        if rec.run > 1:
+            rec.runs_by_reason = {**rec.runs_by_reason, reason: rec.runs_by_reason.get(reason, 0) + 1}
         self.first_generation[rec.id] = self.rdzv.generation(rec.id) + 1
         if len(group) > 1:
             rec.grun = FORMING
@@ -304,6 +308,9 @@ class LiveBackend:
                 if other is not None and other.running and tuple(other.group) == tuple(e.group):
                     self.table.move(m, other.placement, rest if len(rest) > 1 else (), other.num_gpu)
         self.first_generation.pop(rec.id, None)
+        out = self.rdzv.outcome(rec.id)
+        if out is not None:  # the worker-failure restarts etrun made in its last run
+            rec.restarts = max(rec.restarts, out[2])
         e = self.table.end(rec.id, status, self.clock.now())
         rec.status, rec.end_time = e.status.value, e.end_time
         rec.attained, rec.attained_gpu, rec.preemptions = e.attained, e.attained_gpu, e.preemptions
@@ -312,6 +319,7 @@ class LiveBackend:
 
     def _finish(self, rec: JobRecord, now: float) -> None:
         self.table.accrue(now)
+        rec.exit_code = 0
         self._end(rec, JobStatus.FINISHED)
         self._emit("finish", rec, run=rec.run, jct=round(now - rec.submit_time, 3))
         self.rdzv.forget(rec.id)
@@ -354,6 +362,7 @@ class LiveBackend:
     def _fail(self, rec: JobRecord, **detail) -> None:
         """The job failed (``rec.reason`` says why): it ends, with whatever of it is left."""
         self.table.accrue(self.clock.now())
+        rec.exit_code = detail.get("code", 1)
         self._end(rec, JobStatus.FAILED)
         self.nodes.unwant(rec.id)
         self.rdzv.forget(rec.id)

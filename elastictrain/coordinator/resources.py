@@ -1,5 +1,9 @@
 """Every worker's resource use, as its monitor reports it: the latest sample and a short history
-per worker, in memory (a restarted coordinator starts empty; the workers keep reporting)."""
+per worker, in memory (a restarted coordinator starts empty; the workers keep reporting).
+
+The list shows the workers of the job's current generation only: a rank that has not reported
+since the generation changed (a worker of an old run, a rank gone after a shrink) is left out
+until it reports again, rather than shown with its old figures as if current."""
 
 from __future__ import annotations
 
@@ -20,14 +24,16 @@ class ResourceBook:
         self._m = members
         self._jobs: dict[str, dict[int, deque[ResourceSample]]] = {}
         self._peak: dict[str, float] = {}  # job -> the largest RSS any worker of it reported
+        self._gen: dict[str, dict[int, int]] = {}  # job -> worker -> the generation of its last report
 
     def put(self, job: str, req: ResourceReport) -> None:
-        self._m.get(job)  # NotFoundError for an unknown job
+        row = self._m.get(job)  # NotFoundError for an unknown job
         workers = self._jobs.setdefault(job, {})
         if req.worker not in workers and len(workers) >= _MAX_WORKERS:
             raise BadRequestError(f"job {job!r} already has resource reports from {_MAX_WORKERS} workers")
         hist = workers.setdefault(req.worker, deque(maxlen=HISTORY))
         hist.extend(sorted(req.samples, key=lambda s: s.t))
+        self._gen.setdefault(job, {})[req.worker] = row.generation
         top = max((s.rss_bytes for s in req.samples), default=0.0)
         if top > self._peak.get(job, 0.0):
             self._peak[job] = top
@@ -37,9 +43,10 @@ class ResourceBook:
         return self._peak.get(job, 0.0)
 
     def list(self, job: str) -> ResourceList:
-        self._m.get(job)
-        workers = self._jobs.get(job, {})
-        return ResourceList(job, [WorkerResources(w, h[-1], len(h)) for w, h in sorted(workers.items()) if h])
+        now = self._m.get(job).generation
+        workers, gen = self._jobs.get(job, {}), self._gen.get(job, {})
+        return ResourceList(job, [WorkerResources(w, h[-1], len(h)) for w, h in sorted(workers.items())
+                                  if h and gen.get(w) == now])
 
     def history(self, job: str, worker: int) -> list[ResourceSample]:
         return list(self._jobs.get(job, {}).get(worker, ()))

@@ -512,7 +512,7 @@ class ClusterScheduler:
                               rec.attained_gpu, where, rec.preemptions, rec.restarts, rec.max_restarts, reason,
                               rec.step, rec.steps, rec.epochs, rec.iteration_time, rec.run, rec.stopping, info,
                               rec.workers, round(e.rate, 3) if e is not None and e.rate > 0 else None,
-                              list(rec.stage_times))
+                              list(rec.stage_times), rec.exit_code, dict(rec.runs_by_reason))
 
     def _why_waiting(self, rec: JobRecord) -> str:
         """Why a queued or preempted job is not running, as far as the nodes tell (squeue's REASON)."""

@@ -47,6 +47,13 @@ svg.chart text{font:11px system-ui,sans-serif;fill:#444} .cols{display:flex;gap:
 APP_JS = b""""use strict";
 let chosen = null;
 const $ = (id) => document.getElementById(id);
+// runs after the first by reason, and etrun's restarts after worker failures: `elastictrain history`'s column
+const restarts = (q) => {
+  const r = Object.assign({}, q.runs_by_reason || {});
+  const f = q.restarts - (r.failure || 0);
+  if (f > 0) r.worker_failure = f;
+  return Object.keys(r).sort().map((k) => k + ":" + r[k]).join(",") || "-";
+};
 const hash = typeof location !== "undefined" && location.hash || "";
 const given = hash.match(/token=([^&]+)/), shown = hash.match(/job=([^&]+)/);
 if (shown) chosen = decodeURIComponent(shown[1]);
@@ -142,7 +149,7 @@ async function clusterView() {
       "s/step", "restarts"], running.map((q) => [q.id, q.name, q.user, q.workers || q.gpus, where(q),
       q.info.group || "-", prog(q), q.info.group_iteration_time ||
         (q.iteration_time == null ? "-" : q.iteration_time.toFixed(3)),
-      q.preemptions + "/" + q.restarts]), true, running.map((q) => q.id)) : '<span class="muted">none</span>');
+      restarts(q)]), true, running.map((q) => q.id)) : '<span class="muted">none</span>');
   qh += "<h3>Queue</h3>" + (waiting.length ? table(["job", "name", "user", "status", "gpus", "attained GPU-s", "why"],
       waiting.map((q) => [q.id, q.name, q.user, q.status, q.gpus, (q.attained_gpu || 0).toFixed(1), q.reason || "-"]),
       true, waiting.map((q) => q.id)) : '<span class="muted">empty</span>');
@@ -166,7 +173,7 @@ async function jobView(c) {
   if (q) {
     h += "<p>" + esc(q.name) + " (" + esc(q.user) + "): " + esc(q.status) + (q.reason ? ": " + esc(q.reason) : "") +
       "; step " + esc(q.step) + (q.steps ? " of " + esc(q.steps) : "") + "; run " + esc(q.run) + "; " + esc(q.preemptions) +
-      " preemptions, " + esc(q.restarts) + " failure restarts</p>";
+      " preemptions, restarts " + esc(restarts(q)) + "</p>";
     const stages = ["load", "preprocess", "compute", "sync"];
     h += '<div class="cols"><div><h3>Stage profile (per iteration)</h3>' + (q.stage_times.length ?
       bars(stages, q.stage_times, (v) => (v * 1000).toFixed(1) + " ms") : '<span class="muted">not profiled</span>');
@@ -184,7 +191,8 @@ async function jobView(c) {
         (e.detail.group && e.detail.group.length ? "group " + e.detail.group.join("+") : "") || "-"]));
     const logs = await get("/v1/cluster/jobs/" + id + "/logs").catch((e) => ({chunks: [], denied: e.message}));
     const text = logs.chunks.map((k) => { try { return atob(k.data); } catch (e) { return ""; } }).join("");
-    h += "<h3>Log tail</h3><pre>" + esc(text.split("\\n").slice(-40).join("\\n") || logs.denied || "(no output yet)") + "</pre>";
+    h += '<h3>Log tail</h3><pre id="logtail">' + esc(text.split("\\n").slice(-400).join("\\n") || logs.denied ||
+      "(no output yet)") + "</pre>";
   }
   let j = null;
   try { j = await get("/v1/jobs/" + id); } catch (e) { if (!q) throw e; }
@@ -199,7 +207,12 @@ async function jobView(c) {
                         w.latest.gpu_util == null ? (w.latest.gpu_absent || "-") : w.latest.gpu_util + "%"]));
   }
   $("jobtitle").textContent = "Job " + chosen;
+  // the log tail opens at its end, and stays there as lines come, unless the reader scrolled up
+  const old = $("logtail"), top = old ? old.scrollTop : 0;
+  const atEnd = !old || !old.scrollHeight || old.scrollTop + old.clientHeight >= old.scrollHeight - 4;
   $("job").innerHTML = h;
+  const pre = $("logtail");
+  if (pre) pre.scrollTop = atEnd ? pre.scrollHeight : top;
 }
 async function refresh() {
   try {

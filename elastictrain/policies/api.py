@@ -216,8 +216,13 @@ def registered() -> list[str]:
 
 
 def check_registered(name: str) -> None:
-    """Raises ConfigError (naming the known policies) if ``name`` is not a policy."""
+    """Raises ConfigError (naming the known policies) if ``name`` is not a policy.
+
+    ``module:attr`` (``my_policies:UserTurns``) names a factory in an importable module (the
+    working directory first, then ``sys.path``): it is imported and registered under that name."""
     _load_builtin()
+    if name not in _REGISTRY and ":" in name:
+        _register_path(name)
     if name not in _REGISTRY:
         from importlib.metadata import entry_points
 
@@ -247,6 +252,31 @@ def create(name: str, *, only_known: bool = False, **options) -> Policy:
         return _REGISTRY[name](**options)
     except TypeError as exc:
         raise ConfigError(f"policy {name!r}: bad option: {exc}") from None
+
+
+def _register_path(name: str) -> None:
+    import os
+    import re
+    import sys
+
+    if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", name):
+        raise ConfigError(f"policy {name!r}: write a policy in a module as module:attr, e.g. my_policies:UserTurns")
+    module, attr = name.split(":")
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigError(f"policy {name!r}: cannot import {module!r} ({exc}); run from its directory or add it "
+                          "to PYTHONPATH") from None
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    factory = getattr(mod, attr, None)
+    if not callable(factory):
+        raise ConfigError(f"policy {name!r}: {module} has no callable {attr!r} (a policy class or factory)")
+    register(name, factory)
 
 
 def _load_builtin() -> None:

@@ -74,6 +74,20 @@ def test_submit_status_logs_cancel_and_a_failure_with_its_root_cause(cluster):
     assert missing.returncode == 2 and "no job '999'" in missing.stderr
     nothing = et(c, "submit", "--", "nope.py", check=False)
     assert nothing.returncode == 2 and "not in the work directory" in nothing.stderr
+    # sacct's habit: one accounting row per job (issue 32.6: there was no history)
+    rows = {r["id"]: r for r in map(json.loads, et(c, "history", "--format", "json").stdout.splitlines())}
+    assert [rows[j]["state"] for j in (ok, failing, long)] == ["finished", "failed", "cancelled"]
+    assert (rows[ok]["exit_code"], rows[long]["exit_code"]) == (0, None) and rows[failing]["exit_code"] not in (0, None)
+    assert rows[failing]["restarts"] == {"worker_failure": 1} and rows[ok]["restarts"] == {}
+    assert rows[ok]["elapsed"] > 0 and rows[ok]["gpu_hours"] > 0 and rows[ok]["end"] >= rows[ok]["start"]
+    text = et(c, "history", "--state", "finished,failed", "--since", "1h").stdout
+    assert text.splitlines()[0].split()[:5] == ["id", "name", "user", "gpus", "state"]
+    assert f"\n{ok} " in text and f"\n{failing} " in text and "cancelled" not in text and "worker_failure:1" in text
+    assert et(c, "history", "--user", "nobody-else").stdout.strip() == "no jobs match"
+    csv = et(c, "history", "--format", "csv").stdout.splitlines()
+    assert csv[0].startswith("id,name,user,gpus,state,submit") and len(csv) == 4
+    bad = et(c, "history", "--since", "yesterday", check=False)
+    assert bad.returncode == 2 and "--since 'yesterday'" in bad.stderr
 
 
 def test_every_route_needs_the_token_but_health(cluster):

@@ -74,7 +74,8 @@ def submit_muri(c, name, steps, stages, **kw):
             "--out", os.path.join(c.tmp, f"{name}.json")]
     given = {"load": stages[0] / 1000, "preprocess": stages[1] / 1000, "compute": stages[2] / 1000}
     return c.client.submit(JobSubmit(args, c.tmp, name=name, gpus=kw.get("gpus", 1), steps=steps, grace=20.0,
-                                     env={"OMP_NUM_THREADS": "1"}, stage_times=given)).id
+                                     env={"OMP_NUM_THREADS": "1"}, stage_times=given,
+                                     user=kw.get("user", "default"))).id
 
 
 def test_tiresias_l_live_and_simulated_make_the_same_decisions(tmp_path):

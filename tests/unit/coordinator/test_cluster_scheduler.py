@@ -85,6 +85,8 @@ def test_start_preempt_stop_resume_with_the_launch_rule(tmp_path):
     w.s.tick()
     assert w.status(b) == "finished"
     assert w.run_all() == {"n1": [(a, 2, (0, 1))]}  # a resumes: run 2
+    assert w.s.job(a).runs_by_reason == {"preempt": 1} and w.s.job(b).runs_by_reason == {}
+    assert (w.s.job(a).exit_code, w.s.job(b).exit_code) == (None, 0)  # (history's accounting)
     kinds = [e.kind for e in w.s.events.list(0).events if e.job == a]
     assert kinds[:4] == ["submit", "start", "launch", "preempt"] and "resume" in kinds
 

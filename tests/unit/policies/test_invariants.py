@@ -6,6 +6,7 @@ write to the snapshot (they get read-only views). At the end: every job finished
 """
 
 import random
+import sys
 
 import pytest
 
@@ -109,3 +110,23 @@ def test_unknown_policy_names_the_known_ones():
 
     with pytest.raises(ConfigError, match="is not registered.*srtf"):
         create("srft")
+
+
+def test_a_policy_named_by_its_path_is_imported_from_the_working_directory(tmp_path, monkeypatch):
+    from elastictrain.errors import ConfigError
+
+    (tmp_path / "my_pol.py").write_text("from elastictrain.policies.fifo import Fifo\n"
+                                        "class Mine(Fifo):\n    name = 'mine'\nNOT_CALLABLE = 3\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "my_pol", raising=False)
+    from elastictrain.policies import api
+
+    monkeypatch.setattr(api, "_REGISTRY", dict(api._REGISTRY))  # (registered for this test only)
+    monkeypatch.setattr(api, "_OPTIONS", dict(api._OPTIONS))
+    assert type(create("my_pol:Mine")).__name__ == "Mine"
+    assert "my_pol:Mine" in registered()
+    for name, says in (("no_such_mod_x:Mine", "cannot import 'no_such_mod_x'"),
+                       ("my_pol:Nope", "has no callable 'Nope'"), ("my_pol:NOT_CALLABLE", "has no callable"),
+                       ("my_pol:Mine;rm", "write a policy in a module as module:attr")):
+        with pytest.raises(ConfigError, match=says):
+            create(name)

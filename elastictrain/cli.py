@@ -194,6 +194,9 @@ def get_parser() -> argparse.ArgumentParser:
 
 def _policy_options(p: argparse.ArgumentParser) -> None:
     """The policies' options, shared by ``simulate`` and ``coordinator --policy``."""
+    p.add_argument("--preempt-starting", action="store_true",
+                   help="let a decision preempt a job before its run's first training step (by default it runs on "
+                   "until it has trained one, and the start that wanted its GPUs waits)")
     p.add_argument("--placement", default=None, help="count, consolidated, spread or skew (policy default)")
     p.add_argument("--thresholds", default=None, help="Tiresias queue limits in GPU-seconds, e.g. 3250,7200")
     p.add_argument("--promote-knob", type=float, default=None, help="Tiresias PROMOTEKNOB (0: off)")
@@ -313,7 +316,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
                 check_registered(args.policy)
                 cluster = ClusterConfig(args.policy, _policy_values(args), args.interval, args.node_timeout,
-                                        job_env_allow=tuple(_env_patterns(args.job_env_allow)))
+                                        job_env_allow=tuple(_env_patterns(args.job_env_allow)),
+                                        protect_startup=not args.preempt_starting)
             engine = _engine_config(args)
             serve(ServerConfig(engine=engine, host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                lease=args.lease, advertise_url=args.advertise_url,
@@ -420,7 +424,8 @@ def _simulate(args) -> None:
 
     opts = _policy_values(args)
     cfg = SimConfig(args.trace, args.cluster, [p for p in args.policy.split(",") if p], args.preset, args.format,
-                    args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost)
+                    args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost,
+                    protect_startup=not args.preempt_starting)
     results = simulate(cfg, progress=not args.no_progress, parallel=args.parallel)
     for r in results:
         for jid, why in r.extra.get("rejected", ())[:5]:

@@ -73,6 +73,8 @@ class ClusterConfig:
     persist_every: float = 10.0  # seconds between writes of attained service alone
     #: environment variables a submitted job may set (shell patterns; access.DEFAULT_ENV_ALLOW and these)
     job_env_allow: tuple = ()
+    #: never preempt a job before its run's first training step (Scheduler.protect_startup)
+    protect_startup: bool = True
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval <= 3600:
@@ -120,12 +122,14 @@ class ClusterScheduler:
             self.records[rec.id] = rec
             if rec.status not in _ENDED_NAMES:
                 self.table.add(self._entry(rec))
+                if rec.status == "running" and rec.step_run != rec.run:  # its run has not trained yet
+                    self.table.starting.add(rec.id)
                 if rec.run:  # agents of this run that (re)join after the restart form its round
                     coordinator.rendezvous.expect(rec.id, rec.run, rec.resume_reason if rec.run > 1 else "start",
                                                   rec.restarts)
         self.backend.recover()
         self.sched = Scheduler(self.policy, self.table, self.backend, self.clock, strict=False,
-                               on_error=self._policy_error)
+                               on_error=self._policy_error, protect_startup=cfg.protect_startup)
         previous = loaded.meta.get("policy")
         state = loaded.meta.get("policy_state")
         if previous == cfg.policy and state and hasattr(self.policy, "import_state"):
@@ -389,6 +393,8 @@ class ClusterScheduler:
                 self._type_time(rec, sample)
         if rec.step_run != rec.run and rec.status == "running":
             self._emit("first_step", job, "", run=rec.run, step=req.step)  # this run trains
+            self.table.accrue(now)
+            self.table.began(job, now)  # its service counts from here: the start-up before was not service
         rec.step, rec.step_time, rec.step_run = req.step, now, rec.run
         hist = self._step_hist.get(job)
         if hist is None:
@@ -505,6 +511,9 @@ class ClusterScheduler:
         reason = rec.reason
         if not reason and rec.id in self.sched.deferred:
             reason = "placed; waiting for GPUs that stopping jobs still hold"
+        elif not reason and rec.id in self.sched.held_back:
+            reason = (f"placed; waiting until job {self.sched.held_back[rec.id]} has trained its first step (a job "
+                      "is not preempted before it trains)")
         elif not reason and rec.status in ("queued", "preempted"):
             reason = self._why_waiting(rec)
         return ClusterJobInfo(rec.id, rec.name, rec.user, rec.priority, rec.status, rec.gpus, rec.min_gpus,
@@ -701,6 +710,9 @@ class ClusterScheduler:
             self.sched.tick()
             for key in self.sched.deferred:
                 self._emit("deferred", key, "", why="its GPUs are still held by stopping jobs")
+            for key, starting in self.sched.held_back.items():
+                self._emit("deferred", key, "", why=f"its GPUs go to it once job {starting} has trained its first "
+                           "step (a job is not preempted before it trains)")
             for key, detail in self.sched.notes:
                 self._emit("plan", str(key), "", policy=self.cfg.policy, **detail)
             self.sched.notes = ()

@@ -7,12 +7,21 @@ whose decision breaks an invariant, costs one decision: the error is logged and 
 previous allocation stands, and the changes the policy missed are handed to it again next
 time. ``strict=True`` (the simulator's default: a research run should fail loudly) re-raises
 instead.
+
+**No preemption before the first step** (``protect_startup``, on by default). A running job
+that has not trained its first step yet (``JobTable.starting``) is not preempted: a decision
+that leaves it out keeps it where it is, and the starts that would have needed its GPUs wait
+for a later decision (``Scheduler.held_back``). Preempting it would throw its start-up away,
+and a policy deciding every few seconds would otherwise churn a job that never trains. Moves of
+running jobs are never undone for it, nor are interleaving groups (the decision then stands).
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Callable, Optional
+
+import msgspec
 
 from ..clock import Clock
 from ..errors import PolicyError
@@ -32,12 +41,15 @@ class Scheduler:
     Args:
         strict: re-raise policy failures instead of keeping the previous allocation.
         on_error: called with the PolicyError when a decision fails (e.g. to log an event).
+        protect_startup: never preempt a job before its run's first training step (see above).
     """
 
     def __init__(self, policy: Policy, table: JobTable, backend: Backend, clock: Clock, *, strict: bool = False,
-                 on_error: Optional[Callable[[PolicyError], None]] = None) -> None:
+                 on_error: Optional[Callable[[PolicyError], None]] = None, protect_startup: bool = True) -> None:
         self.policy, self.table, self.backend, self.clock = policy, table, backend, clock
         self.strict, self.on_error = strict, on_error
+        self.protect_startup = protect_startup
+        self.held_back: dict = {}  # starts of the last decision that wait for a starting job: key -> that job
         self.feed = table.subscribe()
         self.wakeup: Optional[float] = None
         self.decisions = 0
@@ -57,6 +69,9 @@ class Scheduler:
             if not isinstance(decision, Decision):
                 raise PolicyError(f"policy {self.policy.name}: decide() returned {type(decision).__name__}, "
                                   "not a Decision")
+            self.held_back = {}
+            if self.protect_startup and self.table.starting:
+                decision = self._protect(decision)
             actions = plan(self.table, snap, decision, self.policy.name)
         except Exception as exc:  # a policy's failure costs one decision, not the loop
             err = exc if isinstance(exc, PolicyError) else PolicyError(
@@ -77,6 +92,53 @@ class Scheduler:
         self.limits = decision.limits
         self.act(actions, now)
         return actions
+
+    def _protect(self, d: Decision) -> Decision:
+        """``d`` with every starting job it would preempt kept where it runs, and the starts that
+        needed its GPUs held back (the latest placed first). A job it cannot keep that way (a
+        grouped one, or one whose GPUs a move takes) is preempted as decided."""
+        running, run = self.table.running, d.run
+        keep = [running[k] for k in self.table.starting if k in running and k not in run and not running[k].group]
+        if not keep:
+            return d
+        caps = self.backend.shape().gpus_per_node
+        run = dict(run)
+        grouped = {k for g in d.groups for k in g}
+        for e in sorted(keep, key=lambda e: e.seq):
+            used, total = [0] * len(caps), 0
+            for where in run.values():
+                for n, g in where:
+                    total += g
+                    if 0 <= n < len(used):
+                        used[n] += g
+            need = e.placement
+            if not need or any(n < 0 or n >= len(caps) for n, _ in need):
+                continue
+            size, want, limit = sum(g for _, g in need), dict(need), sum(caps)
+            trial, dropped = dict(run), []
+            for key in reversed(list(run)):
+                if _fits(need, size, used, total, caps, limit):
+                    break
+                if key in running or key in grouped:
+                    continue  # a job that runs, or moves, is never stopped for it; nor a group's member
+                where = run[key]
+                if total + size > limit or any(n in want and used[n] + want[n] > caps[n] for n, _ in where):
+                    del trial[key]
+                    dropped.append(key)
+                    for n, g in where:
+                        total -= g
+                        if 0 <= n < len(used):
+                            used[n] -= g
+            if _fits(need, size, used, total, caps, limit):
+                run = trial
+                run[e.key] = need
+                for key in dropped:
+                    self.held_back[key] = e.key
+        if len(run) == len(d.run) and not self.held_back:
+            return d
+        workers = {k: v for k, v in d.workers.items() if k in run}
+        slowdown = {k: v for k, v in d.slowdown.items() if k in run}
+        return msgspec.structs.replace(d, run=run, workers=workers, slowdown=slowdown)
 
     def act(self, actions: list[Action], now: float) -> None:
         """Preemptions first, then moves, then starts.
@@ -155,3 +217,7 @@ class Scheduler:
                 if n >= 0:
                     free[n] -= g
         return free
+
+
+def _fits(need: tuple, size: int, used: list, total: int, caps: tuple, limit: int) -> bool:
+    return total + size <= limit and all(used[n] + g <= caps[n] for n, g in need)

@@ -5,6 +5,13 @@ see :class:`~elastictrain.policies.api.JobView`, a frozen copy the table rebuild
 entry changes (running jobs: at every snapshot, since their attained service grows). Keys may
 be strings (the coordinator's job ids) or ints (trace job ids); one table holds one kind.
 
+**Service is training time.** A job's run starts *starting* (its workers launch, import, restore
+their checkpoint) and trains from its first step on. Attained service (``attained``,
+``attained_gpu``) counts only the time after that first step: a start that takes longer than a
+queue's threshold must not demote a job that has not trained yet. The live backend ends a run's
+start-up at the first step a worker reports (:meth:`JobTable.began`); the simulator at the end
+of the restart cost the run pays first. Starting jobs are listed in ``JobTable.starting``.
+
 Each policy reads the table through its own :class:`Feed`, which remembers what arrived and
 ended since that policy's previous snapshot. A feed created on a table that already holds jobs
 starts with every runnable job as arrived, so a policy rebuilt after a coordinator restart
@@ -92,6 +99,7 @@ class JobTable:
         self._views: dict = {}  # runnable jobs (stopping ones filtered at snapshot), arrival order
         self.running: dict = {}
         self.stopping: dict = {}
+        self.starting: set = set()  # running (or stopping) jobs whose run has not trained its first step yet
         self._dirty: set = set()
         self._feeds: list[Feed] = []
         self._seq = 0
@@ -152,8 +160,18 @@ class JobTable:
         e.accrued_at = now
         e.status = JobStatus.RUNNING
         self.running[key] = e
+        self.starting.add(key)
         self._dirty.add(key)
         return e
+
+    def began(self, key, now: float) -> None:
+        """The job's run trained its first step: its service counts from ``now`` (the time
+        since its start was start-up, not service)."""
+        if key in self.starting:
+            self.starting.discard(key)
+            e = self._entries.get(key)
+            if e is not None and e.accrued_at < now:
+                e.accrued_at = now
 
     def stop(self, key, now: float) -> Entry:
         """A decision preempts a running job: it stops running; its GPUs stay held until
@@ -171,6 +189,7 @@ class JobTable:
         """A stopping job's workers have exited: its GPUs are free and it may be placed again."""
         e = self.stopping.pop(key)
         self._accrue_one(e, now)
+        self.starting.discard(key)
         e.stopping, e.held = False, ()
         e.status = JobStatus.PREEMPTED
         self._dirty.add(key)
@@ -181,6 +200,9 @@ class JobTable:
         (the simulator's): the same state, in one step."""
         e = self.running.pop(key)
         dt = now - e.accrued_at
+        if key in self.starting:  # stopped before its first step: no service
+            self.starting.discard(key)
+            dt = 0.0
         if dt > 0:
             where = e.placement
             g = sum(n for _, n in where) if where else e.num_gpu
@@ -199,6 +221,7 @@ class JobTable:
         """A running job changes placement, group or size (it keeps running)."""
         e = self._entries[key]
         e.placement, e.group, e.num_gpu = placement, group, workers
+        self.starting.add(key)  # (a move restarts the run; a backend whose moves keep it running says so)
         self._dirty.add(key)
         return e
 
@@ -207,6 +230,7 @@ class JobTable:
         e = self._entries.pop(key)
         self.running.pop(key, None)
         self.stopping.pop(key, None)
+        self.starting.discard(key)
         del self._views[key]
         self._dirty.discard(key)
         e.running = e.stopping = False
@@ -217,18 +241,19 @@ class JobTable:
 
     def accrue(self, now: float) -> None:
         """Add attained service (seconds and GPU-seconds) to every job holding GPUs, up to ``now``."""
-        for e in self.running.values():
+        starting = self.starting
+        for key, e in self.running.items():
             dt = now - e.accrued_at
-            e.attained += dt
-            e.attained_gpu += dt * e.num_gpu
+            if key not in starting:
+                e.attained += dt
+                e.attained_gpu += dt * e.num_gpu
             e.accrued_at = now
         for e in self.stopping.values():
             self._accrue_one(e, now)
 
-    @staticmethod
-    def _accrue_one(e: Entry, now: float) -> None:
+    def _accrue_one(self, e: Entry, now: float) -> None:
         dt = now - e.accrued_at
-        if dt > 0:
+        if dt > 0 and e.key not in self.starting:
             g = sum(n for _, n in e.held) if e.held else e.num_gpu
             e.attained += dt
             e.attained_gpu += dt * g

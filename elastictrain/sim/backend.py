@@ -18,6 +18,11 @@ Restart cost (``cost``, seconds per (re)start) and ``charge``:
 * ``every_event``: paid by every running job at every event, as the Muri reference simulator
   does (its published tables were produced that way).
 
+With ``on_start``, the restart cost is the run's start-up: the job is *starting*
+(``JobTable.starting``) until it has paid it, gains no attained service meanwhile, and is not
+preempted (``Scheduler.protect_startup``), as a live job before its first training step.
+``every_event`` has no start-up: its jobs never count as starting.
+
 A job's slowdown is the policy's (a Muri group's interleaved iteration over the job's own), or
 ``spread_slowdown`` for a skew-sensitive job spread over several nodes, divided by its speed on
 the slowest GPU type it spans, times ``size_at_submit / workers`` for an elastic job run at
@@ -58,6 +63,8 @@ class SimBackend:
         self._placed(e, a)
         if not self.every:
             self.owed[e.key] = self.charge[e.key]
+        if self.every or not self.owed[e.key]:
+            self.table.starting.discard(e.key)  # no start-up to pay: it trains at once
 
     #: stops complete at once: the mechanism core preempts with JobTable.preempt_now (stop and
     #: stopped in one step) and does not call :meth:`stop`
@@ -74,6 +81,8 @@ class SimBackend:
                 self.owed[e.key] = self.owed.get(e.key, 0.0) + self.migration_cost
         if a.kind is not ActionKind.MIGRATE and not self.every:
             self.owed[e.key] = self.charge[e.key]  # the group (or the resized job) restarts
+        if self.every or not self.owed.get(e.key):
+            self.table.starting.discard(e.key)
 
     def _placed(self, e: Entry, a: Action) -> None:
         size0 = e.data["gpus"]
@@ -117,12 +126,13 @@ class SimBackend:
         lost = self.lost
         window = self.window
         worked = False
+        starting = self.table.starting
         for e in self.table.running.values():
             da = t - e.accrued_at
-            e.attained += da
-            e.attained_gpu += da * e.num_gpu
             e.accrued_at = t
             if every:
+                e.attained += da
+                e.attained_gpu += da * e.num_gpu
                 end = now + e.remaining_iterations * e.iteration_time * e.slowdown
                 if end <= t + 1e-9:
                     finished.append(e)
@@ -133,13 +143,19 @@ class SimBackend:
                     lost += dt - work
             else:
                 o = owed.get(e.key, 0.0)
-                if o:  # a restart cost still owed is paid first
+                if o:  # a restart cost still owed is paid first: start-up, not service
                     pay = o if o < dt else dt
                     owed[e.key] = o - pay
                     lost += pay
                     work = dt - pay
+                    da -= pay
+                    if pay == o:
+                        starting.discard(e.key)
                 else:
                     work = dt
+                if da > 0:
+                    e.attained += da
+                    e.attained_gpu += da * e.num_gpu
             its = work / (e.iteration_time * e.slowdown)
             e.remaining_iterations -= its
             if its > 0:

@@ -113,7 +113,8 @@ class Simulator:
                  charge: str = "on_start", speed_factor: float = 1.0, interval: Optional[float] = None,
                  spread_slowdown: float = 1.0, skew_sensitive: float = 0.5, until: Optional[float] = None,
                  progress: Optional[Callable[[int, float], None]] = None, migration_cost: float = 0.0,
-                 window: Optional[float] = None, decisions: Optional[list] = None) -> None:
+                 window: Optional[float] = None, decisions: Optional[list] = None,
+                 protect_startup: bool = True) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
@@ -141,6 +142,7 @@ class Simulator:
             raise ConfigError("migration_cost must be >= 0 and window > 0")
         self.migration_cost, self.window = float(migration_cost), window
         self.decisions = decisions  # if a list: (time, action kind or "finish", job id, group) appended
+        self.protect_startup = protect_startup
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
         elif callable(restart_cost):
@@ -167,7 +169,7 @@ class Simulator:
         backend = SimBackend(shape, table, clock, every=self.charge == "every_event",
                              spread_slowdown=self.spread_slowdown, skew_sensitive=self.skew_sensitive,
                              migration_cost=self.migration_cost, window=self.window)
-        sched = Scheduler(self.policy, table, backend, clock, strict=True)
+        sched = Scheduler(self.policy, table, backend, clock, strict=True, protect_startup=self.protect_startup)
         done: list[JobRecord] = []
         util: list[tuple[float, int]] = []
         now, idx, events = 0.0, 0, 0

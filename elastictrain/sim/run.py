@@ -37,6 +37,7 @@ class SimConfig:
     policy_options: dict = field(default_factory=dict)
     spread_slowdown: float = 1.0
     migration_cost: float = 0.0
+    protect_startup: bool = True  # a job is not preempted before its first step (its restart cost paid)
 
 
 def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[SimResult]:
@@ -91,7 +92,7 @@ def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[S
 def _run_one(name, opts, jobs, cluster, cfg: SimConfig, engine: dict, tick=None) -> SimResult:
     policy = create(name, only_known=True, **opts)  # each policy takes the options it knows
     return Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick, spread_slowdown=cfg.spread_slowdown,
-                     migration_cost=cfg.migration_cost, **engine).run()
+                     migration_cost=cfg.migration_cost, protect_startup=cfg.protect_startup, **engine).run()
 
 
 def _run_parallel(cfg, opts, jobs, cluster, engine, parallel: int, bars) -> list[SimResult]:

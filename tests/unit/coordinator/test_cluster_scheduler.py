@@ -44,13 +44,17 @@ class World:
         req = NodePoll(inst or self.inst[node], list(states), [], 0.0)
         return asyncio.run(self.s.node_poll(node, req))
 
-    def run_all(self):
-        """Every node reports its released tasks as running; returns {node: [(job, run, gpus)]}."""
+    def run_all(self, train=True):
+        """Every node reports its released tasks as running; returns {node: [(job, run, gpus)]}.
+        ``train``: and each of their jobs reports a training step (its start-up is over)."""
         out = {}
         for n in self.s.nodes.by_index:
             tasks = self.poll(n.name).tasks
             self.poll(n.name, [TaskState(t.job, t.run, "running") for t in tasks])
             out[n.name] = [(t.job, t.run, tuple(t.gpus)) for t in tasks]
+            for t in tasks if train else ():
+                for job in [m.job for m in t.group] or [t.job]:
+                    self.c.step(job, StepReport(0, self.s.job(job).step))
         return out
 
     def exit(self, job, code, node=None):
@@ -88,7 +92,7 @@ def test_start_preempt_stop_resume_with_the_launch_rule(tmp_path):
     assert w.s.job(a).runs_by_reason == {"preempt": 1} and w.s.job(b).runs_by_reason == {}
     assert (w.s.job(a).exit_code, w.s.job(b).exit_code) == (None, 0)  # (history's accounting)
     kinds = [e.kind for e in w.s.events.list(0).events if e.job == a]
-    assert kinds[:4] == ["submit", "start", "launch", "preempt"] and "resume" in kinds
+    assert kinds[:5] == ["submit", "start", "launch", "first_step", "preempt"] and "resume" in kinds
 
 
 def test_agents_of_an_old_run_are_told_to_exit(tmp_path):
@@ -365,3 +369,35 @@ def test_repeated_identical_deferred_and_plan_events_fold_into_one_with_a_count(
     assert rows == [("deferred", "7", {"why": "held", "count": 4, "last": 1003.0}),
                     ("plan", "7", {"decision": "grow"}), ("deferred", "7", {"why": "held"}),
                     ("deferred", "8", {"why": "held"})]
+
+
+def test_a_live_job_gains_service_and_can_be_preempted_only_once_it_trains(tmp_path):
+    # its start-up counted as service (a start slower than the first queue demoted a job that had
+    # not trained) and a decision could preempt it before its first step (issue 32.5)
+    w = World(tmp_path, nodes=1, slots=2, thresholds=(10.0,))
+    a = w.submit(2)
+    w.s.tick()
+    w.run_all(train=False)
+    w.clock.advance(30)  # a slow start: 60 GPU-seconds of holding, none of training
+    b = w.submit(2)
+    w.s.tick()
+    assert w.s.job(a).attained_gpu == 0.0 and w.status(a) == "running" and not w.s.job(a).stopping
+    w.c.step(a, StepReport(0, 1))  # its first step
+    w.clock.advance(6)  # 12 GPU-seconds of training: past the 10 GPU-s queue, b (0) goes first
+    w.s.tick()
+    assert w.s.job(a).attained_gpu == pytest.approx(12.0) and w.s.job(a).stopping
+
+    w = World(tmp_path / "srtf", policy="srtf", nodes=1, slots=2)
+    long = w.submit(2, steps=1000)
+    w.s.tick()
+    w.run_all(train=False)
+    short = w.submit(2, steps=10)
+    w.s.tick()  # SRTF would preempt the long job for the short one: not before the long one trains
+    assert w.status(long) == "running" and not w.s.job(long).stopping
+    why = "placed; waiting until job 1 has trained its first step (a job is not preempted before it trains)"
+    assert w.s.job(short).reason == why
+    assert ("deferred", "its GPUs go to it once job 1 has trained its first step (a job is not preempted before "
+                        "it trains)") in [(e.kind, e.detail.get("why", "")) for e in w.s.event_list(0, short).events]
+    w.c.step(long, StepReport(0, 1))
+    w.s.tick()
+    assert w.s.job(long).stopping  # it trained: now the decision stands

@@ -66,6 +66,7 @@ def test_string_keys_start_preempt_and_stopping_jobs_hold_their_gpus():
     policy.run = {"job-a": ((0, 4),)}
     sched.tick()
     assert table.get("job-a").status is JobStatus.RUNNING and backend.log == [("start", "job-a", ((0, 4),))]
+    table.began("job-a", 0.0)  # its first training step (a live backend learns it from a step report)
     clock.advance(10)
     table.accrue(10)
     assert table.get("job-a").attained_gpu == 40.0
@@ -85,6 +86,62 @@ def test_string_keys_start_preempt_and_stopping_jobs_hold_their_gpus():
     assert snap.job("job-a").preemptions == 1 and table.get("job-a").status is JobStatus.PREEMPTED
     # arrival order is kept though job-a left the runnable set for a while
     assert [j.job_id for j in snap.jobs] == ["job-a", "job-b"]
+
+
+def test_service_counts_from_the_runs_first_step_not_from_its_start():
+    # a start that took longer than a queue's threshold demoted a job that had not trained (issue 32.5)
+    table, clock, backend, policy, sched = _setup()
+    table.add(Entry("a", 4, 0.0))
+    policy.run = {"a": ((0, 4),)}
+    sched.tick()
+    assert "a" in table.starting
+    clock.advance(5)
+    table.accrue(5)
+    assert table.get("a").attained_gpu == 0.0  # starting: time passes, no service
+    table.began("a", 7.0)
+    table.accrue(10)
+    assert table.get("a").attained_gpu == 12.0 and "a" not in table.starting  # 3 s x 4 GPUs since the first step
+    policy.run = {"a": ((1, 4),)}  # a move restarts the run: start-up again
+    sched.tick()
+    table.accrue(12)
+    assert "a" in table.starting and table.get("a").attained_gpu == 12.0
+
+
+def test_a_starting_job_is_not_preempted_and_the_start_that_needed_its_gpus_waits():
+    table, clock, backend, policy, sched = _setup(gpus=(4,), instant=True)
+    for k in ("a", "b", "c"):
+        table.add(Entry(k, 2 if k == "c" else 4, 0.0))
+    policy.run = {"a": ((0, 4),)}
+    sched.tick()
+    policy.run = {"b": ((0, 4),)}  # the policy would preempt a before it trained a step
+    assert sched.tick() == [] and sched.held_back == {"b": "a"}
+    assert table.get("a").running and not table.get("b").running and backend.log == [("start", "a", ((0, 4),))]
+    table.began("a", 1.0)
+    assert [a.kind for a in sched.tick()] == [ActionKind.PREEMPT, ActionKind.START] and sched.held_back == {}
+    # protection off: the decision stands
+    table2, clock2, backend2, policy2, _ = _setup(gpus=(4,), instant=True)
+    sched2 = Scheduler(policy2, table2, backend2, clock2, protect_startup=False)
+    table2.add(Entry("a", 4, 0.0))
+    table2.add(Entry("b", 4, 0.0))
+    policy2.run = {"a": ((0, 4),)}
+    sched2.tick()
+    policy2.run = {"b": ((0, 4),)}
+    assert [a.kind for a in sched2.tick()] == [ActionKind.PREEMPT, ActionKind.START]
+
+
+def test_the_simulator_models_start_up_as_a_live_run_has_it():
+    # Tiresias-L, one GPU, a 10 GPU-s first queue and a 30 s start-up: A is demoted only after 10 s of
+    # training (at 40 s), never during its start-up; B, which came at 5 s, then preempts it
+    from elastictrain.model import JobSpec
+    from elastictrain.sim.cluster import load_cluster
+    from elastictrain.sim.engine import Simulator
+
+    jobs = [JobSpec(0, 1, 0.0, 100.0, 1.0, "a"), JobSpec(1, 1, 5.0, 100.0, 1.0, "b")]
+    log: list = []
+    Simulator(jobs, load_cluster("n1g1"), create("tiresias-l", thresholds=(10.0,)), restart_cost=30.0,
+              decisions=log).run()
+    first_preempt = next(d for d in log if d[1] == "preempt")
+    assert first_preempt[:3] == (40.0, "preempt", 0), log
 
 
 @pytest.mark.parametrize("run, rule", [

@@ -27,6 +27,11 @@ to a job alone (the Muri simulator's 1.015, 1.33, 1.5, 1.37). The Decision carri
 and each member's slowdown; the engine charges a group's restart as the sum of its members'.
 
 Jobs without a stage profile never group (they run alone at their own iteration time).
+
+**A finishing job is left alone** (``finish_hold``, 5% by default): a running job with at most
+that fraction of its iterations left keeps its placement and its group (as the previous
+decision formed it) until it ends, and the decision is made for the others around it.
+Regrouping it would restart it (a checkpoint, a new process) for its last few steps.
 """
 
 from __future__ import annotations
@@ -61,7 +66,8 @@ class Muri:
     def __init__(self, known_duration: bool = True, group_size: int = 4, resources: int = 4,
                  ordering: str = "best", matching: str = "blossom", rounds: Optional[int] = None,
                  overhead: Sequence[float] = DEFAULT_OVERHEAD, autosplit: bool = True,
-                 placement: str = "consolidated", packlimit: float = 0.5, sticky: bool = False) -> None:
+                 placement: str = "consolidated", packlimit: float = 0.5, sticky: bool = False,
+                 finish_hold: float = 0.05) -> None:
         if not 1 <= group_size <= 4 or group_size > resources:
             raise ConfigError(f"muri group_size must be 1 to 4 and at most resources ({resources}), "
                               f"got {group_size}")
@@ -69,6 +75,8 @@ class Muri:
             raise ConfigError(f"muri ordering must be best or worst, got {ordering!r}")
         if matching not in ("blossom", "priority"):
             raise ConfigError(f"muri matching must be blossom or priority, got {matching!r}")
+        if not 0.0 <= finish_hold < 1.0:
+            raise ConfigError(f"muri finish_hold is a fraction of a job's iterations in [0, 1), got {finish_hold!r}")
         if len(overhead) < group_size or any(o <= 0 for o in overhead):
             raise ConfigError(f"muri overhead needs a positive factor for each group size up to {group_size}, "
                               f"got {tuple(overhead)}")
@@ -88,6 +96,8 @@ class Muri:
         self._time: dict[tuple, float] = {}  # sorted profile ids -> group iteration time (raw T)
         self._rank: dict = {}  # job key -> position in the previous decision's order
         self._next = 0
+        self.finish_hold = finish_hold
+        self._group: dict = {}  # job key -> the group the previous decision ran it in
 
     # ---- the interleaving model, cached per multiset of profiles
     def _pid(self, j) -> int:
@@ -133,11 +143,13 @@ class Muri:
                 if j.job_id not in rank:
                     rank[j.job_id] = self._next
                     self._next += 1
+        held = self._finishing(s)
+        jobs = [j for j in s.jobs if j.job_id not in held] if held else s.jobs
         if self.known:
-            order = sorted(s.jobs, key=lambda j: (j.remaining_iterations * j.iteration_time * j.num_gpu,
+            order = sorted(jobs, key=lambda j: (j.remaining_iterations * j.iteration_time * j.num_gpu,
                                                   rank[j.job_id]))
         else:
-            order = sorted(s.jobs, key=lambda j: (j.attained_gpu, rank[j.job_id]))
+            order = sorted(jobs, key=lambda j: (j.attained_gpu, rank[j.job_id]))
         pos = {j.job_id: i for i, j in enumerate(order)}
 
         # 2. candidates: each job that fits claims itself and the next group_size - 1 of its bucket
@@ -147,6 +159,9 @@ class Muri:
         index = {j.job_id: i for b in buckets.values() for i, j in enumerate(b)}
         chosen = dict.fromkeys(buckets, 0)
         trial = make_placer(s, self.placement, self.packlimit)
+        units = list({id(u): u for u in held.values()}.values())
+        for u in units:  # the finishing jobs' GPUs are theirs
+            trial.take(u[0].placement)
         for j in order:
             g = j.num_gpu
             if index[j.job_id] < chosen[g]:
@@ -157,7 +172,7 @@ class Muri:
                 continue
             if trial.place(g, j.skew) is not None:
                 chosen[g] = min(chosen[g] + self.k, len(buckets[g]))
-        capacity = s.total_gpus
+        capacity = s.total_gpus - sum(u[0].num_gpu for u in units)
         demand = sum(g * n for g, n in chosen.items())
         nodes = {g: [[j] for j in buckets[g][:n]] for g, n in chosen.items() if n}
 
@@ -184,16 +199,23 @@ class Muri:
                 groups += [(min(pos[j.job_id] for j in p), max(j.skew for j in p), p) for p in parts]
         groups.sort(key=lambda e: e[0])
 
-        # 5. admit in priority order, place largest first
+        # 5. admit in priority order, place largest first (the finishing jobs first, where they are)
         trial = make_placer(s, self.placement, self.packlimit)
+        for u in units:
+            trial.take(u[0].placement)
         admitted = [e for e in groups if trial.place(e[2][0].num_gpu, e[1]) is not None]
         admitted.sort(key=lambda e: (-e[2][0].num_gpu, e[0]))
         placer = make_placer(s, self.placement, self.packlimit, self.sticky)
         run: dict[int, tuple] = {}
         shared, slowdown = [], {}
-        for _, skew, grp in admitted:
-            here = grp[0].placement if all(j.running and j.placement == grp[0].placement for j in grp) else ()
-            where = placer.place(grp[0].num_gpu, skew, here)
+        for u in units:
+            placer.take(u[0].placement)
+        for kept, grp in [(True, u) for u in units] + [(False, e[2]) for e in admitted]:
+            if kept:
+                where = grp[0].placement
+            else:
+                here = grp[0].placement if all(j.running and j.placement == grp[0].placement for j in grp) else ()
+                where = placer.place(grp[0].num_gpu, max(j.skew for j in grp), here)
             if where is None:
                 continue
             for j in grp:
@@ -207,7 +229,26 @@ class Muri:
         # ties keep this order next time: priority order, larger jobs first
         for i, j in enumerate(sorted(order, key=lambda j: -j.num_gpu)):
             rank[j.job_id] = i
+        self._group = {k: grp for grp in shared for k in grp}
         return Decision(run, groups=tuple(shared), slowdown=slowdown)
+
+    def _finishing(self, s: ClusterSnapshot) -> dict:
+        """Running jobs within ``finish_hold`` of their end, each with the running members of the
+        group it ran in (a unit kept as it is): job key -> unit (a list of views, one placement)."""
+        if not self.finish_hold:
+            return {}
+        out: dict = {}
+        for j in s.running:
+            if j.job_id in out or j.remaining_iterations > self.finish_hold * j.iterations:
+                continue
+            unit = [j]
+            for k in self._group.get(j.job_id, ()):
+                m = s.job(k)
+                if k != j.job_id and m is not None and m.running and m.placement == j.placement:
+                    unit.append(m)
+            for m in unit:
+                out[m.job_id] = unit
+        return out
 
     def _key(self, grp: list) -> tuple:
         """A group's type: the sorted profile ids of its members."""
@@ -255,7 +296,8 @@ class Muri:
         return demand
 
 
-_OPTS = ("group_size", "resources", "rounds", "overhead", "autosplit", "placement", "packlimit", "sticky")
+_OPTS = ("group_size", "resources", "rounds", "overhead", "autosplit", "placement", "packlimit", "sticky",
+         "finish_hold")
 register("muri-s", lambda **kw: Muri(known_duration=True, **kw), _OPTS)
 register("muri-l", lambda **kw: Muri(known_duration=False, **kw), _OPTS)
 register("muri-l-worst", lambda **kw: Muri(known_duration=False, ordering="worst", **kw), _OPTS)

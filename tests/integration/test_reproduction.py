@@ -3,7 +3,7 @@
 Published values: Muri's draw_fig9-10.py (64 GPUs, 8 nodes x 8), as listed in
 traces/README.md (the traces ship with the project, gzipped). Our engine runs with the ``muri`` preset (the reference
 simulator's restart-cost and speed model). The target is 10%; SRTF, SRSF and Tiresias-L land
-within 0.5%, Muri-S and Muri-L within 9% (below the published values: see docs/simulator.md).
+within 0.5%, Muri-S and Muri-L within 6% (see docs/simulator.md).
 The Muri runs of all six traces take about a minute, so the default run checks trace3 and
 trace3_pr and the ``slow`` run all six.
 """

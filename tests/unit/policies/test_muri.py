@@ -212,3 +212,28 @@ def test_options_are_checked():
         create("muri-s", group_size=5)
     with pytest.raises(ConfigError, match="overhead"):
         create("muri-l", overhead=(1.0,))
+
+
+def test_a_job_in_its_last_few_percent_is_not_regrouped():
+    # seen live: a restart for the last 4 of 300 steps (issue 32.5); finish_hold=0 is the paper's rule
+    from msgspec.structs import replace
+
+    from elastictrain.policies.muri import Muri
+
+    a = JobView(0, 1, 0.0, iteration_time=1.0, iterations=100.0, remaining_iterations=2.0, running=True,
+                placement=((0, 1),), stage_times=(0.5, 0.1, 0.4))
+    b = JobView(1, 1, 5.0, iteration_time=1.0, iterations=100.0, remaining_iterations=100.0,
+                stage_times=(0.1, 0.8, 0.1))
+    s = ClusterSnapshot(10.0, (a, b), (1,), 1, arrived=(a, b), running=(a,))
+    paper = Muri(finish_hold=0.0).decide(s)
+    assert paper.groups == ((0, 1),)  # the complementary newcomer would join it: a restart for a's last 2%
+    held = Muri().decide(s)
+    assert held.run == {0: ((0, 1),)} and held.groups == ()  # a finishes where it is; b waits
+    # a group it runs in is kept whole, with its slowdown
+    m = Muri()
+    a0 = replace(a, remaining_iterations=50.0, running=False, placement=())
+    assert m.decide(ClusterSnapshot(0.0, (a0, b), (1,), 1, arrived=(a0, b))).groups == ((0, 1),)
+    a2, b2 = (replace(j, running=True, placement=((0, 1),)) for j in (a, b))
+    c = JobView(2, 1, 20.0, iteration_time=1.0, iterations=100.0, remaining_iterations=1.0, stage_times=(0.1, 0.1, 0.8))
+    d = m.decide(ClusterSnapshot(30.0, (a2, b2, c), (1,), 1, arrived=(c,), running=(a2, b2)))
+    assert d.groups == ((0, 1),) and set(d.run) == {0, 1} and d.slowdown[0] >= 1.0

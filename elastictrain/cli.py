@@ -217,6 +217,9 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-headroom", type=float, default=None,
                    help="autoscale: each worker's memory limit is this times the largest resident memory its job's "
                    "workers reported, at least 1 GiB, from the job's next start (default 2; 0: no limits)")
+    p.add_argument("--scale-cooldown", type=float, default=None,
+                   help="autoscale: seconds after a job settles during which its size is not checked again "
+                   "(default 300)")
     p.add_argument("--yield-threshold", type=float, default=None,
                    help="autoscale: when a job waits, settled jobs give back steps whose marginal efficiency is "
                    "below this (default 0.7; 0: never)")
@@ -286,7 +289,7 @@ def _policy_values(args) -> dict:
             "distribution": args.distribution, "quantum": args.quantum, "thresholds": thresholds,
             "threshold": args.scale_threshold, "rate_window": args.rate_window, "drop": args.scale_drop,
             "step": args.scale_step, "yield_threshold": args.yield_threshold, "stretch": args.stretch,
-            "memory_headroom": args.memory_headroom}
+            "memory_headroom": args.memory_headroom, "cooldown": args.scale_cooldown}
 
 
 def _env_patterns(given: list) -> list:

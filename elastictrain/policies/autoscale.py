@@ -17,8 +17,11 @@ does not fit is skipped, as best-effort FIFO does); rigid jobs run at their size
   its auto-scaling heuristic), and otherwise goes back to ``a`` and settles there.
 * **Adjust.** A settled job whose rate stays more than ``drop`` (20%) below its level at that
   size (a slow average of its measurements) for a whole ``rate_window``, with no size change,
-  is checked again: it shrinks by one step, and stays smaller (and keeps shrinking) while the
-  step it undid was worth less than ``threshold``, else it returns to the larger size.
+  and at least ``cooldown`` seconds (300) after it settled, is checked again: it shrinks by one step, and stays smaller (and keeps shrinking) while the
+  step it undid was worth less than ``threshold``, else it returns to the larger size. Within the
+  ``drop`` band the settled size stands, and the ``cooldown`` bounds how often a noisy rate can
+  set off a check (as Kubernetes' autoscaler stabilizes scale-downs over 5 minutes): each check
+  costs restarts.
 
 * **Yield.** When a waiting job does not fit, settled jobs give back workers whose last step's
   measured marginal efficiency is below ``yield_threshold`` (0.7): those workers add less than
@@ -74,6 +77,7 @@ class _Plan:
     rates: dict = field(default_factory=dict)  # size -> rate measured there
     ref: float = 0.0  # the settled size's throughput (a slow average of its measurements)
     low_since: Optional[float] = None  # when its throughput fell below (1 - drop) x ref
+    settled_at: float = 0.0  # when it last settled (a re-check waits for the cooldown from then)
     model: str = ""
     memory: int = 0  # the per-worker memory limit planned (bytes; 0: none yet)
 
@@ -86,13 +90,18 @@ class AutoScale:
         rate_window: seconds of training at one size a measurement covers.
         drop: a settled job is checked again when its rate falls by more than this fraction.
         step: workers added or removed per step.
+        cooldown: seconds after settling during which a settled size is not checked again.
     """
 
     name = "autoscale"
     needs = ()
 
     def __init__(self, threshold: float = 0.3, rate_window: float = 10.0, drop: float = 0.2, step: int = 1,
-                 yield_threshold: float = 0.7, memory_headroom: float = 2.0) -> None:
+                 yield_threshold: float = 0.7, memory_headroom: float = 2.0, cooldown: float = 300.0) -> None:
+        if not 0.0 <= cooldown <= 86_400.0:
+            raise ConfigError(f"cooldown must be in [0, 86400] seconds, got {cooldown!r}")
+        self.cooldown = float(cooldown)
+        self._now = 0.0
         if not 0.0 < threshold <= 1.0:
             raise ConfigError(f"threshold must be in (0, 1], got {threshold!r}")
         if not 0.0 <= yield_threshold <= 1.0:
@@ -136,6 +145,7 @@ class AutoScale:
                 _remember(self.history, p.model, p.target)
             if p is not None and p.memory and p.model:
                 _remember(self.memory_history, p.model, p.memory)
+        self._now = s.now
         free = s.total_gpus
         notes: list = []
         for j in s.running:
@@ -231,6 +241,8 @@ class AutoScale:
             if r >= (1 - self.drop) * p.ref:
                 p.low_since = None
                 p.ref = 0.9 * p.ref + 0.1 * r if p.ref > 0 else r
+            elif s.now - p.settled_at < self.cooldown:
+                p.low_since = None  # settled too recently to be checked again: noise, or a passing slowdown
             elif p.low_since is None:
                 p.low_since = s.now
             elif s.now - p.low_since >= self.rate_window and size - self.step >= lo:  # a whole window low
@@ -274,7 +286,7 @@ class AutoScale:
 
     def _settle(self, j: JobView, p: _Plan, size: int, notes: list, why: str, **detail) -> None:
         p.target, p.phase, p.came_from = size, "settled", None
-        p.ref, p.low_since = p.rates.get(size, 0.0), None
+        p.ref, p.low_since, p.settled_at = p.rates.get(size, 0.0), None, self._now
         notes.append((j.job_id, {"decision": "settle", "workers": size, "at": j.num_gpu, "why": why,
                                  **_rounded(detail)}))
 
@@ -292,4 +304,4 @@ def _rounded(d: dict) -> dict:
 
 
 register("autoscale", lambda **kw: AutoScale(**kw),
-         ("threshold", "rate_window", "drop", "step", "yield_threshold", "memory_headroom"))
+         ("threshold", "rate_window", "drop", "step", "yield_threshold", "memory_headroom", "cooldown"))

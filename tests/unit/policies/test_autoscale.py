@@ -74,7 +74,7 @@ def test_linear_scaling_grows_to_the_maximum_and_a_low_threshold_keeps_the_third
 
 
 def test_a_drop_in_throughput_is_checked_by_shrinking_and_the_smaller_size_kept_if_the_step_no_longer_pays():
-    loop = Loop(AutoScale(rate_window=5))
+    loop = Loop(AutoScale(rate_window=5, cooldown=0))
     loop.until_settled()
     assert loop.size == 2
     for _ in range(20):  # settled: nothing changes while the rate holds
@@ -92,6 +92,29 @@ def test_a_drop_in_throughput_is_checked_by_shrinking_and_the_smaller_size_kept_
         loop.step()
     assert loop.size == 1 and loop.notes[-1]["decision"] == "settle"
     assert "fell" in loop.notes[-2]["why"]
+
+
+def test_a_settled_size_is_not_checked_again_within_the_cooldown():
+    # seen live: 7 runs in 3 minutes around a settled size, on a rate that swung with the machine's load
+    def swings(cooldown):
+        loop = Loop(AutoScale(rate_window=5, cooldown=cooldown))
+        loop.until_settled()
+        settled, runs = loop.now, len(loop.sizes)
+        while loop.now < settled + 180:  # 3 minutes of a rate swinging 40% for 7 s at a time
+            loop.rates[2] = 110.0 if int(loop.now - settled) // 7 % 2 == 0 else 180.0
+            loop.step()
+        return len(loop.sizes) - runs, loop
+
+    extra, _ = swings(cooldown=0)
+    assert extra >= 1  # the swing sets off a check: a restart at another size
+    extra, loop = swings(cooldown=300)
+    assert extra == 0 and loop.size == 2
+    loop.rates[2] = 110.0  # a drop that lasts past the cooldown is checked
+    for _ in range(200):
+        loop.step()
+    assert loop.size == 1 and "fell" in loop.notes[-2]["why"]
+    with pytest.raises(ConfigError, match="cooldown"):
+        AutoScale(cooldown=-1)
 
 
 def test_the_size_a_script_settled_at_is_where_its_next_job_starts():

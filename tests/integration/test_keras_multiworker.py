@@ -56,6 +56,12 @@ def test_two_workers_train_one_model_across_a_preemption(tmp_path):
     assert "every sample of every epoch trained: True" in r.stdout, r.stdout
     for losses in re.findall(r"loss by epoch \[([^\]]*)\]", r.stdout):
         assert "nan" not in losses and losses, r.stdout  # a worker's empty last batches don't poison its logs
+    # the job's loss, as one process's fit reports it, on every worker (each printed its own), and the
+    # History of the resumed run holds every epoch, those before the preemption too (issue 32.8)
+    runs = re.findall(r"rank (\d): trained epochs \[([^\]]*)\], loss by epoch \[([^\]]*)\]", r.stdout)
+    assert len(runs) == 2 and runs[0][1:] == runs[1][1:], r.stdout
+    epochs = [int(e) for e in runs[0][1].split(",")]
+    assert epochs == list(range(len(epochs))) and len(runs[0][2].split(",")) == len(epochs), r.stdout
     assert "UserWarning" not in r.stderr, r.stderr[-3000:]
 
 

@@ -71,6 +71,11 @@ class ElasticKerasCallback(keras.callbacks.Callback):
         self._began = False
         self._latest = checkpointer.latest()  # verified once, restored from in on_train_begin
         self.initial_epoch = int(self._latest.extra.get("epoch", 0)) if self._latest else 0
+        # the epochs completed so far and their logs (History's), carried by every checkpoint so that
+        # the History of a resumed run holds the epochs before the resume too
+        self._epochs: list = []
+        self._logs: dict = {}
+        self._merged = False
 
     def on_train_begin(self, logs=None) -> None:
         if self._began:
@@ -79,9 +84,18 @@ class ElasticKerasCallback(keras.callbacks.Callback):
         self.restored = self.ckpt.restore(self._latest)
         if self.restored is not None:
             self.step = int(self.restored.extra.get("step", self.restored.step))
+            past = self.restored.extra.get("history") or {}
+            self._epochs = [int(e) for e in past.get("epoch", ())]
+            self._logs = {str(k): [float(x) for x in v] for k, v in dict(past.get("logs", {})).items()}
 
     def on_epoch_begin(self, epoch, logs=None) -> None:
         self.epoch = epoch
+        history = getattr(self.model, "history", None)
+        if not self._merged and isinstance(history, keras.callbacks.History):
+            self._merged = True  # (History cleared itself when training began: the restored epochs go first)
+            history.epoch[:0] = self._epochs
+            for k, v in self._logs.items():
+                history.history.setdefault(k, [])[:0] = v
         if self.data is not None:
             self.data.set_epoch(epoch)
 
@@ -89,7 +103,7 @@ class ElasticKerasCallback(keras.callbacks.Callback):
         if self.data is not None:
             self.data.batch_done()
         self.step += 1
-        progress = {"step": self.step, "epoch": self.epoch}
+        progress = {"step": self.step, "epoch": self.epoch, "history": self._history()}
         if self.ckpt.preempted(self.step, progress):
             self.preempted = True
             self.model.stop_training = True
@@ -97,8 +111,15 @@ class ElasticKerasCallback(keras.callbacks.Callback):
             self.ckpt.save(self.step, progress)
 
     def on_epoch_end(self, epoch, logs=None) -> None:
-        if not self.preempted:
-            self.ckpt.save(self.step, {"step": self.step, "epoch": epoch + 1})
+        if not self.preempted:  # (a preempted epoch is trained again on resume: it is not history yet)
+            self._epochs.append(int(epoch))
+            for k, v in (logs or {}).items():
+                if isinstance(v, (int, float)) or getattr(v, "shape", None) == ():
+                    self._logs.setdefault(str(k), [float("nan")] * (len(self._epochs) - 1)).append(float(v))
+            self.ckpt.save(self.step, {"step": self.step, "epoch": epoch + 1, "history": self._history()})
+
+    def _history(self) -> dict:
+        return {"epoch": list(self._epochs), "logs": {k: list(v) for k, v in self._logs.items()}}
 
     def on_train_end(self, logs=None) -> None:
         self.ckpt.wait()

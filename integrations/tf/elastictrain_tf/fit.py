@@ -16,7 +16,10 @@ callbacks (progress bar, ``History``) driven exactly as ``fit`` drives them, and
 still has data (``get_next_as_optional``); a worker whose shards ran out takes part with an
 empty batch, so no worker waits in a collective the others never reach and no sample is
 dropped or repeated. The preemption flag is summed across workers in the same step, so every
-worker checkpoints and stops at the same step.
+worker checkpoints and stops at the same step. The metrics every worker logs (the progress bar,
+``History``) are the job's: each worker's running mean weighted by the samples it trained this
+epoch, summed across workers after each step (a few scalars), the same on every worker, as a
+single-process ``fit`` reports them.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ def elastic_fit(model: keras.Model, data, *, epochs: int, callback, callbacks=()
         strategy: default: the strategy the model was built under.
 
     Returns:
-        One ``History`` for the whole run (every epoch this run trained).
+        One ``History`` for the whole job: every epoch trained, those before a resume included
+        (the checkpoint carries them).
     """
     if not isinstance(epochs, int) or not 1 <= epochs <= 1_000_000:
         raise ConfigError(f"epochs must be an integer in [1, 1000000], got {epochs!r}")
@@ -105,6 +109,10 @@ def elastic_fit(model: keras.Model, data, *, epochs: int, callback, callbacks=()
             flag = strategy.reduce("SUM", strategy.run(lambda: tf.identity(flag)), axis=None)
         return logs, rows, flag
 
+    @tf.function
+    def job_sums(local):  # [samples this epoch, metric x samples ...] summed over the workers
+        return strategy.reduce("SUM", strategy.run(lambda: tf.identity(local)), axis=None)
+
     agreed = {"flag": False}
     previous_agree = ckpt.agree
     ckpt.agree = lambda _local_flag: agreed["flag"]  # the value all workers summed in this step
@@ -122,7 +130,7 @@ def elastic_fit(model: keras.Model, data, *, epochs: int, callback, callbacks=()
                 cbs.set_params({"verbose": verbose, "epochs": epochs, "steps": hint})
                 cbs.on_epoch_begin(epoch)
                 iterator = iter(dataset)
-                batch_no = 0
+                batch_no, seen, mine = 0, 0.0, {}
                 while True:
                     nxt = iterator.get_next_as_optional()
                     if not nxt.has_value():
@@ -131,7 +139,15 @@ def elastic_fit(model: keras.Model, data, *, epochs: int, callback, callbacks=()
                     out, rows, flag = step(nxt.get_value(), tf.constant(1.0 if ckpt.preemption_requested else 0.0))
                     agreed["flag"] = float(flag) > 0
                     if _local(rows) > 0:  # an empty batch (this worker ran out first) keeps its last logs
-                        logs = {k: _local(v) for k, v in out.items()}
+                        seen += _local(rows)
+                        mine = {k: _local(v) for k, v in out.items()}
+                    logs = mine
+                    if replicas > 1:  # the job's metrics: every worker's running mean, by its samples
+                        keys = sorted(out)  # (the same on every worker: one model)
+                        local = [seen] + [mine.get(k, 0.0) * seen for k in keys]
+                        total = job_sums(tf.constant(local, tf.float64)).numpy()
+                        if total[0] > 0:
+                            logs = {k: float(v / total[0]) for k, v in zip(keys, total[1:])}
                     cbs.on_train_batch_end(batch_no, logs)
                     batch_no += 1
                     if model.stop_training:

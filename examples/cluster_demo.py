@@ -50,7 +50,7 @@ def main() -> int:
 
         say(f"coordinator {c.coordinator.url} (policy tiresias-l), nodes n1 and n2 with 2 CPU slots each")
         print(et("status"), end="")
-        long_a, long_b = submit("long-a", 6), submit("long-b", 6)
+        long_a, long_b = submit("long-a", 12), submit("long-b", 12)
         say(f"submitted jobs {long_a} and {long_b} (2 workers each): they fill the cluster")
         c.wait(lambda st: all(j.attained_gpu > 22 for j in st.jobs), 180, "the long jobs to pass 20 GPU-seconds")
         print(et("status"), end="")

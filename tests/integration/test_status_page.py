@@ -97,10 +97,9 @@ def test_the_page_shows_users_tickets_and_shares_in_cluster_mode(tmp_path):
     try:
         c = CoordinatorClient(proc.url, proc.token, timeout=5.0, retry_for=10.0)
         c.set_user("alice", 3.0)
-        for user in ("alice", "bob"):
-            c.submit(JobSubmit(["train.py"], str(tmp_path), user=user))
+        ids = [c.submit(JobSubmit(["train.py"], str(tmp_path), user=user)).id for user in ("alice", "bob")]
         harness = os.path.join(os.path.dirname(__file__), "ui_harness.js")
-        r = subprocess.run([node, harness, str(script), proc.url, proc.token, ""], capture_output=True, text=True,
+        r = subprocess.run([node, harness, str(script), proc.url, proc.token, ids[0]], capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 0, r.stderr
         out = json.loads(r.stdout)
@@ -108,6 +107,10 @@ def test_the_page_shows_users_tickets_and_shares_in_cluster_mode(tmp_path):
         cluster = out["cluster"]
         assert "policy gandiva-fair" in cluster and "<td>alice</td><td>3</td><td>75.0%</td>" in cluster, cluster
         assert "<td>bob</td><td>1 (default)</td><td>25.0%</td>" in cluster, cluster
+        # a job's page: why it waits, its restarts as `elastictrain history` counts them, the log tail
+        # (which the page scrolls to its end) -- issue 32.6
+        job = out["job"]
+        assert "queued: no node is up to run it" in job and "restarts -" in job and '<pre id="logtail">' in job, job
         c.close()
     finally:
         proc.stop()

@@ -395,6 +395,8 @@ class ClusterScheduler:
             self._emit("first_step", job, "", run=rec.run, step=req.step)  # this run trains
             self.table.accrue(now)
             self.table.began(job, now)  # its service counts from here: the start-up before was not service
+            if job in self.sched.held_back.values():
+                self.wake()  # starts held back for it may go now
         rec.step, rec.step_time, rec.step_run = req.step, now, rec.run
         hist = self._step_hist.get(job)
         if hist is None:

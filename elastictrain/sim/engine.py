@@ -230,6 +230,9 @@ class Simulator:
                 if self.decisions is not None:
                     self.decisions += [(now, a.kind.value, a.key, tuple(a.group)) for a in actions]
                 wakeup = sched.wakeup
+                if sched.held_back:  # starts wait for a starting job: decide again once it trains
+                    began = now + min(backend.owed.get(k, 0.0) for k in set(sched.held_back.values()))
+                    wakeup = began if wakeup is None else min(wakeup, began)
                 if wakeup is not None and wakeup <= now:  # a wake-up is always in the future
                     wakeup = math.nextafter(now, math.inf)
                 if actions or finished:  # else the running set is unchanged

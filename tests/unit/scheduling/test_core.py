@@ -382,3 +382,18 @@ def test_the_one_pass_plan_equals_the_general_one(seed):
             actions = str(exc)
         out.append((actions, [(e.key, e.placement, e.group) for e in table.entries()]))
     assert out[0] == out[1]
+
+
+def test_the_simulator_decides_again_when_a_start_it_held_back_may_go():
+    # SRTF, one GPU, 30 s start-ups: the short job (arriving at 5 s) is held back while the long one
+    # starts, and starts the moment the long one has paid its start-up (30 s), not at the next
+    # arrival or end (there is none until the short job's own end)
+    from elastictrain.model import JobSpec
+    from elastictrain.sim.cluster import load_cluster
+    from elastictrain.sim.engine import Simulator
+
+    jobs = [JobSpec(0, 1, 0.0, 1000.0, 1.0, "a"), JobSpec(1, 1, 5.0, 10.0, 1.0, "b")]
+    log: list = []
+    Simulator(jobs, load_cluster("n1g1"), create("srtf"), restart_cost=30.0, decisions=log).run()
+    assert [(t, k, j) for t, k, j, _ in log][:4] == [(0.0, "start", 0), (30.0, "preempt", 0), (30.0, "start", 1),
+                                                     (70.0, "finish", 1)], log

@@ -582,7 +582,12 @@ def _history(args) -> int:
     if states and not states <= set(_STATES):
         raise ConfigError(f"--state {args.state!r}: states are {', '.join(_STATES)}")
     users = set(args.user.split(",")) if args.user else None
-    st = _client(args).cluster_status()  # (its time is the coordinator's clock)
+    client = _client(args)
+    try:
+        st = client.cluster_status()  # (its time is the coordinator's clock)
+    except ConflictError:
+        raise ConfigError(f"the coordinator at {client.url} runs no scheduler: history covers the jobs it schedules "
+                          "(start it with --policy, and submit with `elastictrain submit`)") from None
     since = _since(args.since, st.now) if args.since else None
     jobs = [j for j in st.jobs if (states is None or j.status in states) and (users is None or j.user in users)
             and (since is None or j.submit_time >= since)]

@@ -147,10 +147,10 @@ def real_cycles(reps: int, slurm_conf: str = "") -> dict:
 
     out = {"preempt": [], "resume": [], "start": []}
     engine = dict(slurm_conf=slurm_conf, partition="one") if slurm_conf else {}
-    # Tiresias' first queue (GPU-seconds): the short job must stay in it through its start, which
-    # costs seconds more through Slurm (sbatch, its scheduling pass, srun) and counts as service
-    # (the audit saw start_to_first_step get 0 of 3 samples: with a first queue of 6 GPU-s, a short
-    # job whose start took over 3 s on a busy machine was demoted and preempted before its first step)
+    # Tiresias' first queue (GPU-seconds): the long job must pass it before the short job comes.
+    # (The audit saw start_to_first_step get 0 of 3 samples with a first queue of 6 GPU-s: a start
+    # that took over 3 s counted as service then, and demoted the short job before its first step.
+    # Start-up is no longer service, nor preemptible; these queues stay as they were measured with.)
     first = 20 if slurm_conf else 12
     with tempfile.TemporaryDirectory(prefix="et-bench-cluster-") as tmp, \
             LocalCluster(tmp, "tiresias-l", "--thresholds", str(first), nodes=1, slots=2, **engine) as c:

@@ -7,8 +7,8 @@ core's :class:`~elastictrain.scheduling.Scheduler` on the wall clock with the
 policy's own wake-ups and every ``interval`` seconds, in the coordinator's event loop (no
 threads, no locks).
 
-Policy inputs are measured, not declared: attained service from the time a job holds its
-GPUs; iteration time and progress from the steps its workers report (``--steps``/``--epochs``
+Policy inputs are measured, not declared: attained service while a job holds its GPUs and
+trains (from each run's first step report: start-up is not service); iteration time and progress from the steps its workers report (``--steps``/``--epochs``
 give the total); skew and stage times from its profiles. What a policy needs and the job has not
 measured yet is assumed, once, with an ``assumed`` event saying what.
 

@@ -106,6 +106,10 @@ def get_args_parser() -> argparse.ArgumentParser:
     _add(p, "numa-binding", default=None, choices=["node", "socket", "exclusive", "core-complex"],
          help="bind each worker to the CPUs of its GPU's NUMA node (node); without GPUs it is ignored "
          "with a warning")
+    _add(p, "profile", type=int, default=0, metavar="N",
+         help="a profiling run: train N iterations after --profile-warmup, then print each worker's stage and "
+         "communication profiles (as `elastictrain profile -n N -- etrun ...`); 0: off")
+    _add(p, "profile-warmup", type=int, default=5, metavar="W", help="with --profile: iterations before measuring")
     _add(p, "signals-to-handle", default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
          help="signals the agent handles: the node leaves the job and the signal goes on to the workers "
          "(SIGINT and SIGHUP as SIGTERM, so workers checkpoint); e.g. add SIGUSR1 under Slurm")
@@ -387,14 +391,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=level or "WARNING", format="[etrun] %(levelname)s %(message)s")
     log.setLevel(level or "INFO")  # generations, restarts and the rendezvous are shown by default
     parser = get_args_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     try:
+        if args.profile:
+            return _profiling_run(args, argv)
         config = config_from_args(args)
         check_entrypoint(config)
         return launch(config)
     except ConfigError as exc:
         print(f"etrun: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _profiling_run(args, argv: list) -> int:
+    """``--profile N``: this same launch, without the two flags, under ``elastictrain profile``."""
+    if not 1 <= args.profile <= 1_000_000 or not 0 <= args.profile_warmup <= 1_000_000:
+        raise ConfigError(f"--profile must be 1 to 1000000 iterations and --profile-warmup 0 to 1000000, got "
+                          f"{args.profile} and {args.profile_warmup}")
+    rest, i = [], 0
+    while i < len(argv):
+        a = argv[i]
+        if a == args.training_script:  # the script and its own arguments: kept as they are
+            rest += argv[i:]
+            break
+        name = a.split("=", 1)[0].replace("_", "-")
+        if name in ("--profile", "--profile-warmup"):
+            i += 1 if "=" in a else 2
+            continue
+        rest.append(a)
+        i += 1
+    from argparse import Namespace
+
+    from ..cli import _profile
+
+    return _profile(Namespace(cmd=[sys.executable, "-m", "elastictrain.launcher.cli", *rest],
+                              iterations=args.profile, warmup=args.profile_warmup, json=None, timeout=None))
 
 
 if __name__ == "__main__":

@@ -55,3 +55,18 @@ def test_profile_run_under_etrun_sends_each_workers_report_to_the_coordinator(tm
                          "--token-file", coordinator.token_file], capture_output=True, text=True, timeout=30)
     assert st.returncode == 0, st.stderr
     assert "compute ms" in st.stdout and "comm skew" in st.stdout
+
+
+def test_etrun_profile_is_the_same_profiling_run(tmp_path):
+    # `etrun --profile N` was not built (the README sent users to `elastictrain profile -- etrun ...`)
+    cmd = [os.path.join(BIN, "etrun"), "--nproc-per-node", "2", "--profile", "5", "--profile-warmup=2",
+           os.path.join(ROOT, "examples", "torch_stages_profile.py")]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert "compute ms" in p.stdout and "collectives/it" in p.stdout
+    reports = json.loads(p.stdout[p.stdout.index("\n[") + 1:])
+    assert sorted(r["stage"]["worker"] for r in reports) == [0, 1]
+    assert all(r["stage"]["iterations"] == 5 and r["stage"]["warmup"] == 2 for r in reports)
+    bad = subprocess.run([os.path.join(BIN, "etrun"), "--profile", "-1", "x.py"], capture_output=True, text=True,
+                         timeout=30, cwd=tmp_path)
+    assert bad.returncode == 2 and "--profile must be 1 to 1000000" in bad.stderr

@@ -217,6 +217,9 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-headroom", type=float, default=None,
                    help="autoscale: each worker's memory limit is this times the largest resident memory its job's "
                    "workers reported, at least 1 GiB, from the job's next start (default 2; 0: no limits)")
+    p.add_argument("--finish-hold", type=float, default=None,
+                   help="muri: a running job with at most this fraction of its iterations left keeps its place and "
+                   "group until it ends (default 0.05; 0: the paper's rule)")
     p.add_argument("--scale-cooldown", type=float, default=None,
                    help="autoscale: seconds after a job settles during which its size is not checked again "
                    "(default 300)")
@@ -289,7 +292,8 @@ def _policy_values(args) -> dict:
             "distribution": args.distribution, "quantum": args.quantum, "thresholds": thresholds,
             "threshold": args.scale_threshold, "rate_window": args.rate_window, "drop": args.scale_drop,
             "step": args.scale_step, "yield_threshold": args.yield_threshold, "stretch": args.stretch,
-            "memory_headroom": args.memory_headroom, "cooldown": args.scale_cooldown}
+            "memory_headroom": args.memory_headroom, "cooldown": args.scale_cooldown,
+            "finish_hold": args.finish_hold}
 
 
 def _env_patterns(given: list) -> list:

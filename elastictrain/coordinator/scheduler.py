@@ -123,7 +123,7 @@ class ClusterScheduler:
             if rec.status not in _ENDED_NAMES:
                 self.table.add(self._entry(rec))
                 if rec.status == "running" and rec.step_run != rec.run:  # its run has not trained yet
-                    self.table.starting.add(rec.id)
+                    self.table.restarting(rec.id)
                 if rec.run:  # agents of this run that (re)join after the restart form its round
                     coordinator.rendezvous.expect(rec.id, rec.run, rec.resume_reason if rec.run > 1 else "start",
                                                   rec.restarts)
@@ -395,8 +395,7 @@ class ClusterScheduler:
             self._emit("first_step", job, "", run=rec.run, step=req.step)  # this run trains
             self.table.accrue(now)
             self.table.began(job, now)  # its service counts from here: the start-up before was not service
-            if job in self.sched.held_back.values():
-                self.wake()  # starts held back for it may go now
+            self.wake()  # a decision now: starts held back for it may go, its service-based wake-ups resume
         rec.step, rec.step_time, rec.step_run = req.step, now, rec.run
         hist = self._step_hist.get(job)
         if hist is None:

@@ -1,7 +1,9 @@
 """Gandiva-style time slicing: when GPUs are oversubscribed, jobs take turns each quantum.
 
 Every ``quantum`` seconds the jobs that received the least service run first (round robin in
-effect); a job that does not fit is skipped. Suspend/resume costs come from the engine.
+effect); a job that does not fit is skipped. An arrival or an end re-slices at once; any other
+decision within a slice (a run's first step, a periodic round) keeps the slice as it is, when no
+GPU is free. Suspend/resume costs come from the engine.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ class TimeSlice:
         self._next = 0.0
 
     def decide(self, s: ClusterSnapshot) -> Decision:
+        if s.now < self._next and not s.arrived and not s.ended and s.running and \
+                sum(j.num_gpu for j in s.running) >= s.total_gpus:
+            return Decision({j.job_id: j.placement for j in s.running}, self._next)  # mid-slice, nothing changed
         order = sorted(s.jobs, key=_ATTAINED)  # stable: ties keep arrival order
         run = make_placer(s, self.placement, self.packlimit, self.sticky).fill(order)
         if len(run) == len(s.jobs):  # nobody waits: no need to slice until something changes

@@ -244,6 +244,8 @@ class Tiresias:
             q = state[jid]
             if q.queue < last:
                 j = job(jid)
+                if j.starting:  # no service accrues until its first step (a decision comes then)
+                    continue
                 t = now + (th[q.queue] - (j.attained_gpu - q.offset)) / j.num_gpu
                 if t < best:
                     best = t

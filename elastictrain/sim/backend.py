@@ -64,7 +64,7 @@ class SimBackend:
         if not self.every:
             self.owed[e.key] = self.charge[e.key]
         if self.every or not self.owed[e.key]:
-            self.table.starting.discard(e.key)  # no start-up to pay: it trains at once
+            self.table.began(e.key, self.clock.now())  # no start-up to pay: it trains at once
 
     #: stops complete at once: the mechanism core preempts with JobTable.preempt_now (stop and
     #: stopped in one step) and does not call :meth:`stop`
@@ -82,7 +82,7 @@ class SimBackend:
         if a.kind is not ActionKind.MIGRATE and not self.every:
             self.owed[e.key] = self.charge[e.key]  # the group (or the resized job) restarts
         if self.every or not self.owed.get(e.key):
-            self.table.starting.discard(e.key)
+            self.table.began(e.key, self.clock.now())
 
     def _placed(self, e: Entry, a: Action) -> None:
         size0 = e.data["gpus"]
@@ -126,8 +126,8 @@ class SimBackend:
         lost = self.lost
         window = self.window
         worked = False
-        starting = self.table.starting
-        for e in self.table.running.values():
+        table = self.table
+        for e in table.running.values():
             da = t - e.accrued_at
             e.accrued_at = t
             if every:
@@ -150,7 +150,7 @@ class SimBackend:
                     work = dt - pay
                     da -= pay
                     if pay == o:
-                        starting.discard(e.key)
+                        table.began(e.key, t)
                 else:
                     work = dt
                 if da > 0:

@@ -230,9 +230,11 @@ class Simulator:
                 if self.decisions is not None:
                     self.decisions += [(now, a.kind.value, a.key, tuple(a.group)) for a in actions]
                 wakeup = sched.wakeup
-                if sched.held_back:  # starts wait for a starting job: decide again once it trains
-                    began = now + min(backend.owed.get(k, 0.0) for k in set(sched.held_back.values()))
-                    wakeup = began if wakeup is None else min(wakeup, began)
+                if table.starting:  # a run's first step is an event, as live: decide again then
+                    owed = backend.owed
+                    began = now + min(owed.get(k, 0.0) for k in table.starting)
+                    if began > now:
+                        wakeup = began if wakeup is None else min(wakeup, began)
                 if wakeup is not None and wakeup <= now:  # a wake-up is always in the future
                     wakeup = math.nextafter(now, math.inf)
                 if actions or finished:  # else the running set is unchanged

@@ -34,6 +34,7 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # argparse's hook; add a suggestion for unknown flags
         flags = self.known_flags()
         for token in message.replace(",", " ").split():
+            token = token.rstrip(":")  # ("argument --nnodes: invalid value": a known flag, no suggestion)
             if token.startswith("-") and token not in flags:
                 close = _closest(token.split("=")[0], flags)
                 if close:

@@ -74,8 +74,12 @@ def test_etrun_help_lists_what_torchrun_help_lists():
 
 def test_flag_suggestions_are_only_offered_when_close(capsys):
     with pytest.raises(SystemExit):
-        get_args_parser().parse_args(["--profile", "x", "train.py"])
+        get_args_parser().parse_args(["--frobnicate", "x", "train.py"])
     assert "did you mean" not in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a known flag with a bad value: no suggestion of itself
+        get_args_parser().parse_args(["--profile", "x", "train.py"])
+    err = capsys.readouterr().err
+    assert "argument --profile: invalid int value: 'x'" in err and "did you mean" not in err
 
 
 def test_shutdown_timeout_is_torchruns_name_for_the_grace(monkeypatch):

@@ -101,6 +101,7 @@ class JobTable:
         self.running: dict = {}
         self.stopping: dict = {}
         self.starting: set = set()  # running (or stopping) jobs whose run has not trained its first step yet
+        self.track_startup = True  # False: a backend whose runs train at once (none is ever starting)
         self._dirty: set = set()
         self._feeds: list[Feed] = []
         self._seq = 0
@@ -161,8 +162,9 @@ class JobTable:
         e.accrued_at = now
         e.status = JobStatus.RUNNING
         self.running[key] = e
-        self.starting.add(key)
-        e.starting = True
+        if self.track_startup:
+            self.starting.add(key)
+            e.starting = True
         self._dirty.add(key)
         return e
 
@@ -235,8 +237,9 @@ class JobTable:
         """A running job changes placement, group or size (it keeps running)."""
         e = self._entries[key]
         e.placement, e.group, e.num_gpu = placement, group, workers
-        self.starting.add(key)  # (a move restarts the run; a backend whose moves keep it running says so)
-        e.starting = True
+        if self.track_startup:  # (a move restarts the run; a backend whose moves keep it running says so)
+            self.starting.add(key)
+            e.starting = True
         self._dirty.add(key)
         return e
 

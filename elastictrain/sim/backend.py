@@ -54,6 +54,7 @@ class SimBackend:
         self.timeline: dict = {}  # window index -> per-user iterations and GPU-seconds
         # a plain start's slowdown is the policy's alone (no spread slowdown, one GPU type)
         self._plain = spread_slowdown <= 1.0 and not shape.node_types
+        table.track_startup = not every  # every_event: no start-up, no job is ever starting
 
     # ------------------------------------------------------------------ Backend
     def shape(self) -> ClusterShape:
@@ -63,7 +64,7 @@ class SimBackend:
         self._placed(e, a)
         if not self.every:
             self.owed[e.key] = self.charge[e.key]
-        if self.every or not self.owed[e.key]:
+        if not self.every and not self.owed[e.key]:
             self.table.began(e.key, self.clock.now())  # no start-up to pay: it trains at once
 
     #: stops complete at once: the mechanism core preempts with JobTable.preempt_now (stop and
@@ -81,7 +82,7 @@ class SimBackend:
                 self.owed[e.key] = self.owed.get(e.key, 0.0) + self.migration_cost
         if a.kind is not ActionKind.MIGRATE and not self.every:
             self.owed[e.key] = self.charge[e.key]  # the group (or the resized job) restarts
-        if self.every or not self.owed.get(e.key):
+        if not self.every and not self.owed.get(e.key):
             self.table.began(e.key, self.clock.now())
 
     def _placed(self, e: Entry, a: Action) -> None:

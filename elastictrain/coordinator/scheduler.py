@@ -393,7 +393,6 @@ class ClusterScheduler:
                 self._type_time(rec, sample)
         if rec.step_run != rec.run and rec.status == "running":
             self._emit("first_step", job, "", run=rec.run, step=req.step)  # this run trains
-            self.table.accrue(now)
             self.table.began(job, now)  # its service counts from here: the start-up before was not service
             self.wake()  # a decision now: starts held back for it may go, its service-based wake-ups resume
         rec.step, rec.step_time, rec.step_run = req.step, now, rec.run

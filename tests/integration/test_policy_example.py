@@ -10,7 +10,6 @@ import pytest
 
 from elastictrain.launcher.local_cluster import LocalCluster as Cluster
 from elastictrain.policies.api import create
-from elastictrain.policies.placement import make_placer  # noqa: F401  (the example's own import)
 from elastictrain.sim.cluster import load_cluster
 from elastictrain.sim.engine import Simulator
 from elastictrain.model import JobSpec

@@ -15,9 +15,11 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD:$PWD/integrations/torch${PYTHONPATH:+:$PYTHONPATH}
 PY=python3
+PARTS=${PARTS:-probe monitor checkpoint oom_plan nccl_recovery interleave}  # interleave_long: 3 s x 5 runs
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 part() {  # part NAME SECONDS command...: at most SECONDS, and never past the budget
   local name=$1 limit=$2; shift 2
+  case " $PARTS " in *" $name "*) ;; *) return ;; esac
   local l; l=$(left); [ "$l" -lt "$limit" ] && limit=$l
   echo "=== $name (limit ${limit}s)"
   if [ "$limit" -le 5 ]; then echo "skipped: out of time"; return; fi
@@ -32,9 +34,10 @@ part() {  # part NAME SECONDS command...: at most SECONDS, and never past the bu
   part oom_plan 120 $PY -m elastictrain.launcher.cli --standalone --nproc-per-node 1 --max-restarts 3 \
     --oom-policy accumulate examples/torch_oom_accumulate.py --device cuda --gpu-memory-gib 1 --mib-per-sample 24 \
     --oom-from 25 --steps 40 --ckpt-dir /tmp/et-oom/ckpt --out /tmp/et-oom/result.json
-  echo "oom_plan_result: $(cat /tmp/et-oom/result.json 2>/dev/null || echo none)"
+  case " $PARTS " in *" oom_plan "*) echo "oom_plan_result: $(cat /tmp/et-oom/result.json 2>/dev/null || echo none)";; esac
   part nccl_recovery 150 $PY benchmarks/launcher.py --quick --backend nccl --nproc 1 --kill-after 3 \
     --only torchrun,torchrun_noshare,etrun,etrun_kept
   part interleave 300 $PY benchmarks/interleave.py --device cuda --quick
+  part interleave_long 240 $PY benchmarks/interleave.py --device cuda --mixes cpu_cpu,io_cpu_gpu --item-every 1
   echo "=== total $(( $(date +%s) - START )) s"
 } 2>&1 | tee "$OUT/gpu_session.log"

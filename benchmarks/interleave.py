@@ -50,7 +50,7 @@ import torch  # noqa: E402
 
 import elastictrain as et  # noqa: E402
 from elastictrain.policies.interleaving import best_ordering  # noqa: E402
-from elastictrain.runtime.interleave import GroupJob, InterleaveGroup  # noqa: E402
+from elastictrain.runtime.interleave import GroupJob, InterleaveGroup, auto_host_slots  # noqa: E402
 from elastictrain.runtime.stages import Recorder, use_recorder  # noqa: E402
 
 RESOURCES = ("load", "preprocess", "compute", "sync")
@@ -327,14 +327,26 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--mixes", default=",".join(MIXES), help="comma-separated, from " + ", ".join(MIXES))
     ap.add_argument("--item-every", default="1,50", help="variants: read the loss back every N iterations")
+    ap.add_argument("--seconds", type=float, default=None, help="seconds per mode (default 3; --quick 1)")
+    ap.add_argument("--reps", type=int, default=None, help="runs per mode, the median kept (default 5; --quick 3)")
     args = ap.parse_args()
+    if args.seconds is not None and not 0.2 <= args.seconds <= 60:
+        ap.error("--seconds must be in [0.2, 60]")
+    if args.reps is not None and not 1 <= args.reps <= 21:
+        ap.error("--reps must be in [1, 21]")
     if args.device == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: torch sees no GPU")
     torch.set_num_threads(1)
     seconds, reps = (1.0, 3) if args.quick else (3.0, 5)
+    seconds, reps = args.seconds or seconds, args.reps or reps
     machine = Machine(args.device)
     name = torch.cuda.get_device_name() if args.device == "cuda" else f"emulated on CPU ({os.cpu_count()} cores)"
     print(f"# device: {name}; {seconds:.1f} s per mode, median of {reps} runs")
+    for mix in args.mixes.split(","):
+        if mix not in MIXES:
+            ap.error(f"unknown mix {mix!r}; choose from {', '.join(MIXES)}")
+        # the executor's host slots for this mix (auto: cores this thread may use, torch's threads)
+        print(f"interleave_{mix}_executor_preprocess_slots: {auto_host_slots(len(MIXES[mix]))} slots")
     for every in (int(x) for x in args.item_every.split(",")):
         variant = f"item{every}"
         solo: dict = {}

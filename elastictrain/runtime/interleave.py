@@ -44,7 +44,7 @@ from ..policies.interleaving import best_ordering
 from .setup_turns import SetupTurns
 from .stages import STAGES, Recorder, use_recorder
 
-__all__ = ["InterleaveGroup", "JobResult", "GroupJob", "JobCancelled"]
+__all__ = ["InterleaveGroup", "JobResult", "GroupJob", "JobCancelled", "auto_host_slots"]
 
 
 class JobCancelled(Exception):
@@ -236,9 +236,9 @@ class _SlotGate(_Gate):
 
 class _WorkGate(_Gate):
     """Work-conserving: a stage waits only while its resource is busy. A host resource (load,
-    preprocess, sync) serves one job at a time; when it frees, the waiters take it in the ring
-    order of their offsets (eq. 3's ordering), starting after its last user, so no member waits
-    more than k - 1 turns.
+    preprocess, sync) serves ``host_slots`` jobs at a time (default 1); when a slot frees, the
+    waiters take it in the ring order of their offsets (eq. 3's ordering), starting after its
+    last user, so no member waits more than k - 1 turns.
 
     A device resource (``compute`` by default) is shared: the device interleaves the jobs'
     kernels, as concurrent CUDA streams do (making it exclusive lost to plain threads, on a GPU
@@ -254,9 +254,12 @@ class _WorkGate(_Gate):
     POLL = (0.0001, 0.002)  # seconds between polls of a pending device event: first, and at most (doubling)
 
     def __init__(self, n: int, resources: Sequence[str], probe: int, device=None,
-                 device_stages: Sequence[str] = ("compute",), device_depth: int = 2) -> None:
+                 device_stages: Sequence[str] = ("compute",), device_depth: int = 2,
+                 host_slots: Optional[dict] = None) -> None:
         super().__init__(n, resources, probe)
         self.device = device
+        # how many jobs' stages a host resource serves at once (1: exclusive, as in Muri)
+        self.slots = [max(1, int((host_slots or {}).get(r, 1))) for r in resources]
         self.device_res = frozenset(self.index[s] for s in device_stages if s in self.index)
         self.depth = device_depth
         self.budget = [device_depth] * n  # stages each member may have in flight on the device
@@ -301,17 +304,23 @@ class _WorkGate(_Gate):
                 pending = True
         if j in self.shared:
             return sum(1 for e in fl if e[0] == i) >= self.budget[i], pending
-        return len(fl) >= 1, pending
+        return len(fl) >= self.slots[j], pending
 
-    def _next(self, j: int) -> int:
-        """The waiter for resource ``j`` next in the ring after its last user."""
+    def _turn(self, j: int, i: int) -> bool:
+        """Is member ``i`` among the waiters for host resource ``j`` that its free slots serve
+        next, in ring order after the resource's last user."""
         ring, ws = self.ring, self.waiting[j]
+        free = self.slots[j] - len(self.inflight[j])
         start = ring.index(self.last[j]) + 1 if self.last[j] in ring else 0
         for step in range(len(ring)):
             m = ring[(start + step) % len(ring)]
             if m in ws:
-                return m
-        return -1
+                if m == i:
+                    return True
+                free -= 1
+                if free <= 0:
+                    return False
+        return False
 
     def _acquire(self, i: int, me: _Member, j: int) -> None:
         ws = self.waiting[j]
@@ -321,7 +330,7 @@ class _WorkGate(_Gate):
         try:
             while True:
                 full, pending = self._busy(i, j)
-                if not full and (j in self.shared or self._next(j) == i):
+                if not full and (j in self.shared or self._turn(j, i)):
                     break
                 waited = True
                 if pending:  # polls back off: a waiter must not take the host's CPU from the jobs
@@ -399,13 +408,21 @@ class InterleaveGroup:
         isolate_setup: run each job's set-up (its code before its first stage) alone, in job
             order, from the same global RNG state, and start training once all are set up, so
             each job builds the same data on every rank (see :mod:`.setup_turns`).
+        host_slots: with the work-conserving schedule, how many jobs' stages each host resource
+            serves at once (a mapping from stage type to 1..64; a type not named: 1, exclusive
+            as in Muri). ``"auto"`` (the default): ``preprocess`` gets one slot per job the
+            host's cores can run side by side (:func:`auto_host_slots`: the cores this process
+            may use, one kept for the jobs' other threads, over torch's intra-op threads), so
+            single-threaded augmentations on a many-core GPU host do not queue behind each
+            other, while a preprocess that uses every core stays exclusive; ``load`` and
+            ``sync`` (one storage path, one link) stay exclusive.
     """
 
     def __init__(self, jobs: Sequence, resources: Sequence[str] = STAGES, offsets: Optional[Sequence[int]] = None,
                  probe: int = 3, cuda_streams: bool = True,
                  agree: Optional[Callable[[tuple], Sequence[int]]] = None, schedule: str = "auto",
                  device: Any = "auto", device_stages: Sequence[str] = ("compute",), device_depth: int = 2,
-                 reorder_every: int = 50, isolate_setup: bool = True) -> None:
+                 reorder_every: int = 50, isolate_setup: bool = True, host_slots: Any = "auto") -> None:
         self.jobs = [j if isinstance(j, GroupJob) else GroupJob(*j) for j in jobs]
         if not 1 <= len(self.jobs) <= 4:
             raise ConfigError(f"an interleaving group has 1 to 4 jobs, got {len(self.jobs)}")
@@ -426,6 +443,14 @@ class InterleaveGroup:
         bad = [s for s in device_stages if s not in STAGES]
         if bad:
             raise ConfigError(f"device_stages must be stage types from {STAGES}, got {tuple(device_stages)}")
+        if host_slots == "auto":
+            host_slots = {"preprocess": auto_host_slots(len(self.jobs))}
+        elif not isinstance(host_slots, dict) or any(
+                k not in STAGES or isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 64
+                for k, v in host_slots.items()):
+            raise ConfigError(f"host_slots must be 'auto' or a mapping from stage types {STAGES} to an "
+                              f"integer in [1, 64], got {host_slots!r}")
+        self.host_slots = dict(host_slots)
         self.schedule = ("slots" if agree is not None else "work") if schedule == "auto" else schedule
         self.device, self.device_stages, self.device_depth = device, tuple(device_stages), device_depth
         self.reorder_every = reorder_every if agree is None and offsets is None else 0
@@ -520,7 +545,8 @@ class InterleaveGroup:
                 self.gate = _SlotGate(n, self.resources, self.probe)
             else:
                 device = _CudaDevice.create(self.cuda_streams) if self.device == "auto" else self.device
-                self.gate = _WorkGate(n, self.resources, self.probe, device, self.device_stages, self.device_depth)
+                self.gate = _WorkGate(n, self.resources, self.probe, device, self.device_stages, self.device_depth,
+                                      self.host_slots)
             for i, reason in self._cancelled.items():
                 self.gate.cancel(i, reason)
         recorders = self._recorders = [Recorder() for _ in range(n)]
@@ -569,6 +595,27 @@ class InterleaveGroup:
         if error is None:
             rec.next_iteration()  # the last iteration ended with the job; a failed one did not
         results[i] = JobResult(job.name, error is None, value, error, tb, rec.completed, time.perf_counter() - t0, rec)
+
+
+def auto_host_slots(jobs: int) -> int:
+    """Stages of a host resource that ``jobs`` jobs may run at once here: the cores this process
+    may use, less one for the jobs' other threads (kernel launches, I/O), over the threads one
+    stage uses (torch's intra-op thread count where torch is imported, else 1); 1 to ``jobs``."""
+    import os
+    import sys
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    threads = 1
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            threads = max(1, int(torch.get_num_threads()))
+        except Exception:  # noqa: BLE001 - a torch without intra-op threads: 1
+            threads = 1
+    return max(1, min(jobs, (cores - 1) // threads))
 
 
 class _CudaDevice:

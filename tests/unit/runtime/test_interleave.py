@@ -1,5 +1,6 @@
 """The interleaving executor with real torch jobs on CPU."""
 
+import os
 import threading
 import time
 
@@ -209,6 +210,60 @@ def test_each_resource_serves_one_job_at_a_time_and_waiters_take_turns():
     # while another waits), so each gets every third turn
     order = [n for n, _, _ in spans]
     assert all(len(set(order[i:i + 3])) == 3 for i in range(0, 60, 3)), order[:60]
+
+
+def test_a_host_resource_with_two_slots_serves_two_jobs_at_once_never_three():
+    """cpu+cpu on a many-core GPU host: two single-threaded augmentations run side by side
+    (host_slots), a third waits for a free slot, and the waiters still take turns."""
+    spans, lock = [], threading.Lock()
+
+    def job(name, steps=20):
+        def run():
+            for _ in range(steps):
+                with et.stage("preprocess"):
+                    t0 = time.perf_counter()
+                    time.sleep(0.004)
+                    with lock:
+                        spans.append((name, t0, time.perf_counter()))
+        return run
+
+    group = InterleaveGroup([GroupJob(n, job(n), {"preprocess": 0.004}) for n in "abc"],
+                            resources=("load", "preprocess", "compute"), host_slots={"preprocess": 2})
+    assert all(r.ok for r in group.run(timeout=60))
+    # the most stages in flight at any instant: sweep over span starts and ends
+    marks = sorted([(a, 1) for _, a, _ in spans] + [(b - 1e-4, -1) for _, _, b in spans])
+    depth, most = 0, 0
+    for _, d in marks:
+        depth += d
+        most = max(most, depth)
+    assert most == 2, f"{most} preprocess stages at once with 2 slots"
+    overlapped = sum(1 for (n1, a1, b1), (n2, a2, b2) in zip(sorted(spans, key=lambda s: s[1]),
+                                                             sorted(spans, key=lambda s: s[1])[1:])
+                     if a2 < b1 - 1e-3)
+    assert overlapped > 10, "two slots, but the stages ran one at a time"
+    counts = {n: sum(1 for m, _, _ in spans if m == n) for n in "abc"}
+    assert counts == {"a": 20, "b": 20, "c": 20}
+
+
+def test_host_slots_are_checked_and_auto_follows_the_cores_and_torch_threads(monkeypatch):
+    from elastictrain.runtime import interleave
+
+    jobs = [("a", lambda: None), ("b", lambda: None)]
+    for bad in ({"preprocess": 0}, {"preprocess": 65}, {"prep": 2}, {"preprocess": True}, "many", 2):
+        with pytest.raises(ConfigError, match="host_slots"):
+            InterleaveGroup(jobs, host_slots=bad)
+    assert InterleaveGroup(jobs, host_slots={"load": 2}).host_slots == {"load": 2}
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert interleave.auto_host_slots(2) == 2 and interleave.auto_host_slots(4) == 4
+    assert InterleaveGroup(jobs).host_slots == {"preprocess": 2}
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 16)  # a preprocess that uses every core
+    assert interleave.auto_host_slots(2) == 1
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    assert interleave.auto_host_slots(4) == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert interleave.auto_host_slots(2) == 1  # 2 cores: one kept for the jobs' other threads
 
 
 class _FakeEvent:

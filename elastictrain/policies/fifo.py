@@ -17,6 +17,10 @@ class Fifo:
         placement: see :mod:`.placement`.
     """
 
+    #: a run's first step cannot change the decision (running jobs keep their GPUs; `starting`
+    #: is not read), so the simulator need not decide again then (sim/engine.py)
+    first_step_events = False
+
     def __init__(self, strict: bool = True, placement: str = "consolidated", packlimit: float = 0.5,
                  sticky: bool = False) -> None:
         self.strict, self.placement, self.packlimit, self.sticky = strict, placement, packlimit, sticky

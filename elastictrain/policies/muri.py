@@ -32,6 +32,11 @@ Jobs without a stage profile never group (they run alone at their own iteration 
 that fraction of its iterations left keeps its placement and its group (as the previous
 decision formed it) until it ends, and the decision is made for the others around it.
 Regrouping it would restart it (a checkpoint, a new process) for its last few steps.
+
+**Groups change on arrivals, ends and new profiles** (as in the paper's simulator). A decision
+with nothing arrived or ended, the cluster unchanged, no job's stage profile changed and exactly
+the jobs it ran running (a run's first step, the coordinator's periodic round) keeps the
+previous decision (:meth:`Muri._hold`).
 """
 
 from __future__ import annotations
@@ -62,6 +67,10 @@ class Muri:
         autosplit: split groups slower than their members alone.
         placement: see :mod:`.placement` (default ``consolidated``, YARN first fit).
     """
+
+    #: a run's first step cannot change the decision (nothing arrived or ended: the groups are
+    #: held, :meth:`_hold`), so the simulator need not decide again then (sim/engine.py)
+    first_step_events = False
 
     def __init__(self, known_duration: bool = True, group_size: int = 4, resources: int = 4,
                  ordering: str = "best", matching: str = "blossom", rounds: Optional[int] = None,
@@ -98,6 +107,7 @@ class Muri:
         self._next = 0
         self.finish_hold = finish_hold
         self._group: dict = {}  # job key -> the group the previous decision ran it in
+        self._last: Optional[tuple] = None  # the last decision: run, groups, slowdown, GPUs per node, profiles
 
     # ---- the interleaving model, cached per multiset of profiles
     def _pid(self, j) -> int:
@@ -143,6 +153,11 @@ class Muri:
                 if j.job_id not in rank:
                     rank[j.job_id] = self._next
                     self._next += 1
+        last = self._last
+        if last is not None and not s.arrived and not s.ended and s.running and s.gpus_per_node == last[3] \
+                and len(s.running) == len(last[0]) and all(j.job_id in last[0] for j in s.running) \
+                and all(last[4].get(j.job_id) == j.stage_times for j in s.jobs):
+            return self._hold(s, last)
         held = self._finishing(s)
         jobs = [j for j in s.jobs if j.job_id not in held] if held else s.jobs
         if self.known:
@@ -230,7 +245,18 @@ class Muri:
         for i, j in enumerate(sorted(order, key=lambda j: -j.num_gpu)):
             rank[j.job_id] = i
         self._group = {k: grp for grp in shared for k in grp}
+        self._last = (run, tuple(shared), slowdown, s.gpus_per_node, {j.job_id: j.stage_times for j in s.jobs})
         return Decision(run, groups=tuple(shared), slowdown=slowdown)
+
+    def _hold(self, s: ClusterSnapshot, last: tuple) -> Decision:
+        """Nothing changed since the last decision (a run's first step, a periodic round):
+        nothing arrived or ended, the cluster and the profiles are the same, and exactly the
+        jobs it ran run. The
+        decision stands as it was. Muri regroups on arrivals and ends, as in the paper's
+        simulator; regrouping at every decision point would restart groups whose members have
+        just paid their start-up, because their priorities moved while they trained."""
+        run, groups, slowdown = last[:3]
+        return Decision({j.job_id: j.placement for j in s.running}, groups=groups, slowdown=slowdown)
 
     def _finishing(self, s: ClusterSnapshot) -> dict:
         """Running jobs within ``finish_hold`` of their end, each with the running members of the

@@ -15,6 +15,9 @@ __all__ = ["ShortestRemaining"]
 class ShortestRemaining:
     #: inputs it needs measured (the live loop logs what it assumes meanwhile)
     needs = frozenset({"duration"})
+    #: a run's first step cannot change the decision (running jobs only rank higher as they train;
+    #: `starting` is not read), so the simulator need not decide again then (sim/engine.py)
+    first_step_events = False
 
     def __init__(self, service: bool = False, placement: str = "consolidated", packlimit: float = 0.5,
                  sticky: bool = False) -> None:

@@ -2,8 +2,9 @@
 
 Every ``quantum`` seconds the jobs that received the least service run first (round robin in
 effect); a job that does not fit is skipped. An arrival or an end re-slices at once; any other
-decision within a slice (a run's first step, a periodic round) keeps the slice as it is, when no
-GPU is free. Suspend/resume costs come from the engine.
+decision within a slice (a run's first step, a periodic round) keeps the slice while exactly its
+jobs run (one that failed or lost its node re-slices). Re-slicing there would preempt a job that
+has just paid its start-up, because its service now counts and the waiting jobs' does not. Suspend/resume costs come from the engine.
 """
 
 from __future__ import annotations
@@ -18,18 +19,24 @@ _ATTAINED = attrgetter("attained_gpu")
 
 
 class TimeSlice:
+    #: a run's first step cannot change the decision: within a slice nothing is re-sliced without
+    #: an arrival or an end, so the simulator need not decide again then (sim/engine.py)
+    first_step_events = False
+
     def __init__(self, quantum: float = 360.0, placement: str = "consolidated", packlimit: float = 0.5,
                  sticky: bool = False) -> None:
         self.quantum, self.placement, self.packlimit, self.sticky = quantum, placement, packlimit, sticky
         self.name = "gandiva-ts"
         self._next = 0.0
+        self._last: dict = {}  # the last decision's run (a job running outside it was kept against it)
 
     def decide(self, s: ClusterSnapshot) -> Decision:
-        if s.now < self._next and not s.arrived and not s.ended and s.running and \
-                sum(j.num_gpu for j in s.running) >= s.total_gpus:
-            return Decision({j.job_id: j.placement for j in s.running}, self._next)  # mid-slice, nothing changed
+        last = self._last
+        if s.now < self._next and not s.arrived and not s.ended and s.running and len(s.running) == len(last) \
+                and all(j.job_id in last for j in s.running):  # mid-slice, and exactly the slice's jobs run
+            return Decision({j.job_id: j.placement for j in s.running}, self._next)
         order = sorted(s.jobs, key=_ATTAINED)  # stable: ties keep arrival order
-        run = make_placer(s, self.placement, self.packlimit, self.sticky).fill(order)
+        run = self._last = make_placer(s, self.placement, self.packlimit, self.sticky).fill(order)
         if len(run) == len(s.jobs):  # nobody waits: no need to slice until something changes
             return Decision(run, None)
         if s.now >= self._next:

@@ -50,6 +50,7 @@ class Scheduler:
         self.strict, self.on_error = strict, on_error
         self.protect_startup = protect_startup
         self.held_back: dict = {}  # starts of the last decision that wait for a starting job: key -> that job
+        self.kept: set = set()  # starting jobs the last decision left out and protection kept running
         self.feed = table.subscribe()
         self.wakeup: Optional[float] = None
         self.decisions = 0
@@ -70,6 +71,7 @@ class Scheduler:
                 raise PolicyError(f"policy {self.policy.name}: decide() returned {type(decision).__name__}, "
                                   "not a Decision")
             self.held_back = {}
+            self.kept = set()
             if self.protect_startup and self.table.starting:
                 decision = self._protect(decision)
             actions = plan(self.table, snap, decision, self.policy.name)
@@ -132,6 +134,7 @@ class Scheduler:
             if _fits(need, size, used, total, caps, limit):
                 run = trial
                 run[e.key] = need
+                self.kept.add(e.key)
                 for key in dropped:
                     self.held_back[key] = e.key
         if len(run) == len(d.run) and not self.held_back:

@@ -170,6 +170,7 @@ class Simulator:
                              spread_slowdown=self.spread_slowdown, skew_sensitive=self.skew_sensitive,
                              migration_cost=self.migration_cost, window=self.window)
         sched = Scheduler(self.policy, table, backend, clock, strict=True, protect_startup=self.protect_startup)
+        first_step_events = getattr(self.policy, "first_step_events", True)
         done: list[JobRecord] = []
         util: list[tuple[float, int]] = []
         now, idx, events = 0.0, 0, 0
@@ -230,9 +231,14 @@ class Simulator:
                 if self.decisions is not None:
                     self.decisions += [(now, a.kind.value, a.key, tuple(a.group)) for a in actions]
                 wakeup = sched.wakeup
-                if table.starting:  # a run's first step is an event, as live: decide again then
+                # a run's first step is an event, as live: decide again then; for a policy that
+                # says a first step cannot change its decision (first_step_events False: SRTF,
+                # FIFO, time slicing, Muri), only while protection keeps a job the decision left
+                # out (then any first step may free the GPUs a held-back start waits for)
+                waiting_for = table.starting if first_step_events or sched.kept else ()
+                if waiting_for:
                     owed = backend.owed
-                    began = now + min(owed.get(k, 0.0) for k in table.starting)
+                    began = now + min(owed.get(k, 0.0) for k in waiting_for)
                     if began > now:
                         wakeup = began if wakeup is None else min(wakeup, began)
                 if wakeup is not None and wakeup <= now:  # a wake-up is always in the future

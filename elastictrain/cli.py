@@ -218,8 +218,9 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
                    help="autoscale: each worker's memory limit is this times the largest resident memory its job's "
                    "workers reported, at least 1 GiB, from the job's next start (default 2; 0: no limits)")
     p.add_argument("--finish-hold", type=float, default=None,
-                   help="muri: a running job with at most this fraction of its iterations left keeps its place and "
-                   "group until it ends (default 0.05; 0: the paper's rule)")
+                   help="muri: a running job with at most this fraction of its iterations left, and less time left "
+                   "than its restart (start-up) costs, keeps its place and group until it ends (default 0.05; 0: "
+                   "the paper's rule)")
     p.add_argument("--scale-cooldown", type=float, default=None,
                    help="autoscale: seconds after a job settles during which its size is not checked again "
                    "(default 300)")

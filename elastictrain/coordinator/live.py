@@ -116,6 +116,7 @@ class LiveBackend:
         self.records, self._touched = records, touched
         self._codes: dict = {}
         self.first_generation: dict[str, int] = {}  # job -> the first generation its current run can open
+        self.run_started: dict[str, float] = {}  # job -> when its current run was launched (its start-up's start)
 
     # ------------------------------------------------------------------ Backend
     def shape(self) -> ClusterShape:
@@ -156,6 +157,7 @@ class LiveBackend:
         if rec.run > 1:
             rec.runs_by_reason = {**rec.runs_by_reason, reason: rec.runs_by_reason.get(reason, 0) + 1}
         self.first_generation[rec.id] = self.rdzv.generation(rec.id) + 1
+        self.run_started[rec.id] = self.clock.now()
         if len(group) > 1:
             rec.grun = FORMING
             self._form_group(tuple(group), placement)
@@ -308,6 +310,7 @@ class LiveBackend:
                 if other is not None and other.running and tuple(other.group) == tuple(e.group):
                     self.table.move(m, other.placement, rest if len(rest) > 1 else (), other.num_gpu)
         self.first_generation.pop(rec.id, None)
+        self.run_started.pop(rec.id, None)
         out = self.rdzv.outcome(rec.id)
         if out is not None:  # the worker-failure restarts etrun made in its last run
             rec.restarts = max(rec.restarts, out[2])

@@ -393,6 +393,9 @@ class ClusterScheduler:
                 self._type_time(rec, sample)
         if rec.step_run != rec.run and rec.status == "running":
             self._emit("first_step", job, "", run=rec.run, step=req.step)  # this run trains
+            e, t0 = self.table.get(job), self.backend.run_started.get(job)
+            if e is not None and t0 is not None and now > t0:
+                e.restart_cost = now - t0  # its start-up, measured: what a restart costs it (Muri's finish hold)
             self.table.began(job, now)  # its service counts from here: the start-up before was not service
             self.wake()  # a decision now: starts held back for it may go, its service-based wake-ups resume
         rec.step, rec.step_time, rec.step_run = req.step, now, rec.run

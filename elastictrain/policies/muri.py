@@ -29,9 +29,13 @@ and each member's slowdown; the engine charges a group's restart as the sum of i
 Jobs without a stage profile never group (they run alone at their own iteration time).
 
 **A finishing job is left alone** (``finish_hold``, 5% by default): a running job with at most
-that fraction of its iterations left keeps its placement and its group (as the previous
+that fraction of its iterations left, and less time left than a restart of it costs
+(``JobView.restart_cost``: the start-up the coordinator measured from its last start to its
+first step; the simulator's restart cost), keeps its placement and its group (as the previous
 decision formed it) until it ends, and the decision is made for the others around it.
-Regrouping it would restart it (a checkpoint, a new process) for its last few steps.
+Regrouping it would restart it (a checkpoint, a new process) for less work than the restart
+itself. (Holding every job in its last 5%, whatever its restart cost, pinned jobs for hours
+on the synthetic traces: +53% preemptions of the others and +3.5% mean JCT for Muri-S.)
 
 **Groups change on arrivals, ends and new profiles** (as in the paper's simulator). A decision
 with nothing arrived or ended, the cluster unchanged, no job's stage profile changed and exactly
@@ -265,7 +269,8 @@ class Muri:
             return {}
         out: dict = {}
         for j in s.running:
-            if j.job_id in out or j.remaining_iterations > self.finish_hold * j.iterations:
+            if j.job_id in out or j.remaining_iterations > self.finish_hold * j.iterations or \
+                    j.remaining_iterations * j.iteration_time > j.restart_cost:
                 continue
             unit = [j]
             for k in self._group.get(j.job_id, ()):

@@ -207,6 +207,23 @@ def test_measured_inputs_and_what_was_assumed(tmp_path):
     assert view.iteration_time == pytest.approx(0.5) and view.remaining_iterations == 80 and e.attained_gpu > 0
 
 
+def test_a_runs_start_up_is_measured_as_its_restart_cost(tmp_path):
+    """Muri's finish hold weighs a job's time left against what a restart costs it: live, the
+    start-up measured from its run's launch to its first step report."""
+    w = World(tmp_path, policy="srtf", nodes=1, slots=1)
+    a = w.submit(1)
+    w.s.tick()
+    w.run_all(train=False)
+    w.clock.advance(3.5)
+    w.c.step(a, StepReport(0, 1))
+    assert w.s.table.get(a).restart_cost == pytest.approx(3.5)
+    w.clock.advance(10)
+    w.c.step(a, StepReport(0, 2))  # later steps are not start-up
+    assert w.s.table.get(a).restart_cost == pytest.approx(3.5)
+    w.s.tick()
+    assert w.s.sched.last_snapshot.job(a).restart_cost == pytest.approx(3.5)
+
+
 def test_two_step_reports_at_one_instant_are_no_sample(tmp_path):
     """A step time of 0 s (two reports at the same clock reading) is not a measurement: it once
     made the iteration time 0 and the next decision divide by it."""

@@ -221,7 +221,7 @@ def test_a_job_in_its_last_few_percent_is_not_regrouped():
     from elastictrain.policies.muri import Muri
 
     a = JobView(0, 1, 0.0, iteration_time=1.0, iterations=100.0, remaining_iterations=2.0, running=True,
-                placement=((0, 1),), stage_times=(0.5, 0.1, 0.4))
+                placement=((0, 1),), stage_times=(0.5, 0.1, 0.4), restart_cost=5.0)
     b = JobView(1, 1, 5.0, iteration_time=1.0, iterations=100.0, remaining_iterations=100.0,
                 stage_times=(0.1, 0.8, 0.1))
     s = ClusterSnapshot(10.0, (a, b), (1,), 1, arrived=(a, b), running=(a,))
@@ -229,11 +229,16 @@ def test_a_job_in_its_last_few_percent_is_not_regrouped():
     assert paper.groups == ((0, 1),)  # the complementary newcomer would join it: a restart for a's last 2%
     held = Muri().decide(s)
     assert held.run == {0: ((0, 1),)} and held.groups == ()  # a finishes where it is; b waits
+    # only where a restart costs more than what is left: 2 s left, a 1 s start-up, regrouped
+    cheap = replace(a, restart_cost=1.0)
+    assert Muri().decide(ClusterSnapshot(10.0, (cheap, b), (1,), 1, arrived=(cheap, b), running=(cheap,))).groups \
+        == ((0, 1),)
     # a group it runs in is kept whole, with its slowdown
     m = Muri()
     a0 = replace(a, remaining_iterations=50.0, running=False, placement=())
     assert m.decide(ClusterSnapshot(0.0, (a0, b), (1,), 1, arrived=(a0, b))).groups == ((0, 1),)
     a2, b2 = (replace(j, running=True, placement=((0, 1),)) for j in (a, b))
-    c = JobView(2, 1, 20.0, iteration_time=1.0, iterations=100.0, remaining_iterations=1.0, stage_times=(0.1, 0.1, 0.8))
+    c = JobView(2, 1, 20.0, iteration_time=1.0, iterations=100.0, remaining_iterations=1.0, stage_times=(0.1, 0.1, 0.8),
+                restart_cost=5.0)
     d = m.decide(ClusterSnapshot(30.0, (a2, b2, c), (1,), 1, arrived=(c,), running=(a2, b2)))
     assert d.groups == ((0, 1),) and set(d.run) == {0, 1} and d.slowdown[0] >= 1.0

@@ -399,6 +399,7 @@ def test_a_live_job_gains_service_and_can_be_preempted_only_once_it_trains(tmp_p
     b = w.submit(2)
     w.s.tick()
     assert w.s.job(a).attained_gpu == 0.0 and w.status(a) == "running" and not w.s.job(a).stopping
+    assert w.status(b) != "running"
     w.c.step(a, StepReport(0, 1))  # its first step
     w.clock.advance(6)  # 12 GPU-seconds of training: past the 10 GPU-s queue, b (0) goes first
     w.s.tick()

@@ -36,7 +36,10 @@ def test_a_ddp_step_imports_little_after_the_preload():
     assert r.returncode == 0, r.stderr[-3000:]
     after = r.stderr.split("=== preloaded ===", 1)[1]
     rows = [line.split("|") for line in after.splitlines() if line.startswith("import time:")]
+    names = [row[2].strip() for row in rows]
     self_us = {row[2].strip(): int(row[0].split(":")[1]) for row in rows if row[0].split(":")[1].strip().isdigit()}
     heavy = sorted(((us, name) for name, us in self_us.items()), reverse=True)[:5]
-    assert sum(self_us.values()) < 150_000, f"a DDP step still imports {sum(self_us.values()) / 1e3:.0f} ms of " \
-        f"modules after the preload; add the heaviest to DEFAULT_PRELOAD: {heavy}"
+    # counted in modules, not timed (a busy machine stretched a 150 ms bound): today 2 modules follow
+    # the preload; without torch._dynamo in it, about 840 do
+    assert len(names) <= 25, f"a DDP step still imports {len(names)} modules after the preload; add the " \
+        f"heaviest to DEFAULT_PRELOAD: {heavy}"

@@ -57,6 +57,7 @@ ASSUMED_ITERATION_TIME = 1.0  # seconds per step until a job reports two steps
 ASSUMED_REMAINING = 3600.0  # seconds of work left when a job gives neither --steps nor --epochs
 UTIL_POINTS, UTIL_EVERY = 1800, 2.0  # the utilization chart: an hour at one point per 2 s
 STEP_POINTS, STEP_JOBS = 600, 2000  # step history points per job, jobs kept
+EXTRAPOLATE_MIN = 30.0  # seconds a run's progress is carried past its last step report, at least
 PROFILES_KEPT = 1000  # stage profiles kept for reuse, by command (oldest go first)
 PROFILES_META = "stage_profiles"
 RATE_WINDOW = 10.0  # seconds a job's measured throughput covers (a policy's ``rate_window`` overrides it)
@@ -237,6 +238,22 @@ class ClusterScheduler:
         self._emit("policy_error", "", "", error=str(err)[:2000])
 
     # ------------------------------------------------------------------ measurement
+    def _steps_since_report(self, rec: JobRecord, e: Entry, it: float) -> float:
+        """Steps a training run has made since its last step report, at its measured pace (its
+        group's, while grouped): workers report every few steps or at checkpoints, and a policy
+        that weighs progress (SRTF, Muri's finish hold) should not see it lag by that much. At
+        most the time since the report, capped at three of the job's usual gaps between reports
+        (at least 30 s), so a run that stalls is not taken for finishing."""
+        if not e.running or e.key in self.table.starting or rec.step_time is None or rec.step_run != rec.run:
+            return 0.0
+        pace = rec.group_iteration_time if rec.grouped else rec.iteration_time
+        if not pace or pace <= 0:
+            return 0.0
+        hist = self._step_hist.get(rec.id)
+        gap = (hist[-1][0] - hist[0][0]) / (len(hist) - 1) if hist is not None and len(hist) > 1 else 0.0
+        since = min(self.clock.now() - rec.step_time, max(EXTRAPOLATE_MIN, 3 * gap))
+        return max(since, 0.0) / pace
+
     def _measure(self, rec: JobRecord, e: Entry) -> None:
         """Refresh the entry's policy inputs from what the job reported; log assumptions once."""
         needs = getattr(self.policy, "needs", ())
@@ -283,7 +300,7 @@ class ClusterScheduler:
             if "duration" in needs:
                 self._assume(rec, "remaining", f"{ASSUMED_REMAINING:g} s of work left (no --steps or --epochs)")
         e.iteration_time, e.iterations = it, float(max(total, 1))
-        e.remaining_iterations = float(max(total - rec.step, 0.0))
+        e.remaining_iterations = float(max(total - rec.step - self._steps_since_report(rec, e, it), 0.0))
         if list(e.stage_times) != rec.stage_times:
             rec.stage_times = list(e.stage_times)
             self._dirty.add(rec.id)

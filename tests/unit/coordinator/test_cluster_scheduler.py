@@ -224,6 +224,29 @@ def test_a_runs_start_up_is_measured_as_its_restart_cost(tmp_path):
     assert w.s.sched.last_snapshot.job(a).restart_cost == pytest.approx(3.5)
 
 
+def test_progress_is_carried_past_the_last_step_report_at_the_measured_pace(tmp_path):
+    """Workers report steps every so often; between reports a policy sees the run's progress
+    carried on at its measured pace (capped, so a run that stalls is not taken for finishing)."""
+    w = World(tmp_path, policy="srtf", nodes=1, slots=1)
+    a = w.submit(1, steps=1000)
+    w.s.tick()
+    w.run_all(train=False)
+    w.c.step(a, StepReport(0, 10))
+    w.clock.advance(10)
+    w.c.step(a, StepReport(0, 20))  # 1 s per step
+    w.clock.advance(5)
+    w.s.tick()
+    assert w.s.sched.last_snapshot.job(a).remaining_iterations == pytest.approx(1000 - 20 - 5)
+    for _ in range(100):  # no report for 1005 s (the node stays in touch): carried for at most 30 s
+        w.clock.advance(10)
+        w.poll("n1")
+    w.s.tick()
+    assert w.status(a) == "running"
+    assert w.s.sched.last_snapshot.job(a).remaining_iterations == pytest.approx(1000 - 20 - 30)
+    w.c.step(a, StepReport(0, 25))  # a report is the truth, even behind the estimate
+    assert w.s.table.get(a).remaining_iterations == pytest.approx(1000 - 25)
+
+
 def test_two_step_reports_at_one_instant_are_no_sample(tmp_path):
     """A step time of 0 s (two reports at the same clock reading) is not a measurement: it once
     made the iteration time 0 and the next decision divide by it."""

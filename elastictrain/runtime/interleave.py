@@ -410,12 +410,10 @@ class InterleaveGroup:
             each job builds the same data on every rank (see :mod:`.setup_turns`).
         host_slots: with the work-conserving schedule, how many jobs' stages each host resource
             serves at once (a mapping from stage type to 1..64; a type not named: 1, exclusive
-            as in Muri). ``"auto"`` (the default): ``preprocess`` gets one slot per job the
-            host's cores can run side by side (:func:`auto_host_slots`: the cores this process
-            may use, one kept for the jobs' other threads, over torch's intra-op threads), so
-            single-threaded augmentations on a many-core GPU host do not queue behind each
-            other, while a preprocess that uses every core stays exclusive; ``load`` and
-            ``sync`` (one storage path, one link) stay exclusive.
+            as in Muri). ``"auto"`` (the default): ``preprocess`` gets one slot per job while
+            the host has a core to spare for each (:func:`auto_host_slots`), so augmentations
+            on a many-core GPU host do not queue behind each other; ``load`` and ``sync`` (one
+            storage path, one link) stay exclusive.
     """
 
     def __init__(self, jobs: Sequence, resources: Sequence[str] = STAGES, offsets: Optional[Sequence[int]] = None,
@@ -598,24 +596,21 @@ class InterleaveGroup:
 
 
 def auto_host_slots(jobs: int) -> int:
-    """Stages of a host resource that ``jobs`` jobs may run at once here: the cores this process
-    may use, less one for the jobs' other threads (kernel launches, I/O), over the threads one
-    stage uses (torch's intra-op thread count where torch is imported, else 1); 1 to ``jobs``."""
+    """Stages of a host resource that ``jobs`` jobs may run at once here: one per job while the
+    cores this process may use leave one for the jobs' other threads (kernel launches, I/O).
+
+    Not divided by torch's intra-op threads: measured on an H100 host (16 cores, torch's default
+    of 16 threads), two realistic numpy augmentations ran at 0.55 of free threads with one slot
+    and at 1.02-1.06 with two (docs/gpu.md). A preprocess that uses every core slows down when
+    two run at once but loses little against taking turns; ``host_slots={"preprocess": 1}``
+    makes it exclusive."""
     import os
-    import sys
 
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    threads = 1
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        try:
-            threads = max(1, int(torch.get_num_threads()))
-        except Exception:  # noqa: BLE001 - a torch without intra-op threads: 1
-            threads = 1
-    return max(1, min(jobs, (cores - 1) // threads))
+    return max(1, min(jobs, cores - 1))
 
 
 class _CudaDevice:

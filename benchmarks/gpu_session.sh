@@ -15,7 +15,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH=$PWD:$PWD/integrations/torch${PYTHONPATH:+:$PYTHONPATH}
 PY=python3
-PARTS=${PARTS:-probe monitor checkpoint oom_plan nccl_recovery interleave}  # interleave_long: 3 s x 5 runs
+PARTS=${PARTS:-probe monitor checkpoint oom_plan nccl_recovery interleave}  # interleave_long: 3 s x 5 runs; loops
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 part() {  # part NAME SECONDS command...: at most SECONDS, and never past the budget
   local name=$1 limit=$2; shift 2
@@ -39,5 +39,6 @@ part() {  # part NAME SECONDS command...: at most SECONDS, and never past the bu
     --only torchrun,torchrun_noshare,etrun,etrun_kept
   part interleave 300 $PY benchmarks/interleave.py --device cuda --quick
   part interleave_long 240 $PY benchmarks/interleave.py --device cuda --mixes cpu_cpu,io_cpu_gpu --item-every 1
+  part loops 200 bash -c 'for spec in "io,cpu,gpu 1" "io,cpu,gpu 50" "cpu,cpu 50"; do set -- $spec; '"$PY"' benchmarks/interleave_loops.py --jobs $1 --item-every $2; done'
   echo "=== total $(( $(date +%s) - START )) s"
 } 2>&1 | tee "$OUT/gpu_session.log"

@@ -135,7 +135,7 @@ class ClusterScheduler:
         state = loaded.meta.get("policy_state")
         if previous == cfg.policy and state and hasattr(self.policy, "import_state"):
             try:
-                self.policy.import_state(json.loads(state), [e.view() for e in self.table.entries()])
+                self.policy.import_state(json.loads(state), [e.view(e.key in self.table.starting) for e in self.table.entries()])
             except (ValueError, TypeError, KeyError) as exc:
                 log.error("could not restore the %s policy's memory (%s); it relearns from the jobs", cfg.policy, exc)
         elif previous and previous != cfg.policy:
@@ -238,7 +238,7 @@ class ClusterScheduler:
         self._emit("policy_error", "", "", error=str(err)[:2000])
 
     # ------------------------------------------------------------------ measurement
-    def _steps_since_report(self, rec: JobRecord, e: Entry, it: float) -> float:
+    def _steps_since_report(self, rec: JobRecord, e: Entry) -> float:
         """Steps a training run has made since its last step report, at its measured pace (its
         group's, while grouped): workers report every few steps or at checkpoints, and a policy
         that weighs progress (SRTF, Muri's finish hold) should not see it lag by that much. At
@@ -300,7 +300,7 @@ class ClusterScheduler:
             if "duration" in needs:
                 self._assume(rec, "remaining", f"{ASSUMED_REMAINING:g} s of work left (no --steps or --epochs)")
         e.iteration_time, e.iterations = it, float(max(total, 1))
-        e.remaining_iterations = float(max(total - rec.step - self._steps_since_report(rec, e, it), 0.0))
+        e.remaining_iterations = float(max(total - rec.step - self._steps_since_report(rec, e), 0.0))
         if list(e.stage_times) != rec.stage_times:
             rec.stage_times = list(e.stage_times)
             self._dirty.add(rec.id)

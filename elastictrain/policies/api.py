@@ -31,7 +31,7 @@ import msgspec
 from ..errors import ConfigError
 
 __all__ = ["JobKey", "JobView", "JobsInOrder", "ClusterSnapshot", "Decision", "Policy", "register", "create",
-           "registered", "options_of", "EMPTY"]
+           "registered", "options_of", "EMPTY", "nothing_changed"]
 
 #: a job's key: a string (the coordinator's job ids) or an int (trace job ids)
 JobKey = Union[str, int]
@@ -180,6 +180,15 @@ class Policy(Protocol):
     name: str
 
     def decide(self, snapshot: ClusterSnapshot) -> Decision: ...
+
+
+def nothing_changed(s: ClusterSnapshot, ran) -> bool:
+    """Nothing arrived or ended since the policy's last snapshot, and exactly the jobs of its last
+    decision (``ran``: their keys) run: the decision was carried out as made and nothing the
+    snapshot reports has changed since (a decision point such as a run's first step or a periodic
+    round). A job that failed, lost its node or was kept running against the decision breaks it."""
+    return not s.arrived and not s.ended and bool(s.running) and len(s.running) == len(ran) \
+        and all(j.job_id in ran for j in s.running)
 
 
 _REGISTRY: dict[str, Callable[..., Policy]] = {}

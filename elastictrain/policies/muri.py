@@ -45,10 +45,10 @@ previous decision (:meth:`Muri._hold`).
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import NamedTuple, Optional, Sequence
 
 from ..errors import ConfigError, PolicyError
-from .api import ClusterSnapshot, Decision, register
+from .api import ClusterSnapshot, Decision, nothing_changed, register
 from .grouping import assign, match_types
 from .interleaving import best_ordering, efficiency, worst_ordering
 from .placement import make_placer
@@ -56,6 +56,16 @@ from .placement import make_placer
 __all__ = ["Muri"]
 
 DEFAULT_OVERHEAD = (1.015, 1.33, 1.5, 1.37)
+
+
+class _Last(NamedTuple):
+    """A full decision (:meth:`Muri._hold` repeats it while nothing changed) and its inputs."""
+
+    run: dict
+    groups: tuple
+    slowdown: dict
+    gpus_per_node: tuple
+    profiles: dict  # job key -> the stage times it was grouped on
 
 
 class Muri:
@@ -111,7 +121,7 @@ class Muri:
         self._next = 0
         self.finish_hold = finish_hold
         self._group: dict = {}  # job key -> the group the previous decision ran it in
-        self._last: Optional[tuple] = None  # the last decision: run, groups, slowdown, GPUs per node, profiles
+        self._last: Optional[_Last] = None  # the last full decision, and what it was made on
 
     # ---- the interleaving model, cached per multiset of profiles
     def _pid(self, j) -> int:
@@ -158,9 +168,8 @@ class Muri:
                     rank[j.job_id] = self._next
                     self._next += 1
         last = self._last
-        if last is not None and not s.arrived and not s.ended and s.running and s.gpus_per_node == last[3] \
-                and len(s.running) == len(last[0]) and all(j.job_id in last[0] for j in s.running) \
-                and all(last[4].get(j.job_id) == j.stage_times for j in s.jobs):
+        if last is not None and nothing_changed(s, last.run) and s.gpus_per_node == last.gpus_per_node \
+                and all(last.profiles.get(j.job_id) == j.stage_times for j in s.jobs):
             return self._hold(s, last)
         held = self._finishing(s)
         jobs = [j for j in s.jobs if j.job_id not in held] if held else s.jobs
@@ -249,18 +258,16 @@ class Muri:
         for i, j in enumerate(sorted(order, key=lambda j: -j.num_gpu)):
             rank[j.job_id] = i
         self._group = {k: grp for grp in shared for k in grp}
-        self._last = (run, tuple(shared), slowdown, s.gpus_per_node, {j.job_id: j.stage_times for j in s.jobs})
+        self._last = _Last(run, tuple(shared), slowdown, s.gpus_per_node, {j.job_id: j.stage_times for j in s.jobs})
         return Decision(run, groups=tuple(shared), slowdown=slowdown)
 
-    def _hold(self, s: ClusterSnapshot, last: tuple) -> Decision:
+    def _hold(self, s: ClusterSnapshot, last: "_Last") -> Decision:
         """Nothing changed since the last decision (a run's first step, a periodic round):
         nothing arrived or ended, the cluster and the profiles are the same, and exactly the
-        jobs it ran run. The
-        decision stands as it was. Muri regroups on arrivals and ends, as in the paper's
-        simulator; regrouping at every decision point would restart groups whose members have
-        just paid their start-up, because their priorities moved while they trained."""
-        run, groups, slowdown = last[:3]
-        return Decision({j.job_id: j.placement for j in s.running}, groups=groups, slowdown=slowdown)
+        jobs it ran run. The decision stands as it was. Muri regroups on arrivals and ends, as
+        in the paper's simulator; regrouping at every decision point would restart groups whose
+        members have just paid their start-up, because their priorities moved while they trained."""
+        return Decision({j.job_id: j.placement for j in s.running}, groups=last.groups, slowdown=last.slowdown)
 
     def _finishing(self, s: ClusterSnapshot) -> dict:
         """Running jobs within ``finish_hold`` of their end, each with the running members of the

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from operator import attrgetter
 
-from .api import ClusterSnapshot, Decision, register
+from .api import ClusterSnapshot, Decision, nothing_changed, register
 from .placement import make_placer
 
 __all__ = ["TimeSlice"]
@@ -31,9 +31,7 @@ class TimeSlice:
         self._last: dict = {}  # the last decision's run (a job running outside it was kept against it)
 
     def decide(self, s: ClusterSnapshot) -> Decision:
-        last = self._last
-        if s.now < self._next and not s.arrived and not s.ended and s.running and len(s.running) == len(last) \
-                and all(j.job_id in last for j in s.running):  # mid-slice, and exactly the slice's jobs run
+        if s.now < self._next and nothing_changed(s, self._last):  # mid-slice, and exactly the slice's jobs run
             return Decision({j.job_id: j.placement for j in s.running}, self._next)
         order = sorted(s.jobs, key=_ATTAINED)  # stable: ties keep arrival order
         run = self._last = make_placer(s, self.placement, self.packlimit, self.sticky).fill(order)

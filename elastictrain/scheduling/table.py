@@ -39,7 +39,7 @@ class Entry:
                  "iteration_time", "iterations", "remaining_iterations", "attained", "attained_gpu", "running",
                  "stopping", "placement", "held", "start_time", "end_time", "pending_since", "pending",
                  "preemptions", "stage_times", "skew", "speeds", "restart_cost", "group", "status", "accrued_at",
-                 "seq", "slowdown", "rate", "rate_window", "peak_memory", "data", "starting")
+                 "seq", "slowdown", "rate", "rate_window", "peak_memory", "data")
 
     def __init__(self, key, num_gpu: int, submit_time: float, *, model: str = "", iteration_time: float = 1.0,
                  iterations: float = 1.0, stage_times: tuple = (), user: str = "", skew: float = 0.0,
@@ -75,14 +75,14 @@ class Entry:
         self.rate, self.rate_window = 0.0, 0.0  # measured samples/s of the current run (live jobs)
         self.peak_memory = 0.0  # the largest resident memory a worker of it reported (live jobs)
         self.data: dict = {}  # the backend's own per-job state
-        self.starting = False  # its run has not trained its first step yet (JobTable.starting)
 
-    def view(self) -> JobView:
+    def view(self, starting: bool = False) -> JobView:
+        """Its policy view; ``starting``: its run has not trained yet (``JobTable.starting``)."""
         return JobView(self.key, self.num_gpu, self.submit_time, self.model, self.iteration_time, self.iterations,
                        self.remaining_iterations, self.attained, self.attained_gpu, self.running, self.placement,
                        self.start_time, self.pending_since, self.preemptions, self.stage_times, self.user, self.skew,
                        self.speeds, self.restart_cost, self.min_gpu, self.max_gpu, self.priority, self.rate,
-                       self.rate_window, self.peak_memory, self.starting)
+                       self.rate_window, self.peak_memory, starting)
 
     def __repr__(self) -> str:
         return f"Entry({self.key!r}, gpus={self.num_gpu}, {self.status.value}{', stopping' if self.stopping else ''})"
@@ -164,7 +164,6 @@ class JobTable:
         self.running[key] = e
         if self.track_startup:
             self.starting.add(key)
-            e.starting = True
         self._dirty.add(key)
         return e
 
@@ -175,7 +174,6 @@ class JobTable:
             self.starting.discard(key)
             e = self._entries.get(key)
             if e is not None:
-                e.starting = False
                 self._dirty.add(key)
                 if e.accrued_at < now:
                     e.accrued_at = now
@@ -185,7 +183,6 @@ class JobTable:
         e = self._entries.get(key)
         if e is not None and (e.running or e.stopping):
             self.starting.add(key)
-            e.starting = True
             self._dirty.add(key)
 
     def stop(self, key, now: float) -> Entry:
@@ -205,7 +202,7 @@ class JobTable:
         e = self.stopping.pop(key)
         self._accrue_one(e, now)
         self.starting.discard(key)
-        e.stopping, e.held, e.starting = False, (), False
+        e.stopping, e.held = False, ()
         e.status = JobStatus.PREEMPTED
         self._dirty.add(key)
         return e
@@ -217,7 +214,6 @@ class JobTable:
         dt = now - e.accrued_at
         if key in self.starting:  # stopped before its first step: no service
             self.starting.discard(key)
-            e.starting = False
             dt = 0.0
         if dt > 0:
             where = e.placement
@@ -239,7 +235,6 @@ class JobTable:
         e.placement, e.group, e.num_gpu = placement, group, workers
         if self.track_startup:  # (a move restarts the run; a backend whose moves keep it running says so)
             self.starting.add(key)
-            e.starting = True
         self._dirty.add(key)
         return e
 
@@ -249,7 +244,6 @@ class JobTable:
         self.running.pop(key, None)
         self.stopping.pop(key, None)
         self.starting.discard(key)
-        e.starting = False
         del self._views[key]
         self._dirty.discard(key)
         e.running = e.stopping = False
@@ -292,7 +286,7 @@ class JobTable:
         for key in dirty:
             e = entries.get(key)
             if e is not None:
-                views[key] = e.view()
+                views[key] = e.view(key in self.starting)
         for key, e in self.running.items():  # their service and progress grew: 3 fields change
             if key not in dirty:
                 views[key] = _replace(views[key], attained=e.attained, attained_gpu=e.attained_gpu,

@@ -33,7 +33,8 @@ dist.destroy_process_group()
 def test_a_ddp_step_imports_little_after_the_preload():
     r = subprocess.run([sys.executable, "-X", "importtime", "-c", PROBE.format(preload=DEFAULT_PRELOAD)],
                        capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.returncode == 0, f"the probe exited {r.returncode}:\n" + "\n".join(
+        line for line in r.stderr.splitlines() if not line.startswith("import time:"))[-3000:]
     after = r.stderr.split("=== preloaded ===", 1)[1]
     rows = [line.split("|") for line in after.splitlines() if line.startswith("import time:")]
     names = [row[2].strip() for row in rows]

@@ -22,7 +22,6 @@ from __future__ import annotations
 import importlib
 import inspect
 from collections import abc
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Optional, Protocol, Sequence, Union
 
@@ -113,8 +112,7 @@ class JobsInOrder(abc.Sequence):
         return f"JobsInOrder({len(self._views)} jobs)"
 
 
-@dataclass(frozen=True)
-class ClusterSnapshot:
+class ClusterSnapshot(msgspec.Struct, frozen=True):
     """Everything a policy may use, valid for the duration of one ``decide`` call.
 
     ``gpus_per_node``: the GPUs of each node (0 for a node that is down). GPUs a job being
@@ -136,7 +134,7 @@ class ClusterSnapshot:
 
     def __post_init__(self) -> None:
         if self.by_key is None:
-            object.__setattr__(self, "by_key", {j.job_id: j for j in self.jobs})
+            msgspec.structs.force_setattr(self, "by_key", {j.job_id: j for j in self.jobs})
 
     @property
     def total_gpus(self) -> int:

@@ -159,12 +159,15 @@ class Scheduler:
         instant = getattr(backend, "instant_stop", False)  # its stops complete at once (the simulator)
         if instant and not table.stopping:  # nothing is ever deferred: starts after the rest
             starts = []
+            free_moves = getattr(backend, "free_moves", False)  # its migrations keep the run training
             for a in actions:
                 kind = a.kind
                 if kind is ActionKind.PREEMPT:
                     table.preempt_now(a.key, now)
                 elif kind is ActionKind.START:
                     starts.append(a)
+                elif kind is ActionKind.MIGRATE and free_moves:
+                    backend.moved(table.move(a.key, a.placement, a.group, a.workers, False), a)
                 else:
                     backend.restart(table.move(a.key, a.placement, a.group, a.workers), a)
             for a in starts:

@@ -152,12 +152,17 @@ def _plan_plain(table: JobTable, snap: ClusterSnapshot, decision: Decision, poli
                 continue
         view = get(key) or _not_runnable(policy, key)
         size = view.num_gpu
-        _check_placement(policy, key, where, size, nodes)
-        if where[0][0] < 0:
-            return None
-        total += size
-        for node, g in where:
+        if len(where) == 1:  # one node: _check_placement's test, inline (most placements)
+            node, g = where[0]
+            if not (type(g) is int and g == size and type(node) is int and 0 <= node < nodes):
+                _check_placement(policy, key, where, size, nodes)  # raises, or passes "any node"
+                return None
             used[node] += g
+        else:
+            _check_placement(policy, key, where, size, nodes)
+            for node, g in where:
+                used[node] += g
+        total += size
         if e is None:
             placed.append(Action(ActionKind.START, key, where, (), size, (), slow.get(key)))
             continue

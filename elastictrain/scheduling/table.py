@@ -229,11 +229,13 @@ class JobTable:
         self._dirty.add(key)
         return e
 
-    def move(self, key, placement: tuple, group: tuple, workers: int) -> Entry:
-        """A running job changes placement, group or size (it keeps running)."""
+    def move(self, key, placement: tuple, group: tuple, workers: int, restarts: bool = True) -> Entry:
+        """A running job changes placement, group or size (it keeps running). ``restarts``: its run
+        starts over (it is starting again until its first step); False for a move that keeps the
+        run training (the simulator's cost-free migrations): it stays as starting as it was."""
         e = self._entries[key]
         e.placement, e.group, e.num_gpu = placement, group, workers
-        if self.track_startup:  # (a move restarts the run; a backend whose moves keep it running says so)
+        if restarts and self.track_startup:
             self.starting.add(key)
         self._dirty.add(key)
         return e

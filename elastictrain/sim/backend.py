@@ -46,6 +46,7 @@ class SimBackend:
         self._shape, self.table, self.clock, self.every = shape, table, clock, every
         self.spread_slowdown, self.skew_sensitive = spread_slowdown, skew_sensitive
         self.migration_cost, self.window = migration_cost, window
+        self.free_moves = not migration_cost  # a migration keeps the run training (Scheduler.act: moved())
         self.owed: dict = {}  # on_start: restart seconds still to pay
         self.charge: dict = {}  # placed job -> restart seconds it pays (its group's, if grouped)
         self.lost = 0.0  # seconds lost to restarts and migrations
@@ -84,6 +85,12 @@ class SimBackend:
             self.owed[e.key] = self.charge[e.key]  # the group (or the resized job) restarts
         if not self.every and not self.owed.get(e.key):
             self.table.began(e.key, self.clock.now())
+
+    def moved(self, e: Entry, a: Action) -> None:
+        """A migration that costs nothing (``free_moves``): the run goes on training where it
+        moved (the table did not make it starting again; a run still in its start-up stays so)."""
+        self._placed(e, a)
+        self.migrations += 1
 
     def _placed(self, e: Entry, a: Action) -> None:
         size0 = e.data["gpus"]
@@ -163,7 +170,7 @@ class SimBackend:
                 worked = True
             if window is not None and dt > 0:
                 self._record(now, t, e, its)
-            if not every and e.remaining_iterations <= 1e-9 * max(1.0, e.iterations):
+            if not every and e.remaining_iterations <= 1e-9 * (e.iterations if e.iterations > 1.0 else 1.0):
                 finished.append(e)
         self.worked = worked  # whether any job did work in this step (the thrashing watchdog)
         self.lost = lost

@@ -175,22 +175,24 @@ class Simulator:
         util: list[tuple[float, int]] = []
         now, idx, events = 0.0, 0, 0
         wakeup: Optional[float] = None
-        next_round = self.interval if self.interval else math.inf
+        inf = math.inf
+        interval, until, log, progress = self.interval, self.until, self.decisions, self.progress
+        next_round = interval if interval else inf
+        advance, next_end, tick, running = backend.advance, backend.next_end, sched.tick, table.running
         used = 0
         stalled = 0  # events in a row without progress (the watchdog)
         idle, idle_from = 0, 0.0  # events in a row in which time advanced but no work was done
         while idx < n or len(table):
             # ---- the next event
-            t_arr = specs[idx].submit_time if idx < n else math.inf
-            t_end = backend.next_end(now)
-            t = min(t_arr, t_end, wakeup if wakeup is not None else math.inf, next_round)
-            if self.until is not None and t > self.until:
-                t = self.until
-            if t == math.inf:
+            t_arr = specs[idx].submit_time if idx < n else inf
+            t = min(t_arr, next_end(now), wakeup if wakeup is not None else inf, next_round)
+            if until is not None and t > until:
+                t = until
+            if t == inf:
                 raise ConfigError(f"simulation stalled at t={now:.0f} s with {len(table)} waiting job(s) that "
                                   f"the policy {self.policy.name} never starts")
             # ---- advance running jobs to t
-            finished = backend.advance(now, t)  # (it also accrues the running jobs' service)
+            finished = advance(now, t)  # (it also accrues the running jobs' service)
             if table.stopping:
                 table.accrue(t)
             moved_on = t - now >= 1e-6
@@ -198,10 +200,10 @@ class Simulator:
             if wakeup is not None and wakeup <= now:
                 wakeup = None
             if next_round <= now:
-                next_round = now + self.interval
+                next_round = now + interval
             for e in finished:
-                if self.decisions is not None:
-                    self.decisions.append((now, "finish", e.key, ()))
+                if log is not None:
+                    log.append((now, "finish", e.key, ()))
                 table.end(e.key, JobStatus.FINISHED, now)
                 backend.forget(e.key)
                 done.append(JobRecord(e.key, e.num_gpu, e.model, e.submit_time, e.start_time, now,
@@ -210,7 +212,7 @@ class Simulator:
             while idx < n and specs[idx].submit_time <= now:
                 table.add(self._entry(specs[idx]))
                 idx += 1
-            if finished or idx > arrivals or backend.worked or not table.running:
+            if finished or idx > arrivals or backend.worked or not running:
                 idle = 0
             else:
                 if idle == 0:
@@ -227,9 +229,9 @@ class Simulator:
             # ---- decide and apply
             if len(table):
                 events += 1
-                actions = sched.tick()
-                if self.decisions is not None:
-                    self.decisions += [(now, a.kind.value, a.key, tuple(a.group)) for a in actions]
+                actions = tick()
+                if log is not None:
+                    log += [(now, a.kind.value, a.key, tuple(a.group)) for a in actions]
                 wakeup = sched.wakeup
                 # a run's first step is an event, as live: decide again then; for a policy that
                 # says a first step cannot change its decision (first_step_events False: SRTF,
@@ -242,15 +244,18 @@ class Simulator:
                     if began > now:
                         wakeup = began if wakeup is None else min(wakeup, began)
                 if wakeup is not None and wakeup <= now:  # a wake-up is always in the future
-                    wakeup = math.nextafter(now, math.inf)
+                    wakeup = math.nextafter(now, inf)
                 if actions or finished:  # else the running set is unchanged
-                    used = sum(e.num_gpu for e in table.running.values() if not e.group or e.group[0] == e.key)
+                    used = 0
+                    for e in running.values():
+                        if not e.group or e.group[0] == e.key:  # (a group's followers share its GPUs)
+                            used += e.num_gpu
             elif finished:
                 used = 0
             util.append((now, used))
-            if self.progress is not None:
-                self.progress(len(done), now)
-            if self.until is not None and now >= self.until:
+            if progress is not None:
+                progress(len(done), now)
+            if until is not None and now >= until:
                 break
         done.sort(key=lambda r: r.job_id)
         service: dict[str, float] = {}  # GPU-seconds received per user, finished jobs or not

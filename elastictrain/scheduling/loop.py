@@ -26,7 +26,7 @@ import msgspec
 from ..clock import Clock
 from ..errors import PolicyError
 from ..policies.api import ClusterSnapshot, Decision, Policy
-from .api import Action, ActionKind, Backend
+from .api import MIGRATE, PREEMPT, START, Action, Backend
 from .plan import plan
 from .table import JobTable
 
@@ -162,11 +162,11 @@ class Scheduler:
             free_moves = getattr(backend, "free_moves", False)  # its migrations keep the run training
             for a in actions:
                 kind = a.kind
-                if kind is ActionKind.PREEMPT:
+                if kind is PREEMPT:
                     table.preempt_now(a.key, now)
-                elif kind is ActionKind.START:
+                elif kind is START:
                     starts.append(a)
-                elif kind is ActionKind.MIGRATE and free_moves:
+                elif kind is MIGRATE and free_moves:
                     backend.moved(table.move(a.key, a.placement, a.group, a.workers, False), a)
                 else:
                     backend.restart(table.move(a.key, a.placement, a.group, a.workers), a)
@@ -174,25 +174,25 @@ class Scheduler:
                 backend.start(table.start(a.key, a.placement, a.group, now, a.workers), a)
             return
         for a in actions:
-            if a.kind is ActionKind.PREEMPT:
+            if a.kind is PREEMPT:
                 backend.stop(table.stop(a.key, now), a)
         free = None
         if table.stopping:
-            moving = {a.key for a in actions if a.kind is not ActionKind.PREEMPT}
+            moving = {a.key for a in actions if a.kind is not PREEMPT}
             free = self._free(exclude=moving)
         for a in actions:
-            if a.kind is ActionKind.PREEMPT or a.kind is ActionKind.START:
+            if a.kind is PREEMPT or a.kind is START:
                 continue
             if free is not None and not self._claim(a, free):
                 self.deferred.append(a.key)
                 e = table.get(a.key)
-                backend.stop(table.stop(a.key, now), Action(ActionKind.PREEMPT, a.key, (), e.placement, e.num_gpu))
+                backend.stop(table.stop(a.key, now), Action(PREEMPT, a.key, (), e.placement, e.num_gpu))
                 for n, g in e.held:
                     free[n] -= g
                 continue
             backend.restart(table.move(a.key, a.placement, a.group, a.workers), a)
         for a in actions:
-            if a.kind is ActionKind.START:
+            if a.kind is START:
                 if free is not None and not self._claim(a, free):
                     self.deferred.append(a.key)
                     continue

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..errors import PolicyError
 from ..policies.api import ClusterSnapshot, Decision
-from .api import Action, ActionKind
+from .api import MIGRATE, PREEMPT, REGROUP, RESIZE, START, Action
 from .table import JobTable
 
 __all__ = ["plan"]
@@ -89,7 +89,7 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
         if anywhere else None
 
     # ---- actions: preemptions, then the placed jobs in decision order
-    actions = [Action(ActionKind.PREEMPT, key, (), e.placement, e.num_gpu) for key, e in running.items()
+    actions = [Action(PREEMPT, key, (), e.placement, e.num_gpu) for key, e in running.items()
                if key not in run]
     slow = decision.slowdown
     for key, where in run.items():
@@ -103,7 +103,7 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
             (e.num_gpu if e is not None else get(key).num_gpu)
         group = grp or ()
         if e is None:
-            actions.append(Action(ActionKind.START, key, where, (), size, group, slow.get(key)))
+            actions.append(Action(START, key, where, (), size, group, slow.get(key)))
             continue
         if e.placement == where and e.group == group and size == e.num_gpu:
             continue  # keeps running as it is
@@ -113,11 +113,11 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
             continue
         moved = e.placement != where and sorted(e.placement) != sorted(where)
         if size != e.num_gpu:
-            kind = ActionKind.RESIZE
+            kind = RESIZE
         elif e.group != group:
-            kind = ActionKind.REGROUP
+            kind = REGROUP
         elif moved:
-            kind = ActionKind.MIGRATE
+            kind = MIGRATE
         else:
             e.placement = where  # the same GPUs listed in another order
             table.touch(key)
@@ -148,7 +148,7 @@ def _plan_plain(table: JobTable, snap: ClusterSnapshot, decision: Decision, poli
                 for node, g in where:
                     used[node] += g
                 if e.group:  # a job left of its group: it runs alone now (its group restarts)
-                    placed.append(Action(ActionKind.REGROUP, key, where, old, e.num_gpu, (), slow.get(key), False))
+                    placed.append(Action(REGROUP, key, where, old, e.num_gpu, (), slow.get(key), False))
                 continue
         view = get(key) or _not_runnable(policy, key)
         size = view.num_gpu
@@ -164,13 +164,13 @@ def _plan_plain(table: JobTable, snap: ClusterSnapshot, decision: Decision, poli
                 used[node] += g
         total += size
         if e is None:
-            placed.append(Action(ActionKind.START, key, where, (), size, (), slow.get(key)))
+            placed.append(Action(START, key, where, (), size, (), slow.get(key)))
             continue
         moved = len(where) == 1 or len(old) != len(where) or sorted(old) != sorted(where)
         if e.group:
-            kind = ActionKind.REGROUP
+            kind = REGROUP
         elif moved:
-            kind = ActionKind.MIGRATE
+            kind = MIGRATE
         else:
             reorder.append((e, where))
             continue
@@ -179,7 +179,7 @@ def _plan_plain(table: JobTable, snap: ClusterSnapshot, decision: Decision, poli
     for e, where in reorder:
         e.placement = where
         table.touch(e.key)
-    actions = [Action(ActionKind.PREEMPT, key, (), e.placement, e.num_gpu) for key, e in running.items()
+    actions = [Action(PREEMPT, key, (), e.placement, e.num_gpu) for key, e in running.items()
                if key not in run]
     actions += placed
     return actions

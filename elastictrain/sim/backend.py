@@ -34,7 +34,8 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from ..clock import ManualClock
-from ..scheduling import Action, ActionKind, ClusterShape, Entry, JobTable
+from ..scheduling import Action, ClusterShape, Entry, JobTable
+from ..scheduling.api import MIGRATE
 
 __all__ = ["SimBackend"]
 
@@ -81,7 +82,7 @@ class SimBackend:
             self.migrations += 1
             if not self.every and self.migration_cost:
                 self.owed[e.key] = self.owed.get(e.key, 0.0) + self.migration_cost
-        if a.kind is not ActionKind.MIGRATE and not self.every:
+        if a.kind is not MIGRATE and not self.every:
             self.owed[e.key] = self.charge[e.key]  # the group (or the resized job) restarts
         if not self.every and not self.owed.get(e.key):
             self.table.began(e.key, self.clock.now())
@@ -89,8 +90,11 @@ class SimBackend:
     def moved(self, e: Entry, a: Action) -> None:
         """A migration that costs nothing (``free_moves``): the run goes on training where it
         moved (the table did not make it starting again; a run still in its start-up stays so)."""
-        self._placed(e, a)
         self.migrations += 1
+        if self._plain and not a.group and e.num_gpu == e.data["gpus"]:  # _placed's common case, inline:
+            e.slowdown = a.slowdown or 1.0  # (alone before and after, so its charge is unchanged)
+            return
+        self._placed(e, a)
 
     def _placed(self, e: Entry, a: Action) -> None:
         size0 = e.data["gpus"]

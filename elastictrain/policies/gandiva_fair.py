@@ -99,6 +99,11 @@ class GandivaFair:
         placement, packlimit: where a gang goes under ``split=False`` (see :mod:`.placement`).
     """
 
+    #: a run's first step cannot change the decision: between quanta what runs keeps running and a
+    #: waiting job starts only on GPUs that were already free, so the simulator need not decide
+    #: again then (sim/engine.py). (Deciding then only samples the usage accounting more often.)
+    first_step_events = False
+
     def __init__(self, tickets: Optional[dict[str, float]] = None, default_tickets: float = 1.0,
                  quantum: float = 60.0, placement: str = "consolidated", packlimit: float = 0.5,
                  split: bool = True, balance: float = 0.1, migrations: int = 4, trading: bool = True,

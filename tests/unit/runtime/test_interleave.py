@@ -187,20 +187,22 @@ def test_a_job_whose_next_resource_is_free_is_not_held_back():
     assert time.monotonic() - t0 < 9, "a waited in load for b, which the gate held back"
 
 
+def _spanning_job(spans: list, lock, name: str, stage: str, seconds: float, steps: int):
+    """A job of ``steps`` stages of ``stage``, each sleeping ``seconds``; appends (name, start, end)."""
+    def run():
+        for _ in range(steps):
+            with et.stage(stage):
+                t0 = time.perf_counter()
+                time.sleep(seconds)
+                with lock:
+                    spans.append((name, t0, time.perf_counter()))
+    return run
+
+
 def test_each_resource_serves_one_job_at_a_time_and_waiters_take_turns():
     spans, lock = [], threading.Lock()
-
-    def job(name, steps=30):
-        def run():
-            for _ in range(steps):
-                with et.stage("compute"):
-                    t0 = time.perf_counter()
-                    time.sleep(0.001)
-                    with lock:
-                        spans.append((name, t0, time.perf_counter()))
-        return run
-
-    group = InterleaveGroup([GroupJob(n, job(n), {"compute": 0.001}) for n in "abc"],
+    group = InterleaveGroup([GroupJob(n, _spanning_job(spans, lock, n, "compute", 0.001, 30), {"compute": 0.001})
+                             for n in "abc"],
                             resources=("load", "preprocess", "compute"))
     assert all(r.ok for r in group.run(timeout=60))
     spans.sort(key=lambda s: s[1])
@@ -216,18 +218,8 @@ def test_a_host_resource_with_two_slots_serves_two_jobs_at_once_never_three():
     """cpu+cpu on a many-core GPU host: two single-threaded augmentations run side by side
     (host_slots), a third waits for a free slot, and the waiters still take turns."""
     spans, lock = [], threading.Lock()
-
-    def job(name, steps=20):
-        def run():
-            for _ in range(steps):
-                with et.stage("preprocess"):
-                    t0 = time.perf_counter()
-                    time.sleep(0.004)
-                    with lock:
-                        spans.append((name, t0, time.perf_counter()))
-        return run
-
-    group = InterleaveGroup([GroupJob(n, job(n), {"preprocess": 0.004}) for n in "abc"],
+    group = InterleaveGroup([GroupJob(n, _spanning_job(spans, lock, n, "preprocess", 0.004, 20), {"preprocess": 0.004})
+                             for n in "abc"],
                             resources=("load", "preprocess", "compute"), host_slots={"preprocess": 2})
     assert all(r.ok for r in group.run(timeout=60))
     # the most stages in flight at any instant: sweep over span starts and ends

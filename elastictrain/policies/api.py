@@ -76,6 +76,7 @@ class JobView(msgspec.Struct, frozen=True, gc=False):
     rate_window: float = 0.0  # seconds that measurement covers (all since the run's first step)
     peak_memory: float = 0.0  # bytes: the largest resident memory one of its workers reported (live jobs)
     starting: bool = False  # running, but its run has not trained its first step yet: no service accrues
+    ready_at: Optional[float] = None  # while starting: when its first step is due, where known (the simulator)
 
     @property
     def remaining_time(self) -> float:

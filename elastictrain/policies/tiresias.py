@@ -62,6 +62,13 @@ class Tiresias:
         # the same table as plain lists: a bisect per lookup instead of a call into numpy
         self._table_lists = (self.table[0].tolist(), self.table[1].tolist()) if self.table is not None else None
         self.name = "tiresias-g" if gittins is not None else "tiresias-l"
+        # 2D-LAS: a run's first step cannot change the decision (nobody's service changes at that
+        # instant) and the wake-up for its demotion counts from when the first step is due
+        # (JobView.ready_at), so the simulator, which knows that, need not decide again then
+        # (sim/engine.py; live, where it is not known, the coordinator decides at every first step).
+        # 2D-Gittins keeps those decisions: a running job's key also changes as its service crosses
+        # the table's samples, which no wake-up marks, so every decision point orders its queues
+        self.first_step_events = gittins is not None
         self._state: dict = {}  # job key -> _Q
         self._queues: list[list] = [[] for _ in range(len(self.thresholds) + 1)]
         self._sizes: list[dict] = [{} for _ in self._queues]  # per queue: GPUs -> jobs of that size
@@ -244,9 +251,12 @@ class Tiresias:
             q = state[jid]
             if q.queue < last:
                 j = job(jid)
-                if j.starting:  # no service accrues until its first step (a decision comes then)
-                    continue
-                t = now + (th[q.queue] - (j.attained_gpu - q.offset)) / j.num_gpu
+                begins = now
+                if j.starting:  # no service accrues until its first step: from when that is due, if known
+                    begins = j.ready_at
+                    if begins is None:  # (live: a decision comes at its first step)
+                        continue
+                t = begins + (th[q.queue] - (j.attained_gpu - q.offset)) / j.num_gpu
                 if t < best:
                     best = t
         if self.knob > 0:

@@ -43,7 +43,7 @@ class Entry:
                  "iteration_time", "iterations", "remaining_iterations", "attained", "attained_gpu", "running",
                  "stopping", "placement", "held", "start_time", "end_time", "pending_since", "pending",
                  "preemptions", "stage_times", "skew", "speeds", "restart_cost", "group", "status", "accrued_at",
-                 "seq", "slowdown", "rate", "rate_window", "peak_memory", "data")
+                 "seq", "slowdown", "rate", "rate_window", "peak_memory", "ready_at", "data")
 
     def __init__(self, key, num_gpu: int, submit_time: float, *, model: str = "", iteration_time: float = 1.0,
                  iterations: float = 1.0, stage_times: tuple = (), user: str = "", skew: float = 0.0,
@@ -78,6 +78,7 @@ class Entry:
         self.slowdown = 1.0  # > 1 while the job runs slower than alone at full speed (group, placement)
         self.rate, self.rate_window = 0.0, 0.0  # measured samples/s of the current run (live jobs)
         self.peak_memory = 0.0  # the largest resident memory a worker of it reported (live jobs)
+        self.ready_at: Optional[float] = None  # while starting: when the backend expects its first step (None: unknown)
         self.data: dict = {}  # the backend's own per-job state
 
     def view(self, starting: bool = False) -> JobView:
@@ -86,7 +87,7 @@ class Entry:
                        self.remaining_iterations, self.attained, self.attained_gpu, self.running, self.placement,
                        self.start_time, self.pending_since, self.preemptions, self.stage_times, self.user, self.skew,
                        self.speeds, self.restart_cost, self.min_gpu, self.max_gpu, self.priority, self.rate,
-                       self.rate_window, self.peak_memory, starting)
+                       self.rate_window, self.peak_memory, starting, self.ready_at if starting else None)
 
     def __repr__(self) -> str:
         return f"Entry({self.key!r}, gpus={self.num_gpu}, {self.status.value}{', stopping' if self.stopping else ''})"

@@ -65,9 +65,7 @@ class SimBackend:
     def start(self, e: Entry, a: Action) -> None:
         self._placed(e, a)
         if not self.every:
-            self.owed[e.key] = self.charge[e.key]
-        if not self.every and not self.owed[e.key]:
-            self.table.began(e.key, self.clock.now())  # no start-up to pay: it trains at once
+            self._starting(e, self.charge[e.key])
 
     #: stops complete at once: the mechanism core preempts with JobTable.preempt_now (stop and
     #: stopped in one step) and does not call :meth:`stop`
@@ -82,10 +80,17 @@ class SimBackend:
             self.migrations += 1
             if not self.every and self.migration_cost:
                 self.owed[e.key] = self.owed.get(e.key, 0.0) + self.migration_cost
-        if a.kind is not MIGRATE and not self.every:
-            self.owed[e.key] = self.charge[e.key]  # the group (or the resized job) restarts
-        if not self.every and not self.owed.get(e.key):
-            self.table.began(e.key, self.clock.now())
+        if not self.every:  # (a regroup or a resize restarts the group, or the job: its full charge)
+            self._starting(e, self.charge[e.key] if a.kind is not MIGRATE else self.owed.get(e.key, 0.0))
+
+    def _starting(self, e: Entry, owed: float) -> None:
+        """``e``'s run pays ``owed`` seconds of start-up before its first step (none: it trains now)."""
+        now = self.clock.now()
+        self.owed[e.key] = owed
+        if owed:
+            e.ready_at = now + owed  # (policies see when its first step is due: JobView.ready_at)
+        else:
+            self.table.began(e.key, now)
 
     def moved(self, e: Entry, a: Action) -> None:
         """A migration that costs nothing (``free_moves``): the run goes on training where it

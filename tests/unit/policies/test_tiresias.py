@@ -70,3 +70,21 @@ def test_gittins_queues_stay_in_key_order_through_arrivals_demotions_and_promoti
                                 thresholds=(200, 800), promote_knob=2.0))
     result = Simulator(jobs, ClusterSpec(1, 1, 4), policy).run()
     assert len(result.jobs) == 60 and policy.checked > 100
+
+
+def test_a_demotion_counts_from_the_first_step_without_a_decision_there():
+    # a 30 s start-up: job 0 trains from t=30 and crosses 100 GPU-s at 55 s; job 1 (arrived at
+    # 10 s, Q0) takes over then. Tiresias-L is not asked again at job 0's first step: the wake-up
+    # for the demotion comes from when that step was due (JobView.ready_at)
+    def sim(first_step_events):
+        pol = create("tiresias-l", thresholds=(100,))
+        assert pol.first_step_events is False
+        pol.first_step_events = first_step_events
+        jobs = [JobSpec(0, 4, 0.0, 100, 1.0), JobSpec(1, 4, 10.0, 20, 1.0)]
+        return Simulator(jobs, ClusterSpec(1, 1, 4), pol, charge="on_start", restart_cost=30.0, interval=None).run()
+
+    skipped, asked = sim(False), sim(True)
+    r = {j.job_id: j for j in skipped.jobs}
+    assert r[1].start_time == 55.0 and r[0].preemptions == 1
+    assert [(j.start_time, j.end_time) for j in skipped.jobs] == [(j.start_time, j.end_time) for j in asked.jobs]
+    assert skipped.events < asked.events  # the first steps (t=30, t=85) were not decision points

@@ -1,5 +1,5 @@
 """A policy that says a run's first step cannot change its decision (``first_step_events =
-False``: SRTF, SRSF, FIFO, time slicing, Muri, Gandiva-fair) is not asked again at every first step in the simulator, with the same
+False``: SRTF, SRSF, FIFO, time slicing, Muri, Gandiva-fair, Tiresias-L) is not asked again at every first step in the simulator, with the same
 results as when it is (up to floating-point rounding of event times), and with fewer decisions."""
 
 import os
@@ -24,7 +24,7 @@ def _run(policy: str, first_step_events: bool, restart_cost: float):
 
 
 @pytest.mark.parametrize("policy", ["srtf", "srsf", "yarn-cs", "fifo-be", "gandiva-ts", "muri-s", "muri-l", "gandiva-fair",
-                                    "gandiva-fair-global"])
+                                    "gandiva-fair-global", "tiresias-l"])
 @pytest.mark.parametrize("restart_cost", [5.0, 60.0])
 def test_skipping_first_step_decisions_changes_no_result(policy, restart_cost):
     if policy.startswith("gandiva-fair"):  # a restart as long as its 60 s quantum only thrashes (the watchdog)

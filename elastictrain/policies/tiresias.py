@@ -50,6 +50,16 @@ class Tiresias:
     completions, running jobs), so a decision costs O(running + jobs visited), not O(all).
     """
 
+    #: a run's first step is no reason to decide: nobody's service changes at that instant, and the
+    #: wake-up for its demotion counts from when the first step is due (``JobView.ready_at``), so
+    #: the simulator, which knows that, need not decide again then (sim/engine.py; live, where it
+    #: is not known, the coordinator decides at every first step anyway). 2D-LAS decides the same
+    #: with or without those decisions. Under 2D-Gittins a running job's key also changes as its
+    #: service crosses the table's samples, which no wake-up marks: any decision point may re-order
+    #: a queue, a first step no more than another moment, so Gittins keys are re-read at arrivals,
+    #: ends and demotions (as before first steps were events; results move by about 0.1%)
+    first_step_events = False
+
     def __init__(self, thresholds: Sequence[float] = (3250, 7200), promote_knob: float = 0.0,
                  placement: str = "count", packlimit: float = 0.5, gittins: Optional[Sequence[float]] = None,
                  delta: float = 3250.0, sticky: bool = False) -> None:
@@ -62,13 +72,6 @@ class Tiresias:
         # the same table as plain lists: a bisect per lookup instead of a call into numpy
         self._table_lists = (self.table[0].tolist(), self.table[1].tolist()) if self.table is not None else None
         self.name = "tiresias-g" if gittins is not None else "tiresias-l"
-        # 2D-LAS: a run's first step cannot change the decision (nobody's service changes at that
-        # instant) and the wake-up for its demotion counts from when the first step is due
-        # (JobView.ready_at), so the simulator, which knows that, need not decide again then
-        # (sim/engine.py; live, where it is not known, the coordinator decides at every first step).
-        # 2D-Gittins keeps those decisions: a running job's key also changes as its service crosses
-        # the table's samples, which no wake-up marks, so every decision point orders its queues
-        self.first_step_events = gittins is not None
         self._state: dict = {}  # job key -> _Q
         self._queues: list[list] = [[] for _ in range(len(self.thresholds) + 1)]
         self._sizes: list[dict] = [{} for _ in self._queues]  # per queue: GPUs -> jobs of that size

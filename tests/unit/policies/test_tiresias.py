@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from elastictrain.model import JobSpec
 from elastictrain.policies import create
@@ -72,12 +73,13 @@ def test_gittins_queues_stay_in_key_order_through_arrivals_demotions_and_promoti
     assert len(result.jobs) == 60 and policy.checked > 100
 
 
-def test_a_demotion_counts_from_the_first_step_without_a_decision_there():
+@pytest.mark.parametrize("policy", ["tiresias-l", "tiresias-g"])
+def test_a_demotion_counts_from_the_first_step_without_a_decision_there(policy):
     # a 30 s start-up: job 0 trains from t=30 and crosses 100 GPU-s at 55 s; job 1 (arrived at
-    # 10 s, Q0) takes over then. Tiresias-L is not asked again at job 0's first step: the wake-up
+    # 10 s, Q0) takes over then. Tiresias is not asked again at job 0's first step: the wake-up
     # for the demotion comes from when that step was due (JobView.ready_at)
     def sim(first_step_events):
-        pol = create("tiresias-l", thresholds=(100,))
+        pol = create(policy, thresholds=(100,), **({"distribution": [50.0, 200.0]} if policy == "tiresias-g" else {}))
         assert pol.first_step_events is False
         pol.first_step_events = first_step_events
         jobs = [JobSpec(0, 4, 0.0, 100, 1.0), JobSpec(1, 4, 10.0, 20, 1.0)]

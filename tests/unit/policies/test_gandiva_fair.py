@@ -1,6 +1,7 @@
 """Gang-aware stride against the worked examples of the Gandiva-fair slides (EuroSys 2020, slides 7-8),
 and ticket shares honoured over time in the simulator."""
 
+import math
 import os
 
 from elastictrain.model import JobSpec
@@ -171,3 +172,25 @@ def test_global_stride_migrates_far_more_than_split_stride():
     flat = homogeneous(trace, hours=3, policy="gandiva-fair-global")
     assert split.migrations * 3 < flat.migrations, (split.migrations, flat.migrations)
     assert all(abs(v - 1) < 0.1 for v in split.share_by_class.values())
+
+
+def test_usage_accounting_does_not_depend_on_where_decisions_fall():
+    """Compensation tickets correct for decayed usage; deciding in the middle of an interval (a
+    run's first step, a live round) must not change it. Summing GPUs x seconds between decisions
+    did: what came before the extra decision was decayed less."""
+    from elastictrain.policies.api import ClusterSnapshot, JobView
+
+    def usage(times):
+        pol = create("gandiva-fair", compensate=600.0)
+        a = JobView("a", 4, 0.0, user="u1", running=True, placement=((0, 4),))
+        b = JobView("b", 2, 0.0, user="u2", running=True, placement=((1, 2),))
+        for t in times:
+            pol._account(ClusterSnapshot(t, (a, b), (8, 8), 2, running=(a, b)), ("gpu", "gpu"))
+        return pol._usage
+
+    once, split = usage([0.0, 900.0]), usage([0.0, 5.0, 300.0, 301.5, 900.0])
+    assert set(once) == set(split) == {("u1", "gpu"), ("u2", "gpu")}
+    for k in once:
+        assert abs(once[k] - split[k]) <= 1e-9 * once[k], (k, once[k], split[k])
+    # and it is the decayed GPU-seconds: 4 GPUs for 900 s at a 600 s half-life
+    assert abs(once[("u1", "gpu")] - 4 * 600 / math.log(2) * (1 - 0.5 ** 1.5)) < 1e-6

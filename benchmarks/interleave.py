@@ -211,21 +211,7 @@ class Job:
                 self.m.network.use(self.SYNC_S)
 
     def loop(self, stop: threading.Event, counts: list, i: int, gate=None, stream=None):
-        def run():
-            if gate is not None:
-                use_recorder(Recorder(), gate)
-            ctx = torch.cuda.stream(torch.cuda.Stream()) if self.m.dev == "cuda" and stream else None
-            if ctx is not None:
-                ctx.__enter__()
-            it = 0
-            while not stop.is_set():
-                self.step(it)
-                it += 1
-                counts[i] += 1
-            self.m.device.sync()
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
-        return run
+        return counting_loop(self.step, self.m.device.sync, stop, counts, i, gate, self.m.dev == "cuda" and stream)
 
 
 # ---------------------------------------------------------------- modes
@@ -262,6 +248,27 @@ class TimeShare:
                         ts.turn = (ts.turn + 1) % ts.n
                         ts.cond.notify_all()
         return M()
+
+
+def counting_loop(step, sync, stop: threading.Event, counts: list, i: int, gate=None, stream: bool = False):
+    """A job's thread body: ``step(it)`` until ``stop``, counting iterations in ``counts[i]``; with
+    ``gate`` its stages pass through that gate (a time share's), with ``stream`` on a CUDA stream of
+    its own; ``sync()`` waits for its device work at the end. (benchmarks/interleave_loops.py too.)"""
+    def run():
+        if gate is not None:
+            use_recorder(Recorder(), gate)
+        ctx = torch.cuda.stream(torch.cuda.Stream()) if stream else None
+        if ctx is not None:
+            ctx.__enter__()
+        it = 0
+        while not stop.is_set():
+            step(it)
+            it += 1
+            counts[i] += 1
+        sync()
+        if ctx is not None:
+            ctx.__exit__(None, None, None)
+    return run
 
 
 def _stages(kind: str) -> list[str]:

@@ -30,8 +30,7 @@ import torch  # noqa: E402
 
 import elastictrain as et  # noqa: E402
 from elastictrain.runtime.interleave import GroupJob, InterleaveGroup, auto_host_slots  # noqa: E402
-from elastictrain.runtime.stages import Recorder, use_recorder  # noqa: E402
-from interleave import timed  # noqa: E402  (benchmarks/interleave.py: rates over a timed window)
+from interleave import counting_loop, timed  # noqa: E402  (benchmarks/interleave.py: job threads, timed rates)
 
 KINDS = ("io", "cpu", "gpu")
 
@@ -80,21 +79,7 @@ class Job:
                 loss.item()
 
     def loop(self, stop: threading.Event, counts: list, i: int, gate=None, stream: bool = False):
-        def run():
-            if gate is not None:
-                use_recorder(Recorder(), gate)
-            ctx = torch.cuda.stream(torch.cuda.Stream()) if stream else None
-            if ctx is not None:
-                ctx.__enter__()
-            it = 0
-            while not stop.is_set():
-                self.step(it)
-                it += 1
-                counts[i] += 1
-            torch.cuda.synchronize()
-            if ctx is not None:
-                ctx.__exit__(None, None, None)
-        return run
+        return counting_loop(self.step, torch.cuda.synchronize, stop, counts, i, gate, stream)
 
 
 class TimeShare:

@@ -135,7 +135,8 @@ class ClusterScheduler:
         state = loaded.meta.get("policy_state")
         if previous == cfg.policy and state and hasattr(self.policy, "import_state"):
             try:
-                self.policy.import_state(json.loads(state), [e.view(e.key in self.table.starting) for e in self.table.entries()])
+                views = [e.view(e.key in self.table.starting) for e in self.table.entries()]
+                self.policy.import_state(json.loads(state), views)
             except (ValueError, TypeError, KeyError) as exc:
                 log.error("could not restore the %s policy's memory (%s); it relearns from the jobs", cfg.policy, exc)
         elif previous and previous != cfg.policy:

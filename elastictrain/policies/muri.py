@@ -120,7 +120,6 @@ class Muri:
         self._rank: dict = {}  # job key -> position in the previous decision's order
         self._next = 0
         self.finish_hold = finish_hold
-        self._group: dict = {}  # job key -> the group the previous decision ran it in
         self._last: Optional[_Last] = None  # the last full decision, and what it was made on
 
     # ---- the interleaving model, cached per multiset of profiles
@@ -257,7 +256,6 @@ class Muri:
         # ties keep this order next time: priority order, larger jobs first
         for i, j in enumerate(sorted(order, key=lambda j: -j.num_gpu)):
             rank[j.job_id] = i
-        self._group = {k: grp for grp in shared for k in grp}
         self._last = _Last(run, tuple(shared), slowdown, s.gpus_per_node, {j.job_id: j.stage_times for j in s.jobs})
         return Decision(run, groups=tuple(shared), slowdown=slowdown)
 
@@ -275,12 +273,15 @@ class Muri:
         if not self.finish_hold:
             return {}
         out: dict = {}
+        group_of = None  # job key -> the group the last decision ran it in (built if a job is finishing)
         for j in s.running:
             if j.job_id in out or j.remaining_iterations > self.finish_hold * j.iterations or \
                     j.remaining_iterations * j.iteration_time > j.restart_cost:
                 continue
+            if group_of is None:
+                group_of = {k: grp for grp in (self._last.groups if self._last else ()) for k in grp}
             unit = [j]
-            for k in self._group.get(j.job_id, ()):
+            for k in group_of.get(j.job_id, ()):
                 m = s.job(k)
                 if k != j.job_id and m is not None and m.running and m.placement == j.placement:
                     unit.append(m)

@@ -81,7 +81,12 @@ class ClusterShape:
 
 class Backend(Protocol):
     """Where actions go. ``stop`` may finish later: the backend calls
-    :meth:`JobTable.stopped` once the job's workers are gone (the simulator does it at once)."""
+    :meth:`JobTable.stopped` once the job's workers are gone (the simulator does it at once).
+
+    Optional, read by :meth:`Scheduler.act` (the simulator's): ``instant_stop = True``, its stops
+    complete at once, so the core preempts with :meth:`JobTable.preempt_now` and never calls
+    ``stop``; ``free_moves = True``, a migration keeps the run training, so the core calls
+    ``moved(entry, action)`` instead of ``restart`` and the run does not become starting again."""
 
     def shape(self) -> ClusterShape:
         """The cluster as the next decision may use it."""

@@ -96,8 +96,10 @@ class SimBackend:
         """A migration that costs nothing (``free_moves``): the run goes on training where it
         moved (the table did not make it starting again; a run still in its start-up stays so)."""
         self.migrations += 1
-        if self._plain and not a.group and e.num_gpu == e.data["gpus"]:  # _placed's common case, inline:
-            e.slowdown = a.slowdown or 1.0  # (alone before and after, so its charge is unchanged)
+        # _placed's common case, inline (alone before and after, so its charge is unchanged): a call
+        # to _placed here costs SRTF 4% on 50,000 jobs, which migrates ~8 jobs per decision
+        if self._plain and not a.group and e.num_gpu == e.data["gpus"]:
+            e.slowdown = a.slowdown or 1.0
             return
         self._placed(e, a)
 

@@ -234,9 +234,9 @@ class Simulator:
                     log += [(now, a.kind.value, a.key, tuple(a.group)) for a in actions]
                 wakeup = sched.wakeup
                 # a run's first step is an event, as live: decide again then; for a policy that
-                # says a first step cannot change its decision (first_step_events False: SRTF,
-                # FIFO, time slicing, Muri), only while protection keeps a job the decision left
-                # out (then any first step may free the GPUs a held-back start waits for)
+                # says a first step is no reason to decide (first_step_events False: every shipped
+                # one but autoscale), only while protection keeps a job the decision left out (then
+                # any first step may free the GPUs a held-back start waits for)
                 waiting_for = table.starting if first_step_events or sched.kept else ()
                 if waiting_for:
                     owed = backend.owed

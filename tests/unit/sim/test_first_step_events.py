@@ -1,7 +1,8 @@
 """A policy that says a run's first step is no reason to decide (``first_step_events = False``)
 is not asked again at every first step in the simulator: on the 60-job trace, with the same
 results as when it is (up to floating-point rounding of event times) and fewer decisions.
-(Gandiva-fair's results can differ on longer traces, and Tiresias-G's do: their classes say why.)"""
+(Over long traces the rounding can flip a tie in Gandiva-fair's stride order now and then, and
+Tiresias-G's results do differ: their classes say why.)"""
 
 import os
 

@@ -43,7 +43,7 @@ chromium:
 	      apt-get install -y -q chromium >/dev/null 2>&1; }; }; } || \
 	    echo "chromium could not be installed: the browser test will skip"
 
-# Debian's Slurm and munge for the Slurm engine's tests (a private slurmctld and two slurmd on this
+# Debian's Slurm and munge for the Slurm engine's tests (a private slurmctld and three slurmd on this
 # host, started by the tests themselves), where this machine lets us install them; elsewhere
 # those tests skip and say how to install it.
 slurm:

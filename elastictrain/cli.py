@@ -75,6 +75,9 @@ def get_parser() -> argparse.ArgumentParser:
     c.add_argument("--slurm-partition", default=_env("ET_SLURM_PARTITION", None),
                    help="--backend slurm: the partition whose nodes are the cluster [ET_SLURM_PARTITION]")
     c.add_argument("--slurm-reservation", default=None, help="--backend slurm: also run inside this reservation")
+    c.add_argument("--slurm-cpus-per-worker", type=int, default=int(_env("ET_SLURM_CPUS_PER_WORKER", "0") or 0),
+                   metavar="N", help="--backend slurm on a partition without GPUs: schedule its CPUs, N per worker "
+                   "(a node offers CPUs // N worker slots; runs ask --cpus-per-task, no GRES) [ET_SLURM_CPUS_PER_WORKER]")
     c.add_argument("--slurm-python", default=None,
                    help="--backend slurm: the Python the compute nodes run etrun with (default: this one)")
     c.add_argument("--ray-address", default=_env("ET_RAY_ADDRESS", None),
@@ -260,8 +263,10 @@ def _engine_config(args):
                                       args.engine_state_dir, url)
     if not args.slurm_partition:
         raise ConfigError("--backend slurm needs --slurm-partition NAME (`sinfo -s` lists the partitions)")
+    from .engines.slurm import check_cpus_per_worker
+
     return SlurmEngineConfig(args.slurm_partition, args.engine_state_dir, args.slurm_python,
-                             args.slurm_reservation, url)
+                             args.slurm_reservation, url, cpus_per_worker=check_cpus_per_worker(args.slurm_cpus_per_worker))
 
 
 def _limits(args):

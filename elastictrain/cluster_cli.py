@@ -86,6 +86,8 @@ def add_commands(sub) -> None:
                    "pods and the credential's Secret, as YAML for kubectl)")
     s.add_argument("--slurm-partition", default=os.environ.get("ET_SLURM_PARTITION", "PARTITION"),
                    help="--dry-run: the partition [ET_SLURM_PARTITION]")
+    s.add_argument("--slurm-cpus-per-worker", type=int, default=0, metavar="N",
+                   help="--dry-run: a partition without GPUs, N CPUs per worker (as the coordinator's option)")
     s.add_argument("--k8s-image", default=os.environ.get("ET_K8S_IMAGE", "IMAGE"),
                    help="--dry-run --backend kubernetes: the image [ET_K8S_IMAGE]")
     s.add_argument("--k8s-namespace", default=os.environ.get("ET_K8S_NAMESPACE", "default"),
@@ -263,7 +265,7 @@ def _dry_run_script(args, req) -> str:
                                    coordinator=args.coordinator, namespace=args.k8s_namespace)
         return manifests_yaml([secret, *pods])
     adapter = SlurmAdapter(args.slurm_partition, args.coordinator, "STATE_DIR",
-                           token_file=args.token_file or "TOKEN_FILE")
+                           token_file=args.token_file or "TOKEN_FILE", cpus_per_worker=args.slurm_cpus_per_worker)
     return adapter.script(RunLaunch(job, 1, nodes, tasks))
 
 

@@ -82,7 +82,7 @@ def python() -> str:
 
 @pytest.fixture(scope="session")
 def slurm():
-    """A real Slurm (munged, slurmctld, two slurmd: n1 and n2, 2 fake GPUs each) for this test
+    """A real Slurm (munged, slurmctld, three slurmd: n1 and n2, 2 fake GPUs each; n3 with CPUs only) for this test
     session; the tests that use it skip, saying how to install it, where it cannot start."""
     from tests.integration.slurm_kit import SlurmKit, missing
 

@@ -69,6 +69,7 @@ class SlurmEngineConfig:
     reservation: Optional[str] = None
     coordinator_url: Optional[str] = None  # the URL the compute nodes reach us at (default: the bound one)
     poll_interval: float = 1.0
+    cpus_per_worker: int = 0  # a partition without GPUs: its CPUs, this many per worker (engines/slurm.py)
     kind = "slurm"
 
 
@@ -299,9 +300,9 @@ def _engine(cfg: ServerConfig, coordinator: Coordinator, url: str, token: str):
             token_file = os.path.join(state, "token")
             write_token_file(token_file, token)
         adapter = SlurmAdapter(e.partition, target, state, token_file=token_file, python=e.python or sys.executable,
-                               reservation=e.reservation, tag=tag)
-        log.info("Slurm engine: partition %s, runs reach the coordinator at %s, scripts in %s", e.partition, target,
-                 state)
+                               reservation=e.reservation, tag=tag, cpus_per_worker=e.cpus_per_worker)
+        log.info("Slurm engine: partition %s (%s), runs reach the coordinator at %s, scripts in %s", e.partition,
+                 f"CPUs, {e.cpus_per_worker} per worker" if e.cpus_per_worker else "GPUs", target, state)
     return EngineBridge(adapter, coordinator.cluster, poll_interval=e.poll_interval)
 
 

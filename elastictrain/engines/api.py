@@ -51,13 +51,15 @@ def combine_codes(codes: list[Optional[int]]) -> Optional[int]:
 
 @dataclass(frozen=True)
 class EngineNode:
-    """A node the engine offers: its GPUs (0 where it has none), and whether jobs may run there
-    now (a drained, down or failed node is not up: it offers nothing)."""
+    """A node the engine offers: its GPUs (0 where it has none; its worker slots where ``kind`` is
+    ``slot``, a CPU partition's), and whether jobs may run there now (a drained, down or failed
+    node is not up: it offers nothing)."""
 
     name: str
     gpus: int
     up: bool
     state: str = ""
+    kind: str = "gpu"  # gpu | slot (what the coordinator's cluster view calls the units)
 
 
 @dataclass(frozen=True)

@@ -125,7 +125,7 @@ class EngineBridge:
             if n.up and n.gpus > 0:
                 if self.registered.get(n.name) != n.gpus or book is None or book.state != "up" or \
                         book.instance != self.instance:
-                    self.sched.node_register(n.name, NodeRegister(n.gpus, self.instance, "gpu", "", n.name))
+                    self.sched.node_register(n.name, NodeRegister(n.gpus, self.instance, n.kind, "", n.name))
                     self.registered[n.name] = n.gpus
             elif n.name in self.registered or (book is not None and book.state == "up" and
                                                book.instance == self.instance):

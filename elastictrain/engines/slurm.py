@@ -2,7 +2,8 @@
 
 The batch script (``script()``; ``elastictrain submit --dry-run --backend slurm`` prints it) asks
 for exactly the decided nodes (``--nodelist``) and GPUs per node (``--gres=gpu:N``; unequal GPUs
-per node become a heterogeneous job, one component per node), and ``exec srun``s one ``etrun``
+per node become a heterogeneous job, one component per node), or, on a partition without GPUs
+(``cpus_per_worker``), N workers' CPUs per node (``--cpus-per-task``), and ``exec srun``s one ``etrun``
 agent per node that joins this coordinator with the job's id and run, so generations, shards and
 checkpoints are those of every other engine. ``exec`` matters: a batch script that outlives its
 step and swallows its exit code ends COMPLETED and the job's result is lost.
@@ -39,7 +40,7 @@ from .api import ACTIVE, ENDED, REQUEUED, EngineNode, RunLaunch, RunState
 from .api import parse_run_name as parse_job_name
 from .api import run_name as job_name
 
-__all__ = ["SlurmAdapter", "SlurmError", "parse_gres_gpus", "job_name", "parse_job_name"]
+__all__ = ["SlurmAdapter", "SlurmError", "parse_gres_gpus", "check_cpus_per_worker", "job_name", "parse_job_name"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,14 @@ class SlurmError(ElasticTrainError):
 
     http_status = 502
     code = "slurm"
+
+
+def check_cpus_per_worker(n) -> int:
+    """``--slurm-cpus-per-worker``: 0 (GPUs) or a whole number of CPUs from 1 to 4096."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 4096:
+        raise ConfigError(f"--slurm-cpus-per-worker {n!r}: give the CPUs each worker gets on a partition without "
+                          "GPUs, a whole number from 1 to 4096 (0 or left out: schedule the partition's GPUs)")
+    return n
 
 
 def parse_gres_gpus(gres: str) -> int:
@@ -79,14 +88,20 @@ class SlurmAdapter:
         reservation: also pin runs to this reservation.
         tag: this coordinator's id, in every job's ``--comment``: jobs of another coordinator on the
             same Slurm are never adopted, even under the same job name.
+        cpus_per_worker: schedule the partition's CPUs, not its GPUs: a node offers
+            ``CPUs // cpus_per_worker`` worker slots, and a run asks for that many CPUs per worker
+            (``--cpus-per-task``, no GRES). 0 (the default): GPUs, from each node's ``gpu`` GRES.
     """
 
     name = "slurm"
 
     def __init__(self, partition: str, coordinator: str, state_dir: str, *, token_file: Optional[str] = None,
-                 python: str = sys.executable, reservation: Optional[str] = None, tag: str = "") -> None:
+                 python: str = sys.executable, reservation: Optional[str] = None, tag: str = "",
+                 cpus_per_worker: int = 0) -> None:
         if not re.match(r"^[A-Za-z0-9._-]{1,128}$", partition or ""):
             raise ConfigError(f"--slurm-partition {partition!r}: give the name of a Slurm partition (sinfo lists them)")
+        check_cpus_per_worker(cpus_per_worker)
+        self.cpus_per_worker = cpus_per_worker
         self.partition, self.coordinator, self.token_file = partition, coordinator, token_file
         self.state_dir, self.python, self.reservation = os.path.abspath(state_dir), python, reservation
         self.comment = f"elastictrain:{tag}" if tag else "elastictrain"  # whose jobs these are
@@ -113,18 +128,26 @@ class SlurmAdapter:
 
     # ------------------------------------------------------------------ capacity
     async def nodes(self) -> list[EngineNode]:
-        out = await self._cmd("sinfo", "-h", "-N", "-p", self.partition, "-o", "%N|%G|%T")
+        out = await self._cmd("sinfo", "-h", "-N", "-p", self.partition, "-o", "%N|%G|%T|%c")
         seen: dict[str, EngineNode] = {}
+        per = self.cpus_per_worker
         for line in out.splitlines():
             parts = line.strip().split("|")
-            if len(parts) != 3 or parts[0] in seen:
+            if len(parts) != 4 or parts[0] in seen:
                 continue
-            name, gres, state = parts
+            name, gres, state, cpus = parts
             state = state.lower()
-            up = state.rstrip("*~#!%$@^-") in _UP  # a trailing * (not responding) etc. is not up
-            seen[name] = EngineNode(name, parse_gres_gpus(gres), up and not state.endswith("*"), state)
+            up = state.rstrip("*~#!%$@^-") in _UP and not state.endswith("*")  # a trailing * (not responding) etc.
+            if per:
+                slots = int(cpus) // per if cpus.isdigit() else 0
+                seen[name] = EngineNode(name, slots, up, state, "slot")
+            else:
+                seen[name] = EngineNode(name, parse_gres_gpus(gres), up, state)
         if not seen:
             raise SlurmError(f"partition {self.partition!r} has no nodes (sinfo -p {self.partition}); check the name")
+        if not per and not any(n.gpus for n in seen.values()):
+            raise SlurmError(f"partition {self.partition!r} has no GPUs (no node has gpu GRES in sinfo -o %G): to "
+                             "schedule its CPUs, start the coordinator with --slurm-cpus-per-worker N (N CPUs per worker)")
         return [seen[n] for n in sorted(seen)]
 
     # ------------------------------------------------------------------ runs
@@ -146,15 +169,17 @@ class SlurmAdapter:
         lines = list(head)
         for flag in common:
             lines.append(f"#SBATCH {flag}")
+        per = self.cpus_per_worker
         if len(set(slots)) == 1:  # one component: the same GPUs on every node
             lines += [f"#SBATCH --nodes={len(run.nodes)}", f"#SBATCH --nodelist={','.join(run.nodes)}",
-                      "#SBATCH --ntasks-per-node=1", f"#SBATCH --gres=gpu:{slots[0]}"]
+                      "#SBATCH --ntasks-per-node=1",
+                      f"#SBATCH --cpus-per-task={slots[0] * per}" if per else f"#SBATCH --gres=gpu:{slots[0]}"]
         else:  # unequal GPUs per node: a heterogeneous job, one component per node
             for i, (node, n) in enumerate(zip(run.nodes, slots)):
                 if i:
                     lines.append("#SBATCH hetjob")
                 lines += ["#SBATCH --nodes=1", f"#SBATCH --nodelist={node}", "#SBATCH --ntasks-per-node=1",
-                          f"#SBATCH --gres=gpu:{n}"]
+                          f"#SBATCH --cpus-per-task={n * per}" if per else f"#SBATCH --gres=gpu:{n}"]
         for k in sorted(env):
             lines.append(f"export {k}={shlex.quote(env[k])}")
         lines.append("unset ET_TOKEN")

@@ -1,5 +1,6 @@
-"""A real Slurm on this host for the tests: a private munged, slurmctld and two slurmd (nodes n1
-and n2, 2 fake GPUs each, partitions ``low`` and ``high``), started in about 2 s, stopped by PID.
+"""A real Slurm on this host for the tests: a private munged, slurmctld and three slurmd (nodes n1
+and n2, 2 fake GPUs each, partitions ``low`` and ``high``; n3, 4 CPUs and no GPU, partition
+``cpu``), started in about 2 s, stopped by PID.
 
 Needs root and Debian's ``slurmctld slurmd slurm-client munge`` (``make test`` installs them
 where it can). Settings that matter, learnt on these machines: ``cred_expire=10`` in AuthInfo (a
@@ -58,15 +59,18 @@ SlurmdTimeout=10
 InactiveLimit=0
 MessageTimeout=10
 NodeName=n[1-2] NodeHostname={host} NodeAddr=127.0.0.1 Port={p1}-{p2} CPUs=8 RealMemory=4000 Gres=gpu:2 State=UNKNOWN
+NodeName=n3 NodeHostname={host} NodeAddr=127.0.0.1 Port={p3} CPUs=4 RealMemory=4000 State=UNKNOWN
 PartitionName=low Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=NO GraceTime=5
 PartitionName=high Nodes=n[1-2] MaxTime=INFINITE State=UP PriorityTier=10 OverSubscribe=NO
 PartitionName=one Nodes=n1 MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=NO
+PartitionName=cpu Nodes=n3 MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=NO
 RequeueExit=75
 SlurmdParameters=config_overrides
 SchedulerParameters=sched_interval=2,bf_interval=2
 """
 
 NEEDED = ("slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scancel", "munged")
+NODES = ("n1", "n2", "n3")
 
 
 def missing() -> str:
@@ -106,7 +110,7 @@ class SlurmKit:
 
     def start(self, timeout: float = 30.0) -> "SlurmKit":
         r = self.root
-        for d in ("munge", "state", "spool/n1", "spool/n2", "run", "log", "fakegpu"):
+        for d in ("munge", "state", "spool/n1", "spool/n2", "spool/n3", "run", "log", "fakegpu"):
             os.makedirs(os.path.join(r, d), exist_ok=True)
         for i in range(4):
             dev = os.path.join(r, "fakegpu", f"gpu{i}")
@@ -114,7 +118,7 @@ class SlurmKit:
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # a character device, like /dev/null
         p1, p2 = _two_free_ports()
         with open(self.conf, "w") as f:
-            f.write(CONF.format(root=r, ctld=_free_port(), p1=p1, p2=p2, host=socket.gethostname()))
+            f.write(CONF.format(root=r, ctld=_free_port(), p1=p1, p2=p2, p3=_free_port(), host=socket.gethostname()))
         with open(os.path.join(r, "gres.conf"), "w") as f:
             f.write(f"AutoDetect=off\nNodeName=n1 Name=gpu File={r}/fakegpu/gpu[0-1]\n"
                     f"NodeName=n2 Name=gpu File={r}/fakegpu/gpu[2-3]\n")
@@ -136,11 +140,11 @@ class SlurmKit:
                 raise RuntimeError("munged did not start")
             time.sleep(0.05)
         subprocess.run(["/usr/sbin/slurmctld", "-f", self.conf], check=True, env=self.env, timeout=30)
-        for n in ("n1", "n2"):
+        for n in NODES:
             subprocess.run(["/usr/sbin/slurmd", "-f", self.conf, "-N", n], check=True, env=self.env, timeout=30)
         while True:
             st = self.node_states()
-            if st.get("n1") == "idle" and st.get("n2") == "idle":
+            if all(st.get(n) == "idle" for n in NODES):
                 return self
             if time.monotonic() > deadline:
                 raise RuntimeError(f"Slurm did not come up: {st} (logs in {r}/log)")
@@ -177,7 +181,7 @@ class SlurmKit:
         subprocess.run(["scancel", "--full", "--signal=KILL", "-u", "root"], env=self.env, capture_output=True,
                        timeout=30, check=False)
         pids = []
-        for name in ("run/slurmd-n1.pid", "run/slurmd-n2.pid", "run/slurmctld.pid", "munge/munged.pid"):
+        for name in (*(f"run/slurmd-{n}.pid" for n in NODES), "run/slurmctld.pid", "munge/munged.pid"):
             path = os.path.join(self.root, name)
             try:
                 with open(path) as f:

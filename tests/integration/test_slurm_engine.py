@@ -86,6 +86,45 @@ def test_an_outside_scancel_cancels_the_job(cluster, slurm):
     assert cluster.client.cluster_job(job).status == "cancelled"  # not requeued, not failed
 
 
+def test_a_partition_without_gpus_runs_jobs_on_its_cpus(tmp_path, slurm):
+    """Partition ``cpu`` (node n3: 4 CPUs, no GRES). Without ``--slurm-cpus-per-worker`` the
+    coordinator says it has no GPUs and how to schedule its CPUs; with 2 CPUs per worker n3 offers
+    2 worker slots, and a 2-worker job runs there as one Slurm job asking 4 CPUs, no GRES, with
+    every sample trained on exactly once."""
+    bare = LocalCluster(tmp_path / "bare", "fifo", slurm_conf=slurm.conf, partition="cpu")
+    os.makedirs(bare.tmp)
+    bare.coordinator.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "--slurm-cpus-per-worker" not in bare.tail() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert "has no GPUs" in bare.tail() and "--slurm-cpus-per-worker N" in bare.tail(), bare.tail()
+    finally:
+        bare.stop()
+    c = LocalCluster(tmp_path / "cpu", "fifo", "--slurm-cpus-per-worker", "2", slurm_conf=slurm.conf,
+                     partition="cpu", nodes=1)
+    os.makedirs(c.tmp)
+    c.start()
+    try:
+        (node,) = c.client.cluster_status().nodes
+        assert (node.name, node.slots, node.kind) == ("n3", 2, "slot")
+        job = _job(c, "cpu", 2)
+        c.wait(lambda st: any(j.id == job and j.status in ("finished", "failed") for j in st.jobs), 120,
+               "the job to end")
+        st = c.client.cluster_job(job)
+        assert st.status == "finished", (st.status, st.reason, c.tail())
+        r = c.result("cpu")
+        assert r["min"] == r["max"] == 1, r
+        (script,) = [os.path.join(d, "job.sh") for d, _, files in os.walk(os.path.join(c.tmp, "slurm-runs"))
+                     if "job.sh" in files]
+        with open(script) as f:
+            lines = f.read().splitlines()
+        assert "#SBATCH --nodelist=n3" in lines and "#SBATCH --cpus-per-task=4" in lines, lines
+        assert not any("--gres" in line for line in lines), lines
+    finally:
+        c.stop()
+
+
 @pytest.mark.slow  # make test-slow: the default run keeps the Tiresias scenario on Slurm
 def test_unequal_gpus_per_node_run_as_one_heterogeneous_slurm_job(tmp_path, slurm):
     c = LocalCluster(tmp_path, "fifo", slurm_conf=slurm.conf).start()

@@ -4,7 +4,7 @@ tests/integration/test_slurm_engine.py)."""
 import pytest
 
 from elastictrain.engines.api import RunLaunch
-from elastictrain.engines.slurm import SlurmAdapter, _expand, job_name, parse_gres_gpus, parse_job_name
+from elastictrain.engines.slurm import SlurmAdapter, SlurmError, _expand, job_name, parse_gres_gpus, parse_job_name
 from elastictrain.errors import ConfigError
 from elastictrain.wire import Task
 
@@ -44,3 +44,42 @@ def test_the_batch_script_pins_the_placement_and_execs_srun(tmp_path):
 def test_a_bad_partition_name_is_refused():
     with pytest.raises(ConfigError, match="sinfo"):
         SlurmAdapter("a b; rm -rf /", "http://c:7707", "/tmp")
+
+
+def test_a_partition_without_gpus_is_scheduled_by_cpus(tmp_path):
+    a = SlurmAdapter("cpu", "http://c:7707", str(tmp_path), cpus_per_worker=4)
+    s = a.script(RunLaunch("j1", 1, ("n1", "n2"), (_task(2), _task(2)))).splitlines()
+    assert "#SBATCH --cpus-per-task=8" in s and "#SBATCH --ntasks-per-node=1" in s
+    assert not any("--gres" in line for line in s)
+    het = a.script(RunLaunch("j1", 1, ("n1", "n2"), (_task(2), _task(1)))).splitlines()
+    assert "#SBATCH --cpus-per-task=8" in het and "#SBATCH --cpus-per-task=4" in het
+
+
+class _Sinfo(SlurmAdapter):
+    """The adapter reading a given ``sinfo -N -o %N|%G|%T|%c`` output (the real one: test_slurm_engine.py)."""
+
+    def __init__(self, out: str, **kw):
+        super().__init__("p", "http://c:7707", "/tmp", **kw)
+        self.out = out
+
+    async def _cmd(self, *args: str, check: bool = True) -> str:
+        assert args[:2] == ("sinfo", "-h") and args[-1] == "%N|%G|%T|%c"
+        return self.out
+
+
+def test_nodes_offer_gpus_or_cpu_slots_and_a_gpu_less_partition_names_the_option():
+    import asyncio
+
+    gpus = asyncio.run(_Sinfo("n1|gpu:2|idle|8\nn2|gpu:a100:4(S:0)|mixed|16\nn3|(null)|drained|8\n").nodes())
+    assert [(n.name, n.gpus, n.up, n.kind) for n in gpus] == [("n1", 2, True, "gpu"), ("n2", 4, True, "gpu"),
+                                                              ("n3", 0, False, "gpu")]
+    cpus = asyncio.run(_Sinfo("c1|(null)|idle|8\nc2|(null)|idle*|6\n", cpus_per_worker=4).nodes())
+    assert [(n.name, n.gpus, n.up, n.kind) for n in cpus] == [("c1", 2, True, "slot"), ("c2", 1, False, "slot")]
+    with pytest.raises(SlurmError, match="--slurm-cpus-per-worker N"):
+        asyncio.run(_Sinfo("c1|(null)|idle|8\n").nodes())
+
+
+@pytest.mark.parametrize("bad", [-1, 4097, 2.5, True, "4"])
+def test_cpus_per_worker_is_checked(bad):
+    with pytest.raises(ConfigError, match="1 to 4096"):
+        SlurmAdapter("cpu", "http://c:7707", "/tmp", cpus_per_worker=bad)

@@ -75,9 +75,6 @@ def get_parser() -> argparse.ArgumentParser:
     c.add_argument("--slurm-partition", default=_env("ET_SLURM_PARTITION", None),
                    help="--backend slurm: the partition whose nodes are the cluster [ET_SLURM_PARTITION]")
     c.add_argument("--slurm-reservation", default=None, help="--backend slurm: also run inside this reservation")
-    c.add_argument("--slurm-cpus-per-worker", type=int, default=int(_env("ET_SLURM_CPUS_PER_WORKER", "0") or 0),
-                   metavar="N", help="--backend slurm on a partition without GPUs: schedule its CPUs, N per worker "
-                   "(a node offers CPUs // N worker slots; runs ask --cpus-per-task, no GRES) [ET_SLURM_CPUS_PER_WORKER]")
     c.add_argument("--slurm-python", default=None,
                    help="--backend slurm: the Python the compute nodes run etrun with (default: this one)")
     c.add_argument("--ray-address", default=_env("ET_RAY_ADDRESS", None),
@@ -96,6 +93,11 @@ def get_parser() -> argparse.ArgumentParser:
                    "(all or none; docs/kubernetes.md)")
     c.add_argument("--k8s-scheduler-name", default=None,
                    help="--backend kubernetes: the pods' scheduler (default: the cluster's)")
+    c.add_argument("--engine-cpus-per-worker", "--slurm-cpus-per-worker", dest="engine_cpus_per_worker", type=int,
+                   default=int(_env("ET_ENGINE_CPUS_PER_WORKER", "0") or 0), metavar="N",
+                   help="--backend slurm|ray|kubernetes on nodes without GPUs: schedule their CPUs, N per worker (a "
+                   "node offers CPUs // N worker slots; a run asks for N CPUs per worker: Slurm --cpus-per-task, a Ray "
+                   "CPU bundle, a pod's cpu request) [ET_ENGINE_CPUS_PER_WORKER]")
     c.add_argument("--engine-state-dir", "--slurm-state-dir", dest="engine_state_dir", default=None,
                    help="--backend slurm|ray|kubernetes: where the runs' scripts and outputs and the coordinator id "
                    "are kept (default: <kind>-runs beside --db; for Slurm on a filesystem the nodes share)")
@@ -247,11 +249,14 @@ def _engine_config(args):
     if not args.policy:
         raise ConfigError(f"--backend {args.backend} carries out a scheduler's decisions: give --policy NAME too "
                           "(e.g. --policy tiresias-l)")
+    from .engines.api import check_cpus_per_worker
+
     url = args.engine_coordinator_url
+    cpus = check_cpus_per_worker(args.engine_cpus_per_worker)
     if args.backend == "ray":
         if not args.ray_address:
             raise ConfigError("--backend ray needs --ray-address HOST:PORT (the address `ray start --head` printed)")
-        return RayEngineConfig(args.ray_address, args.engine_state_dir, url)
+        return RayEngineConfig(args.ray_address, args.engine_state_dir, url, cpus_per_worker=cpus)
     if args.backend == "kubernetes":
         if not args.k8s_image:
             raise ConfigError("--backend kubernetes needs --k8s-image IMAGE: an image with elastictrain and the jobs' "
@@ -260,13 +265,11 @@ def _engine_config(args):
 
         return KubernetesEngineConfig(args.k8s_namespace or default_namespace(), args.k8s_image, args.k8s_python,
                                       args.k8s_service_account, args.k8s_kueue_queue, args.k8s_scheduler_name,
-                                      args.engine_state_dir, url)
+                                      args.engine_state_dir, url, cpus_per_worker=cpus)
     if not args.slurm_partition:
         raise ConfigError("--backend slurm needs --slurm-partition NAME (`sinfo -s` lists the partitions)")
-    from .engines.slurm import check_cpus_per_worker
-
     return SlurmEngineConfig(args.slurm_partition, args.engine_state_dir, args.slurm_python,
-                             args.slurm_reservation, url, cpus_per_worker=check_cpus_per_worker(args.slurm_cpus_per_worker))
+                             args.slurm_reservation, url, cpus_per_worker=cpus)
 
 
 def _limits(args):

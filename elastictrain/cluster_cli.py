@@ -86,8 +86,9 @@ def add_commands(sub) -> None:
                    "pods and the credential's Secret, as YAML for kubectl)")
     s.add_argument("--slurm-partition", default=os.environ.get("ET_SLURM_PARTITION", "PARTITION"),
                    help="--dry-run: the partition [ET_SLURM_PARTITION]")
-    s.add_argument("--slurm-cpus-per-worker", type=int, default=0, metavar="N",
-                   help="--dry-run: a partition without GPUs, N CPUs per worker (as the coordinator's option)")
+    s.add_argument("--engine-cpus-per-worker", "--slurm-cpus-per-worker", dest="engine_cpus_per_worker", type=int,
+                   default=0, metavar="N", help="--dry-run: nodes without GPUs, N CPUs per worker (as the coordinator's "
+                   "option)")
     s.add_argument("--k8s-image", default=os.environ.get("ET_K8S_IMAGE", "IMAGE"),
                    help="--dry-run --backend kubernetes: the image [ET_K8S_IMAGE]")
     s.add_argument("--k8s-namespace", default=os.environ.get("ET_K8S_NAMESPACE", "default"),
@@ -242,7 +243,7 @@ def _submit(args) -> int:
 def _dry_run_script(args, req) -> str:
     """What the engine would make of the first run of ``req``: Slurm's batch script, or the
     Kubernetes objects (the run's credential is minted at launch: a placeholder stands for it)."""
-    from .engines.api import RunLaunch
+    from .engines.api import RunLaunch, check_cpus_per_worker
     from .engines.slurm import SlurmAdapter
     from .wire import Task
 
@@ -262,10 +263,11 @@ def _dry_run_script(args, req) -> str:
         tasks = tuple(Task(**{**msgspec.structs.asdict(t), "token": "WORKER-CREDENTIAL-MINTED-AT-LAUNCH"})
                       for t in tasks)
         secret, pods = run_objects(RunLaunch(job, 1, nodes, tasks), image=args.k8s_image,
-                                   coordinator=args.coordinator, namespace=args.k8s_namespace)
+                                   coordinator=args.coordinator, namespace=args.k8s_namespace,
+                                   cpus_per_worker=check_cpus_per_worker(args.engine_cpus_per_worker))
         return manifests_yaml([secret, *pods])
     adapter = SlurmAdapter(args.slurm_partition, args.coordinator, "STATE_DIR",
-                           token_file=args.token_file or "TOKEN_FILE", cpus_per_worker=args.slurm_cpus_per_worker)
+                           token_file=args.token_file or "TOKEN_FILE", cpus_per_worker=args.engine_cpus_per_worker)
     return adapter.script(RunLaunch(job, 1, nodes, tasks))
 
 

@@ -69,7 +69,7 @@ class SlurmEngineConfig:
     reservation: Optional[str] = None
     coordinator_url: Optional[str] = None  # the URL the compute nodes reach us at (default: the bound one)
     poll_interval: float = 1.0
-    cpus_per_worker: int = 0  # a partition without GPUs: its CPUs, this many per worker (engines/slurm.py)
+    cpus_per_worker: int = 0  # a partition without GPUs: its CPUs, this many per worker
     kind = "slurm"
 
 
@@ -81,6 +81,7 @@ class RayEngineConfig:
     state_dir: Optional[str] = None  # default: <the database's directory>/ray-runs (the runs' output)
     coordinator_url: Optional[str] = None
     poll_interval: float = 1.0
+    cpus_per_worker: int = 0  # a cluster without GPUs: its CPUs, this many per worker
     kind = "ray"
 
 
@@ -97,6 +98,7 @@ class KubernetesEngineConfig:
     state_dir: Optional[str] = None
     coordinator_url: Optional[str] = None
     poll_interval: float = 1.0
+    cpus_per_worker: int = 0  # a cluster without GPUs: its CPUs, this many per worker
     kind = "kubernetes"
 
 
@@ -282,16 +284,16 @@ def _engine(cfg: ServerConfig, coordinator: Coordinator, url: str, token: str):
     if kind == "ray":
         from ..engines.ray_engine import RayAdapter
 
-        adapter = RayAdapter(e.address, target, state, tag=tag)
-        log.info("Ray engine: cluster %s, runs reach the coordinator at %s", e.address, target)
+        adapter = RayAdapter(e.address, target, state, tag=tag, cpus_per_worker=e.cpus_per_worker)
+        log.info("Ray engine: cluster %s (%s), runs reach the coordinator at %s", e.address, _units(e), target)
     elif kind == "kubernetes":
         from ..engines.kubernetes_engine import KubernetesAdapter
 
         adapter = KubernetesAdapter(e.namespace, e.image, target, tag=tag, python=e.python or "python3",
                                     service_account=e.service_account, kueue_queue=e.kueue_queue,
-                                    scheduler_name=e.scheduler_name)
-        log.info("Kubernetes engine: namespace %s, image %s, runs reach the coordinator at %s", e.namespace, e.image,
-                 target)
+                                    scheduler_name=e.scheduler_name, cpus_per_worker=e.cpus_per_worker)
+        log.info("Kubernetes engine: namespace %s, image %s (%s), runs reach the coordinator at %s", e.namespace,
+                 e.image, _units(e), target)
     else:
         from ..engines.slurm import SlurmAdapter
 
@@ -302,8 +304,13 @@ def _engine(cfg: ServerConfig, coordinator: Coordinator, url: str, token: str):
         adapter = SlurmAdapter(e.partition, target, state, token_file=token_file, python=e.python or sys.executable,
                                reservation=e.reservation, tag=tag, cpus_per_worker=e.cpus_per_worker)
         log.info("Slurm engine: partition %s (%s), runs reach the coordinator at %s, scripts in %s", e.partition,
-                 f"CPUs, {e.cpus_per_worker} per worker" if e.cpus_per_worker else "GPUs", target, state)
+                 _units(e), target, state)
     return EngineBridge(adapter, coordinator.cluster, poll_interval=e.poll_interval)
+
+
+def _units(e) -> str:
+    """What an engine's nodes offer: their GPUs, or their CPUs (``--engine-cpus-per-worker``)."""
+    return f"CPUs, {e.cpus_per_worker} per worker" if e.cpus_per_worker else "GPUs"
 
 
 def _coordinator_id(state_dir: str) -> str:

@@ -15,10 +15,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
+from ..errors import ConfigError
 from ..wire import Task
 
 __all__ = ["EngineNode", "RunLaunch", "RunState", "EngineAdapter", "ACTIVE", "ENDED", "REQUEUED", "run_name",
-           "parse_run_name", "PREEMPTED", "combine_codes"]
+           "parse_run_name", "PREEMPTED", "combine_codes", "check_cpus_per_worker", "no_gpus_hint"]
 
 ACTIVE, ENDED, REQUEUED = "active", "ended", "requeued"
 PREEMPTED = 75  # etrun's exit code when its workers checkpointed and stopped on request
@@ -47,6 +48,20 @@ def combine_codes(codes: list[Optional[int]]) -> Optional[int]:
     if failed:
         return failed[0]
     return PREEMPTED if PREEMPTED in known else 0
+
+
+def check_cpus_per_worker(n) -> int:
+    """``--engine-cpus-per-worker``: 0 (schedule GPUs) or a whole number of CPUs from 1 to 4096."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 4096:
+        raise ConfigError(f"--engine-cpus-per-worker {n!r}: give the CPUs each worker gets on nodes without GPUs, "
+                          "a whole number from 1 to 4096 (0 or left out: schedule the nodes' GPUs)")
+    return n
+
+
+def no_gpus_hint(engine: str, where: str) -> str:
+    """What to say when an engine in GPU mode finds no GPU on any node."""
+    return (f"{where} has no GPUs: to schedule its CPUs, start the coordinator with --engine-cpus-per-worker N "
+            f"(N CPUs per worker; --backend {engine})")
 
 
 @dataclass(frozen=True)

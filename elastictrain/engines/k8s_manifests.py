@@ -7,7 +7,8 @@ prints them (:func:`manifests_yaml`).
 
 A pod runs the run's ``etrun`` for its node (the same command every engine runs,
 :mod:`~elastictrain.launcher.task_command`), pinned to its node (``nodeSelector:
-kubernetes.io/hostname``), asking for its GPUs (``nvidia.com/gpu``), ``restartPolicy: Never``
+kubernetes.io/hostname``), asking for its GPUs (``nvidia.com/gpu``; on a cluster without GPUs, its
+workers' CPUs), ``restartPolicy: Never``
 (the coordinator decides what runs next, never the kubelet), and a termination grace of the
 job's grace plus the 15 s every engine allows ``etrun`` to finish after its workers' checkpoint.
 """
@@ -24,7 +25,7 @@ from ..launcher.task_command import etrun_command, task_env
 from ..wire import Task
 from .api import RunLaunch
 
-__all__ = ["run_objects", "manifests_yaml", "pod_name", "LABEL_JOB", "LABEL_RUN", "LABEL_COORDINATOR",
+__all__ = ["run_objects", "cpu_millis", "manifests_yaml", "pod_name", "LABEL_JOB", "LABEL_RUN", "LABEL_COORDINATOR",
            "ANNOTATION_JOB", "TOKEN_DIR", "default_namespace", "KILL_MARGIN"]
 
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
@@ -94,13 +95,24 @@ def _security(task: Task):
                                     run_as_user=uid, run_as_group=gid)
 
 
+def cpu_millis(quantity: str) -> int:
+    """A Kubernetes CPU quantity (``4``, ``3500m``, ``0.5``) in thousandths of a CPU (0 if unreadable)."""
+    q = str(quantity).strip()
+    try:
+        return int(q[:-1]) if q.endswith("m") else int(float(q) * 1000)
+    except ValueError:
+        return 0
+
+
 def run_objects(run: RunLaunch, *, image: str, coordinator: str, namespace: str, tag: str = "",
                 python: str = "python3", service_account: Optional[str] = None, kueue_queue: Optional[str] = None,
-                scheduler_name: Optional[str] = None) -> tuple[Optional[object], list]:
+                scheduler_name: Optional[str] = None, cpus_per_worker: int = 0) -> tuple[Optional[object], list]:
     """The Secret (None for a run without a credential) and the Pods of ``run``, in node order.
 
     ``kueue_queue``: admit the run's pods through that Kueue LocalQueue as one pod group (Kueue's
-    plain-pod integration: all of them or none). ``scheduler_name``: the pods' scheduler."""
+    plain-pod integration: all of them or none). ``scheduler_name``: the pods' scheduler.
+    ``cpus_per_worker``: a cluster without GPUs: each pod asks for that many CPUs per worker, not
+    ``nvidia.com/gpu``."""
     from kubernetes import client
 
     grace = int(-(-max(t.grace for t in run.tasks) // 1)) + KILL_MARGIN
@@ -128,7 +140,7 @@ def run_objects(run: RunLaunch, *, image: str, coordinator: str, namespace: str,
         cmd = etrun_command(task, coordinator, log_dir=LOG_DIR, python=python,
                             token_file=os.path.join(TOKEN_DIR, "token") if token else None)
         env = task_env(task, node)
-        gpus = {"nvidia.com/gpu": str(task.slots)}
+        gpus = {"cpu": str(task.slots * cpus_per_worker)} if cpus_per_worker else {"nvidia.com/gpu": str(task.slots)}
         container = client.V1Container(
             name="etrun", image=image, command=cmd, working_dir=task.workdir,
             env=[client.V1EnvVar(name=k, value=env[k]) for k in sorted(env)],

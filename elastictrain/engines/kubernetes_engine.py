@@ -29,8 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError
-from .api import ACTIVE, ENDED, EngineNode, RunLaunch, RunState, combine_codes, parse_run_name, run_name
-from .k8s_manifests import ANNOTATION_JOB, LABEL_COORDINATOR, LABEL_INDEX, LABEL_RUN, pod_name, run_objects, secret_name
+from .api import (ACTIVE, ENDED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, combine_codes, no_gpus_hint,
+                  parse_run_name, run_name)
+from .k8s_manifests import (ANNOTATION_JOB, LABEL_COORDINATOR, LABEL_INDEX, LABEL_RUN, cpu_millis, pod_name, run_objects,
+                            secret_name)
 
 __all__ = ["KubernetesAdapter", "KubernetesEngineError", "PodWatch", "VERBS"]
 
@@ -164,7 +166,8 @@ class KubernetesAdapter:
 
     def __init__(self, namespace: str, image: str, coordinator: str, *, tag: str = "", python: str = "python3",
                  service_account: Optional[str] = None, kueue_queue: Optional[str] = None,
-                 scheduler_name: Optional[str] = None) -> None:
+                 scheduler_name: Optional[str] = None, cpus_per_worker: int = 0) -> None:
+        self.cpus_per_worker = check_cpus_per_worker(cpus_per_worker)  # 0: the nodes' GPUs
         if not namespace or len(namespace) > 63 or not namespace.replace("-", "a").isalnum() or namespace != namespace.lower():
             raise ConfigError(f"--k8s-namespace {namespace!r}: give a namespace name (lower case, digits and -)")
         if not image or any(c.isspace() for c in image):
@@ -241,9 +244,17 @@ class KubernetesAdapter:
         for n in items:
             ready = any(c.type == "Ready" and c.status == "True" for c in (n.status.conditions or []))
             cordoned = bool(n.spec and n.spec.unschedulable)
-            gpus = int(str((n.status.allocatable or {}).get("nvidia.com/gpu", "0")) or 0)
-            out.append(EngineNode(n.metadata.name, gpus, ready and not cordoned,
-                                  "cordoned" if cordoned else ("ready" if ready else "not ready")))
+            alloc, per = n.status.allocatable or {}, self.cpus_per_worker
+            state = "cordoned" if cordoned else ("ready" if ready else "not ready")
+            if per:
+                out.append(EngineNode(n.metadata.name, cpu_millis(alloc.get("cpu", "0")) // (1000 * per),
+                                      ready and not cordoned, state, "slot"))
+            else:
+                out.append(EngineNode(n.metadata.name, int(str(alloc.get("nvidia.com/gpu", "0")) or 0),
+                                      ready and not cordoned, state))
+        if not self.cpus_per_worker and out and not any(e.gpus for e in out):
+            raise KubernetesEngineError(no_gpus_hint("kubernetes", "the cluster (no node has nvidia.com/gpu "
+                                                                   "allocatable)"))
         return sorted(out, key=lambda e: e.name)
 
     # ------------------------------------------------------------------ runs
@@ -254,7 +265,8 @@ class KubernetesAdapter:
         api = self._core()
         secret, pods = run_objects(run, image=self.image, coordinator=self.coordinator, namespace=self.namespace,
                                    tag=self.tag, python=self.python, service_account=self.service_account,
-                                   kueue_queue=self.kueue_queue, scheduler_name=self.scheduler_name)
+                                   kueue_queue=self.kueue_queue, scheduler_name=self.scheduler_name,
+                                   cpus_per_worker=self.cpus_per_worker)
         handle = run_name(run.job, run.run)
         try:
             if secret is not None:

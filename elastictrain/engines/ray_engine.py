@@ -5,9 +5,11 @@ cluster as a driver (Ray is an optional extra, ``pip install 'elastictrain[ray]'
 imports it). The scheduler decides as on any engine; the bridge (:mod:`.bridge`) turns each
 decided run into one :meth:`RayAdapter.launch`:
 
-* a **placement group** named ``et.<job>.r<run>``, one bundle of ``{"GPU": n}`` per node, each
-  bundle pinned to its node by the node's ``ray.io/node-id`` label, so Ray reserves the whole run
-  at once (a gang) and exactly where the policy put it;
+* a **placement group** named ``et.<job>.r<run>``, one bundle of ``{"GPU": n}`` per node (on a
+  cluster without GPUs, ``cpus_per_worker``: ``{"CPU": n x cpus_per_worker}``, and a node offers
+  ``CPU // cpus_per_worker`` worker slots), each bundle pinned to its node by the node's
+  ``ray.io/node-id`` label, so Ray reserves the whole run at once (a gang) and exactly where the
+  policy put it;
 * one **actor** per bundle (:class:`~elastictrain.engines.ray_task.RunProcess`), detached and
   named ``et.<job>.r<run>.n<i>`` in this coordinator's namespace, which starts ``etrun`` as a
   subprocess: the same command, environment and account rules as a node daemon's task, joining
@@ -37,7 +39,8 @@ from typing import Optional
 import msgspec
 
 from ..errors import ConfigError, ElasticTrainError
-from .api import ACTIVE, ENDED, EngineNode, RunLaunch, RunState, combine_codes, parse_run_name, run_name
+from .api import (ACTIVE, ENDED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, combine_codes, no_gpus_hint,
+                  parse_run_name, run_name)
 
 __all__ = ["RayAdapter", "RayEngineError", "node_name"]
 
@@ -82,9 +85,11 @@ class RayAdapter:
 
     name = "ray"
 
-    def __init__(self, address: str, coordinator: str, state_dir: str, *, tag: str = "") -> None:
+    def __init__(self, address: str, coordinator: str, state_dir: str, *, tag: str = "",
+                 cpus_per_worker: int = 0) -> None:
         if not address or any(c.isspace() for c in address):
             raise ConfigError(f"--ray-address {address!r}: give the head's HOST:PORT (as `ray start --head` printed)")
+        self.cpus_per_worker = check_cpus_per_worker(cpus_per_worker)  # 0: the nodes' GPUs
         self.address, self.coordinator = address, coordinator
         self.state_dir = os.path.abspath(state_dir)
         self.namespace = f"elastictrain-{tag}" if tag else "elastictrain"
@@ -136,9 +141,14 @@ class RayAdapter:
             if name in out and out[name].up:  # a dead node's record beside its alive namesake
                 continue
             self._ids[name] = nid
-            gpus = int(float((n.get("Resources") or {}).get("GPU", 0)))
-            out[name] = EngineNode(name, gpus, up, "alive" if up else "dead")
+            res, per = n.get("Resources") or {}, self.cpus_per_worker
+            if per:
+                out[name] = EngineNode(name, int(float(res.get("CPU", 0))) // per, up, "alive" if up else "dead", "slot")
+            else:
+                out[name] = EngineNode(name, int(float(res.get("GPU", 0))), up, "alive" if up else "dead")
         self._alive = alive
+        if not self.cpus_per_worker and out and not any(e.gpus for e in out.values()):
+            raise RayEngineError(no_gpus_hint("ray", f"the Ray cluster at {self.address}"))
         return [out[k] for k in sorted(out)]
 
     # ------------------------------------------------------------------ runs
@@ -157,13 +167,16 @@ class RayAdapter:
             raise RayEngineError(f"Ray has no node {', '.join(missing)} (left the cluster?)")
         handle = run_name(run.job, run.run)
         self._stale(handle)
-        pg = placement_group([{"GPU": float(t.slots)} for t in run.tasks], strategy="PACK", name=handle,
+        per = self.cpus_per_worker
+        pg = placement_group([{"CPU": float(t.slots * per)} if per else {"GPU": float(t.slots)} for t in run.tasks],
+                             strategy="PACK", name=handle,
                              lifetime="detached",
                              bundle_label_selector=[{"ray.io/node-id": self._ids[n]} for n in run.nodes])
         actors = []
         for i, (node, task) in enumerate(zip(run.nodes, run.tasks)):
             actors.append(self._actor_cls.options(
-                name=f"{handle}.n{i}", lifetime="detached", num_cpus=0, num_gpus=task.slots, max_restarts=0,
+                name=f"{handle}.n{i}", lifetime="detached", num_cpus=0, num_gpus=0 if per else task.slots,
+                max_restarts=0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(pg, i)).remote(
                     msgspec.json.encode(task), self.coordinator, node))
         self._runs[handle] = _RayRun(handle, run.job, run.run, actors, list(run.nodes), [0] * len(actors))

@@ -36,11 +36,11 @@ from ..errors import ConfigError, ElasticTrainError
 from ..launcher.run_as import RunAsError, chown_for, resolve
 from ..runtime.client import write_token_file
 from ..launcher.task_command import etrun_command, task_env
-from .api import ACTIVE, ENDED, REQUEUED, EngineNode, RunLaunch, RunState
+from .api import ACTIVE, ENDED, REQUEUED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, no_gpus_hint
 from .api import parse_run_name as parse_job_name
 from .api import run_name as job_name
 
-__all__ = ["SlurmAdapter", "SlurmError", "parse_gres_gpus", "check_cpus_per_worker", "job_name", "parse_job_name"]
+__all__ = ["SlurmAdapter", "SlurmError", "parse_gres_gpus", "job_name", "parse_job_name"]
 
 log = logging.getLogger(__name__)
 
@@ -56,14 +56,6 @@ class SlurmError(ElasticTrainError):
 
     http_status = 502
     code = "slurm"
-
-
-def check_cpus_per_worker(n) -> int:
-    """``--slurm-cpus-per-worker``: 0 (GPUs) or a whole number of CPUs from 1 to 4096."""
-    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= 4096:
-        raise ConfigError(f"--slurm-cpus-per-worker {n!r}: give the CPUs each worker gets on a partition without "
-                          "GPUs, a whole number from 1 to 4096 (0 or left out: schedule the partition's GPUs)")
-    return n
 
 
 def parse_gres_gpus(gres: str) -> int:
@@ -146,8 +138,7 @@ class SlurmAdapter:
         if not seen:
             raise SlurmError(f"partition {self.partition!r} has no nodes (sinfo -p {self.partition}); check the name")
         if not per and not any(n.gpus for n in seen.values()):
-            raise SlurmError(f"partition {self.partition!r} has no GPUs (no node has gpu GRES in sinfo -o %G): to "
-                             "schedule its CPUs, start the coordinator with --slurm-cpus-per-worker N (N CPUs per worker)")
+            raise SlurmError(no_gpus_hint("slurm", f"partition {self.partition!r} (no node has gpu GRES in sinfo -o %G)"))
         return [seen[n] for n in sorted(seen)]
 
     # ------------------------------------------------------------------ runs

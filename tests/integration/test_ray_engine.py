@@ -83,3 +83,43 @@ def test_a_restarted_coordinator_adopts_the_runs_still_on_ray(cluster, ray_clust
     said = [ln for ln in cluster.output(job).splitlines() if "[train] generation" in ln]
     assert said and len(said) == len(set(said)), said
     assert not _ours(ray_cluster, cluster)
+
+
+def test_a_ray_cluster_without_gpus_runs_jobs_on_its_cpus(tmp_path):
+    """A Ray cluster of one node with 4 CPUs and no GPU. Without ``--engine-cpus-per-worker`` the
+    coordinator says it has no GPUs and names the option; with 2 CPUs per worker the node offers 2
+    worker slots, and a 2-worker job runs in a placement group of one {"CPU": 4} bundle, every
+    sample trained on exactly once."""
+    from tests.integration.ray_kit import RayKit, missing
+
+    if missing():
+        pytest.skip(missing())
+    kit = RayKit(gpus=0, workers=()).start()
+    try:
+        bare = LocalCluster(tmp_path / "bare", "fifo", ray_address=kit.address, nodes=1)
+        os.makedirs(bare.tmp)
+        bare.coordinator.start()
+        try:
+            deadline = time.monotonic() + 60
+            while "--engine-cpus-per-worker N" not in bare.tail() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert "has no GPUs" in bare.tail(), bare.tail()
+        finally:
+            bare.stop()
+        c = LocalCluster(tmp_path / "cpu", "fifo", "--engine-cpus-per-worker", "2", ray_address=kit.address, nodes=1)
+        os.makedirs(c.tmp)
+        c.start()
+        try:
+            (node,) = c.client.cluster_status().nodes
+            assert (node.slots, node.kind) == (2, "slot")
+            job = _job(c, "cpu", 2)
+            c.wait(lambda st: any(j.id == job and j.status in ("finished", "failed") for j in st.jobs), 180,
+                   "the job to end")
+            st = c.client.cluster_job(job)
+            assert st.status == "finished", (st.status, st.reason, c.tail())
+            r = c.result("cpu")
+            assert r["min"] == r["max"] == 1, r
+        finally:
+            c.stop()
+    finally:
+        kit.stop()

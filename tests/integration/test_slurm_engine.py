@@ -87,7 +87,7 @@ def test_an_outside_scancel_cancels_the_job(cluster, slurm):
 
 
 def test_a_partition_without_gpus_runs_jobs_on_its_cpus(tmp_path, slurm):
-    """Partition ``cpu`` (node n3: 4 CPUs, no GRES). Without ``--slurm-cpus-per-worker`` the
+    """Partition ``cpu`` (node n3: 4 CPUs, no GRES). Without ``--engine-cpus-per-worker`` the
     coordinator says it has no GPUs and how to schedule its CPUs; with 2 CPUs per worker n3 offers
     2 worker slots, and a 2-worker job runs there as one Slurm job asking 4 CPUs, no GRES, with
     every sample trained on exactly once."""
@@ -96,9 +96,9 @@ def test_a_partition_without_gpus_runs_jobs_on_its_cpus(tmp_path, slurm):
     bare.coordinator.start()
     try:
         deadline = time.monotonic() + 30
-        while "--slurm-cpus-per-worker" not in bare.tail() and time.monotonic() < deadline:
+        while "--engine-cpus-per-worker" not in bare.tail() and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert "has no GPUs" in bare.tail() and "--slurm-cpus-per-worker N" in bare.tail(), bare.tail()
+        assert "has no GPUs" in bare.tail() and "--engine-cpus-per-worker N" in bare.tail(), bare.tail()
     finally:
         bare.stop()
     c = LocalCluster(tmp_path / "cpu", "fifo", "--slurm-cpus-per-worker", "2", slurm_conf=slurm.conf,

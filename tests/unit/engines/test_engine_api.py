@@ -40,3 +40,21 @@ def test_the_slurm_option_names_are_the_engine_options():
     new = _engine_config(get_parser().parse_args(base + ["--engine-state-dir", "/s", "--engine-coordinator-url",
                                                          "http://h:1"]))
     assert old == new and old.state_dir == "/s" and old.coordinator_url == "http://h:1"
+
+
+def test_cpus_per_worker_reaches_every_engine_and_is_checked():
+    from elastictrain.cli import _engine_config, get_parser
+
+    base = ["coordinator", "--policy", "fifo"]
+    engines = {"slurm": ["--slurm-partition", "cpu"], "ray": ["--ray-address", "h:6379"],
+               "kubernetes": ["--k8s-image", "img:1"]}
+    for backend, extra in engines.items():
+        args = base + ["--backend", backend, *extra]
+        assert _engine_config(get_parser().parse_args(args)).cpus_per_worker == 0  # GPUs, by default
+        cfg = _engine_config(get_parser().parse_args(args + ["--engine-cpus-per-worker", "4"]))
+        assert cfg.cpus_per_worker == 4, backend
+        with pytest.raises(ConfigError, match="1 to 4096"):
+            _engine_config(get_parser().parse_args(args + ["--engine-cpus-per-worker", "5000"]))
+    old = _engine_config(get_parser().parse_args(base + ["--backend", "slurm", "--slurm-partition", "cpu",
+                                                         "--slurm-cpus-per-worker", "3"]))
+    assert old.cpus_per_worker == 3  # the name it had first

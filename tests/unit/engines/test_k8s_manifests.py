@@ -160,3 +160,42 @@ def test_dry_run_prints_the_manifests(tmp_path):
     assert [d["spec"]["nodeSelector"]["kubernetes.io/hostname"] for d in docs[1:]] == ["n1", "n2"]
     for d in docs:
         getattr(client, f"V1{d['kind']}").model_validate(d)
+
+
+def test_on_a_cluster_without_gpus_pods_ask_for_their_workers_cpus():
+    run = _cases()["unequal_gpus"]  # 3 workers on gpu-a, 1 on gpu-b
+    _, pods = run_objects(run, image="registry.example.com/train:1.4", coordinator=URL, namespace="ml",
+                          cpus_per_worker=2)
+    docs = list(yaml.safe_load_all(manifests_yaml(pods)))
+    for d in docs:
+        client.V1Pod.model_validate(d)
+    res = [d["spec"]["containers"][0]["resources"] for d in docs]
+    assert res == [{"limits": {"cpu": "6"}, "requests": {"cpu": "6"}}, {"limits": {"cpu": "2"}, "requests": {"cpu": "2"}}]
+
+
+def test_nodes_offer_cpu_slots_and_a_cluster_without_gpus_names_the_option():
+    """The adapter's reading of ``list_node`` (the API server's V1Node objects, built here: no API
+    server runs in these tests, docs/kubernetes.md): allocatable CPUs // CPUs per worker."""
+    from elastictrain.engines.k8s_manifests import cpu_millis
+    from elastictrain.engines.kubernetes_engine import KubernetesAdapter, KubernetesEngineError
+
+    assert [cpu_millis(q) for q in ("4", "3500m", "0.5", "x")] == [4000, 3500, 500, 0]
+    nodes = [client.V1Node(metadata=client.V1ObjectMeta(name=n), spec=client.V1NodeSpec(unschedulable=cordon),
+                           status=client.V1NodeStatus(allocatable={"cpu": cpu, "memory": "8Gi"},
+                                                      conditions=[client.V1NodeCondition(type="Ready", status="True")]))
+             for n, cpu, cordon in (("b", "3500m", False), ("a", "8", True))]
+
+    class Listing:  # what CoreV1Api.list_node returns
+        def list_node(self):
+            return client.V1NodeList(items=nodes)
+
+    def adapter(per):
+        a = KubernetesAdapter("ml", "img:1", URL, cpus_per_worker=per)
+        a._api = Listing()
+        a._core = lambda: a._api
+        return a
+
+    got = adapter(2)._nodes()
+    assert [(n.name, n.gpus, n.up, n.kind) for n in got] == [("a", 4, False, "slot"), ("b", 1, True, "slot")]
+    with pytest.raises(KubernetesEngineError, match="--engine-cpus-per-worker N"):
+        adapter(0)._nodes()

@@ -75,7 +75,7 @@ def test_nodes_offer_gpus_or_cpu_slots_and_a_gpu_less_partition_names_the_option
                                                               ("n3", 0, False, "gpu")]
     cpus = asyncio.run(_Sinfo("c1|(null)|idle|8\nc2|(null)|idle*|6\n", cpus_per_worker=4).nodes())
     assert [(n.name, n.gpus, n.up, n.kind) for n in cpus] == [("c1", 2, True, "slot"), ("c2", 1, False, "slot")]
-    with pytest.raises(SlurmError, match="--slurm-cpus-per-worker N"):
+    with pytest.raises(SlurmError, match="--engine-cpus-per-worker N"):
         asyncio.run(_Sinfo("c1|(null)|idle|8\n").nodes())
 
 

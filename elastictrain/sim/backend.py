@@ -63,9 +63,14 @@ class SimBackend:
         return self._shape
 
     def start(self, e: Entry, a: Action) -> None:
-        self._placed(e, a)
+        if self._plain and not a.group and e.num_gpu == e.data["gpus"]:  # _placed's common case, inline
+            self.charge[e.key] = c = e.restart_cost
+            e.slowdown = a.slowdown or 1.0
+        else:
+            self._placed(e, a)
+            c = self.charge[e.key]
         if not self.every:
-            self._starting(e, self.charge[e.key])
+            self._starting(e, c)
 
     #: stops complete at once: the mechanism core preempts with JobTable.preempt_now (stop and
     #: stopped in one step) and does not call :meth:`stop`
@@ -85,7 +90,7 @@ class SimBackend:
 
     def _starting(self, e: Entry, owed: float) -> None:
         """``e``'s run pays ``owed`` seconds of start-up before its first step (none: it trains now)."""
-        now = self.clock.now()
+        now = self.clock.t
         self.owed[e.key] = owed
         if owed:
             e.ready_at = now + owed  # (policies see when its first step is due: JobView.ready_at)

@@ -11,6 +11,7 @@ checkpoint, anything else a failure with restarts) stays in one place above the 
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass, field
 from typing import Optional, Protocol
@@ -19,7 +20,9 @@ from ..errors import ConfigError
 from ..wire import Task
 
 __all__ = ["EngineNode", "RunLaunch", "RunState", "EngineAdapter", "ACTIVE", "ENDED", "REQUEUED", "run_name",
-           "parse_run_name", "PREEMPTED", "combine_codes", "check_cpus_per_worker", "no_gpus_hint"]
+           "parse_run_name", "PREEMPTED", "combine_codes", "check_cpus_per_worker", "warn_if_no_gpus"]
+
+log = logging.getLogger(__name__)
 
 ACTIVE, ENDED, REQUEUED = "active", "ended", "requeued"
 PREEMPTED = 75  # etrun's exit code when its workers checkpointed and stopped on request
@@ -58,10 +61,15 @@ def check_cpus_per_worker(n) -> int:
     return n
 
 
-def no_gpus_hint(engine: str, where: str) -> str:
-    """What to say when an engine in GPU mode finds no GPU on any node."""
-    return (f"{where} has no GPUs: to schedule its CPUs, start the coordinator with --engine-cpus-per-worker N "
-            f"(N CPUs per worker; --backend {engine})")
+def warn_if_no_gpus(nodes, cpus_per_worker: int, engine: str, where: str, warned: bool) -> bool:
+    """Log once (until it changes) that an engine scheduling GPUs found none on any of ``nodes``,
+    naming the option that schedules their CPUs; returns whether that is the case now. (A warning,
+    not an error: the nodes are still reported, so runs on nodes that left are still requeued.)"""
+    none = not cpus_per_worker and bool(nodes) and not any(n.gpus for n in nodes)
+    if none and not warned:
+        log.warning("%s has no GPUs: it offers nothing. To schedule its CPUs, start the coordinator with "
+                    "--engine-cpus-per-worker N (N CPUs per worker; --backend %s)", where, engine)
+    return none
 
 
 @dataclass(frozen=True)

@@ -101,9 +101,9 @@ def test_a_ray_cluster_without_gpus_runs_jobs_on_its_cpus(tmp_path):
         bare.coordinator.start()
         try:
             deadline = time.monotonic() + 60
-            while "--engine-cpus-per-worker N" not in bare.tail() and time.monotonic() < deadline:
+            while "--engine-cpus-per-worker N" not in _log(bare) and time.monotonic() < deadline:
                 time.sleep(0.2)
-            assert "has no GPUs" in bare.tail(), bare.tail()
+            assert "has no GPUs" in _log(bare), bare.tail()
         finally:
             bare.stop()
         c = LocalCluster(tmp_path / "cpu", "fifo", "--engine-cpus-per-worker", "2", ray_address=kit.address, nodes=1)
@@ -123,3 +123,9 @@ def test_a_ray_cluster_without_gpus_runs_jobs_on_its_cpus(tmp_path):
             c.stop()
     finally:
         kit.stop()
+
+
+def _log(c) -> str:
+    """The coordinator's whole log (``tail`` keeps the last lines only)."""
+    with open(os.path.join(c.tmp, "coordinator.log"), errors="replace") as f:
+        return f.read()

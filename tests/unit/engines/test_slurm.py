@@ -4,7 +4,7 @@ tests/integration/test_slurm_engine.py)."""
 import pytest
 
 from elastictrain.engines.api import RunLaunch
-from elastictrain.engines.slurm import SlurmAdapter, SlurmError, _expand, job_name, parse_gres_gpus, parse_job_name
+from elastictrain.engines.slurm import SlurmAdapter, _expand, job_name, parse_gres_gpus, parse_job_name
 from elastictrain.errors import ConfigError
 from elastictrain.wire import Task
 
@@ -67,7 +67,7 @@ class _Sinfo(SlurmAdapter):
         return self.out
 
 
-def test_nodes_offer_gpus_or_cpu_slots_and_a_gpu_less_partition_names_the_option():
+def test_nodes_offer_gpus_or_cpu_slots_and_a_gpu_less_partition_names_the_option(caplog):
     import asyncio
 
     gpus = asyncio.run(_Sinfo("n1|gpu:2|idle|8\nn2|gpu:a100:4(S:0)|mixed|16\nn3|(null)|drained|8\n").nodes())
@@ -75,8 +75,11 @@ def test_nodes_offer_gpus_or_cpu_slots_and_a_gpu_less_partition_names_the_option
                                                               ("n3", 0, False, "gpu")]
     cpus = asyncio.run(_Sinfo("c1|(null)|idle|8\nc2|(null)|idle*|6\n", cpus_per_worker=4).nodes())
     assert [(n.name, n.gpus, n.up, n.kind) for n in cpus] == [("c1", 2, True, "slot"), ("c2", 1, False, "slot")]
-    with pytest.raises(SlurmError, match="--engine-cpus-per-worker N"):
-        asyncio.run(_Sinfo("c1|(null)|idle|8\n").nodes())
+    bare = _Sinfo("c1|(null)|idle|8\n")
+    for _ in range(3):  # still reported (a run on a node that left is requeued), and said once
+        assert [(n.name, n.gpus) for n in asyncio.run(bare.nodes())] == [("c1", 0)]
+    said = [r.getMessage() for r in caplog.records if "--engine-cpus-per-worker N" in r.getMessage()]
+    assert len(said) == 1 and "partition 'p'" in said[0] and "has no GPUs" in said[0], said
 
 
 @pytest.mark.parametrize("bad", [-1, 4097, 2.5, True, "4"])

@@ -42,6 +42,7 @@ class LocalCluster:
                  node_credentials: bool = False, python: str = sys.executable,
                  ray_address: Optional[str] = None) -> None:
         self.tmp = str(tmp)
+        os.makedirs(self.tmp, exist_ok=True)
         self.engine = "slurm" if slurm_conf else "ray" if ray_address else "nodes"
         self.ray_address = ray_address
         engine = ("--backend", "slurm", "--slurm-partition", partition) if slurm_conf else \
@@ -156,6 +157,26 @@ class LocalCluster:
             if not page.events:
                 return out
             after = page.next
+
+    def finish(self, job: str, timeout: float):
+        """Wait until ``job`` ends; fail (with the logs' tails) unless it finished. Returns its status."""
+        self.wait(lambda st: any(j.id == job and j.status in ENDED for j in st.jobs), timeout, f"job {job} to end")
+        st = self.client.cluster_job(job)
+        assert st.status == "finished", (st.status, st.reason, self.tail())
+        return st
+
+    def coordinator_log(self, wait_for: str = "", timeout: float = 30.0) -> str:
+        """The coordinator's whole log (:meth:`tail` keeps the last lines of each log); with
+        ``wait_for``, once it contains that text (fails after ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with open(os.path.join(self.tmp, "coordinator.log"), errors="replace") as f:
+                text = f.read()
+            if wait_for in text:
+                return text
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the coordinator's log never said {wait_for!r}:\n" + self.tail())
+            time.sleep(0.2)
 
     def tail(self) -> str:
         text = []

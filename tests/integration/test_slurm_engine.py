@@ -92,29 +92,19 @@ def test_a_partition_without_gpus_runs_jobs_on_its_cpus(tmp_path, slurm):
     2 worker slots, and a 2-worker job runs there as one Slurm job asking 4 CPUs, no GRES, with
     every sample trained on exactly once."""
     bare = LocalCluster(tmp_path / "bare", "fifo", slurm_conf=slurm.conf, partition="cpu")
-    os.makedirs(bare.tmp)
     bare.coordinator.start()
     try:
-        deadline = time.monotonic() + 30
-        while "--engine-cpus-per-worker" not in _log(bare) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert "has no GPUs" in _log(bare) and "--engine-cpus-per-worker N" in _log(bare), bare.tail()
+        assert "partition 'cpu' (no node has gpu GRES" in bare.coordinator_log("--engine-cpus-per-worker N", 30)
     finally:
         bare.stop()
     c = LocalCluster(tmp_path / "cpu", "fifo", "--slurm-cpus-per-worker", "2", slurm_conf=slurm.conf,
                      partition="cpu", nodes=1)
-    os.makedirs(c.tmp)
     c.start()
     try:
         (node,) = c.client.cluster_status().nodes
         assert (node.name, node.slots, node.kind) == ("n3", 2, "slot")
-        job = _job(c, "cpu", 2)
-        c.wait(lambda st: any(j.id == job and j.status in ("finished", "failed") for j in st.jobs), 120,
-               "the job to end")
-        st = c.client.cluster_job(job)
-        assert st.status == "finished", (st.status, st.reason, c.tail())
-        r = c.result("cpu")
-        assert r["min"] == r["max"] == 1, r
+        c.finish(_job(c, "cpu", 2), 120)
+        assert c.result("cpu")["min"] == c.result("cpu")["max"] == 1, c.result("cpu")  # every sample once
         (script,) = [os.path.join(d, "job.sh") for d, _, files in os.walk(os.path.join(c.tmp, "slurm-runs"))
                      if "job.sh" in files]
         with open(script) as f:
@@ -188,9 +178,3 @@ def test_dry_run_prints_the_batch_script():
     assert s.startswith("#!/bin/bash") and "#SBATCH --partition=gpu" in s and "#SBATCH --requeue" in s
     assert "#SBATCH --nodelist=n1" in s and "#SBATCH --gres=gpu:2" in s and "#SBATCH hetjob" in s
     assert "exec srun" in s and "--rdzv-id train" in s and "torch_ddp_elastic.py --epochs 3" in s
-
-
-def _log(c) -> str:
-    """The coordinator's whole log (``tail`` keeps the last lines only)."""
-    with open(os.path.join(c.tmp, "coordinator.log"), errors="replace") as f:
-        return f.read()

@@ -213,7 +213,10 @@ class GandivaFair:
         if quantum or fresh or self._last is None:
             # usage and tickets change where the schedule may: at a quantum, an arrival or an end.
             # Between those nothing else starts or stops, so a decision there (a run's first step,
-            # a live round) leaves both as they were, and the results do not depend on it
+            # a live round) leaves both as they were, and the results do not depend on it. (Live, a
+            # start the quantum chose that waited for a stopping job's GPUs is counted from the
+            # quantum: a few seconds early. Accounting at every decision instead is as exact, but
+            # its rounding differs with the decision points, and the schedule follows it.)
             self._account(s, types)
             self._set_tickets(s)
         if quantum:
@@ -319,7 +322,7 @@ class GandivaFair:
             if sj.size > total:
                 continue
             j = by_id[sj.job_id]
-            if j.running:  # it keeps its GPUs if they are idle (a resident of a server a big job took in part)
+            if j.running:  # it keeps its GPUs if idle (on a server a big job took in part, or lent before)
                 where = j.placement
                 if any(free.get(n, 0) < g for n, g in where):
                     continue

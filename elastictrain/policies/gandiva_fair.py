@@ -141,6 +141,10 @@ class GandivaFair:
         self.spread_backfill = spread_backfill
         self._usage: dict[tuple, float] = {}  # (user, GPU type) -> decayed GPU-seconds received
         self._last: Optional[float] = None
+        self._groups_of: Optional[tuple] = None  # the job ids _groups_cache was built for
+        self._groups_cache: dict = {}
+        self._homes_of: Optional[tuple] = None  # (job ids, moves) _homes_cache was built for
+        self._homes_cache: tuple = ({}, {})
         self.stretch = stretch
         self._k = 1  # quanta the current decision spans (stretch)
         self._event = True  # an arrival or an end since the last quantum (the first one is a fresh start)
@@ -223,14 +227,7 @@ class GandivaFair:
             self._start_quantum(s.now)
             for t, nodes in nodes_of.items():
                 self._rebalance(nodes, full, by_id)
-        residents: dict[int, list[StrideJob]] = {}
-        central: dict[str, list[StrideJob]] = {}
-        for j in s.jobs:
-            sj = self._jobs[j.job_id]
-            if sj.home is None:
-                central.setdefault(sj.gtype, []).append(sj)
-            else:
-                residents.setdefault(sj.home, []).append(sj)
+        residents, central = self._homes(s)
         run: dict[int, tuple] = {}
         if not quantum:  # between quanta: what runs keeps running; a newcomer starts if its home has room
             free = list(caps)
@@ -402,22 +399,46 @@ class GandivaFair:
                     usage[k] = usage.get(k, 0.0) + g * held
         self._last = s.now
 
+    def _groups(self, s: ClusterSnapshot) -> dict[tuple, list]:
+        """(user, GPU type) -> its jobs, in arrival order; built again only when the snapshot's jobs
+        changed (a quantum with nothing arrived or ended reuses it)."""
+        ids = tuple(s.by_key)
+        if ids != self._groups_of:
+            jobs, groups = self._jobs, {}
+            for j in s.jobs:
+                sj = jobs[j.job_id]
+                key = (sj.user, sj.gtype)
+                g = groups.get(key)
+                if g is None:
+                    groups[key] = [sj]
+                else:
+                    g.append(sj)
+            self._groups_of, self._groups_cache = ids, groups
+        return self._groups_cache
+
+    def _homes(self, s: ClusterSnapshot) -> tuple[dict, dict]:
+        """Each server's resident jobs and each GPU type's central ones, in arrival order; built
+        again only when the snapshot's jobs or a job's home (a migration) changed."""
+        key = (tuple(s.by_key), self.moves)
+        if key != self._homes_of:
+            residents: dict[int, list[StrideJob]] = {}
+            central: dict[str, list[StrideJob]] = {}
+            for j in s.jobs:
+                sj = self._jobs[j.job_id]
+                if sj.home is None:
+                    central.setdefault(sj.gtype, []).append(sj)
+                else:
+                    residents.setdefault(sj.home, []).append(sj)
+            self._homes_of, self._homes_cache = key, (residents, central)
+        return self._homes_cache
+
     def _set_tickets(self, s: ClusterSnapshot) -> None:
         """A job's tickets: its user's entitlement on its type over the user's jobs there, times
         a *compensation* factor (as in stride scheduling's compensation tickets): gangs fill the
         holes others leave, which favours users with many small jobs per ticket, so a user whose
         recent share of the type (usage decayed with half-life ``compensate``) is below its
         entitled share gets proportionally more tickets, one above it fewer (within 1/4..4x)."""
-        jobs = self._jobs
-        groups: dict[tuple, list] = {}  # (user, GPU type) -> its jobs
-        for j in s.jobs:
-            sj = jobs[j.job_id]
-            key = (sj.user, sj.gtype)
-            g = groups.get(key)
-            if g is None:
-                groups[key] = [sj]
-            else:
-                g.append(sj)
+        groups = self._groups(s)
         ent, usage = self.entitlement, self._usage
         entitled = {key: ent.get(key[0], {}).get(key[1], 0.0) for key in groups}
         factor: dict[tuple, float] = {}

@@ -257,6 +257,7 @@ def _dry_run_script(args, req) -> str:
     tasks = tuple(Task(job, 1, g, [], len(placement), list(req.command), req.workdir, dict(req.env), req.max_restarts,
                        req.grace, req.module) for _, g in placement)
     nodes = tuple(n for n, _ in placement)
+    cpus = check_cpus_per_worker(args.engine_cpus_per_worker)
     if args.backend == "kubernetes":
         from .engines.k8s_manifests import manifests_yaml, run_objects
 
@@ -264,10 +265,10 @@ def _dry_run_script(args, req) -> str:
                       for t in tasks)
         secret, pods = run_objects(RunLaunch(job, 1, nodes, tasks), image=args.k8s_image,
                                    coordinator=args.coordinator, namespace=args.k8s_namespace,
-                                   cpus_per_worker=check_cpus_per_worker(args.engine_cpus_per_worker))
+                                   cpus_per_worker=cpus)
         return manifests_yaml([secret, *pods])
     adapter = SlurmAdapter(args.slurm_partition, args.coordinator, "STATE_DIR",
-                           token_file=args.token_file or "TOKEN_FILE", cpus_per_worker=args.engine_cpus_per_worker)
+                           token_file=args.token_file or "TOKEN_FILE", cpus_per_worker=cpus)
     return adapter.script(RunLaunch(job, 1, nodes, tasks))
 
 

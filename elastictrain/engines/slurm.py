@@ -92,8 +92,7 @@ class SlurmAdapter:
                  cpus_per_worker: int = 0) -> None:
         if not re.match(r"^[A-Za-z0-9._-]{1,128}$", partition or ""):
             raise ConfigError(f"--slurm-partition {partition!r}: give the name of a Slurm partition (sinfo lists them)")
-        check_cpus_per_worker(cpus_per_worker)
-        self.cpus_per_worker = cpus_per_worker
+        self.cpus_per_worker = check_cpus_per_worker(cpus_per_worker)  # 0: the nodes' GPUs
         self._no_gpus = False  # the partition had no GPU at the last look (said once)
         self.partition, self.coordinator, self.token_file = partition, coordinator, token_file
         self.state_dir, self.python, self.reservation = os.path.abspath(state_dir), python, reservation

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 from .errors import ConfigError
 
@@ -46,6 +47,15 @@ class DatasetSpec:
     Each epoch is a deterministic permutation of ``range(num_samples)`` (see
     :mod:`elastictrain.sharding`) cut into shards of ``shard_size`` consecutive
     positions. Shard ids run epoch-major: ``shard_id = epoch * shards_per_epoch + i``.
+
+    ``taper`` (0: off; else 2-1024, about the number of ranks): the end of each epoch is cut into
+    shards that shrink, as guided self-scheduling hands out loop chunks. The last ``taper``
+    shards' worth of positions becomes shards of ``ceil(left / taper)`` positions (``left``: the
+    positions after the shard's start), none smaller than ``ceil(shard_size / taper)``. So at an
+    epoch's end no rank is left holding a whole shard while the others have run out (and wait
+    for it, with ``even_batches``); the epoch then ends within a small shard's time on every
+    rank, a straggler's included. It costs about ``taper * (ln(taper) + 1)`` more leases an
+    epoch. Shards are still a fixed partition of each epoch, so exactly-once is unchanged.
     """
 
     name: str
@@ -56,6 +66,8 @@ class DatasetSpec:
     shuffle: bool = True
     #: seconds a lease lives without a heartbeat before its remainder returns to TODO
     lease_ttl: float = 30.0
+    #: shrinking shards at each epoch's end (0: every shard is ``shard_size``; see above)
+    taper: int = 0
 
     def __post_init__(self) -> None:
         check_name("dataset", self.name)
@@ -75,10 +87,28 @@ class DatasetSpec:
             )
         if self.num_samples > 2**48:
             raise ConfigError(f"dataset {self.name!r}: num_samples must be <= 2**48, got {self.num_samples}")
+        if type(self.taper) is not int or not (self.taper == 0 or 2 <= self.taper <= 1024):
+            raise ConfigError(f"dataset {self.name!r}: taper must be 0 (off) or a whole number in [2, 1024] "
+                              f"(about the number of ranks), got {self.taper!r}")
 
-    @property
+    @cached_property
+    def _tail(self) -> tuple[int, list[int]]:
+        """(positions before the tapered tail, the tail's shard starts relative to it, its end last)."""
+        n, size, t = self.num_samples, self.shard_size, self.taper
+        if not t:
+            return n, [0]
+        head = max(0, n - t * size) // size * size
+        left, smallest, starts = n - head, -(-size // t), [0]
+        while left > 0:
+            step = min(size, left, max(smallest, -(-left // t)))
+            starts.append(starts[-1] + step)
+            left -= step
+        return head, starts
+
+    @cached_property
     def shards_per_epoch(self) -> int:
-        return math.ceil(self.num_samples / self.shard_size)
+        head, starts = self._tail
+        return math.ceil(head / self.shard_size) + len(starts) - 1
 
     @property
     def total_shards(self) -> int:
@@ -88,6 +118,11 @@ class DatasetSpec:
         """``(epoch, start, end)`` of a shard in permutation positions ``[start, end)``."""
         epoch, i = divmod(shard_id, self.shards_per_epoch)
         start = i * self.shard_size
+        if self.taper:
+            head, starts = self._tail
+            if start >= head:
+                j = i - head // self.shard_size
+                return epoch, head + starts[j], head + starts[j + 1]
         return epoch, start, min(start + self.shard_size, self.num_samples)
 
 

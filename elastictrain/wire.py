@@ -137,13 +137,18 @@ class DatasetInfo(_Msg):
     restored_from: Optional[str]
 
 
-class LeaseRequest(_Msg):
+class LeaseRequest(_Msg, omit_defaults=True):
     generation: Count
     worker: Worker
     #: idempotency key: a retried request with the same id gets the same lease back
     request_id: Token
     #: only hand out shards of epochs <= max_epoch (None: any epoch)
     max_epoch: Optional[Count] = None
+    #: positions the worker holds and has not handed to its training loop yet (its ready leases and
+    #: the rest of the one it reads); 0: it has nothing left and waits for this lease
+    held: Count = 0
+    #: positions per second the worker consumed lately (0: not measured yet)
+    rate: Annotated[float, msgspec.Meta(ge=0.0, le=1e12)] = 0.0
 
 
 class Lease(_Msg):
@@ -157,12 +162,16 @@ class Lease(_Msg):
     ttl: float
 
 
-class LeaseReply(_Msg):
+class LeaseReply(_Msg, omit_defaults=True):
     lease: Optional[Lease]
     #: no shard of an allowed epoch is left to hand out (others may still be in progress)
     exhausted: bool
     #: every sample of every epoch has been consumed
     finished: bool
+    #: no lease now for a worker that still holds data: with it, the worker would still be busy
+    #: when the rest of the job has run out (the epoch would end waiting for it); ask again when
+    #: what it holds is used up
+    later: bool = False
 
 
 class ShardUpdate(_Msg):

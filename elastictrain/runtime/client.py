@@ -223,7 +223,18 @@ class CoordinatorClient:
 
     # ------------------------------------------------------------------ datasets
     def register_dataset(self, job: str, spec: DatasetSpec) -> DatasetInfo:
-        return self._call("POST", f"/v1/jobs/{job}/datasets", DatasetInfo, spec)
+        """Register ``spec`` (idempotent).
+
+        Raises:
+            ConfigError: the coordinator shards the dataset otherwise than ``spec`` says (one of
+                an older release, which drops a field it does not know, such as ``taper``).
+        """
+        info = self._call("POST", f"/v1/jobs/{job}/datasets", DatasetInfo, spec)
+        if info.spec != spec:
+            raise ConfigError(f"dataset {spec.name!r} of job {job!r}: the coordinator registered {info.spec}, not "
+                              f"{spec}: it is of an older release that drops what it does not know; upgrade "
+                              "it, or leave those fields at their defaults")
+        return info
 
     def dataset(self, job: str, name: str) -> DatasetInfo:
         return self._call("GET", f"/v1/jobs/{job}/datasets/{name}", DatasetInfo)
@@ -232,9 +243,11 @@ class CoordinatorClient:
         return self._call("GET", f"/v1/jobs/{job}/datasets/{name}/commits", CommitList)
 
     def lease(self, job: str, name: str, generation: int, worker: int, request_id: str,
-              max_epoch: Optional[int] = None) -> LeaseReply:
+              max_epoch: Optional[int] = None, held: int = 0, rate: float = 0.0) -> LeaseReply:
+        """The next shard. ``held``/``rate``: what the worker still holds and how fast it consumes (a
+        prefetch may then be answered ``later``, see :class:`~elastictrain.wire.LeaseReply`)."""
         return self._call("POST", f"/v1/jobs/{job}/datasets/{name}/lease", LeaseReply,
-                          LeaseRequest(generation, worker, request_id, max_epoch))
+                          LeaseRequest(generation, worker, request_id, max_epoch, held, rate))
 
     def progress(self, job: str, name: str, generation: int, worker: int,
                  updates: list[ShardUpdate]) -> ProgressReply:

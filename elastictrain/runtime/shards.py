@@ -18,7 +18,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-from ..errors import ElasticTrainError, LeaseLostError
+from ..errors import BadRequestError, ElasticTrainError, LeaseLostError
 from ..model import DatasetSpec
 from ..sharding import permuted_indices
 from ..wire import CommitReply, Lease, ShardUpdate
@@ -52,6 +52,11 @@ class ShardIterator:
             the dataset's ``lease_ttl``).
         auto_consume: count a sample as consumed when it is yielded. Set False when a
             consumer prefetches (a DataLoader) and call :meth:`mark_consumed` instead.
+        pace: tell the coordinator, with each prefetch, how much this worker still holds and how
+            fast it consumes, so that near the end of an epoch a worker that would still be busy
+            when the others have run out takes its next lease only once it needs it (a slow rank
+            does not keep ``prefetch`` leases to itself while the others wait). False: prefetch
+            regardless (as before, and against a coordinator of an older release).
 
     Raises (while iterating): LeaseLostError when a lease was taken back, StaleGenerationError
     when the job moved to a newer generation, CoordinatorUnavailableError.
@@ -59,7 +64,8 @@ class ShardIterator:
 
     def __init__(self, client: CoordinatorClient, job: str, spec: DatasetSpec, *, generation: int,
                  worker: int, max_epoch: Optional[int] = None, prefetch: int = 2,
-                 report_interval: float = 1.0, auto_consume: bool = True, register: bool = True) -> None:
+                 report_interval: float = 1.0, auto_consume: bool = True, register: bool = True,
+                 pace: bool = True) -> None:
         self.job, self.spec = job, spec
         self.generation, self.worker = generation, worker
         self.auto_consume = auto_consume
@@ -85,6 +91,12 @@ class ShardIterator:
         self._unconfirmed: list[tuple[int, list]] = []  # (step, finished shards) of parts sent, not yet complete
         self.epoch: Optional[int] = None  # epoch of the sample yielded last
         self.lease_waits = 0  # times the iterator found no lease ready (the first one always does)
+        self.deferred = 0  # prefetches the coordinator answered "later" (pace)
+        self._pace = pace
+        self._later = False  # the last prefetch was answered "later": lease again once out of data
+        self._waiting = False  # the training loop waits for a lease
+        self._used = 0  # positions of retired segments (the rate)
+        self._marks: deque = deque()  # (time, positions used): this worker's rate
         # started on first use, so that a restore() between construction and iteration is safe
         self._thread = threading.Thread(target=self._run, name=f"et-shards-{spec.name}", daemon=True)
 
@@ -100,7 +112,7 @@ class ShardIterator:
                 self._max_epoch = max_epoch
                 if self._ready and self._ready[-1] is _END:
                     self._ready.pop()
-                self._ended = False
+                self._ended = self._later = False
                 self._lock.notify_all()
 
     @property
@@ -147,6 +159,7 @@ class ShardIterator:
     def _retire(self, seg: list) -> None:
         """A segment was consumed to its end (caller holds the lock)."""
         self._pending.remove(seg)
+        self._used += seg[2] - seg[4]
         self._consumed[seg[0]] = (seg[1], seg[2])
         self._touched[seg[0]] = (seg[1], seg[2])
 
@@ -180,8 +193,10 @@ class ShardIterator:
             if not self._ready:
                 self.lease_waits += 1  # the training loop had to wait for the coordinator
             while not self._ready and self._error is None:
+                self._waiting = True
                 self._lock.notify_all()
                 self._lock.wait(0.5)
+            self._waiting = False
             if self._error is not None:
                 self._raise()
             item = self._ready[0]
@@ -240,23 +255,28 @@ class ShardIterator:
             while True:
                 with self._lock:
                     while not self._closed:
-                        want = (not self._ended and
-                                sum(1 for x in self._ready if x is not _END) < self._prefetch)
+                        ready = sum(1 for x in self._ready if x is not _END)
+                        want = (not self._ended and ready < self._prefetch
+                                and (not self._later or (not ready and self._waiting)))
                         if want or time.monotonic() >= next_report:
                             break
                         self._lock.wait(max(0.0, next_report - time.monotonic()))
                     if self._closed:
                         return
                     max_epoch = self._max_epoch
+                    rate = self._rate(time.monotonic())
+                    held = self._held() if want and self._pace else 0
                 if want:
-                    reply = self._bg.lease(self.job, self.spec.name, self.generation, self.worker,
-                                           uuid.uuid4().hex, max_epoch)
+                    reply = self._lease(max_epoch, held, rate if held else 0.0)
                     ls = reply.lease
                     indices = None if ls is None else permuted_indices(  # here, off the training thread
                         self.spec.num_samples, self.spec.seed, ls.epoch, ls.offset, ls.end, self.spec.shuffle).tolist()
                     with self._lock:
+                        self._later = reply.later
                         if ls is not None:
                             self._ready.append((ls, indices))
+                        elif reply.later:
+                            self.deferred += 1
                         elif max_epoch == self._max_epoch:
                             self._ended = True
                             self._finished = reply.finished
@@ -269,6 +289,38 @@ class ShardIterator:
             with self._lock:
                 self._error = exc
                 self._lock.notify_all()
+
+    def _held(self) -> int:
+        """Positions leased and not yet handed to the training loop (caller holds the lock)."""
+        held = sum(x[0].end - x[0].offset for x in self._ready if x is not _END)
+        for seg in self._pending:
+            held += self.spec.shard_bounds(seg[0])[2] - seg[2] - seg[3]
+        return held
+
+    def _rate(self, now: float) -> float:
+        """Positions per second this worker consumed over about the last 10 s (0: not known yet);
+        records a mark at most twice a second (caller holds the lock)."""
+        used = self._used + sum(seg[2] - seg[4] for seg in self._pending)
+        marks = self._marks
+        if not marks or now - marks[-1][0] >= 0.5:
+            marks.append((now, used))
+            while len(marks) > 2 and now - marks[1][0] >= 10.0:
+                marks.popleft()
+        t0, u0 = marks[0]
+        return (used - u0) / (now - t0) if now - t0 >= 1.0 else 0.0
+
+    def _lease(self, max_epoch: Optional[int], held: int, rate: float):
+        try:
+            return self._bg.lease(self.job, self.spec.name, self.generation, self.worker, uuid.uuid4().hex,
+                                  max_epoch, held, rate)
+        except BadRequestError as exc:
+            if not (held and "held" in str(exc) or rate and "rate" in str(exc)):
+                raise
+            log.warning("the coordinator does not take a prefetch's pace (%s): an older release; prefetching "
+                        "without it", exc)
+            self._pace = False
+            return self._bg.lease(self.job, self.spec.name, self.generation, self.worker, uuid.uuid4().hex,
+                                  max_epoch)
 
     def _report(self, client: Optional[CoordinatorClient] = None) -> None:
         with self._lock:
@@ -323,9 +375,11 @@ class ShardIterator:
             self._reported.clear()
             self._touched.clear()
             self._unconfirmed.clear()
-            self._ended = self._finished = self._closed = False
+            self._ended = self._finished = self._closed = self._later = self._waiting = False
             self._error = None
             self.epoch = None
+            self._used = 0
+            self._marks.clear()
         self._thread = threading.Thread(target=self._run, name=f"et-shards-{self.spec.name}", daemon=True)
 
     def __enter__(self) -> "ShardIterator":

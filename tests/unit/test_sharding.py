@@ -1,3 +1,5 @@
+import math
+
 import numpy as np
 import pytest
 
@@ -38,6 +40,43 @@ def test_shard_geometry():
     assert spec.shards_per_epoch == 11 and spec.total_shards == 33
     assert spec.shard_bounds(10) == (0, 1000, 1050)
     assert spec.shard_bounds(11) == (1, 0, 100)
+
+
+@pytest.mark.parametrize("n, size, taper", [(1, 1, 2), (7, 10, 2), (100, 10, 8), (1001, 10, 3),
+                                            (10_000, 500, 4), (1_000_000, 1000, 64), (10**6, 10**6, 1024)])
+def test_shrinking_shards_partition_each_epoch(n, size, taper):
+    spec = DatasetSpec("d", n, size, epochs=2, taper=taper)
+    k = spec.shards_per_epoch
+    bounds = [spec.shard_bounds(i) for i in range(spec.total_shards)]
+    for e in range(2):
+        mine = bounds[e * k:(e + 1) * k]
+        assert {b[0] for b in mine} == {e}
+        assert mine[0][1] == 0 and mine[-1][2] == n
+        assert all(a[2] == b[1] for a, b in zip(mine, mine[1:]))  # contiguous: a partition
+    sizes = [b - a for _, a, b in bounds[:k]]
+    assert all(0 < s <= size for s in sizes)
+    assert sizes == sorted(sizes, reverse=True)  # they only shrink
+    smallest = -(-size // taper)
+    assert all(s >= smallest for s in sizes[:-1])  # the last one takes the remainder
+    tail = [s for s in sizes if s < size]
+    assert len(tail) <= taper * (math.log(taper) + 2) + 1  # guided self-scheduling's count
+    plain = DatasetSpec("d", n, size)
+    head = [i for i, s in enumerate(sizes) if s == size and i < k - len(tail)]
+    assert [spec.shard_bounds(i) for i in head] == [plain.shard_bounds(i) for i in head]
+
+
+def test_a_tapered_epoch_ends_in_small_shards():
+    spec = DatasetSpec("d", 10_000, 500, taper=4)
+    sizes = [b - a for _, a, b in map(spec.shard_bounds, range(spec.shards_per_epoch))]
+    assert sizes[:16] == [500] * 16  # the head is untouched
+    assert sizes[-4:] == [125, 125, 125, 99]  # ceil(500 / 4) at the end, the rest last
+    assert sum(sizes) == 10_000
+
+
+@pytest.mark.parametrize("taper", [1, -1, 1025, 2.0, True])
+def test_taper_is_checked(taper):
+    with pytest.raises(ConfigError, match=r"taper must be 0 \(off\) or a whole number in \[2, 1024\]"):
+        DatasetSpec("d", 10, 1, taper=taper)
 
 
 @pytest.mark.parametrize("kwargs, word", [

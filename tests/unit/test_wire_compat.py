@@ -50,3 +50,12 @@ def test_this_releases_fields_are_left_out_at_their_defaults():
     task = Task("j", 1, 1, [], 1, ["a.py"], "/w", {}, 0, 10.0, False)
     assert "memory_limit" not in msgspec.json.decode(msgspec.json.encode(task))
     assert "shares" not in msgspec.json.decode(msgspec.json.encode(ResourceList("j", [])))
+
+
+def test_a_lease_request_reaches_an_older_coordinator_unless_it_is_paced():
+    from elastictrain.wire import LeaseReply, LeaseRequest
+
+    plain = msgspec.json.decode(msgspec.json.encode(LeaseRequest(1, 0, "r", 2)))
+    assert plain == {"generation": 1, "worker": 0, "request_id": "r", "max_epoch": 2}
+    assert "held" in msgspec.json.decode(msgspec.json.encode(LeaseRequest(1, 0, "r", None, 500, 20.0)))
+    assert "later" not in msgspec.json.decode(msgspec.json.encode(LeaseReply(None, True, False)))

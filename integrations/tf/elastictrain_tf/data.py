@@ -67,11 +67,11 @@ class ElasticTFData:
         except Exception:  # noqa: BLE001 - a hint only; the bar then says "Unknown"
             return None
         spec = info.spec
-        per_epoch = math.ceil(spec.num_samples / spec.shard_size)
+        per_epoch = spec.shards_per_epoch
         left = max(0, min(per_epoch, (epoch + 1) * per_epoch - info.done))
         if left == 0:
             return None
-        samples = min(spec.num_samples, left * spec.shard_size)
+        samples = spec.num_samples - spec.shard_bounds(per_epoch - left)[1]
         return max(1, math.ceil(samples / (self.batch_size * replicas)))
 
     def batch_done(self) -> None:

@@ -25,6 +25,7 @@ SHARD = int(os.environ.get("LEDGER_SHARD", 1000))
 BATCH = int(os.environ.get("LEDGER_BATCH", 250))
 CKPT_EVERY = int(os.environ.get("LEDGER_CKPT_EVERY", 10))
 STEP_SLEEP = float(os.environ.get("LEDGER_STEP_SLEEP", 0.005))
+TAPER = int(os.environ.get("LEDGER_TAPER", 0))
 CKPT_DIR = os.environ["LEDGER_DIR"]
 
 
@@ -50,7 +51,7 @@ def main() -> int:
     job = et.init()
     rank, world = job.rank, job.world_size
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    spec = et.DatasetSpec("train", N, SHARD, epochs=EPOCHS, seed=7, lease_ttl=20)
+    spec = et.DatasetSpec("train", N, SHARD, epochs=EPOCHS, seed=7, lease_ttl=20, taper=TAPER)
     obj = [None]
     if rank == 0:
         job.register_dataset(spec)

@@ -107,3 +107,69 @@ def test_finished_shards_are_forgotten_only_once_a_complete_commit_holds_them(cl
     assert finished[0] not in [u.shard_id for u in r1.cursor(step=3).updates]
     r0.close(release=False)
     r1.close(release=False)
+
+
+def test_a_slow_worker_takes_no_prefetch_the_others_would_wait_for(client):
+    # two workers of one job, one consuming a quarter as fast (both report 5 times a second):
+    # near the end the slow one's prefetches are answered "later" and it leases once it runs out
+    # (at the very end a fast one's may be too), and every sample is still consumed once
+    import threading
+
+    client.create_job("pace", 1, 2)
+    client.open_generation("pace", 0, 2)
+    spec = DatasetSpec("d", 6_000, 100, seed=1)
+    its = [ShardIterator(client, "pace", spec, generation=1, worker=w, report_interval=0.2) for w in (0, 1)]
+    got: list[list[int]] = [[], []]
+
+    def consume(w: int, pause: float) -> None:
+        for i in its[w]:
+            got[w].append(i)
+            if len(got[w]) % 25 == 0:
+                time.sleep(pause)
+
+    threads = [threading.Thread(target=consume, args=(0, 0.025)), threading.Thread(target=consume, args=(1, 0.1))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for it in its:
+        it.close()
+    assert sorted(got[0] + got[1]) == list(range(6_000))
+    assert its[1].deferred >= 1, (its[0].deferred, its[1].deferred)
+
+
+def test_against_an_older_coordinator_prefetches_go_unpaced(client, job):
+    # a coordinator of the previous release refuses the fields it does not know (400, naming it)
+    from elastictrain.errors import BadRequestError
+
+    spec = DatasetSpec("d", 2_000, 100)
+    it = ShardIterator(client, job, spec, generation=1, worker=0)
+    real = it._bg.lease
+
+    def old_lease(job, name, generation, worker, request_id, max_epoch=None, held=0, rate=0.0):
+        if held or rate:
+            raise BadRequestError("Object contains unknown field `held` - at `$`")
+        return real(job, name, generation, worker, request_id, max_epoch)
+
+    it._bg.lease = old_lease
+    with it:
+        got = [i for n, i in enumerate(it) if n % 100 or not time.sleep(0.02)]
+    assert sorted(got) == list(range(2_000))
+    assert not it._pace  # it said so in the log and went on without
+
+
+def test_registering_where_the_coordinator_drops_a_field_is_refused(client, job, monkeypatch):
+    import dataclasses
+
+    from elastictrain.errors import ConfigError
+
+    spec = DatasetSpec("d", 1_000, 100, taper=4)
+    real = client._call
+
+    def old_call(method, path, reply, body=None):  # an older release decodes the spec without taper
+        return real(method, path, reply, dataclasses.replace(body, taper=0) if isinstance(body, DatasetSpec) else body)
+
+    monkeypatch.setattr(client, "_call", old_call)
+    with pytest.raises(ConfigError, match="older release"):
+        client.register_dataset(job, spec)
+    assert client.register_dataset(job, DatasetSpec("e", 1_000, 100)).spec.name == "e"

@@ -116,6 +116,10 @@ class RunState:
 
 class EngineAdapter(Protocol):
     name: str
+    #: CPUs per worker on nodes without GPUs (0: schedule the nodes' GPUs)
+    cpus_per_worker: int
+    #: where the GPUs would come from, for the warning that there are none ("partition 'p' (...)")
+    gpus_from: str
 
     async def nodes(self) -> list[EngineNode]:
         """The nodes of the engine's part of the cluster (a partition, a reservation)."""

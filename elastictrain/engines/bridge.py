@@ -22,7 +22,7 @@ from typing import Optional
 
 from ..errors import ElasticTrainError
 from ..wire import LogChunk, NodeLeave, NodePoll, NodeRegister, Task, TaskState
-from .api import ACTIVE, ENDED, REQUEUED, EngineAdapter, RunLaunch, RunState
+from .api import ACTIVE, ENDED, REQUEUED, EngineAdapter, RunLaunch, RunState, warn_if_no_gpus
 
 __all__ = ["EngineBridge"]
 
@@ -59,6 +59,7 @@ class EngineBridge:
         self.registered: dict[str, int] = {}  # node -> GPUs it is registered with
         self.errors = 0
         self._nodes_at = -1e9  # when the engine's nodes were last read
+        self._no_gpus = False  # no node had a GPU at the last look (said once)
 
     async def run(self) -> None:
         while True:
@@ -120,7 +121,10 @@ class EngineBridge:
                 await self.adapter.kill(r.handle)
 
     async def _sync_nodes(self) -> None:
-        for n in await self.adapter.nodes():
+        nodes = await self.adapter.nodes()
+        a = self.adapter
+        self._no_gpus = warn_if_no_gpus(nodes, a.cpus_per_worker, a.name, a.gpus_from, self._no_gpus)
+        for n in nodes:
             book = self.sched.nodes.nodes.get(n.name)
             if n.up and n.gpus > 0:
                 if self.registered.get(n.name) != n.gpus or book is None or book.state != "up" or \

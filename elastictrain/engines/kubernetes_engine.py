@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError
-from .api import (ACTIVE, ENDED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, combine_codes, warn_if_no_gpus,
+from .api import (ACTIVE, ENDED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, combine_codes,
                   parse_run_name, run_name)
 from .k8s_manifests import (ANNOTATION_JOB, LABEL_COORDINATOR, LABEL_INDEX, LABEL_RUN, cpu_millis, pod_name, run_objects,
                             secret_name)
@@ -168,7 +168,7 @@ class KubernetesAdapter:
                  service_account: Optional[str] = None, kueue_queue: Optional[str] = None,
                  scheduler_name: Optional[str] = None, cpus_per_worker: int = 0) -> None:
         self.cpus_per_worker = check_cpus_per_worker(cpus_per_worker)  # 0: the nodes' GPUs
-        self._no_gpus = False  # no node had a GPU at the last look (said once)
+        self.gpus_from = "the cluster (no node has nvidia.com/gpu allocatable)"
         if not namespace or len(namespace) > 63 or not namespace.replace("-", "a").isalnum() or namespace != namespace.lower():
             raise ConfigError(f"--k8s-namespace {namespace!r}: give a namespace name (lower case, digits and -)")
         if not image or any(c.isspace() for c in image):
@@ -253,8 +253,6 @@ class KubernetesAdapter:
             else:
                 out.append(EngineNode(n.metadata.name, int(str(alloc.get("nvidia.com/gpu", "0")) or 0),
                                       ready and not cordoned, state))
-        self._no_gpus = warn_if_no_gpus(out, self.cpus_per_worker, "kubernetes",
-                                        "the cluster (no node has nvidia.com/gpu allocatable)", self._no_gpus)
         return sorted(out, key=lambda e: e.name)
 
     # ------------------------------------------------------------------ runs

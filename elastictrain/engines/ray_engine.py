@@ -39,7 +39,7 @@ from typing import Optional
 import msgspec
 
 from ..errors import ConfigError, ElasticTrainError
-from .api import (ACTIVE, ENDED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, combine_codes, warn_if_no_gpus,
+from .api import (ACTIVE, ENDED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, combine_codes,
                   parse_run_name, run_name)
 
 __all__ = ["RayAdapter", "RayEngineError", "node_name"]
@@ -90,7 +90,7 @@ class RayAdapter:
         if not address or any(c.isspace() for c in address):
             raise ConfigError(f"--ray-address {address!r}: give the head's HOST:PORT (as `ray start --head` printed)")
         self.cpus_per_worker = check_cpus_per_worker(cpus_per_worker)  # 0: the nodes' GPUs
-        self._no_gpus = False  # no node had a GPU at the last look (said once)
+        self.gpus_from = f"the Ray cluster at {address}"
         self.address, self.coordinator = address, coordinator
         self.state_dir = os.path.abspath(state_dir)
         self.namespace = f"elastictrain-{tag}" if tag else "elastictrain"
@@ -148,8 +148,6 @@ class RayAdapter:
             else:
                 out[name] = EngineNode(name, int(float(res.get("GPU", 0))), up, "alive" if up else "dead")
         self._alive = alive
-        self._no_gpus = warn_if_no_gpus(list(out.values()), self.cpus_per_worker, "ray",
-                                        f"the Ray cluster at {self.address}", self._no_gpus)
         return [out[k] for k in sorted(out)]
 
     # ------------------------------------------------------------------ runs

@@ -36,7 +36,7 @@ from ..errors import ConfigError, ElasticTrainError
 from ..launcher.run_as import RunAsError, chown_for, resolve
 from ..runtime.client import write_token_file
 from ..launcher.task_command import etrun_command, task_env
-from .api import ACTIVE, ENDED, REQUEUED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, warn_if_no_gpus
+from .api import ACTIVE, ENDED, REQUEUED, EngineNode, RunLaunch, RunState, check_cpus_per_worker
 from .api import parse_run_name as parse_job_name
 from .api import run_name as job_name
 
@@ -93,7 +93,7 @@ class SlurmAdapter:
         if not re.match(r"^[A-Za-z0-9._-]{1,128}$", partition or ""):
             raise ConfigError(f"--slurm-partition {partition!r}: give the name of a Slurm partition (sinfo lists them)")
         self.cpus_per_worker = check_cpus_per_worker(cpus_per_worker)  # 0: the nodes' GPUs
-        self._no_gpus = False  # the partition had no GPU at the last look (said once)
+        self.gpus_from = f"partition {partition!r} (no node has gpu GRES in sinfo -o %G)"
         self.partition, self.coordinator, self.token_file = partition, coordinator, token_file
         self.state_dir, self.python, self.reservation = os.path.abspath(state_dir), python, reservation
         self.comment = f"elastictrain:{tag}" if tag else "elastictrain"  # whose jobs these are
@@ -137,8 +137,6 @@ class SlurmAdapter:
                 seen[name] = EngineNode(name, parse_gres_gpus(gres), up, state)
         if not seen:
             raise SlurmError(f"partition {self.partition!r} has no nodes (sinfo -p {self.partition}); check the name")
-        self._no_gpus = warn_if_no_gpus(list(seen.values()), per, "slurm", f"partition {self.partition!r} (no node "
-                                        "has gpu GRES in sinfo -o %G)", self._no_gpus)
         return [seen[n] for n in sorted(seen)]
 
     # ------------------------------------------------------------------ runs

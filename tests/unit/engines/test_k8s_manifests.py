@@ -14,7 +14,7 @@ yaml = pytest.importorskip("yaml")
 
 from kubernetes import client  # noqa: E402
 
-from elastictrain.engines.api import RunLaunch  # noqa: E402
+from elastictrain.engines.api import RunLaunch, warn_if_no_gpus  # noqa: E402
 from elastictrain.engines.k8s_manifests import manifests_yaml, pod_name, run_objects  # noqa: E402
 from elastictrain.engines.kubernetes_engine import VERBS  # noqa: E402
 from elastictrain.wire import GroupMember, Task  # noqa: E402
@@ -197,6 +197,8 @@ def test_nodes_offer_cpu_slots_and_a_cluster_without_gpus_names_the_option(caplo
 
     got = adapter(2)._nodes()
     assert [(n.name, n.gpus, n.up, n.kind) for n in got] == [("a", 4, False, "slot"), ("b", 1, True, "slot")]
-    assert [n.gpus for n in adapter(0)._nodes()] == [0, 0]
+    gpu_less = adapter(0)
+    assert [n.gpus for n in gpu_less._nodes()] == [0, 0]
+    assert warn_if_no_gpus(gpu_less._nodes(), gpu_less.cpus_per_worker, gpu_less.name, gpu_less.gpus_from, False)
     assert any("has no GPUs" in r.getMessage() and "--engine-cpus-per-worker N" in r.getMessage()
                for r in caplog.records)

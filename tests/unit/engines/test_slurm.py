@@ -3,7 +3,7 @@ tests/integration/test_slurm_engine.py)."""
 
 import pytest
 
-from elastictrain.engines.api import RunLaunch
+from elastictrain.engines.api import RunLaunch, warn_if_no_gpus
 from elastictrain.engines.slurm import SlurmAdapter, _expand, job_name, parse_gres_gpus, parse_job_name
 from elastictrain.errors import ConfigError
 from elastictrain.wire import Task
@@ -75,9 +75,11 @@ def test_nodes_offer_gpus_or_cpu_slots_and_a_gpu_less_partition_names_the_option
                                                               ("n3", 0, False, "gpu")]
     cpus = asyncio.run(_Sinfo("c1|(null)|idle|8\nc2|(null)|idle*|6\n", cpus_per_worker=4).nodes())
     assert [(n.name, n.gpus, n.up, n.kind) for n in cpus] == [("c1", 2, True, "slot"), ("c2", 1, False, "slot")]
-    bare = _Sinfo("c1|(null)|idle|8\n")
-    for _ in range(3):  # still reported (a run on a node that left is requeued), and said once
-        assert [(n.name, n.gpus) for n in asyncio.run(bare.nodes())] == [("c1", 0)]
+    bare, warned = _Sinfo("c1|(null)|idle|8\n"), False
+    for _ in range(3):  # still reported (a run on a node that left is requeued), and said once (as the bridge does)
+        nodes = asyncio.run(bare.nodes())
+        assert [(n.name, n.gpus) for n in nodes] == [("c1", 0)]
+        warned = warn_if_no_gpus(nodes, bare.cpus_per_worker, bare.name, bare.gpus_from, warned)
     said = [r.getMessage() for r in caplog.records if "--engine-cpus-per-worker N" in r.getMessage()]
     assert len(said) == 1 and "partition 'p'" in said[0] and "has no GPUs" in said[0], said
 

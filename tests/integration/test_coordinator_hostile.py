@@ -24,7 +24,8 @@ BIG = [2**63, 2**64 - 1, -1, -(2**63), float("nan"), float("inf"), -float("inf")
 BODIES = [
     ("/v1/jobs", {"job": "h", "min_workers": 1, "max_workers": 2}),
     ("/v1/jobs/j/generations", {"expected": 1, "world_size": 2, "reason": "start"}),
-    ("/v1/jobs/j/datasets/d/lease", {"generation": 1, "worker": 0, "request_id": "r", "max_epoch": 0}),
+    ("/v1/jobs/j/datasets/d/lease", {"generation": 1, "worker": 0, "request_id": "r", "max_epoch": 0,
+                                      "held": 500, "rate": 100.0}),
     ("/v1/jobs/j/datasets/d/progress", {"generation": 1, "worker": 0,
                                          "updates": [{"shard_id": 0, "lease_id": 1, "offset": 0}]}),
     ("/v1/jobs/j/datasets/d/commit", {"generation": 1, "worker": 0, "world_size": 2, "checkpoint": "c",
@@ -39,7 +40,7 @@ BODIES = [
     ("/v1/jobs/j/profiles", {"stage": {"worker": 0, "iterations": 4, "warmup": 1, "iteration_seconds": 0.1,
                                        "stages": {"compute": 0.1}, "device": False}}),
     ("/v1/jobs/j/datasets", {"name": "e", "num_samples": 10, "shard_size": 5, "epochs": 1, "seed": 0,
-                             "shuffle": True, "lease_ttl": 30.0}),
+                             "shuffle": True, "lease_ttl": 30.0, "taper": 2}),
 ]
 
 

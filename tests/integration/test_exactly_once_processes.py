@@ -123,9 +123,9 @@ def test_exactly_once_with_kills_and_rescaling(coordinator, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [2, 3, 4])
-def test_exactly_once_many_kills(coordinator, tmp_path, seed):
+@pytest.mark.parametrize("seed, taper", [(2, 0), (3, 0), (4, 5)])
+def test_exactly_once_many_kills(coordinator, tmp_path, seed, taper):
     # slower steps, so that the job outlives eight kills
     run_elastic_job(coordinator, tmp_path, seed=seed, samples=100_000,
                     schedule=[3, 1, 2, 3, 2, 1, 3, 2, 2, 3, 1, 2], worker_kills=8, coordinator_kill=True,
-                    deadline_s=600, step_sleep=0.08, min_kills=6)
+                    deadline_s=600, step_sleep=0.08, min_kills=6, taper=taper)

@@ -110,33 +110,28 @@ def main() -> None:
     samples, epochs = (20_000, 3) if args.quick else (40_000, 5)
     jobs = {"uniform": [1.0] * 4, "straggler": [1.0, 1.0, 1.0, 1 / 3]}
     layouts = {"before": (0, False), "paced": (0, True), f"paced_taper{args.taper}": (args.taper, True)}
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = CoordinatorProcess(os.path.join(tmp, "c.db"), os.path.join(tmp, "token"),
-                                  log_file=os.path.join(tmp, "coordinator.log"))
-        url = proc.start()
-        print(f"# coordinator {url}; {samples} samples an epoch, shards of {args.shard_size}, global batch "
+    with tempfile.TemporaryDirectory() as tmp, CoordinatorProcess(
+            os.path.join(tmp, "c.db"), os.path.join(tmp, "token"), log_file=os.path.join(tmp, "coordinator.log")) as proc:
+        print(f"# coordinator {proc.url}; {samples} samples an epoch, shards of {args.shard_size}, global batch "
               f"{args.batch}, {args.step_ms:g} ms a step, prefetch 2, {epochs} epochs (the first not counted)")
-        try:
-            for job, weights in jobs.items():
-                parts = split_batch(args.batch, weights)
-                ideal = -(-samples // args.batch)
-                print(f"epoch_steps_{job}_ideal: {ideal} steps  # parts {parts}")
-                secs = {}
-                for layout, (taper, pace) in layouts.items():
-                    spec = DatasetSpec("train", samples, args.shard_size, epochs=epochs, seed=1, taper=taper)
-                    recs = run_job(url, proc.token, f"{job}-{layout}", spec, parts, pace, args.step_ms / 1000)[1:]
-                    mean = lambda k: statistics.fmean(r[k] for r in recs)  # noqa: E731
-                    secs[layout] = mean("seconds")
-                    print(f"epoch_end_extra_steps_{job}_{layout}: {mean('steps') - ideal:.1f} steps")
-                    print(f"epoch_seconds_{job}_{layout}: {secs[layout]:.3f} s")
-                    print(f"epoch_end_idle_rank_steps_{job}_{layout}: {mean('idle'):.1f} rank-steps")
-                    print(f"leases_deferred_{job}_{layout}: {mean('deferred'):.1f} per epoch")
-                    print(f"leases_per_epoch_{job}_{layout}: {spec.shards_per_epoch} leases")
-                for layout in layouts:
-                    if layout != "before":
-                        print(f"epoch_seconds_{job}_{layout}_vs_before: {secs[layout] / secs['before']:.3f} x")
-        finally:
-            proc.stop()
+        for job, weights in jobs.items():
+            parts = split_batch(args.batch, weights)
+            ideal = -(-samples // args.batch)
+            print(f"epoch_steps_{job}_ideal: {ideal} steps  # parts {parts}")
+            secs = {}
+            for layout, (taper, pace) in layouts.items():
+                spec = DatasetSpec("train", samples, args.shard_size, epochs=epochs, seed=1, taper=taper)
+                recs = run_job(proc.url, proc.token, f"{job}-{layout}", spec, parts, pace, args.step_ms / 1000)[1:]
+                mean = lambda k: statistics.fmean(r[k] for r in recs)  # noqa: E731
+                secs[layout] = mean("seconds")
+                print(f"epoch_end_extra_steps_{job}_{layout}: {mean('steps') - ideal:.1f} steps")
+                print(f"epoch_seconds_{job}_{layout}: {secs[layout]:.3f} s")
+                print(f"epoch_end_idle_rank_steps_{job}_{layout}: {mean('idle'):.1f} rank-steps")
+                print(f"leases_deferred_{job}_{layout}: {mean('deferred'):.1f} per epoch")
+                print(f"leases_per_epoch_{job}_{layout}: {spec.shards_per_epoch} leases")
+            for layout in layouts:
+                if layout != "before":
+                    print(f"epoch_seconds_{job}_{layout}_vs_before: {secs[layout] / secs['before']:.3f} x")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Iterable, Optional
 
@@ -39,6 +38,7 @@ from ..wire import (
     ShardUpdate,
 )
 from .membership import Membership
+from .pacing import Pace
 from .store import CommitRow, DatasetRow, LiveRow, LoadedState, PartRow, Store, Tx
 
 __all__ = ["ShardManager", "Cursor"]
@@ -48,8 +48,6 @@ log = logging.getLogger(__name__)
 TODO, DOING, DONE = "todo", "doing", "done"
 _UPDATES = msgspec.msgpack.Decoder(list[ShardUpdate])
 _ENC = msgspec.msgpack.Encoder()
-_RATE_WINDOW = 30.0  # seconds of consumption a job's rate is measured over
-_RATE_MIN = 2.0  # ... and the least that gives a rate
 
 
 class Cursor(msgspec.Struct, frozen=True):
@@ -97,8 +95,7 @@ class _Dataset:
     restored_generation: int = 0
     commits: dict[str, _Commit] = field(default_factory=dict)  # in commit order
     consumed: int = 0  # samples reported consumed since this coordinator started (throughput; not durable)
-    marks: deque = field(default_factory=deque)  # (time, consumed), about one a second: the job's rate
-    heard: dict[tuple[int, int], float] = field(default_factory=dict)  # (gen, worker) -> its last report
+    pace: Pace = field(default_factory=Pace)  # the job's rate and its workers' last reports (prefetch pacing)
 
     def row(self) -> DatasetRow:
         return DatasetRow(self.job, self.spec.name, self.spec_blob, self.fresh, self.lease_seq,
@@ -233,58 +230,7 @@ class ShardManager:
             if new.state == DONE:
                 self._unhold(d, sid, new)
         if changed:
-            now, marks = self._clock.now(), d.marks
-            if not marks or now - marks[-1][0] >= 1.0:
-                marks.append((now, d.consumed))
-                while len(marks) > 2 and now - marks[1][0] >= _RATE_WINDOW:
-                    marks.popleft()
-
-    def _rate(self, d: _Dataset) -> float:
-        """Positions per second the job's workers consumed over the last half minute (0: unknown)."""
-        if not d.marks:
-            return 0.0
-        t0, c0 = d.marks[0]
-        dt = self._clock.now() - t0
-        return (d.consumed - c0) / dt if dt >= _RATE_MIN else 0.0
-
-    def _left(self, d: _Dataset, max_epoch: int) -> int:
-        """Positions of epochs ``<= max_epoch`` nobody has reported consumed (leased or not)."""
-        spec = d.spec
-        per, n = spec.shards_per_epoch, spec.num_samples
-        max_epoch = min(max_epoch, spec.epochs - 1)
-        left = 0
-        if d.fresh < spec.total_shards and d.fresh // per <= max_epoch:
-            epoch, start, _ = spec.shard_bounds(d.fresh)
-            left += (max_epoch - epoch + 1) * n - start
-        for sid in d.todo:
-            if sid // per <= max_epoch:
-                left += spec.shard_bounds(sid)[2] - d.live[sid].offset
-        for held in d.holders.values():
-            for sid in held:
-                if sid // per <= max_epoch:
-                    left += spec.shard_bounds(sid)[2] - d.live[sid].offset
-        return left
-
-    def _too_soon(self, d: _Dataset, req: LeaseRequest, size: int, max_epoch: int) -> bool:
-        """Whether a worker that still holds data should wait before taking ``size`` more: with
-        it, the worker would need longer (at its own rate) than the whole job needs for everything
-        left (at the job's rate). Ranks then run out of an epoch together, a slow one included;
-        without this, prefetching lets a rank that consumes a third as fast hold three leases at
-        the end while the others wait for it (guided self-scheduling, weighted by rate)."""
-        if not req.held or not req.rate > 0:
-            return False
-        rate = self._rate(d)
-        if not rate > 0:
-            return False
-        return (req.held + size) / req.rate > self._left(d, max_epoch) / rate - self._age(d)
-
-    def _age(self, d: _Dataset) -> float:
-        """Seconds since the workers holding shards last reported, on average: what they consumed
-        since is not in the offsets yet, so ``_left`` counts about this many seconds of the job's
-        consumption too many."""
-        now = self._clock.now()
-        ages = [now - d.heard.get(key, now) for key, held in d.holders.items() if held]
-        return max(0.0, sum(ages) / len(ages)) if ages else 0.0
+            d.pace.consumed(self._clock.now(), d.consumed)
 
     def _reap(self, d: _Dataset) -> None:
         """Return the remainder of every expired lease to TODO."""
@@ -371,7 +317,7 @@ class ShardManager:
             offset = spec.shard_bounds(sid)[1]
         else:
             return LeaseReply(None, True, d.finished)
-        if req.held and self._too_soon(d, req, spec.shard_bounds(sid)[2] - offset, max_epoch):
+        if req.held and d.pace.too_soon(self._clock.now(), d, req, spec.shard_bounds(sid)[2] - offset, max_epoch):
             return LeaseReply(None, False, False, later=True)
         lv = _Live(DOING, offset, d.lease_seq + 1, req.worker, req.generation, req.request_id,
                    self._clock.now() + spec.lease_ttl)
@@ -385,7 +331,7 @@ class ShardManager:
             heapq.heappop(d.todo)
         d.live[sid] = lv
         if key not in d.holders:  # it held nothing: it has consumed nothing unreported yet
-            d.heard[key] = self._clock.now()
+            d.pace.heard(key, self._clock.now())
         d.holders.setdefault(key, set()).add(sid)
         return LeaseReply(self._lease_msg(d, sid, lv), False, False)
 
@@ -399,7 +345,7 @@ class ShardManager:
         with self._store.transaction() as tx:
             lost, changed = self._advance(d, tx, req.updates, req.generation, req.worker)
         self._apply_live(d, changed)
-        d.heard[(req.generation, req.worker)] = self._clock.now()
+        d.pace.heard((req.generation, req.worker), self._clock.now())
         deadline = self._clock.now() + d.spec.lease_ttl
         for sid in d.holders.get((req.generation, req.worker), ()):
             d.live[sid].deadline = deadline
@@ -558,7 +504,7 @@ class ShardManager:
         d.live = {sid: _Live(TODO, off) for sid, off in cursor.partial.items()}
         d.todo = sorted(cursor.partial)
         d.holders.clear()
-        d.heard.clear()
+        d.pace.restored()
         d.parts.clear()
         d.commits = {k: c for k, c in d.commits.items() if c.seq <= seq}
         log.info("dataset %s/%s: generation %d restored from %s (frontier %d, %d partial)",

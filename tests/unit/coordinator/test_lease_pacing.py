@@ -5,6 +5,7 @@ leases while the others run out and wait for it); a worker that has run out alwa
 import pytest
 
 from elastictrain.clock import ManualClock
+from elastictrain.coordinator.pacing import left
 from elastictrain.model import DatasetSpec
 from elastictrain.wire import LeaseRequest, ProgressRequest, ShardUpdate
 
@@ -47,7 +48,7 @@ class Job:
                         self.cur[w] = None
 
     def left(self):
-        return self.coord.shards._left(self.coord.shards._ds[(JOB, DS)], 0)
+        return left(self.coord.shards._ds[(JOB, DS)], 0)
 
 
 def test_a_slow_worker_prefetches_mid_epoch_but_not_at_its_end(tmp_path):

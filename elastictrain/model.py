@@ -51,7 +51,8 @@ class DatasetSpec:
     ``taper`` (0: off; else 2-1024, about the number of ranks): the end of each epoch is cut into
     shards that shrink, as guided self-scheduling hands out loop chunks. The last ``taper``
     shards' worth of positions becomes shards of ``ceil(left / taper)`` positions (``left``: the
-    positions after the shard's start), none smaller than ``ceil(shard_size / taper)``. So at an
+    positions after the shard's start), none smaller than ``ceil(shard_size / taper)`` but the
+    last, which takes what remains. So at an
     epoch's end no rank is left holding a whole shard while the others have run out (and wait
     for it, with ``even_batches``); the epoch then ends within a small shard's time on every
     rank, a straggler's included. It costs about ``taper * (ln(taper) + 1)`` more leases an

@@ -272,7 +272,8 @@ class ShardIterator:
                     indices = None if ls is None else permuted_indices(  # here, off the training thread
                         self.spec.num_samples, self.spec.seed, ls.epoch, ls.offset, ls.end, self.spec.shuffle).tolist()
                     with self._lock:
-                        self._later = reply.later
+                        # (an answer for an epoch bound set_max_epoch has since changed defers nothing)
+                        self._later = reply.later and max_epoch == self._max_epoch
                         if ls is not None:
                             self._ready.append((ls, indices))
                         elif reply.later:

@@ -13,14 +13,11 @@ state, so the exactly-once bookkeeping (:mod:`.shards`) is untouched; this modul
 
 from __future__ import annotations
 
-from collections import deque
-
+from ..rates import WindowRate
 from ..wire import LeaseRequest
 
 __all__ = ["Pace"]
 
-_WINDOW = 30.0  # seconds of consumption a job's rate is measured over
-_LEAST = 2.0  # ... and the least that gives a rate
 
 
 class Pace:
@@ -28,16 +25,12 @@ class Pace:
     restarted coordinator measures again, and serves every prefetch meanwhile)."""
 
     def __init__(self) -> None:
-        self._marks: deque = deque()  # (time, samples consumed), at most one a second
+        self._consumed = WindowRate(every=1.0, window=30.0, least=2.0)  # samples consumed: the job's rate
         self._heard: dict[tuple[int, int], float] = {}  # (generation, worker) -> its last report
 
     def consumed(self, now: float, total: int) -> None:
         """The dataset's consumed count went up to ``total``."""
-        marks = self._marks
-        if not marks or now - marks[-1][0] >= 1.0:
-            marks.append((now, total))
-            while len(marks) > 2 and now - marks[1][0] >= _WINDOW:
-                marks.popleft()
+        self._consumed.mark(now, total)
 
     def heard(self, key: tuple[int, int], now: float) -> None:
         """A worker reported its progress (or took its first lease: nothing unreported yet)."""
@@ -46,19 +39,12 @@ class Pace:
     def restored(self) -> None:
         self._heard.clear()
 
-    def rate(self, now: float, total: int) -> float:
-        """Samples per second over about the last half minute (0: not known yet)."""
-        if not self._marks:
-            return 0.0
-        t0, c0 = self._marks[0]
-        return (total - c0) / (now - t0) if now - t0 >= _LEAST else 0.0
-
     def too_soon(self, now: float, d, req: LeaseRequest, size: int, max_epoch: int) -> bool:
         """Whether ``req``'s worker, which holds data, should wait before taking ``size`` more of
         dataset ``d`` (a :class:`~.shards._Dataset`)."""
         if not req.held or not req.rate > 0:
             return False
-        rate = self.rate(now, d.consumed)
+        rate = self._consumed.rate(now, d.consumed)  # over about the last half minute
         if not rate > 0:
             return False
         return (req.held + size) / req.rate > left(d, max_epoch) / rate - self._age(now, d)

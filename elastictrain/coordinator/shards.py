@@ -345,8 +345,9 @@ class ShardManager:
         with self._store.transaction() as tx:
             lost, changed = self._advance(d, tx, req.updates, req.generation, req.worker)
         self._apply_live(d, changed)
-        d.pace.heard((req.generation, req.worker), self._clock.now())
-        deadline = self._clock.now() + d.spec.lease_ttl
+        now = self._clock.now()
+        d.pace.heard((req.generation, req.worker), now)
+        deadline = now + d.spec.lease_ttl
         for sid in d.holders.get((req.generation, req.worker), ()):
             d.live[sid].deadline = deadline
         return ProgressReply(lost)

@@ -20,6 +20,7 @@ from typing import Iterator, Optional
 
 from ..errors import BadRequestError, ElasticTrainError, LeaseLostError
 from ..model import DatasetSpec
+from ..rates import WindowRate
 from ..sharding import permuted_indices
 from ..wire import CommitReply, Lease, ShardUpdate
 from .client import CoordinatorClient
@@ -96,7 +97,7 @@ class ShardIterator:
         self._later = False  # the last prefetch was answered "later": lease again once out of data
         self._waiting = False  # the training loop waits for a lease
         self._used = 0  # positions of retired segments (the rate)
-        self._marks: deque = deque()  # (time, positions used): this worker's rate
+        self._rate_of = WindowRate(every=0.5, window=10.0, least=1.0)  # positions used: this worker's rate
         # started on first use, so that a restore() between construction and iteration is safe
         self._thread = threading.Thread(target=self._run, name=f"et-shards-{spec.name}", daemon=True)
 
@@ -302,13 +303,8 @@ class ShardIterator:
         """Positions per second this worker consumed over about the last 10 s (0: not known yet);
         records a mark at most twice a second (caller holds the lock)."""
         used = self._used + sum(seg[2] - seg[4] for seg in self._pending)
-        marks = self._marks
-        if not marks or now - marks[-1][0] >= 0.5:
-            marks.append((now, used))
-            while len(marks) > 2 and now - marks[1][0] >= 10.0:
-                marks.popleft()
-        t0, u0 = marks[0]
-        return (used - u0) / (now - t0) if now - t0 >= 1.0 else 0.0
+        self._rate_of.mark(now, used)
+        return self._rate_of.rate(now, used)
 
     def _lease(self, max_epoch: Optional[int], held: int, rate: float):
         try:
@@ -380,7 +376,7 @@ class ShardIterator:
             self._error = None
             self.epoch = None
             self._used = 0
-            self._marks.clear()
+            self._rate_of.clear()
         self._thread = threading.Thread(target=self._run, name=f"et-shards-{self.spec.name}", daemon=True)
 
     def __enter__(self) -> "ShardIterator":

@@ -212,6 +212,7 @@ class GandivaFair:
                 if j.job_id not in self._jobs:
                     self._jobs[j.job_id] = self._home(j, full, nodes_of, by_type)
         fresh = bool(s.arrived) or bool(s.ended) or len(self._jobs) != known
+        ids = tuple(by_id)  # the snapshot's job ids: what the cached groups and homes were built for
         self._event = self._event or fresh
         quantum = s.now >= self._next or (self._k > 1 and self._event)
         if quantum or fresh or self._last is None:
@@ -222,12 +223,12 @@ class GandivaFair:
             # quantum: a few seconds early. Accounting at every decision instead is as exact, but
             # its rounding differs with the decision points, and the schedule follows it.)
             self._account(s, types)
-            self._set_tickets(s)
+            self._set_tickets(s, ids)
         if quantum:
             self._start_quantum(s.now)
             for t, nodes in nodes_of.items():
                 self._rebalance(nodes, full, by_id)
-        residents, central = self._homes(s)
+        residents, central = self._homes(s, ids)
         run: dict[int, tuple] = {}
         if not quantum:  # between quanta: what runs keeps running; a newcomer starts if its home has room
             free = list(caps)
@@ -399,10 +400,9 @@ class GandivaFair:
                     usage[k] = usage.get(k, 0.0) + g * held
         self._last = s.now
 
-    def _groups(self, s: ClusterSnapshot) -> dict[tuple, list]:
+    def _groups(self, s: ClusterSnapshot, ids: tuple) -> dict[tuple, list]:
         """(user, GPU type) -> its jobs, in arrival order; built again only when the snapshot's jobs
-        changed (a quantum with nothing arrived or ended reuses it)."""
-        ids = tuple(s.by_key)
+        (``ids``) changed (a quantum with nothing arrived or ended reuses it)."""
         if ids != self._groups_of:
             jobs, groups = self._jobs, {}
             for j in s.jobs:
@@ -416,10 +416,10 @@ class GandivaFair:
             self._groups_of, self._groups_cache = ids, groups
         return self._groups_cache
 
-    def _homes(self, s: ClusterSnapshot) -> tuple[dict, dict]:
+    def _homes(self, s: ClusterSnapshot, ids: tuple) -> tuple[dict, dict]:
         """Each server's resident jobs and each GPU type's central ones, in arrival order; built
-        again only when the snapshot's jobs or a job's home (a migration) changed."""
-        key = (tuple(s.by_key), self.moves)
+        again only when the snapshot's jobs (``ids``) or a job's home (a migration) changed."""
+        key = (ids, self.moves)
         if key != self._homes_of:
             residents: dict[int, list[StrideJob]] = {}
             central: dict[str, list[StrideJob]] = {}
@@ -432,13 +432,13 @@ class GandivaFair:
             self._homes_of, self._homes_cache = key, (residents, central)
         return self._homes_cache
 
-    def _set_tickets(self, s: ClusterSnapshot) -> None:
+    def _set_tickets(self, s: ClusterSnapshot, ids: tuple) -> None:
         """A job's tickets: its user's entitlement on its type over the user's jobs there, times
         a *compensation* factor (as in stride scheduling's compensation tickets): gangs fill the
         holes others leave, which favours users with many small jobs per ticket, so a user whose
         recent share of the type (usage decayed with half-life ``compensate``) is below its
         entitled share gets proportionally more tickets, one above it fewer (within 1/4..4x)."""
-        groups = self._groups(s)
+        groups = self._groups(s, ids)
         ent, usage = self.entitlement, self._usage
         entitled = {key: ent.get(key[0], {}).get(key[1], 0.0) for key in groups}
         factor: dict[tuple, float] = {}

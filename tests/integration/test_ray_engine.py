@@ -108,7 +108,8 @@ def test_a_ray_cluster_without_gpus_runs_jobs_on_its_cpus(tmp_path):
             (node,) = c.client.cluster_status().nodes
             assert (node.slots, node.kind) == (2, "slot")
             c.finish(_job(c, "cpu", 2), 180)
-            assert c.result("cpu")["min"] == c.result("cpu")["max"] == 1, c.result("cpu")  # every sample once
+            r = c.result("cpu")
+            assert r["min"] == r["max"] == 1, r  # every sample once
         finally:
             c.stop()
     finally:

@@ -104,7 +104,8 @@ def test_a_partition_without_gpus_runs_jobs_on_its_cpus(tmp_path, slurm):
         (node,) = c.client.cluster_status().nodes
         assert (node.name, node.slots, node.kind) == ("n3", 2, "slot")
         c.finish(_job(c, "cpu", 2), 120)
-        assert c.result("cpu")["min"] == c.result("cpu")["max"] == 1, c.result("cpu")  # every sample once
+        r = c.result("cpu")
+        assert r["min"] == r["max"] == 1, r  # every sample once
         (script,) = [os.path.join(d, "job.sh") for d, _, files in os.walk(os.path.join(c.tmp, "slurm-runs"))
                      if "job.sh" in files]
         with open(script) as f:

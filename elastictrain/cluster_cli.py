@@ -128,8 +128,8 @@ def add_commands(sub) -> None:
     uacc.add_argument("--json", action="store_true", help="machine-readable output")
     usub.add_parser("whoami", help="who the coordinator takes this credential for")
 
-    nd = sub.add_parser("nodes", help="(admin) node credentials: a node daemon may only register, poll and report "
-                        "its own node")
+    nd = sub.add_parser("nodes", help="(admin) node credentials (a node daemon may only register, poll and report "
+                        "its own node) and cordons")
     _connection(nd)
     nsub = nd.add_subparsers(dest="nodes_command", required=True)
     nadd = nsub.add_parser("add", help="a credential for node NAME (shown once; any earlier one is revoked)")
@@ -138,6 +138,14 @@ def add_commands(sub) -> None:
                       help="write the token to FILE (mode 0600) instead of printing it")
     nrev = nsub.add_parser("revoke", help="revoke node NAME's credential")
     nrev.add_argument("name")
+    ncor = nsub.add_parser("cordon", help="place nothing new on node NAME for a while (what runs there keeps "
+                           "running: kubectl cordon, Slurm's drain)")
+    ncor.add_argument("name")
+    ncor.add_argument("--for", dest="seconds", type=_cordon_seconds, default=86_400.0, metavar="SECONDS",
+                      help="how long (default 86400: a day; at most 30 days); `nodes uncordon` lifts it sooner")
+    ncor.add_argument("--reason", default="", help="shown in status and the event log")
+    nunc = nsub.add_parser("uncordon", help="lift node NAME's cordon")
+    nunc.add_argument("name")
 
     c = sub.add_parser("cancel", help="cancel a job (its workers are stopped)")
     _connection(c)
@@ -310,9 +318,14 @@ def _status(args) -> int:
         print()
         rows = [("node", "state", "kind", "type", "slots", "used", "free", "jobs")]
         for n in st.nodes:
-            rows.append((n.name, n.state, n.kind, n.gpu_type or "-", str(n.slots), str(n.used),
-                         str(max(0, n.slots - n.used) if n.state == "up" else 0), ",".join(n.jobs) or "-"))
+            state = n.state if not n.cordoned_until else f"cordoned {max(0.0, n.cordoned_until - st.now):.0f} s"
+            rows.append((n.name, state, n.kind, n.gpu_type or "-", str(n.slots), str(n.used),
+                         str(max(0, n.slots - n.used) if n.state == "up" and not n.cordoned_until else 0),
+                         ",".join(n.jobs) or "-"))
         print(table(rows, right_align=False))
+        for n in st.nodes:
+            if n.cordoned_until:
+                print(f"  node {n.name} is cordoned (nothing new is placed there): {n.cordon_why}")
     now = st.now
     groups = [("running", [j for j in st.jobs if j.status == "running"]),
               ("queued", [j for j in st.jobs if j.status in ("queued", "preempted")])]
@@ -346,10 +359,25 @@ def _show_token(cred, out) -> None:
         print(cred.token)
 
 
+def _cordon_seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not 1.0 <= v <= 30 * 86_400.0:
+        raise argparse.ArgumentTypeError(f"--for must be 1 to 2592000 seconds (30 days), not {text}")
+    return v
+
+
 def _nodes(args) -> int:
     client = _client(args)
     if args.nodes_command == "add":
         _show_token(client.add_node(args.name), args.token_out)
+    elif args.nodes_command in ("cordon", "uncordon"):
+        n = client.cordon(args.name, args.seconds if args.nodes_command == "cordon" else 0.0,
+                          args.reason[:256] if args.nodes_command == "cordon" else "")
+        print(f"node {n.name}: cordoned for {n.cordoned_until - time.time():.0f} s (nothing new is placed there; "
+              f"its {len(n.jobs)} job(s) keep running)" if n.cordoned_until else f"node {n.name}: not cordoned")
     else:
         client.revoke("node", args.name)
         print(f"node {args.name}: credential revoked")

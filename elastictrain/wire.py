@@ -260,7 +260,7 @@ class CommitList(_Msg):
 
 
 # ---------------------------------------------------------------- agents (etrun) and rendezvous
-class AgentJoin(_Msg):
+class AgentJoin(_Msg, omit_defaults=True):
     """An ``etrun`` agent offers itself for the job's next generation."""
 
     agent: Token
@@ -286,6 +286,9 @@ class AgentJoin(_Msg):
     #: a member of the running generation asks for a new one with more workers (``scale_up``):
     #: a Horovod job that went on with its survivors brings their replacements in
     grow: bool = False
+    #: the cluster node the agent runs on (``ET_NODE_NAME``, which node daemons and engines set;
+    #: empty outside cluster mode): a straggler's node is cordoned by this name
+    node: Annotated[str, msgspec.Meta(pattern=rf"^(?:{NAME_RE})?\Z")] = ""
 
 
 class AgentPoll(_Msg):
@@ -550,7 +553,7 @@ class NodeRegister(_Msg):
     host: Annotated[str, msgspec.Meta(max_length=255)] = ""
 
 
-class NodeInfo(_Msg):
+class NodeInfo(_Msg, omit_defaults=True):
     name: str
     index: int
     slots: int
@@ -561,6 +564,17 @@ class NodeInfo(_Msg):
     state: str  # up | down | left
     last_seen: float
     jobs: list[str]
+    #: > 0 while cordoned: nothing new is placed on it until then (a straggler's node, or
+    #: ``elastictrain nodes cordon``); what runs there keeps running
+    cordoned_until: float = 0.0
+    cordon_why: str = ""
+
+
+class NodeCordon(_Msg, omit_defaults=True):
+    """(admin) Cordon a node: nothing new is placed on it for ``seconds`` (0: lift its cordon)."""
+
+    seconds: Annotated[float, msgspec.Meta(ge=0.0, le=30 * 86_400.0)]
+    reason: Short = ""
 
 
 class TaskState(_Msg):

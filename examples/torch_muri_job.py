@@ -14,8 +14,9 @@ working directory). Each step has four stages, in Muri's four resources:
   the host is free while kernels run, which the wait stands in for on a CPU-only machine);
 * ``sync``: the DDP all-reduce and the optimizer step, then waits ``--sync-ms`` (the network).
 
-With ``--straggle-at``, the ranks of the node whose agent has ``ET_STRAGGLER=1`` turn slow at that
-step (the straggler test and benchmark). With ``--uneven`` each rank asks for its part of the
+With ``--straggle-at``, the ranks of the node whose agent has ``ET_STRAGGLER=1`` (or, in cluster
+mode, of the node ``--straggle-node`` names) turn slow at that step (the straggler tests and
+benchmark). With ``--uneven`` each rank asks for its part of the
 global batch (``--batch`` x world) every step (``job.local_batch``), scales its loss by the factor
 that comes with it, and its compute time is per sample: the coordinator can then give a
 straggler fewer samples instead of replacing its node. Samples come from the coordinator's exactly-once shards; every rank keeps a ledger of the samples
@@ -60,6 +61,8 @@ def main() -> int:
                     help="from this step, where ET_STRAGGLER=1 is set (one node's agent), compute takes "
                     "--straggle-factor times longer (a slow GPU)")
     ap.add_argument("--straggle-factor", type=float, default=3.0)
+    ap.add_argument("--straggle-node", default=None, help="(cluster mode) the ranks on this node straggle, not "
+                    "those of the agent with ET_STRAGGLER=1")
     ap.add_argument("--uneven", action="store_true",
                     help="take this rank's part of the global batch from job.local_batch() every step; "
                     "--compute-ms is then per --batch samples")
@@ -94,7 +97,8 @@ def main() -> int:
     reasons = list(progress["reasons"]) + [f"{job.restart_reason}@{step}"]
     print(f"[muri-job] generation {job.generation} ({job.restart_reason}), world {world}, "
           f"{'resumed from ' + info.name if info else 'fresh start'} at step {step}", flush=True)
-    straggler = os.environ.get("ET_STRAGGLER") == "1"
+    straggler = os.environ.get("ET_STRAGGLER") == "1" or \
+        (args.straggle_node is not None and args.straggle_node == os.environ.get("ET_NODE_NAME"))
     it = iter(shards)
     work = torch.randn(64, 64, generator=gen) / 8
     pad = torch.full((args.batch * world if args.uneven else args.batch,), -1, dtype=torch.long)

@@ -95,6 +95,7 @@ ACCESS: dict[str, dict[str, str]] = {
     "POST /v1/cluster/nodes/{node}/register": _NODE_ROUTE,
     "POST /v1/cluster/nodes/{node}/poll": _NODE_ROUTE,
     "POST /v1/cluster/nodes/{node}/leave": _NODE_ROUTE,
+    "POST /v1/cluster/nodes/{node}/cordon": _ADMIN_ONLY,
     # credentials
     "GET /v1/admin/accounts": _ADMIN_ONLY,
     "POST /v1/admin/users/{user}": _ADMIN_ONLY,

@@ -36,8 +36,9 @@ from ..wire import (
     API_VERSION, AccountCreate, AccountInfo, AccountList, AgentAction, AgentJoin, ClusterJobInfo, ClusterJobList,
     Credential,
     WhoAmI, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
-    GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, MemberResult, NodeLeave, NodePoll,
-    NodeRegister, ProfileList, ProfileReport, ProgressRequest, ReleaseRequest, ResourceList, ResourceReport,
+    GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, MemberResult, NodeCordon,
+    NodeLeave, NodePoll, NodeRegister, ProfileList, ProfileReport, ProgressRequest, ReleaseRequest, ResourceList,
+    ResourceReport,
     RestoreRequest, StepInfo, StepReport, StragglerInfo, UserTickets,
     Version,
 )
@@ -127,7 +128,7 @@ class Coordinator:
         """A worker's resource samples; they may flag it a straggler. It is then given fewer
         samples per step where the job asks for its parts (:meth:`Job.local_batch`); else, or when
         it stays slow, its node is excluded for a cooldown where the job can run without it (a
-        spare agent takes its place)."""
+        spare agent takes its place); a job the scheduler placed is requeued and its node cordoned."""
         self.resources.put(job, req)
         members = self.members.get(job)
         flag = self.stragglers.observe(job, members.generation, req.worker, req.samples)
@@ -143,12 +144,16 @@ class Coordinator:
                 flag.action = "kept: no etrun agent runs it"
             elif self.stragglers.cooldown <= 0:
                 flag.action = "flagged only (--straggler-cooldown 0)"
-            else:
-                flag.action = self.rendezvous.exclude(job, flag.agent, self.stragglers.cooldown, why)
+            else:  # a job the scheduler placed moves off the node (cordoned); any other leaves it
+                node = self.rendezvous.node_of(job, flag.agent)
+                moved = self.cluster.replace_node(job, node, self.stragglers.cooldown, why) \
+                    if self.cluster is not None else None
+                flag.action = moved or self.rendezvous.exclude(job, flag.agent, self.stragglers.cooldown, why)
             log.warning("job %s: straggler: %s; node %s %s", job, why, flag.agent or "-", flag.action)
             if self.cluster is not None:
                 self.cluster.note("straggler", job, worker=flag.worker, slowdown=round(flag.slowdown, 3),
-                                  agent=flag.agent, action=flag.action)
+                                  agent=flag.agent, node=self.rendezvous.node_of(job, flag.agent),
+                                  action=flag.action)
         return self.list_resources(job)
 
     def agent_report(self, job: str, req: AgentReport) -> AgentAction:
@@ -324,6 +329,7 @@ class CoordinatorApp:
             "register": {"POST": R("POST", NodeRegister, lambda n, b: sched().node_register(n, b))},
             "poll": {"POST": R("POST", NodePoll, lambda n, b: sched().node_poll(n, b))},
             "leave": {"POST": R("POST", NodeLeave, lambda n, b: sched().node_leave(n, b))},
+            "cordon": {"POST": R("POST", NodeCordon, lambda n, b: sched().cordon(n, b))},
         })
         self._admin_user = _routes("/v1/admin/users/{user}", {
             "": {"POST": R("POST", AccountCreate, self._add_user, who=True)},

@@ -273,6 +273,14 @@ class LiveBackend:
                     f"{_tail(x.detail)}" if out is None or not out[1] else out[1]
                 self._fail(rec, node=t.node, code=x.code, group=t.job)
 
+    def requeue(self, rec: JobRecord, reason: str, why: str, **detail) -> None:
+        """Stop the job's run on the coordinator's own account, not a decision's (a straggler's node
+        was cordoned): it waits, and the policy places it again; its next run starts with ``reason``."""
+        rec.resume_reason = reason
+        self.table.stop(rec.id, self.clock.now())
+        self._emit("requeue", rec, run=rec.run, why=why[-300:], **detail)
+        self._withdraw(rec, "requeued: " + why[-200:])
+
     def _withdraw(self, rec: JobRecord, why: str, codes: Optional[dict] = None) -> None:
         """Stop the job's current run; the job is stopped when its last task has exited (its
         own, or the group task it left)."""

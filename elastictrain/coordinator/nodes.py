@@ -66,12 +66,25 @@ class Node(msgspec.Struct):
     state: str = "up"  # up | down | left
     last_seen: float = 0.0
     tasks: list[TaskRec] = []  # every task placed here that has not exited, in placement order
+    cordoned_until: float = 0.0  # > 0: cordoned (nothing new is placed here) until then
+    cordon_s: float = 0.0  # the length of its last cordon (a new one soon after its end doubles it) ...
+    cordon_end: float = 0.0  # ... and when that one ended (or ends)
+    cordon_why: str = ""
 
     def info(self) -> NodeInfo:
         used = sum(t.slots for t in self.tasks if t.alive or (t.state == "pending" and t.wanted))
         jobs = sorted({j for t in self.tasks if t.wanted for j in t.owners})
         return NodeInfo(self.name, self.index, self.slots, used, self.kind, self.gpu_type, self.host, self.state,
-                        self.last_seen, jobs)
+                        self.last_seen, jobs, self.cordoned_until, self.cordon_why)
+
+    def offers(self) -> int:
+        """The GPUs the scheduler may place on: none when not up; while cordoned, only those its
+        placed tasks hold (they keep running; nothing new comes, and the node drains as they end)."""
+        if self.state != "up":
+            return 0
+        if self.cordoned_until:
+            return min(self.slots, sum(t.slots for t in self.tasks if t.wanted))
+        return self.slots
 
 
 @dataclass(frozen=True)
@@ -114,7 +127,7 @@ class NodeBook:
 
     # ------------------------------------------------------------------ capacity
     def capacities(self) -> tuple:
-        return tuple(n.slots if n.state == "up" else 0 for n in self.by_index)
+        return tuple(n.offers() for n in self.by_index)
 
     def types(self) -> tuple:
         kinds = {n.gpu_type for n in self.by_index}
@@ -178,10 +191,34 @@ class NodeBook:
         self.dirty.add(n.name)
         return self._lose(n, "the node left the cluster")
 
+    # ------------------------------------------------------------------ cordons
+    def cordon(self, n: Node, seconds: float, now: float, why: str, double: bool = False) -> float:
+        """Place nothing new on ``n`` for ``seconds`` (what runs there keeps running). ``double``:
+        a node cordoned again within an hour of its last cordon's end gets twice that cordon's
+        length (up to an hour), as horovodrun's blacklist does. Returns the length applied."""
+        if double and n.cordon_s and now - n.cordon_end < 3600.0:
+            seconds = max(seconds, min(3600.0, 2 * n.cordon_s))
+        n.cordoned_until = n.cordon_end = max(n.cordoned_until, now + seconds)
+        n.cordon_s, n.cordon_why = seconds, why[:500]
+        self._emit("node_cordoned", "", n.name, seconds=round(seconds, 3), why=n.cordon_why)
+        log.warning("node %s cordoned for %.0f s: %s", n.name, seconds, why)
+        self.dirty.add(n.name)
+        return seconds
+
+    def uncordon(self, n: Node, now: float, why: str) -> None:
+        if n.cordoned_until:
+            n.cordon_end = min(n.cordon_end, now)
+            n.cordoned_until, n.cordon_why = 0.0, ""
+            self._emit("node_uncordoned", "", n.name, why=why)
+            self.dirty.add(n.name)
+
     def expire(self, now: float) -> list[Exit]:
-        """Nodes silent for longer than the timeout go down, with their tasks."""
+        """Nodes silent for longer than the timeout go down, with their tasks; cordons that are
+        over are lifted."""
         exits = []
         for n in self.by_index:
+            if n.cordoned_until and now >= n.cordoned_until:
+                self.uncordon(n, now, "its cordon is over")
             if n.state == "up" and now - n.last_seen > self.timeout:
                 n.state = "down"
                 self._emit("node_down", "", n.name, silent_for=round(now - n.last_seen, 3))

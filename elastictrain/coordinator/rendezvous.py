@@ -362,6 +362,12 @@ class Rendezvous:
                 return name
         return ""
 
+    def node_of(self, job: str, agent: str) -> str:
+        """The cluster node ``agent`` said it runs on (``AgentJoin.node``; "" if none)."""
+        j = self._jobs.get(job)
+        a = j.agents.get(agent) if j is not None and agent else None
+        return a.join.node if a is not None else ""
+
     def _expire(self, job: str, j: _JobRdzv) -> None:
         now = self._clock.now()
         for name, until in list(j.excluded.items()):

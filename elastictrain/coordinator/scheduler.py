@@ -37,8 +37,9 @@ from ..policies.api import EMPTY, create, options_of
 from ..runtime.stages import STAGES
 from ..scheduling import ENDED, Entry, JobStatus, JobTable, Scheduler
 from ..wire import (
-    ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, GroupMember, JobSubmit, LogList, MemberResult, NodeInfo,
-    NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks, Series, StepInfo, StepReport, Task, UserList, UserTickets,
+    ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, GroupMember, JobSubmit, LogList, MemberResult, NodeCordon,
+    NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks, Series, StepInfo, StepReport, Task, UserList,
+    UserTickets,
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
 from .events import EventLog, LogBook
@@ -234,6 +235,51 @@ class ClusterScheduler:
         """An event about a job from elsewhere in the coordinator (a straggler flagged); written now."""
         self._emit(event, job, "", **detail)
         self._flush()
+
+    # ------------------------------------------------------------------ cordons
+    def replace_node(self, job: str, node: str, cooldown: float, why: str) -> Optional[str]:
+        """A rank of scheduled job ``job`` straggles on ``node``: cordon the node for ``cooldown``
+        seconds (doubled when it straggles again within the hour after, up to an hour) and requeue
+        the job, which the policy places again without it. Other jobs on the node keep running.
+        Returns what was done, or None where ``job`` is not one this scheduler runs."""
+        rec = self.records.get(job)
+        if rec is None:
+            return None
+        e = self.table.get(job)
+        n = self.nodes.nodes.get(node) if node else None
+        if e is None or not e.running:
+            return "kept: the job is not running"
+        if e.group or rec.grun:
+            return "kept: it runs in an interleaving group (its members share the node's GPUs)"
+        if n is None:
+            return "kept: its etrun agent did not say which node it runs on (ET_NODE_NAME)"
+        if all(self.nodes.by_index[i] is not n for i, _ in e.placement if i >= 0):
+            return f"kept: the job no longer runs on node {node}"
+        need = sum(g for _, g in e.placement)
+        room = sum(g for i, g in e.placement if i >= 0 and self.nodes.by_index[i] is not n)
+        for m in self.nodes.by_index:  # GPUs elsewhere that no placed task holds
+            if m is not n and m.state == "up" and not m.cordoned_until:
+                room += max(0, m.slots - sum(t.slots for t in m.tasks if t.wanted))
+        if room < need:
+            return f"kept: the other nodes have {room} free GPU(s) for its {need} (node {node} not cordoned)"
+        secs = self.nodes.cordon(n, cooldown, self.clock.now(), f"a straggler of job {job}: {why}", double=True)
+        self.backend.requeue(rec, "straggler", f"its rank on node {node} straggles ({why})", node=node)
+        self._flush()
+        self.wake()
+        return f"node {node} cordoned for {secs:.0f} s; the job is requeued to run without it"
+
+    def cordon(self, name: str, req: NodeCordon) -> NodeInfo:
+        """(admin) Nothing new is placed on node ``name`` for ``req.seconds``; what runs there
+        keeps running (``kubectl cordon``, Slurm's drain). 0 seconds lifts a cordon."""
+        n = self.nodes.require(name)
+        now = self.clock.now()
+        if req.seconds > 0:
+            self.nodes.cordon(n, req.seconds, now, req.reason or "cordoned by an administrator")
+        else:
+            self.nodes.uncordon(n, now, req.reason or "uncordoned by an administrator")
+        self._flush()
+        self.wake()
+        return n.info()
 
     def _policy_error(self, err: PolicyError) -> None:
         self._emit("policy_error", "", "", error=str(err)[:2000])

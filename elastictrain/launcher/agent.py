@@ -14,6 +14,7 @@ import hashlib
 import ipaddress
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -26,6 +27,7 @@ from importlib.util import find_spec
 from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError, InterruptedCallError
+from ..model import NAME_RE
 from ..wire import AgentAction, AgentJoin
 from .config import DEFAULT_PRELOAD, LaunchConfig, command_digest, size_text
 from .. import PREEMPTED_EXIT_CODE
@@ -253,7 +255,8 @@ class Agent:
         n = cfg.nproc_per_node if self._slots is None else len(self._slots)
         join = AgentJoin(self.agent_id, host, n, free_port(), cfg.min_nodes, cfg.max_nodes,
                          cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call, cfg.run,
-                         free_ports(n) if n <= _MAX_WORKER_PORTS else [], grow=grow)
+                         free_ports(n) if n <= _MAX_WORKER_PORTS else [], grow=grow,
+                         node=node_name())
         action = self.client.agent_join(cfg.run_id, join)
         deadline = time.monotonic() + cfg.join_timeout
         while action.action == "wait":
@@ -431,6 +434,16 @@ class Agent:
             return PREEMPTED_EXIT_CODE
         print(f"etrun: job {action.status}: {action.detail}", file=sys.stderr)
         return 1
+
+
+def node_name() -> str:
+    """The cluster node this agent runs on, as its node daemon or engine named it
+    (``ET_NODE_NAME``); "" when unset or not a valid node name (then it is only not reported)."""
+    name = os.environ.get("ET_NODE_NAME", "")
+    if name and not re.fullmatch(NAME_RE, name):
+        log.warning("ET_NODE_NAME=%r is not a node name (letters, digits, '.', '_', '-'); not reported", name[:200])
+        return ""
+    return name
 
 
 def _mentions_torch(entrypoint: str, module: bool) -> bool:

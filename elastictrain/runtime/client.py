@@ -25,8 +25,8 @@ from ..model import DatasetSpec
 from ..wire import (
     AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterJobInfo, ClusterJobList, ClusterStatus, CommitList,
     CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health, JobCreate,
-    JobInfo, JobList, JobSubmit, LeaseReply, LeaseRequest, LogList, MemberResult, NodeInfo, NodeLeave, NodePoll,
-    NodeRegister, NodeTasks,
+    JobInfo, JobList, JobSubmit, LeaseReply, LeaseRequest, LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave,
+    NodePoll, NodeRegister, NodeTasks,
     ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
     ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserTickets, Version,
     AccountCreate, AccountList, Credential, WhoAmI,
@@ -342,3 +342,7 @@ class CoordinatorClient:
 
     def node_leave(self, name: str, req: NodeLeave) -> NodeInfo:
         return self._call("POST", f"/v1/cluster/nodes/{name}/leave", NodeInfo, req)
+
+    def cordon(self, name: str, seconds: float, reason: str = "") -> NodeInfo:
+        """(admin) Place nothing new on node ``name`` for ``seconds`` (0: lift its cordon)."""
+        return self._call("POST", f"/v1/cluster/nodes/{name}/cordon", NodeInfo, NodeCordon(seconds, reason))

@@ -59,3 +59,20 @@ def test_a_lease_request_reaches_an_older_coordinator_unless_it_is_paced():
     assert plain == {"generation": 1, "worker": 0, "request_id": "r", "max_epoch": 2}
     assert "held" in msgspec.json.decode(msgspec.json.encode(LeaseRequest(1, 0, "r", None, 500, 20.0)))
     assert "later" not in msgspec.json.decode(msgspec.json.encode(LeaseReply(None, True, False)))
+
+
+def test_an_agents_node_and_a_nodes_cordon_reach_an_old_peer_only_when_set():
+    from elastictrain.wire import AgentJoin, NodeInfo
+
+    outside = msgspec.json.decode(msgspec.json.encode(AgentJoin("a", "h", 2, 1234)))
+    assert "node" not in outside and "grow" not in outside  # etrun outside cluster mode
+    assert msgspec.json.decode(msgspec.json.encode(AgentJoin("a", "h", 2, 1234, node="n1")))["node"] == "n1"
+    info = NodeInfo("n1", 0, 2, 0, "gpu", "", "h", "up", 1.0, [])
+    assert "cordoned_until" not in msgspec.json.decode(msgspec.json.encode(info))
+    with_cordon = msgspec.structs.replace(info, cordoned_until=5.0, cordon_why="slow")
+    assert msgspec.json.decode(msgspec.json.encode(with_cordon))["cordon_why"] == "slow"
+    try:
+        msgspec.json.decode(msgspec.json.encode(AgentJoin("a", "h", 2, 1234, node="n 1")), type=AgentJoin)
+        raise AssertionError("a node name outside the names' rule must be refused")
+    except msgspec.ValidationError:
+        pass

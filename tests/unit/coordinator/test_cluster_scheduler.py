@@ -10,7 +10,9 @@ from elastictrain.coordinator.app import Coordinator
 from elastictrain.coordinator.scheduler import ClusterConfig
 from elastictrain.coordinator.store import open_store
 from elastictrain.errors import ConfigError, ConflictError, NotFoundError
-from elastictrain.wire import AgentJoin, JobSubmit, NodeLeave, NodePoll, NodeRegister, StepReport, TaskState
+from elastictrain.wire import (
+    AgentJoin, JobSubmit, NodeCordon, NodeLeave, NodePoll, NodeRegister, StepReport, TaskState,
+)
 
 
 class World:
@@ -442,3 +444,67 @@ def test_a_live_job_gains_service_and_can_be_preempted_only_once_it_trains(tmp_p
     w.c.step(long, StepReport(0, 1))
     w.s.tick()
     assert w.s.job(long).stopping  # it trained: now the decision stands
+
+
+def _placed(w, job):
+    return sorted(n.name for n in w.s.nodes.by_index for t in n.tasks if t.job == job and t.wanted)
+
+
+def test_a_cordoned_node_keeps_its_job_takes_nothing_new_and_the_cordon_survives_a_restart(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=2, slots=2, node_timeout=600.0)
+    a = w.submit(2)
+    w.s.tick()
+    w.run_all()
+    assert _placed(w, a) == ["n1"]
+    info = w.s.cordon("n1", NodeCordon(60.0, "fan failure"))
+    assert info.cordoned_until == 1060.0 and info.cordon_why == "fan failure"
+    b, c = w.submit(2), w.submit(1)
+    w.s.tick()
+    w.run_all()
+    assert w.status(a) == "running" and _placed(w, b) == ["n2"]  # a keeps running on n1
+    assert w.status(c) == "queued"  # n1 offers only the GPUs its job holds
+    w.restart()  # the cordon is the node's durable state
+    w.exit(a, 0)
+    w.s.tick()
+    assert w.status(a) == "finished" and w.status(c) == "queued" and w.s.nodes.capacities() == (0, 2)
+    w.clock.advance(61)  # the cordon is over
+    w.s.tick()
+    assert _placed(w, c) == ["n1"] and not w.s.nodes.nodes["n1"].cordoned_until
+    kinds = [(e.kind, e.node) for e in w.s.events.list(0).events if e.kind.startswith("node_")]
+    assert ("node_cordoned", "n1") in kinds and ("node_uncordoned", "n1") in kinds
+    assert w.s.cordon("n2", NodeCordon(0.0)).cordoned_until == 0.0  # not cordoned: nothing to lift
+    with pytest.raises(NotFoundError):
+        w.s.cordon("n9", NodeCordon(5.0))
+
+
+def test_a_stragglers_node_is_cordoned_and_its_job_placed_again_without_it(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=3, slots=1, node_timeout=600.0)
+    a = w.submit(2)
+    w.s.tick()
+    w.run_all()
+    assert _placed(w, a) == ["n1", "n2"]
+    join = w.c.rendezvous.join(a, AgentJoin("agent-n1", "h", 1, 1234, min_nodes=2, max_nodes=2, run=1, node="n1"))
+    assert w.c.rendezvous.node_of(a, "agent-n1") == "n1" and join.action == "wait"
+    assert w.s.replace_node(a, "", 60.0, "slow").startswith("kept: its etrun agent did not say")
+    assert w.s.replace_node("no-such-job", "n1", 60.0, "slow") is None  # not a scheduled job: etrun's own path
+    done = w.s.replace_node(a, "n1", 60.0, "rank 0 does its work 3.00x slower")
+    assert done == "node n1 cordoned for 60 s; the job is requeued to run without it", done
+    assert w.s.job(a).stopping
+    w.exit(a, 75)
+    w.s.tick()
+    w.run_all()
+    assert _placed(w, a) == ["n2", "n3"] and w.s.job(a).runs_by_reason == {"straggler": 1}
+    # flagged again on n2 soon after: no third node to move to, so it is kept where it is
+    assert w.s.replace_node(a, "n2", 60.0, "slow").startswith("kept: the other nodes have 1 free GPU(s) for its 2")
+    # n1's cordon ends; a new straggle there within the hour doubles its length
+    w.clock.advance(61)
+    w.s.tick()
+    assert not w.s.nodes.nodes["n1"].cordoned_until
+    b = w.submit(1)
+    w.s.tick()
+    w.run_all()
+    assert _placed(w, b) == ["n1"]
+    assert w.s.replace_node(b, "n1", 60.0, "slow").startswith("kept: the other nodes have 0 free GPU(s)")
+    w.exit(a, 0)
+    assert w.s.replace_node(b, "n1", 60.0, "slow") == "node n1 cordoned for 120 s; the job is requeued to run " \
+        "without it"

@@ -193,3 +193,14 @@ def test_a_script_module_or_program_that_is_there_passes_the_check(tmp_path, mon
     for argv in (["here.py"], ["-m", "mymod"], ["-m", "json.tool"], ["--no-python", "true"],
                  ["--group", "here.py", "here.py"]):
         check_entrypoint(cfg(argv))
+
+
+def test_the_agent_names_its_node_from_et_node_name_when_it_is_a_node_name(monkeypatch, caplog):
+    from elastictrain.launcher.agent import node_name
+
+    monkeypatch.delenv("ET_NODE_NAME", raising=False)
+    assert node_name() == ""
+    monkeypatch.setenv("ET_NODE_NAME", "gpu-07.rack2")
+    assert node_name() == "gpu-07.rack2"
+    monkeypatch.setenv("ET_NODE_NAME", "my node; rm -rf /")
+    assert node_name() == "" and "is not a node name" in caplog.text  # not reported, not refused

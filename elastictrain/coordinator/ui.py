@@ -118,8 +118,8 @@ function pick(section) {
   document.querySelectorAll("#" + section + " tr.pick").forEach((tr) => tr.onclick = () => { chosen = tr.dataset.job; refresh(); });
 }
 const ENDED = ["finished", "failed", "cancelled"];
-const WHY = ["preempt", "preempted", "requeue", "regroup", "migrate", "resize", "fail", "member_failed", "cancel",
-             "start", "resume", "finish", "group", "assumed", "profiled", "deferred"];
+const WHY = ["preempt", "preempted", "requeue", "straggler", "regroup", "migrate", "resize", "fail", "member_failed",
+             "cancel", "start", "resume", "finish", "group", "assumed", "profiled", "deferred"];
 async function clusterView() {
   let c;
   try { c = await get("/v1/cluster"); } catch (e) {
@@ -131,7 +131,8 @@ async function clusterView() {
   const pct = (x) => (100 * x).toFixed(1) + "%";
   let h = "policy " + esc(c.policy) + ", " + esc(c.decisions) + " decisions" +
     table(["node", "state", "GPU type", "slots", "in use", "jobs"],
-      c.nodes.map((n) => [n.name, n.state, n.gpu_type || n.kind, n.slots, n.used, n.jobs.join(" ")])) +
+      c.nodes.map((n) => [n.name, n.cordoned_until ? "cordoned: " + (n.cordon_why || "-") : n.state,
+                          n.gpu_type || n.kind, n.slots, n.used, n.jobs.join(" ")])) +
     "<h3>GPUs in use</h3>" + chart(util.times, [{values: util.values.used, color: "#4a7bd0"},
                                                  {values: util.values.total, color: "#bbb"}], "GPUs");
   const u = await get("/v1/cluster/users?window=600");

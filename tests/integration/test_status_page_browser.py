@@ -75,6 +75,10 @@ def test_the_status_page_in_headless_chromium(tmp_path):
         assert shot.stat().st_size > 10_000
         if os.environ.get("ET_SCREENSHOT"):  # (how docs/status-page.png was made)
             shutil.copy(shot, os.environ["ET_SCREENSHOT"])
+        # a cordoned node shows as such, its reason as text
+        c.client.cordon("n2", 600, "<b>fan</b> failure")
+        cluster = browse(url, "--dump-dom").split("<h2>Cluster</h2>")[1].split("<h2>Scheduled jobs</h2>")[0]
+        assert "<td>cordoned: &lt;b&gt;fan&lt;/b&gt; failure</td>" in cluster, cluster[:3000]
 
 
 XSS = r"""

@@ -602,13 +602,17 @@ class ClusterScheduler:
         if need > total:
             return (f"needs {need} {unit}; the nodes up offer {total} in all: add nodes, or cancel it and submit "
                     "it again with fewer (--gpus)")
-        free = [n.slots - n.info().used for n in up]
+        free = [0 if n.cordoned_until else n.slots - n.info().used for n in up]  # a cordoned node takes none
+        cordoned = [n.name for n in up if n.cordoned_until]
+        hint = (f" (cordoned, taking nothing new: {', '.join(cordoned)}; `elastictrain nodes uncordon NAME` lifts "
+                "it)") if cordoned else ""
         policy = self.cfg.policy
         if sum(free) < need:
-            return f"waiting for {need} {unit}: {sum(free)} of {total} free; policy {policy} runs other jobs first"
+            return (f"waiting for {need} {unit}: {sum(free)} of {total} free{hint}; policy {policy} runs other jobs "
+                    "first")
         if need <= max(n.slots for n in up) and max(free) < need:
             return (f"{sum(free)} of {total} {unit} are free, but no node has {need} free together (at most "
-                    f"{max(free)}); it waits for a node to free up")
+                    f"{max(free)}){hint}; it waits for a node to free up")
         return (f"{sum(free)} of {total} {unit} are free; policy {policy} has not placed it (it keeps them for "
                 "other jobs, or it is placed at its next decision)")
 

@@ -467,6 +467,8 @@ def test_a_cordoned_node_keeps_its_job_takes_nothing_new_and_the_cordon_survives
     w.exit(a, 0)
     w.s.tick()
     assert w.status(a) == "finished" and w.status(c) == "queued" and w.s.nodes.capacities() == (0, 2)
+    why = w.s.job(c).reason
+    assert "waiting for 1 slots: 0 of 4 free (cordoned, taking nothing new: n1;" in why, why
     w.clock.advance(61)  # the cordon is over
     w.s.tick()
     assert _placed(w, c) == ["n1"] and not w.s.nodes.nodes["n1"].cordoned_until

@@ -70,6 +70,7 @@ class Node(msgspec.Struct):
     cordon_s: float = 0.0  # the length of its last cordon (a new one soon after its end doubles it) ...
     cordon_end: float = 0.0  # ... and when that one ended (or ends)
     cordon_why: str = ""
+    cordon_by: str = ""  # admin | straggler | engine (an engine's cordon is lifted when the engine lifts it)
 
     def info(self) -> NodeInfo:
         used = sum(t.slots for t in self.tasks if t.alive or (t.state == "pending" and t.wanted))
@@ -192,15 +193,15 @@ class NodeBook:
         return self._lose(n, "the node left the cluster")
 
     # ------------------------------------------------------------------ cordons
-    def cordon(self, n: Node, seconds: float, now: float, why: str, double: bool = False) -> float:
+    def cordon(self, n: Node, seconds: float, now: float, why: str, double: bool = False, by: str = "admin") -> float:
         """Place nothing new on ``n`` for ``seconds`` (what runs there keeps running). ``double``:
         a node cordoned again within an hour of its last cordon's end gets twice that cordon's
         length (up to an hour), as horovodrun's blacklist does. Returns the length applied."""
         if double and n.cordon_s and now - n.cordon_end < 3600.0:
             seconds = max(seconds, min(3600.0, 2 * n.cordon_s))
         n.cordoned_until = n.cordon_end = max(n.cordoned_until, now + seconds)
-        n.cordon_s, n.cordon_why = seconds, why[:500]
-        self._emit("node_cordoned", "", n.name, seconds=round(seconds, 3), why=n.cordon_why)
+        n.cordon_s, n.cordon_why, n.cordon_by = seconds, why[:500], by
+        self._emit("node_cordoned", "", n.name, seconds=round(seconds, 3), why=n.cordon_why, by=by)
         log.warning("node %s cordoned for %.0f s: %s", n.name, seconds, why)
         self.dirty.add(n.name)
         return seconds
@@ -208,7 +209,7 @@ class NodeBook:
     def uncordon(self, n: Node, now: float, why: str) -> None:
         if n.cordoned_until:
             n.cordon_end = min(n.cordon_end, now)
-            n.cordoned_until, n.cordon_why = 0.0, ""
+            n.cordoned_until, n.cordon_why, n.cordon_by = 0.0, "", ""
             self._emit("node_uncordoned", "", n.name, why=why)
             self.dirty.add(n.name)
 

@@ -262,7 +262,8 @@ class ClusterScheduler:
                 room += max(0, m.slots - sum(t.slots for t in m.tasks if t.wanted))
         if room < need:
             return f"kept: the other nodes have {room} free GPU(s) for its {need} (node {node} not cordoned)"
-        secs = self.nodes.cordon(n, cooldown, self.clock.now(), f"a straggler of job {job}: {why}", double=True)
+        secs = self.nodes.cordon(n, cooldown, self.clock.now(), f"a straggler of job {job}: {why}", double=True,
+                                 by="straggler")
         self.backend.requeue(rec, "straggler", f"its rank on node {node} straggles ({why})", node=node)
         self._flush()
         self.wake()
@@ -280,6 +281,22 @@ class ClusterScheduler:
         self._flush()
         self.wake()
         return n.info()
+
+    def engine_cordon(self, name: str, cordoned: bool, why: str) -> None:
+        """The engine's own administrator cordoned node ``name`` (Slurm's drain, ``kubectl
+        cordon``), or lifted it: the same here, until the engine lifts it (a cordon set here by an
+        administrator or for a straggler is left as it is)."""
+        n = self.nodes.nodes.get(name)
+        if n is None:
+            return
+        if cordoned and not n.cordoned_until:
+            self.nodes.cordon(n, 30 * 86_400.0, self.clock.now(), why, by="engine")
+        elif not cordoned and n.cordoned_until and n.cordon_by == "engine":
+            self.nodes.uncordon(n, self.clock.now(), why)
+        else:
+            return
+        self._flush()
+        self.wake()
 
     def _policy_error(self, err: PolicyError) -> None:
         self._emit("policy_error", "", "", error=str(err)[:2000])

@@ -75,14 +75,16 @@ def warn_if_no_gpus(nodes, cpus_per_worker: int, engine: str, where: str, warned
 @dataclass(frozen=True)
 class EngineNode:
     """A node the engine offers: its GPUs (0 where it has none; its worker slots where ``kind`` is
-    ``slot``, a CPU partition's), and whether jobs may run there now (a drained, down or failed
-    node is not up: it offers nothing)."""
+    ``slot``, a CPU partition's), whether it is up (a down or failed node is not: it leaves, and
+    its runs are requeued), and whether it is *cordoned* by the engine's own administrator
+    (Slurm's drain, ``kubectl cordon``): up, its runs go on, and nothing new is placed there."""
 
     name: str
     gpus: int
     up: bool
     state: str = ""
     kind: str = "gpu"  # gpu | slot (what the coordinator's cluster view calls the units)
+    cordoned: bool = False
 
 
 @dataclass(frozen=True)

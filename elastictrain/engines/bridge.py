@@ -1,7 +1,8 @@
 """An in-process engine adapter, connected to the live scheduler through the node protocol.
 
 The bridge does for an engine's nodes what a node daemon does for its one node: it registers
-them (a node the engine says is down or drained leaves, with its tasks: they are requeued), polls
+them (a node the engine says is down leaves, with its tasks: they are requeued; one its
+administrator drained or cordoned is cordoned here: its tasks go on, nothing new is placed), polls
 the scheduler for the tasks placed on them, and reports their states and output. What is
 engine-neutral lives here, once: the tasks of one run (one per node) become one engine *run*,
 launched once every task of the run is released; a run no longer wanted is withdrawn (SIGTERM:
@@ -131,6 +132,9 @@ class EngineBridge:
                         book.instance != self.instance:
                     self.sched.node_register(n.name, NodeRegister(n.gpus, self.instance, n.kind, "", n.name))
                     self.registered[n.name] = n.gpus
+                # an admin's drain or cordon in the engine: its runs go on, nothing new goes there
+                self.sched.engine_cordon(n.name, n.cordoned, f"{self.adapter.name} says the node is "
+                                         f"{n.state or 'cordoned'}" if n.cordoned else f"{self.adapter.name} lifted it")
             elif n.name in self.registered or (book is not None and book.state == "up" and
                                                book.instance == self.instance):
                 log.warning("%s node %s is %s: leaving, its runs are requeued", self.adapter.name, n.name,

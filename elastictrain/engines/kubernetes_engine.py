@@ -4,8 +4,9 @@
 server with the official ``kubernetes`` client (in a pod: its service account; elsewhere: the
 kubeconfig). The objects of a run are built in :mod:`.k8s_manifests`. What the engine does:
 
-* **capacity**: the nodes, their allocatable ``nvidia.com/gpu``; a node that is not Ready, or
-  is cordoned (``spec.unschedulable``), offers nothing;
+* **capacity**: the nodes, their allocatable ``nvidia.com/gpu``; a node that is not Ready
+  offers nothing (it leaves, its runs are requeued); a cordoned one (``spec.unschedulable``) is
+  cordoned here too: its runs go on, nothing new is placed there;
 * **launch**: the run's Secret (its worker credential, mounted read-only) and its pods;
 * **withdraw**: deletes the pods with their grace period: the kubelet sends SIGTERM to ``etrun``,
   whose workers checkpoint and exit 75; **kill**: deletes them with a grace of 0;
@@ -247,12 +248,12 @@ class KubernetesAdapter:
             cordoned = bool(n.spec and n.spec.unschedulable)
             alloc, per = n.status.allocatable or {}, self.cpus_per_worker
             state = "cordoned" if cordoned else ("ready" if ready else "not ready")
-            if per:
+            if per:  # (a cordoned node's pods keep running: it is up, and takes nothing new)
                 out.append(EngineNode(n.metadata.name, cpu_millis(alloc.get("cpu", "0")) // (1000 * per),
-                                      ready and not cordoned, state, "slot"))
+                                      ready, state, "slot", cordoned))
             else:
                 out.append(EngineNode(n.metadata.name, int(str(alloc.get("nvidia.com/gpu", "0")) or 0),
-                                      ready and not cordoned, state))
+                                      ready, state, cordoned=cordoned))
         return sorted(out, key=lambda e: e.name)
 
     # ------------------------------------------------------------------ runs

@@ -45,6 +45,7 @@ __all__ = ["SlurmAdapter", "SlurmError", "parse_gres_gpus", "job_name", "parse_j
 log = logging.getLogger(__name__)
 
 _UP = {"idle", "mixed", "allocated", "completing", "planned"}
+_DRAIN = {"draining", "drained", "drain"}
 _ACTIVE = {"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "REQUEUE_HOLD",
            "REQUEUE_FED", "REQUEUED", "SIGNALING", "STAGE_OUT", "STOPPED"}
 _LOST = {"NODE_FAIL", "BOOT_FAIL"}
@@ -129,12 +130,14 @@ class SlurmAdapter:
                 continue
             name, gres, state, cpus = parts
             state = state.lower()
-            up = state.rstrip("*~#!%$@^-") in _UP and not state.endswith("*")  # a trailing * (not responding) etc.
+            base = state.rstrip("*~#!%$@^-")
+            drained = base in _DRAIN  # an admin's drain: its jobs go on, Slurm starts no new one there
+            up = (base in _UP or drained) and not state.endswith("*")  # a trailing * (not responding) etc.
             if per:
                 slots = int(cpus) // per if cpus.isdigit() else 0
-                seen[name] = EngineNode(name, slots, up, state, "slot")
+                seen[name] = EngineNode(name, slots, up, state, "slot", drained)
             else:
-                seen[name] = EngineNode(name, parse_gres_gpus(gres), up, state)
+                seen[name] = EngineNode(name, parse_gres_gpus(gres), up, state, cordoned=drained)
         if not seen:
             raise SlurmError(f"partition {self.partition!r} has no nodes (sinfo -p {self.partition}); check the name")
         return [seen[n] for n in sorted(seen)]

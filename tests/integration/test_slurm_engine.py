@@ -169,6 +169,44 @@ def test_a_slurmd_killed_under_a_running_job_requeues_it_elsewhere(cluster, slur
         slurm.start_slurmd(node)
 
 
+def test_a_drained_slurm_node_keeps_its_job_running_and_takes_no_new_one(cluster, slurm):
+    # an admin drains the node under a running job: Slurm lets the job finish, and so does the
+    # coordinator (it cordons the node), placing the next job on the other node; RESUME lifts it
+    job = _job(cluster, "dr", 2, epochs=3)
+    _wait_training(cluster, job, step=5)
+    (first,) = _active(slurm, job, cluster)
+    node = first["nodes"]
+    other = ({"n1", "n2"} - {node}).pop()
+    slurm.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", "Reason=maintenance")
+    try:
+        cluster.wait(lambda st: any(n.name == node and n.cordoned_until for n in st.nodes), 30,
+                     f"{node} to be cordoned")
+        second = _job(cluster, "dr2", 2, epochs=1)
+        st = cluster.wait(lambda st: any(second in n.jobs for n in st.nodes), 120, "the second job to be placed")
+        assert [n.name for n in st.nodes if second in n.jobs] == [other]
+        deadline = time.monotonic() + 60
+        running = []
+        while not running and time.monotonic() < deadline:
+            running = [j for j in _ours(slurm, second, cluster) if j["job_state"] in ("RUNNING", "COMPLETED")]
+            time.sleep(0.2)
+        assert [j["nodes"] for j in running] == [other], _ours(slurm, second, cluster)  # where Slurm ran it
+        cluster.finish(job, 240)
+        cluster.finish(second, 240)
+        assert cluster.result("dr")["min"] == cluster.result("dr")["max"] == 1
+        kinds = [e.kind for e in cluster.events() if e.job == job]
+        assert "requeue" not in kinds and "preempt" not in kinds, kinds  # it ran on, on the drained node
+        st = cluster.client.cluster_status()
+        n = next(n for n in st.nodes if n.name == node)
+        assert n.state == "up" and "slurm says the node is drain" in n.cordon_why, n
+    finally:
+        slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+    cluster.wait(lambda st: not any(n.name == node and n.cordoned_until for n in st.nodes), 30,
+                 f"{node}'s cordon to be lifted")
+    ev = [(e.kind, e.node, e.detail.get("by")) for e in cluster.events() if e.kind.startswith("node_")
+          and e.kind.endswith("cordoned")]
+    assert ev == [("node_cordoned", node, "engine"), ("node_uncordoned", node, None)], ev
+
+
 def test_dry_run_prints_the_batch_script():
     r = subprocess.run([sys.executable, "-m", "elastictrain", "submit", "--dry-run", "--backend", "slurm",
                         "--slurm-partition", "gpu", "--nodes", "n1:2,n2:1", "--name", "train", "--workdir",

@@ -510,3 +510,20 @@ def test_a_stragglers_node_is_cordoned_and_its_job_placed_again_without_it(tmp_p
     w.exit(a, 0)
     assert w.s.replace_node(b, "n1", 60.0, "slow") == "node n1 cordoned for 120 s; the job is requeued to run " \
         "without it"
+
+
+def test_an_engines_drain_is_a_cordon_that_only_the_engine_lifts(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=2, slots=2)
+    w.s.engine_cordon("n1", True, "slurm says the node is draining")
+    n1 = w.s.nodes.nodes["n1"]
+    assert n1.cordoned_until and n1.cordon_by == "engine" and w.s.nodes.capacities() == (0, 2)
+    w.s.engine_cordon("n1", True, "slurm says the node is drained")  # still drained: nothing new
+    w.s.engine_cordon("n1", False, "slurm lifted it")
+    assert not n1.cordoned_until and w.s.nodes.capacities() == (2, 2)
+    w.s.cordon("n2", NodeCordon(600.0, "bad fan"))  # an administrator's own cordon here ...
+    w.s.engine_cordon("n2", False, "slurm lifted it")  # ... is not the engine's to lift
+    assert w.s.nodes.nodes["n2"].cordon_by == "admin" and w.s.nodes.capacities() == (2, 0)
+    w.s.engine_cordon("n9", True, "unknown node")  # (a node the engine has not registered: nothing)
+    kinds = [(e.kind, e.node, e.detail.get("by")) for e in w.s.events.list(0).events if "cordon" in e.kind]
+    assert kinds == [("node_cordoned", "n1", "engine"), ("node_uncordoned", "n1", None),
+                     ("node_cordoned", "n2", "admin")], kinds

@@ -196,7 +196,9 @@ def test_nodes_offer_cpu_slots_and_a_cluster_without_gpus_names_the_option(caplo
         return a
 
     got = adapter(2)._nodes()
-    assert [(n.name, n.gpus, n.up, n.kind) for n in got] == [("a", 4, False, "slot"), ("b", 1, True, "slot")]
+    # a cordoned node is up (its pods go on) and cordoned (nothing new is placed there)
+    assert [(n.name, n.gpus, n.up, n.kind, n.cordoned) for n in got] == [("a", 4, True, "slot", True),
+                                                                         ("b", 1, True, "slot", False)]
     gpu_less = adapter(0)
     assert [n.gpus for n in gpu_less._nodes()] == [0, 0]
     assert warn_if_no_gpus(gpu_less._nodes(), gpu_less.cpus_per_worker, gpu_less.name, gpu_less.gpus_from, False)

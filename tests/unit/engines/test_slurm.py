@@ -70,9 +70,12 @@ class _Sinfo(SlurmAdapter):
 def test_nodes_offer_gpus_or_cpu_slots_and_a_gpu_less_partition_names_the_option(caplog):
     import asyncio
 
-    gpus = asyncio.run(_Sinfo("n1|gpu:2|idle|8\nn2|gpu:a100:4(S:0)|mixed|16\nn3|(null)|drained|8\n").nodes())
-    assert [(n.name, n.gpus, n.up, n.kind) for n in gpus] == [("n1", 2, True, "gpu"), ("n2", 4, True, "gpu"),
-                                                              ("n3", 0, False, "gpu")]
+    gpus = asyncio.run(_Sinfo("n1|gpu:2|idle|8\nn2|gpu:a100:4(S:0)|mixed|16\nn3|(null)|drained|8\n"
+                              "n4|gpu:2|draining|8\nn5|gpu:2|drained*|8\nn6|gpu:2|down|8\n").nodes())
+    # an admin's drain (its jobs go on) is up and cordoned; not responding or down is not up
+    assert [(n.name, n.gpus, n.up, n.kind, n.cordoned) for n in gpus] == [
+        ("n1", 2, True, "gpu", False), ("n2", 4, True, "gpu", False), ("n3", 0, True, "gpu", True),
+        ("n4", 2, True, "gpu", True), ("n5", 2, False, "gpu", True), ("n6", 2, False, "gpu", False)]
     cpus = asyncio.run(_Sinfo("c1|(null)|idle|8\nc2|(null)|idle*|6\n", cpus_per_worker=4).nodes())
     assert [(n.name, n.gpus, n.up, n.kind) for n in cpus] == [("c1", 2, True, "slot"), ("c2", 1, False, "slot")]
     bare, warned = _Sinfo("c1|(null)|idle|8\n"), False

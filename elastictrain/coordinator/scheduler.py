@@ -291,6 +291,14 @@ class ClusterScheduler:
             return
         if cordoned and not n.cordoned_until:
             self.nodes.cordon(n, 30 * 86_400.0, self.clock.now(), why, by="engine")
+            # a run there that has not trained yet may never start (Slurm starts no job on a drained
+            # node): it is placed again elsewhere; the runs that train go on
+            for t in list(n.tasks):
+                rec = self.records.get(t.job) if t.wanted and not t.members else None
+                e = self.table.get(t.job) if rec is not None and t.run == rec.run else None
+                if e is not None and e.running and t.job in self.table.starting:
+                    self.backend.requeue(rec, "requeue", f"node {name} was cordoned ({why}) before its run trained",
+                                         node=name)
         elif not cordoned and n.cordoned_until and n.cordon_by == "engine":
             self.nodes.uncordon(n, self.clock.now(), why)
         else:

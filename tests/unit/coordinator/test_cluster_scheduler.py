@@ -524,6 +524,16 @@ def test_an_engines_drain_is_a_cordon_that_only_the_engine_lifts(tmp_path):
     w.s.engine_cordon("n2", False, "slurm lifted it")  # ... is not the engine's to lift
     assert w.s.nodes.nodes["n2"].cordon_by == "admin" and w.s.nodes.capacities() == (2, 0)
     w.s.engine_cordon("n9", True, "unknown node")  # (a node the engine has not registered: nothing)
+    # a run on a node the engine drains before it trains (Slurm would never start it) is placed again
+    w.s.cordon("n2", NodeCordon(0.0))
+    a, b = w.submit(2), w.submit(2)
+    w.s.tick()
+    w.run_all(train=False)
+    w.c.step(a, StepReport(0, 1))  # a trains, b has not yet
+    w.s.engine_cordon("n2", True, "slurm says the node is draining")
+    w.s.engine_cordon("n1", True, "slurm says the node is draining")
+    assert w.status(a) == "running" and not w.s.job(a).stopping  # it trains: it runs on
+    assert w.s.job(b).stopping and w.s.records[b].resume_reason == "requeue"
     kinds = [(e.kind, e.node, e.detail.get("by")) for e in w.s.events.list(0).events if "cordon" in e.kind]
-    assert kinds == [("node_cordoned", "n1", "engine"), ("node_uncordoned", "n1", None),
-                     ("node_cordoned", "n2", "admin")], kinds
+    assert kinds[:3] == [("node_cordoned", "n1", "engine"), ("node_uncordoned", "n1", None),
+                         ("node_cordoned", "n2", "admin")], kinds

@@ -74,6 +74,15 @@ class LocalCluster:
         env.pop("ET_TOKEN", None)
         return env
 
+    def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """``elastictrain ARGS`` against this cluster (as a user types it, in ``tmp``); ``check``:
+        fail, with its stderr, unless it exits 0."""
+        r = subprocess.run([sys.executable, "-m", "elastictrain", *args], env=self.env(), cwd=self.tmp,
+                           capture_output=True, text=True, timeout=60)
+        if check and r.returncode != 0:
+            raise AssertionError(f"elastictrain {' '.join(args)} exited {r.returncode}: {r.stderr[-2000:]}")
+        return r
+
     def start_node(self, name: str) -> None:
         env = self.env()
         if self.node_credentials:

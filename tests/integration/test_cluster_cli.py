@@ -23,14 +23,6 @@ def cluster(tmp_path):
     c.stop()
 
 
-def et(c: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "elastictrain", *args], env=c.env(), cwd=c.tmp, capture_output=True,
-                       text=True, timeout=60)
-    if check:
-        assert r.returncode == 0, r.stderr
-    return r
-
-
 def test_submit_status_logs_cancel_and_a_failure_with_its_root_cause(cluster):
     c = cluster
     bad = os.path.join(c.tmp, "bad.py")
@@ -40,53 +32,53 @@ def test_submit_status_logs_cancel_and_a_failure_with_its_root_cause(cluster):
             job = et.init()
             raise ValueError("the learning rate is negative, fix --lr")
         """))
-    ok = et(c, "submit", "--gpus", "2", "--name", "ok", "--steps", "30", "--", WORKER, "--ckpt-dir", "ck-ok",
+    ok = c.cli("submit", "--gpus", "2", "--name", "ok", "--steps", "30", "--", WORKER, "--ckpt-dir", "ck-ok",
             "--out", "ok.json").stdout.strip()
     assert ok.isdigit()
-    failing = et(c, "submit", "--max-restarts", "1", "--", "bad.py").stdout.strip()
-    long = et(c, "submit", "--gpus", "1", "--name", "long", "--", WORKER, "--ckpt-dir", "ck-long", "--out",
+    failing = c.cli("submit", "--max-restarts", "1", "--", "bad.py").stdout.strip()
+    long = c.cli("submit", "--gpus", "1", "--name", "long", "--", WORKER, "--ckpt-dir", "ck-long", "--out",
               "long.json", "--epochs", "50", "--step-sleep", "0.2").stdout.strip()
     c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(long) == "running"
            and {j.id: j.status for j in st.jobs}.get(ok) == "finished", 120, "ok to finish and long to run")
-    table = et(c, "status").stdout
+    table = c.cli("status").stdout
     assert "running:" in table and "long" in table and "n1" in table and "finished" in table
-    one = et(c, "status", "--job", ok).stdout
+    one = c.cli("status", "--job", ok).stdout
     assert "finished" in one and "dataset" in one and "step 30/30" in one, one
-    data = json.loads(et(c, "status", "--json").stdout)
+    data = json.loads(c.cli("status", "--json").stdout)
     assert {j["id"]: j["status"] for j in data["jobs"]}[ok] == "finished" and data["nodes"][0]["slots"] == 2
-    logs = et(c, "logs", ok).stdout
+    logs = c.cli("logs", ok).stdout
     assert "[default0]:[train] done: 30 steps" in logs, logs[-2000:]
-    assert et(c, "cancel", long).stdout.strip() == f"job {long} cancelled"
-    events = et(c, "events", "--job", ok).stdout
+    assert c.cli("cancel", long).stdout.strip() == f"job {long} cancelled"
+    events = c.cli("events", "--job", ok).stdout
     assert " start " in events and " finish " in events and f"  {ok}  " in events, events
-    kinds = [json.loads(line)["kind"] for line in et(c, "events", "--kind", "submit", "--json").stdout.splitlines()]
+    kinds = [json.loads(line)["kind"] for line in c.cli("events", "--kind", "submit", "--json").stdout.splitlines()]
     assert kinds == ["submit"] * 3, kinds
-    bad_job = et(c, "events", "--job", "../x", check=False)
+    bad_job = c.cli("events", "--job", "../x", check=False)
     assert bad_job.returncode == 2 and "--job" in bad_job.stderr
     c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(failing) == "failed"
            and all(n.used == 0 for n in st.nodes), 120, "the failing job to fail and the slots to be free")
     info = c.client.cluster_job(failing)
     assert "the learning rate is negative" in info.reason and info.restarts == 1, info.reason
     assert c.client.cluster_job(long).status == "cancelled"
-    again = et(c, "cancel", long, check=False)
+    again = c.cli("cancel", long, check=False)
     assert again.returncode == 2 and "already cancelled" in again.stderr
-    missing = et(c, "status", "--job", "999", check=False)
+    missing = c.cli("status", "--job", "999", check=False)
     assert missing.returncode == 2 and "no job '999'" in missing.stderr
-    nothing = et(c, "submit", "--", "nope.py", check=False)
+    nothing = c.cli("submit", "--", "nope.py", check=False)
     assert nothing.returncode == 2 and "not in the work directory" in nothing.stderr
     # sacct's habit: one accounting row per job (issue 32.6: there was no history)
-    rows = {r["id"]: r for r in map(json.loads, et(c, "history", "--format", "json").stdout.splitlines())}
+    rows = {r["id"]: r for r in map(json.loads, c.cli("history", "--format", "json").stdout.splitlines())}
     assert [rows[j]["state"] for j in (ok, failing, long)] == ["finished", "failed", "cancelled"]
     assert (rows[ok]["exit_code"], rows[long]["exit_code"]) == (0, None) and rows[failing]["exit_code"] not in (0, None)
     assert rows[failing]["restarts"] == {"worker_failure": 1} and rows[ok]["restarts"] == {}
     assert rows[ok]["elapsed"] > 0 and rows[ok]["gpu_hours"] > 0 and rows[ok]["end"] >= rows[ok]["start"]
-    text = et(c, "history", "--state", "finished,failed", "--since", "1h").stdout
+    text = c.cli("history", "--state", "finished,failed", "--since", "1h").stdout
     assert text.splitlines()[0].split()[:5] == ["id", "name", "user", "gpus", "state"]
     assert f"\n{ok} " in text and f"\n{failing} " in text and "cancelled" not in text and "worker_failure:1" in text
-    assert et(c, "history", "--user", "nobody-else").stdout.strip() == "no jobs match"
-    csv = et(c, "history", "--format", "csv").stdout.splitlines()
+    assert c.cli("history", "--user", "nobody-else").stdout.strip() == "no jobs match"
+    csv = c.cli("history", "--format", "csv").stdout.splitlines()
     assert csv[0].startswith("id,name,user,gpus,state,submit") and len(csv) == 4
-    bad = et(c, "history", "--since", "yesterday", check=False)
+    bad = c.cli("history", "--since", "yesterday", check=False)
     assert bad.returncode == 2 and "--since 'yesterday'" in bad.stderr
 
 

@@ -3,8 +3,6 @@ slots): an administrator's cordon keeps new work off a node while what runs ther
 a straggler inside a scheduled job gets its node cordoned and the job placed again without it."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -14,14 +12,6 @@ from elastictrain.launcher.local_cluster import LocalCluster as Cluster
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKER = os.path.join(ROOT, "examples", "torch_cluster_job.py")
 MURI_JOB = os.path.join(ROOT, "examples", "torch_muri_job.py")
-
-
-def et(c: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    r = subprocess.run([sys.executable, "-m", "elastictrain", *args], env=c.env(), cwd=c.tmp, capture_output=True,
-                       text=True, timeout=60)
-    if check:
-        assert r.returncode == 0, r.stderr
-    return r
 
 
 def _nodes_of(c: Cluster, job: str) -> set:
@@ -35,7 +25,7 @@ def test_a_cordoned_node_takes_no_new_job_and_keeps_its_running_one(tmp_path):
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(first) == "running", 120, "the first job to run")
         home = _nodes_of(c, first).pop()
         other = ({"n1", "n2"} - {home}).pop()
-        out = et(c, "nodes", "cordon", home, "--for", "600", "--reason", "GPU 0 throttles").stdout
+        out = c.cli("nodes", "cordon", home, "--for", "600", "--reason", "GPU 0 throttles").stdout
         assert f"node {home}: cordoned for" in out and "1 job(s) keep running" in out, out
         # a new job cannot go to the cordoned node: it takes the other, and a third one waits
         second = c.submit("second", 1, [WORKER, "--ckpt-dir", "ck-second", "--out", "second.json", "--epochs", "50",
@@ -43,23 +33,23 @@ def test_a_cordoned_node_takes_no_new_job_and_keeps_its_running_one(tmp_path):
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(second) == "running", 120, "the second job to run")
         assert _nodes_of(c, second) == {other}
         third = c.submit("third", 1, [WORKER, "--ckpt-dir", "ck-third", "--out", "third.json", "--steps", "5"])
-        status = et(c, "status").stdout
+        status = c.cli("status").stdout
         assert f"node {home} is cordoned (nothing new is placed there): GPU 0 throttles" in status, status
         assert "cordoned" in status.split(home, 1)[1].splitlines()[0], status
         # the cordoned node drains: once its job ends, it offers nothing, so the third job waits
-        assert et(c, "cancel", first).stdout.strip() == f"job {first} cancelled"
+        assert c.cli("cancel", first).stdout.strip() == f"job {first} cancelled"
         c.wait(lambda st: not any(first in n.jobs for n in st.nodes), 60, "the first job's task to exit")
         st = c.client.cluster_status()
         assert {j.id: j.status for j in st.jobs}[third] in ("queued", "preempted"), st
         # lifted: the third job runs there
-        assert et(c, "nodes", "uncordon", home).stdout.strip() == f"node {home}: not cordoned"
+        assert c.cli("nodes", "uncordon", home).stdout.strip() == f"node {home}: not cordoned"
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(third) in ("running", "finished"), 120,
                "the third job to start on the uncordoned node")
         events = [e for e in c.events() if e.kind in ("node_cordoned", "node_uncordoned")]
         assert [(e.kind, e.node) for e in events] == [("node_cordoned", home), ("node_uncordoned", home)], events
         assert events[0].detail["why"] == "GPU 0 throttles" and events[0].detail["seconds"] == 600
         # bad input: a clear refusal, nothing changed
-        r = et(c, "nodes", "cordon", home, "--for", "-5", check=False)
+        r = c.cli("nodes", "cordon", home, "--for", "-5", check=False)
         assert r.returncode == 2 and "--for must be 1 to 2592000 seconds" in r.stderr, r.stderr
         with pytest.raises(BadRequestError, match="seconds"):
             c.client.cordon(home, 1e12)

@@ -144,6 +144,12 @@ def add_commands(sub) -> None:
     ncor.add_argument("--for", dest="seconds", type=_cordon_seconds, default=86_400.0, metavar="SECONDS",
                       help="how long (default 86400: a day; at most 30 days); `nodes uncordon` lifts it sooner")
     ncor.add_argument("--reason", default="", help="shown in status and the event log")
+    ndr = nsub.add_parser("drain", help="cordon node NAME and requeue the jobs running there: they checkpoint and "
+                          "resume on other nodes (kubectl drain)")
+    ndr.add_argument("name")
+    ndr.add_argument("--for", dest="seconds", type=_cordon_seconds, default=86_400.0, metavar="SECONDS",
+                     help="how long nothing new goes there (default 86400: a day; at most 30 days)")
+    ndr.add_argument("--reason", default="", help="shown in status and the event log")
     nunc = nsub.add_parser("uncordon", help="lift node NAME's cordon")
     nunc.add_argument("name")
 
@@ -373,11 +379,15 @@ def _nodes(args) -> int:
     client = _client(args)
     if args.nodes_command == "add":
         _show_token(client.add_node(args.name), args.token_out)
-    elif args.nodes_command in ("cordon", "uncordon"):
-        n = client.cordon(args.name, args.seconds if args.nodes_command == "cordon" else 0.0,
-                          args.reason[:256] if args.nodes_command == "cordon" else "")
-        print(f"node {n.name}: cordoned for {n.cordoned_until - time.time():.0f} s (nothing new is placed there; "
-              f"its {len(n.jobs)} job(s) keep running)" if n.cordoned_until else f"node {n.name}: not cordoned")
+    elif args.nodes_command in ("cordon", "drain"):
+        drain = args.nodes_command == "drain"
+        n = client.cordon(args.name, args.seconds, args.reason[:256], drain)
+        print(f"node {n.name}: cordoned for {n.cordoned_until - time.time():.0f} s (nothing new is placed there); "
+              + ("its jobs are requeued: they checkpoint and resume elsewhere" if drain else
+                 f"its {len(n.jobs)} job(s) keep running"))
+    elif args.nodes_command == "uncordon":
+        n = client.cordon(args.name, 0.0)
+        print(f"node {n.name}: not cordoned" if not n.cordoned_until else f"node {n.name}: still cordoned")
     else:
         client.revoke("node", args.name)
         print(f"node {args.name}: credential revoked")

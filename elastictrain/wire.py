@@ -571,10 +571,12 @@ class NodeInfo(_Msg, omit_defaults=True):
 
 
 class NodeCordon(_Msg, omit_defaults=True):
-    """(admin) Cordon a node: nothing new is placed on it for ``seconds`` (0: lift its cordon)."""
+    """(admin) Cordon a node: nothing new is placed on it for ``seconds`` (0: lift its cordon).
+    ``drain``: also requeue the jobs running there (they checkpoint and resume elsewhere)."""
 
     seconds: Annotated[float, msgspec.Meta(ge=0.0, le=30 * 86_400.0)]
     reason: Short = ""
+    drain: bool = False
 
 
 class TaskState(_Msg):

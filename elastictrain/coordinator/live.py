@@ -279,6 +279,7 @@ class LiveBackend:
         rec.resume_reason = reason
         self.table.stop(rec.id, self.clock.now())
         self._emit("requeue", rec, run=rec.run, why=why[-300:], **detail)
+        self._leave_group(rec)
         self._withdraw(rec, "requeued: " + why[-200:])
 
     def _withdraw(self, rec: JobRecord, why: str, codes: Optional[dict] = None) -> None:

@@ -271,11 +271,19 @@ class ClusterScheduler:
 
     def cordon(self, name: str, req: NodeCordon) -> NodeInfo:
         """(admin) Nothing new is placed on node ``name`` for ``req.seconds``; what runs there
-        keeps running (``kubectl cordon``, Slurm's drain). 0 seconds lifts a cordon."""
+        keeps running (``kubectl cordon``), or with ``req.drain`` is requeued: each such job
+        checkpoints and resumes on other nodes (``kubectl drain``). 0 seconds lifts a cordon."""
         n = self.nodes.require(name)
         now = self.clock.now()
+        if req.drain and not req.seconds:
+            raise ConfigError("a drain cordons the node: give it seconds > 0 (how long nothing new goes there)")
         if req.seconds > 0:
-            self.nodes.cordon(n, req.seconds, now, req.reason or "cordoned by an administrator")
+            why = req.reason or ("drained" if req.drain else "cordoned") + " by an administrator"
+            self.nodes.cordon(n, req.seconds, now, why)
+            for job in sorted({j for t in n.tasks if t.wanted for j in t.owners} if req.drain else ()):
+                rec, e = self.records.get(job), self.table.get(job)
+                if rec is not None and e is not None and e.running:
+                    self.backend.requeue(rec, "requeue", f"node {name} was drained ({why})", node=name)
         else:
             self.nodes.uncordon(n, now, req.reason or "uncordoned by an administrator")
         self._flush()

@@ -343,6 +343,7 @@ class CoordinatorClient:
     def node_leave(self, name: str, req: NodeLeave) -> NodeInfo:
         return self._call("POST", f"/v1/cluster/nodes/{name}/leave", NodeInfo, req)
 
-    def cordon(self, name: str, seconds: float, reason: str = "") -> NodeInfo:
-        """(admin) Place nothing new on node ``name`` for ``seconds`` (0: lift its cordon)."""
-        return self._call("POST", f"/v1/cluster/nodes/{name}/cordon", NodeInfo, NodeCordon(seconds, reason))
+    def cordon(self, name: str, seconds: float, reason: str = "", drain: bool = False) -> NodeInfo:
+        """(admin) Place nothing new on node ``name`` for ``seconds`` (0: lift its cordon); ``drain``:
+        also requeue the jobs running there (they resume elsewhere from their checkpoints)."""
+        return self._call("POST", f"/v1/cluster/nodes/{name}/cordon", NodeInfo, NodeCordon(seconds, reason, drain))

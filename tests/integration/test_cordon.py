@@ -45,8 +45,13 @@ def test_a_cordoned_node_takes_no_new_job_and_keeps_its_running_one(tmp_path):
         assert c.cli("nodes", "uncordon", home).stdout.strip() == f"node {home}: not cordoned"
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(third) in ("running", "finished"), 120,
                "the third job to start on the uncordoned node")
+        # a drain: the second job checkpoints and resumes on the other node (once the third is done)
+        out = c.cli("nodes", "drain", other, "--for", "600").stdout
+        assert "its jobs are requeued" in out, out
+        c.wait(lambda st: _nodes_of(c, second) == {home}, 120, "the drained job to resume on the other node")
         events = [e for e in c.events() if e.kind in ("node_cordoned", "node_uncordoned")]
-        assert [(e.kind, e.node) for e in events] == [("node_cordoned", home), ("node_uncordoned", home)], events
+        assert [(e.kind, e.node) for e in events] == [("node_cordoned", home), ("node_uncordoned", home),
+                                                      ("node_cordoned", other)], events
         assert events[0].detail["why"] == "GPU 0 throttles" and events[0].detail["seconds"] == 600
         # bad input: a clear refusal, nothing changed
         r = c.cli("nodes", "cordon", home, "--for", "-5", check=False)
@@ -55,7 +60,7 @@ def test_a_cordoned_node_takes_no_new_job_and_keeps_its_running_one(tmp_path):
             c.client.cordon(home, 1e12)
         with pytest.raises(NotFoundError, match="not registered"):
             c.client.cordon("no-such-node", 60)
-        assert not any(n.cordoned_until for n in c.client.cluster_status().nodes)
+        assert [n.name for n in c.client.cluster_status().nodes if n.cordoned_until] == [other]  # (the drain's)
 
 
 @pytest.mark.slow  # make test-slow (about a minute: two runs of a 2-node DDP job)

@@ -537,3 +537,21 @@ def test_an_engines_drain_is_a_cordon_that_only_the_engine_lifts(tmp_path):
     kinds = [(e.kind, e.node, e.detail.get("by")) for e in w.s.events.list(0).events if "cordon" in e.kind]
     assert kinds[:3] == [("node_cordoned", "n1", "engine"), ("node_uncordoned", "n1", None),
                          ("node_cordoned", "n2", "admin")], kinds
+
+
+def test_a_drain_cordons_the_node_and_requeues_its_jobs_which_resume_elsewhere(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=2, slots=2, node_timeout=600.0)
+    a = w.submit(2)
+    w.s.tick()
+    w.run_all()
+    assert _placed(w, a) == ["n1"]
+    with pytest.raises(ConfigError, match="seconds > 0"):
+        w.s.cordon("n1", NodeCordon(0.0, drain=True))
+    info = w.s.cordon("n1", NodeCordon(3600.0, "firmware update", drain=True))
+    assert info.cordoned_until and info.jobs == [] and w.s.job(a).stopping  # its job checkpoints and goes
+    w.exit(a, 75)
+    w.s.tick()
+    w.run_all()
+    assert _placed(w, a) == ["n2"] and w.s.job(a).runs_by_reason == {"requeue": 1}
+    ev = [e.detail for e in w.s.events.list(0).events if e.kind == "requeue" and e.job == a]
+    assert ev and "node n1 was drained (firmware update)" in ev[0]["why"], ev

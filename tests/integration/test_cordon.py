@@ -56,8 +56,9 @@ def test_a_cordoned_node_takes_no_new_job_and_keeps_its_running_one(tmp_path):
         # bad input: a clear refusal, nothing changed
         r = c.cli("nodes", "cordon", home, "--for", "-5", check=False)
         assert r.returncode == 2 and "--for must be 1 to 2592000 seconds" in r.stderr, r.stderr
-        with pytest.raises(BadRequestError, match="seconds"):
-            c.client.cordon(home, 1e12)
+        for bad in (1e12, -1.0, float("nan"), float("inf")):
+            with pytest.raises(BadRequestError, match="seconds"):
+                c.client.cordon(home, bad)
         with pytest.raises(NotFoundError, match="not registered"):
             c.client.cordon("no-such-node", 60)
         assert [n.name for n in c.client.cluster_status().nodes if n.cordoned_until] == [other]  # (the drain's)

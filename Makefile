@@ -64,7 +64,7 @@ postgres:
 
 # The default test run. pytest's exit code 5 ("no tests ran") fails it.
 test: $(FULL) chromium slurm postgres
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 test-slow: $(FULL) chromium slurm postgres
 	$(PY) -m pytest -q -p no:cacheprovider -m slow

@@ -138,18 +138,16 @@ def add_commands(sub) -> None:
                       help="write the token to FILE (mode 0600) instead of printing it")
     nrev = nsub.add_parser("revoke", help="revoke node NAME's credential")
     nrev.add_argument("name")
-    ncor = nsub.add_parser("cordon", help="place nothing new on node NAME for a while (what runs there keeps "
-                           "running: kubectl cordon, Slurm's drain)")
-    ncor.add_argument("name")
-    ncor.add_argument("--for", dest="seconds", type=_cordon_seconds, default=86_400.0, metavar="SECONDS",
-                      help="how long (default 86400: a day; at most 30 days); `nodes uncordon` lifts it sooner")
-    ncor.add_argument("--reason", default="", help="shown in status and the event log")
-    ndr = nsub.add_parser("drain", help="cordon node NAME and requeue the jobs running there: they checkpoint and "
-                          "resume on other nodes (kubectl drain)")
-    ndr.add_argument("name")
-    ndr.add_argument("--for", dest="seconds", type=_cordon_seconds, default=86_400.0, metavar="SECONDS",
-                     help="how long nothing new goes there (default 86400: a day; at most 30 days)")
-    ndr.add_argument("--reason", default="", help="shown in status and the event log")
+    for verb, what in (("cordon", "place nothing new on node NAME for a while (what runs there keeps running: "
+                                  "kubectl cordon, Slurm's drain)"),
+                       ("drain", "cordon node NAME and requeue the jobs running there: they checkpoint and resume "
+                                 "on other nodes (kubectl drain)")):
+        ncor = nsub.add_parser(verb, help=what)
+        ncor.add_argument("name")
+        ncor.add_argument("--for", dest="seconds", type=_cordon_seconds, default=86_400.0, metavar="SECONDS",
+                          help="how long nothing new goes there (default 86400: a day; at most 30 days); "
+                          "`nodes uncordon` lifts it sooner")
+        ncor.add_argument("--reason", default="", help="shown in status and the event log")
     nunc = nsub.add_parser("uncordon", help="lift node NAME's cordon")
     nunc.add_argument("name")
 

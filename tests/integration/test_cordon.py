@@ -1,6 +1,7 @@
 """Cordoned nodes on a live cluster (a coordinator running a policy, node daemons with CPU
-slots): an administrator's cordon keeps new work off a node while what runs there goes on, and
-a straggler inside a scheduled job gets its node cordoned and the job placed again without it."""
+slots): an administrator's cordon keeps new work off a node while what runs there goes on, a
+drain also moves the node's jobs elsewhere from their checkpoints, and a straggler inside a
+scheduled job gets its node cordoned and the job placed again without it."""
 
 import os
 
@@ -64,7 +65,7 @@ def test_a_cordoned_node_takes_no_new_job_and_keeps_its_running_one(tmp_path):
         assert [n.name for n in c.client.cluster_status().nodes if n.cordoned_until] == [other]  # (the drain's)
 
 
-@pytest.mark.slow  # make test-slow (about a minute: two runs of a 2-node DDP job)
+@pytest.mark.slow  # make test-slow (about 25 s: two runs of a 2-node DDP job)
 def test_a_straggler_in_a_scheduled_job_gets_its_node_cordoned_and_the_job_runs_elsewhere(tmp_path):
     # 2 one-slot nodes run a 2-node job; a third joins as room to move to. From step 40 the ranks
     # on n1 compute 3x slower: the coordinator flags them from their own work per step, cordons n1

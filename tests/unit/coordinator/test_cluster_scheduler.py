@@ -450,12 +450,18 @@ def _placed(w, job):
     return sorted(n.name for n in w.s.nodes.by_index for t in n.tasks if t.job == job and t.wanted)
 
 
-def test_a_cordoned_node_keeps_its_job_takes_nothing_new_and_the_cordon_survives_a_restart(tmp_path):
+def _one_job_on_n1(tmp_path):
+    """Two nodes of 2 slots (FIFO; a long node timeout: the clock jumps) and a 2-slot job running on n1."""
     w = World(tmp_path, policy="fifo", nodes=2, slots=2, node_timeout=600.0)
     a = w.submit(2)
     w.s.tick()
     w.run_all()
     assert _placed(w, a) == ["n1"]
+    return w, a
+
+
+def test_a_cordoned_node_keeps_its_job_takes_nothing_new_and_the_cordon_survives_a_restart(tmp_path):
+    w, a = _one_job_on_n1(tmp_path)
     info = w.s.cordon("n1", NodeCordon(60.0, "fan failure"))
     assert info.cordoned_until == 1060.0 and info.cordon_why == "fan failure"
     b, c = w.submit(2), w.submit(1)
@@ -540,11 +546,7 @@ def test_an_engines_drain_is_a_cordon_that_only_the_engine_lifts(tmp_path):
 
 
 def test_a_drain_cordons_the_node_and_requeues_its_jobs_which_resume_elsewhere(tmp_path):
-    w = World(tmp_path, policy="fifo", nodes=2, slots=2, node_timeout=600.0)
-    a = w.submit(2)
-    w.s.tick()
-    w.run_all()
-    assert _placed(w, a) == ["n1"]
+    w, a = _one_job_on_n1(tmp_path)
     with pytest.raises(ConfigError, match="seconds > 0"):
         w.s.cordon("n1", NodeCordon(0.0, drain=True))
     info = w.s.cordon("n1", NodeCordon(3600.0, "firmware update", drain=True))

@@ -6,9 +6,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+@pytest.mark.slow  # make test-slow (35 s; the default run keeps the pacing's unit and iterator tests)
 def test_epoch_end_benchmark_prints_every_figure_and_pacing_helps_the_straggler():
     out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "epoch_end.py"), "--quick"],
                          capture_output=True, text=True, timeout=600)

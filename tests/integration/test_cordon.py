@@ -22,7 +22,7 @@ def _nodes_of(c: Cluster, job: str) -> set:
 def test_a_cordoned_node_takes_no_new_job_and_keeps_its_running_one(tmp_path):
     with Cluster(tmp_path, "fifo", nodes=2, slots=1) as c:
         first = c.submit("first", 1, [WORKER, "--ckpt-dir", "ck-first", "--out", "first.json", "--epochs", "50",
-                                      "--step-sleep", "0.2"])
+                                      "--step-sleep", "0.2"], grace=5.0)  # (the cluster's stop waits no longer)
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(first) == "running", 120, "the first job to run")
         home = _nodes_of(c, first).pop()
         other = ({"n1", "n2"} - {home}).pop()
@@ -30,7 +30,7 @@ def test_a_cordoned_node_takes_no_new_job_and_keeps_its_running_one(tmp_path):
         assert f"node {home}: cordoned for" in out and "1 job(s) keep running" in out, out
         # a new job cannot go to the cordoned node: it takes the other, and a third one waits
         second = c.submit("second", 1, [WORKER, "--ckpt-dir", "ck-second", "--out", "second.json", "--epochs", "50",
-                                        "--step-sleep", "0.2"])
+                                        "--step-sleep", "0.2"], grace=5.0)
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(second) == "running", 120, "the second job to run")
         assert _nodes_of(c, second) == {other}
         third = c.submit("third", 1, [WORKER, "--ckpt-dir", "ck-third", "--out", "third.json", "--steps", "5"])

@@ -384,8 +384,7 @@ def _nodes(args) -> int:
               + ("its jobs are requeued: they checkpoint and resume elsewhere" if drain else
                  f"its {len(n.jobs)} job(s) keep running"))
     elif args.nodes_command == "uncordon":
-        n = client.cordon(args.name, 0.0)
-        print(f"node {n.name}: not cordoned" if not n.cordoned_until else f"node {n.name}: still cordoned")
+        print(f"node {client.cordon(args.name, 0.0).name}: not cordoned")
     else:
         client.revoke("node", args.name)
         print(f"node {args.name}: credential revoked")

@@ -134,6 +134,7 @@ class Coordinator:
         flag = self.stragglers.observe(job, members.generation, req.worker, req.samples)
         if flag is not None:
             flag.agent = self.rendezvous.agent_of(job, flag.worker)
+            node = self.rendezvous.node_of(job, flag.agent)
             why = f"rank {flag.worker} does its work {flag.slowdown:.2f}x slower than its peers' median"
             cut = self.stragglers.share_out(job, flag, members.world_size)
             if flag.worker in self.stragglers.cut(job) and cut is None:
@@ -145,15 +146,13 @@ class Coordinator:
             elif self.stragglers.cooldown <= 0:
                 flag.action = "flagged only (--straggler-cooldown 0)"
             else:  # a job the scheduler placed moves off the node (cordoned); any other leaves it
-                node = self.rendezvous.node_of(job, flag.agent)
                 moved = self.cluster.replace_node(job, node, self.stragglers.cooldown, why) \
                     if self.cluster is not None else None
                 flag.action = moved or self.rendezvous.exclude(job, flag.agent, self.stragglers.cooldown, why)
             log.warning("job %s: straggler: %s; node %s %s", job, why, flag.agent or "-", flag.action)
             if self.cluster is not None:
                 self.cluster.note("straggler", job, worker=flag.worker, slowdown=round(flag.slowdown, 3),
-                                  agent=flag.agent, node=self.rendezvous.node_of(job, flag.agent),
-                                  action=flag.action)
+                                  agent=flag.agent, node=node, action=flag.action)
         return self.list_resources(job)
 
     def agent_report(self, job: str, req: AgentReport) -> AgentAction:

@@ -19,7 +19,6 @@ from ..wire import LeaseRequest
 __all__ = ["Pace"]
 
 
-
 class Pace:
     """One dataset's consumption rate and its workers' last progress reports (not durable: a
     restarted coordinator measures again, and serves every prefetch meanwhile)."""

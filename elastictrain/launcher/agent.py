@@ -14,7 +14,6 @@ import hashlib
 import ipaddress
 import logging
 import os
-import re
 import shutil
 import signal
 import socket
@@ -27,7 +26,7 @@ from importlib.util import find_spec
 from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError, InterruptedCallError
-from ..model import NAME_RE
+from ..model import check_name
 from ..wire import AgentAction, AgentJoin
 from .config import DEFAULT_PRELOAD, LaunchConfig, command_digest, size_text
 from .. import PREEMPTED_EXIT_CODE
@@ -440,9 +439,12 @@ def node_name() -> str:
     """The cluster node this agent runs on, as its node daemon or engine named it
     (``ET_NODE_NAME``); "" when unset or not a valid node name (then it is only not reported)."""
     name = os.environ.get("ET_NODE_NAME", "")
-    if name and not re.fullmatch(NAME_RE, name):
-        log.warning("ET_NODE_NAME=%r is not a node name (letters, digits, '.', '_', '-'); not reported", name[:200])
-        return ""
+    if name:
+        try:
+            check_name("node", name)
+        except ConfigError as exc:
+            log.warning("ET_NODE_NAME=%r is not a node name (%s); not reported", name[:200], exc)
+            return ""
     return name
 
 

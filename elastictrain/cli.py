@@ -107,6 +107,11 @@ def get_parser() -> argparse.ArgumentParser:
                    "(default: the address it listens on; with --host 0.0.0.0, this host's name)")
     c.add_argument("--node-timeout", type=float, default=15.0,
                    help="with --policy: seconds without a poll before a node counts as lost")
+    c.add_argument("--quota-gpus", type=int, default=0, metavar="N",
+                   help="with --policy: every user's jobs may count at most N GPUs at once (each admitted job at its "
+                   "--gpus; more wait to be admitted); `elastictrain users quota NAME` sets a user's own (0: no limit)")
+    c.add_argument("--quota-jobs", type=int, default=0, metavar="N",
+                   help="with --policy: every user may have at most N jobs admitted at once (0: no limit)")
     c.add_argument("--job-env-allow", action="append", default=[], metavar="PATTERN",
                    help="with --policy: also let submitted jobs set environment variables matching this shell "
                    "pattern (repeatable; loader variables such as LD_* and PYTHONPATH stay refused; "
@@ -333,7 +338,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 check_registered(args.policy)
                 cluster = ClusterConfig(args.policy, _policy_values(args), args.interval, args.node_timeout,
                                         job_env_allow=tuple(_env_patterns(args.job_env_allow)),
-                                        protect_startup=not args.preempt_starting)
+                                        protect_startup=not args.preempt_starting, quota_gpus=args.quota_gpus,
+                                        quota_jobs=args.quota_jobs)
             engine = _engine_config(args)
             serve(ServerConfig(engine=engine, host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                lease=args.lease, advertise_url=args.advertise_url,

@@ -107,12 +107,20 @@ def add_commands(sub) -> None:
                     help="each user's share of the GPU-seconds used over --window against its tickets' entitlement")
     st.add_argument("--window", type=float, default=600.0, help="seconds the --users shares cover (default 600)")
 
-    us = sub.add_parser("users", help="users' tickets (Gandiva-fair shares GPU time by them)")
+    us = sub.add_parser("users", help="users' tickets (Gandiva-fair shares GPU time by them), quotas and credentials")
     _connection(us)
     usub = us.add_subparsers(dest="users_command", required=True)
     uset = usub.add_parser("set", help="set a user's tickets")
     uset.add_argument("name")
     uset.add_argument("--tickets", type=float, required=True, help="a number > 0; users not set have the default")
+    uquota = usub.add_parser("quota", help="(admin) a user's quota: the most GPUs and jobs its admitted jobs may hold "
+                             "(more wait to be admitted)")
+    uquota.add_argument("name")
+    uquota.add_argument("--gpus", type=int, default=None, help="GPUs, counting each admitted job at its --gpus "
+                        "(left out: no limit)")
+    uquota.add_argument("--jobs", type=int, default=None, help="jobs admitted at once (left out: no limit)")
+    uquota.add_argument("--default", action="store_true",
+                        help="drop the user's own quota: the coordinator's --quota-gpus/--quota-jobs apply again")
     ulist = usub.add_parser("list", help="every user's tickets, entitlement and share (as status --users)")
     ulist.add_argument("--window", type=float, default=600.0, help="seconds the shares cover (default 600)")
     ulist.add_argument("--json", action="store_true", help="machine-readable output")
@@ -415,6 +423,12 @@ def _users(args) -> int:
         print(table(rows, right_align=False))
         print("node credentials: " + (", ".join(acc.nodes) or "none"))
         return 0
+    if args.users_command == "quota":  # the coordinator checks the name and the numbers (a 400 with the reason)
+        ul = client.set_quota(args.name, args.gpus, args.jobs, args.default)
+        mine = next((u for u in ul.users if u.user == args.name), None)
+        if mine is not None:
+            print(f"user {args.name}: quota {_quota_text(mine)}")
+        return _user_table(client, 600.0, False)
     if args.users_command == "set":  # the coordinator checks the name and the number (a 400 with the reason)
         client.set_user(args.name, args.tickets)
         print(f"user {args.name}: {args.tickets:g} tickets")
@@ -434,8 +448,17 @@ def _user_table(client, window: float, as_json: bool) -> int:
         ratio = f"{u.share / u.entitled:.2f}" if u.entitled > 0 else "-"
         rows.append((u.user, f"{u.tickets:g}" + ("" if u.set else " (default)"), f"{u.entitled:.1%}",
                      f"{u.share:.1%}", ratio, f"{u.gpu_seconds:.1f}", str(u.running_gpus), str(u.jobs)))
+    if any(u.quota_gpus is not None or u.quota_jobs is not None for u in ul.users):
+        rows = [r + q for r, q in zip(rows, [("quota", "admitted GPUs", "waiting for quota")] + [
+            (_quota_text(u), str(u.admitted_gpus), str(u.waiting_for_quota)) for u in ul.users])]
     print(table(rows, right_align=False))
     return 0
+
+
+def _quota_text(u) -> str:
+    parts = [f"{u.quota_gpus} GPUs" if u.quota_gpus is not None else "", f"{u.quota_jobs} jobs" if u.quota_jobs
+             is not None else ""]
+    return (", ".join(p for p in parts if p) or "none") + ("" if u.quota_own else " (default)")
 
 
 def _job_list(client, as_json: bool) -> int:

@@ -18,7 +18,8 @@ from .model import CHECKPOINT_RE, NAME_RE, DatasetSpec
 API_VERSION = 1
 
 __all__ = [
-    "UserTickets", "UserInfo", "UserList", "API_VERSION", "Error", "Health", "Version", "JobCreate", "JobInfo", "GenerationCreate",
+    "UserTickets", "UserQuota",
+    "UserInfo", "UserList", "API_VERSION", "Error", "Health", "Version", "JobCreate", "JobInfo", "GenerationCreate",
     "GenerationInfo", "DatasetInfo", "LeaseRequest", "Lease", "LeaseReply", "ShardUpdate",
     "ProgressRequest", "ProgressReply", "CommitRequest", "CommitReply", "RestoreRequest",
     "RestoreReply", "ReleaseRequest", "ReleaseReply", "CommitInfo", "CommitList",
@@ -743,7 +744,17 @@ class UserTickets(_Msg):
     tickets: Annotated[float, msgspec.Meta(gt=0.0, le=1_000_000.0)]
 
 
-class UserInfo(_Msg):
+class UserQuota(_Msg, omit_defaults=True):
+    """(admin) A user's own quota: the most GPUs (counting each admitted job at its ``--gpus``) and
+    jobs its admitted jobs may hold; a number left out is no limit. ``default``: drop the user's
+    own quota (the coordinator's ``--quota-gpus``/``--quota-jobs`` apply again)."""
+
+    gpus: Optional[Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]] = None
+    jobs: Optional[Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]] = None
+    default: bool = False
+
+
+class UserInfo(_Msg, omit_defaults=True):
     user: str
     tickets: float
     #: whether ``tickets`` were set (``elastictrain users set``) or are the default
@@ -755,6 +766,13 @@ class UserInfo(_Msg):
     gpu_seconds: float
     running_gpus: int
     jobs: int
+    #: its quota (``elastictrain users quota``; None: no limit) and whether it is its own
+    quota_gpus: Optional[int] = None
+    quota_jobs: Optional[int] = None
+    quota_own: bool = False
+    #: GPUs its admitted jobs count against the quota, and its jobs waiting for the quota
+    admitted_gpus: int = 0
+    waiting_for_quota: int = 0
 
 
 class UserList(_Msg):

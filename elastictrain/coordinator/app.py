@@ -39,7 +39,7 @@ from ..wire import (
     GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, LeaseRequest, MemberResult, NodeCordon,
     NodeLeave, NodePoll, NodeRegister, ProfileList, ProfileReport, ProgressRequest, ReleaseRequest, ResourceList,
     ResourceReport,
-    RestoreRequest, StepInfo, StepReport, StragglerInfo, UserTickets,
+    RestoreRequest, StepInfo, StepReport, StragglerInfo, UserQuota, UserTickets,
     Version,
 )
 from .access import ADMIN, ANONYMOUS, PUBLIC_ROUTES, Access, Credentials, Identity
@@ -287,8 +287,10 @@ class CoordinatorApp:
         self._fixed = {path: {m: _with_key(r, f"{m} {path}") for m, r in methods.items()}
                        for path, methods in fixed.items()}
         # /v1/cluster/users/{name}: set its tickets
-        self._user = _routes("/v1/cluster/users/{user}", {
-            "": {"POST": R("POST", UserTickets, lambda u, b: sched().set_user(u, b))}})[""]
+        users = _routes("/v1/cluster/users/{user}", {
+            "": {"POST": R("POST", UserTickets, lambda u, b: sched().set_user(u, b))},
+            "quota": {"POST": R("POST", UserQuota, lambda u, b: sched().set_quota(u, b))}})
+        self._user, self._user_verb = users.pop(""), users
         # /v1/jobs/{job}[/generations | /profiles | /steps | /datasets[/{ds}[/verb]]]
         self._job = _routes("/v1/jobs/{job}", {"": {"GET": R("GET", None, coordinator.job_info)}})[""]
         self._job_sub = _routes("/v1/jobs/{job}", {
@@ -457,6 +459,8 @@ class CoordinatorApp:
                 return self._node_verb[p[5]], (p[4],)
             if p[3] == "users" and n == 5:
                 return self._user, (p[4],)
+            if p[3] == "users" and n == 6 and p[5] in self._user_verb:
+                return self._user_verb[p[5]], (p[4],)
         if len(p) >= 5 and p[1] == "v1" and p[2] == "admin" and p[3] in ("users", "nodes") and p[4]:
             table = self._admin_user if p[3] == "users" else self._admin_node
             verb = p[5] if len(p) == 6 else "" if len(p) == 5 else None

@@ -102,6 +102,7 @@ class JobRecord(msgspec.Struct):
     allow_root: bool = False  # an admin let it run as root
     exit_code: Optional[int] = None  # of the run that ended it (0: finished; None: running, or cancelled)
     runs_by_reason: dict[str, int] = {}  # runs after its first, by why each started (preempt, node_lost ...)
+    admitted: bool = True  # in the job table the policy decides on (False: waiting for its user's quota)
 
     @property
     def grouped(self) -> bool:
@@ -312,6 +313,10 @@ class LiveBackend:
         when one is left), with nothing restarted."""
         self._codes.pop((rec.id, rec.run), None)
         e = self.table.get(rec.id)
+        if e is None:  # never admitted (its user's quota): it ends as it waited
+            rec.status, rec.end_time = status.value, self.clock.now()
+            self._touched(rec.id)
+            return
         if e is not None and e.group and rec.grouped:
             rest = tuple(m for m in e.group if m != rec.id)
             for m in rest:

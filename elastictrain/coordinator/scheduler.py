@@ -38,13 +38,15 @@ from ..runtime.stages import STAGES
 from ..scheduling import ENDED, Entry, JobStatus, JobTable, Scheduler
 from ..wire import (
     ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, GroupMember, JobSubmit, LogList, MemberResult, NodeCordon,
-    NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks, Series, StepInfo, StepReport, Task, UserList,
-    UserTickets,
+    NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks, Series, StepInfo, StepReport, Task, UserInfo,
+    UserList, UserQuota, UserTickets,
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
 from .events import EventLog, LogBook
 from .live import JobRecord, LiveBackend
 from .nodes import Exit, NodeBook, TaskRec
+from .quotas import MAX_QUOTA, Quota, QuotaBook
+from .quotas import META_KEY as QUOTAS_META
 from .store import LoadedState
 from .users import META_KEY as USERS_META
 from .users import UserBook
@@ -77,12 +79,18 @@ class ClusterConfig:
     job_env_allow: tuple = ()
     #: never preempt a job before its run's first training step (Scheduler.protect_startup)
     protect_startup: bool = True
+    #: every user's quota unless it has its own (quotas.py): GPUs and jobs its admitted jobs may hold (0: no limit)
+    quota_gpus: int = 0
+    quota_jobs: int = 0
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval <= 3600:
             raise ConfigError(f"--interval must be in [0.05, 3600] seconds, got {self.interval}")
         if not 1.0 <= self.node_timeout <= 3600:
             raise ConfigError(f"--node-timeout must be in [1, 3600] seconds, got {self.node_timeout}")
+        for flag, n in (("--quota-gpus", self.quota_gpus), ("--quota-jobs", self.quota_jobs)):
+            if not 0 <= n <= MAX_QUOTA:
+                raise ConfigError(f"{flag} must be in [0, {MAX_QUOTA}] (0: no limit), got {n}")
 
 
 class ClusterScheduler:
@@ -94,6 +102,9 @@ class ClusterScheduler:
             opts["sticky"] = True  # a move is a restart here: keep running jobs where they are
         self.policy = create(cfg.policy, only_known=True, **opts)
         self.users = UserBook(loaded.meta, self.policy)
+        self.quotas = QuotaBook(loaded.meta, Quota(cfg.quota_gpus or None, cfg.quota_jobs or None))
+        self.unadmitted: dict[str, JobRecord] = {}  # jobs waiting for their user's quota (quotas.py)
+        self._quota_used: dict[str, list[int]] = {}  # user -> [GPUs, jobs] its admitted jobs count
         self.events = EventLog(self.store, loaded.last_event)
         self.logs = LogBook(self.store, loaded.log_bytes)
         self.nodes = NodeBook(loaded.nodes, self._emit, cfg.node_timeout, self._task)
@@ -122,7 +133,9 @@ class ClusterScheduler:
         for _, raw in loaded.cluster_jobs:
             rec = _DEC.decode(raw)
             self.records[rec.id] = rec
-            if rec.status not in _ENDED_NAMES:
+            if rec.status not in _ENDED_NAMES and not rec.admitted:
+                self.unadmitted[rec.id] = rec
+            elif rec.status not in _ENDED_NAMES:
                 self.table.add(self._entry(rec))
                 if rec.status == "running" and rec.step_run != rec.run:  # its run has not trained yet
                     self.table.restarting(rec.id)
@@ -536,6 +549,11 @@ class ClusterScheduler:
                               "in all; lower --gpus, or add nodes first")
         if not os.path.isabs(req.workdir):
             raise ConfigError(f"workdir {req.workdir!r} must be an absolute path")
+        quota = self.quotas.of(user)
+        if quota.gpus is not None and req.gpus > quota.gpus:
+            raise ConfigError(f"the job asks for {req.gpus} GPUs (--gpus) but user {user}'s quota is {quota.gpus}: "
+                              f"it could never be admitted; lower --gpus to {quota.gpus} or less, or ask an admin to "
+                              f"raise the quota (`elastictrain users quota {user} --gpus {req.gpus}`)")
         self._seq += 1
         job_id = str(self._seq)
         while job_id in self.c.members.jobs or job_id in self.records:  # an etrun job took this name
@@ -550,11 +568,13 @@ class ClusterScheduler:
                         given_stages=given, run_as=run_as, allow_root=allow_root)
         self.records[job_id] = rec
         self.c.members.create_job(job_id, 1, 65536)
-        self.table.add(self._entry(rec))
+        rec.admitted = False
+        self.unadmitted[job_id] = rec
         self._dirty.add(job_id)
         by = {"by": who.name} if who.role != "user" and user != "default" else {}  # the admin acted for a user
         self._emit("submit", job_id, "", name=name, user=user, gpus=req.gpus, min_gpus=rec.min_gpus,
                    steps=req.steps, epochs=req.epochs, command=req.command[:8], run_as=run_as or "-", **by)
+        self._admit(submitted=job_id)
         self._flush()
         self.wake()
         return self.info(rec)
@@ -565,6 +585,7 @@ class ClusterScheduler:
             self._emit("cancel_by", job, "", by=who.name, user=rec.user)
         if rec.status in _ENDED_NAMES:
             raise ConflictError(f"job {job} already {rec.status}; nothing to cancel")
+        self.unadmitted.pop(job, None)
         self.backend.cancel(rec)
         self._dirty.add(job)
         self._flush()
@@ -614,6 +635,8 @@ class ClusterScheduler:
         elif not reason and rec.id in self.sched.held_back:
             reason = (f"placed; waiting until job {self.sched.held_back[rec.id]} has trained its first step (a job "
                       "is not preempted before it trains)")
+        elif not reason and rec.id in self.unadmitted:
+            reason = self.quotas.why(rec, self._quota_used)
         elif not reason and rec.status in ("queued", "preempted"):
             reason = self._why_waiting(rec)
         return ClusterJobInfo(rec.id, rec.name, rec.user, rec.priority, rec.status, rec.gpus, rec.min_gpus,
@@ -679,6 +702,44 @@ class ClusterScheduler:
         self.wake()
         return self.user_list(600.0)
 
+    def set_quota(self, user: str, req: UserQuota) -> UserList:
+        """(admin) ``user``'s own quota, or back to the default (``req.default``)."""
+        if req.default and (req.gpus is not None or req.jobs is not None):
+            raise ConfigError("give --default alone (it drops the user's own quota), or --gpus/--jobs to set one")
+        stored = self.quotas.set(user, None if req.default else Quota(req.gpus, req.jobs))
+        q = self.quotas.of(user)
+        self._emit("quota", "", "", user=user, gpus=q.gpus if q.gpus is not None else "-",
+                   jobs=q.jobs if q.jobs is not None else "-", own=user in self.quotas.own)
+        with self.store.transaction() as tx:
+            tx.put_meta(QUOTAS_META, stored)
+            self.events.write(tx)
+        self._admit()
+        self._flush()
+        self.wake()
+        return self.user_list(600.0)
+
+    def _admit(self, submitted: str = "") -> None:
+        """Admit the waiting jobs that fit in their users' quotas (quotas.py): they enter the job
+        table, where the policy sees them arrive. ``submitted``: the job just submitted (admitted
+        at once, or an event says it waits)."""
+        used: dict[str, list[int]] = {}
+        for e in self.table.entries():
+            u = used.setdefault(e.user, [0, 0])
+            u[0] += e.max_gpu
+            u[1] += 1
+        now = self.clock.now()
+        for rec in self.quotas.admit(self.unadmitted.values(), used) if self.unadmitted else ():
+            del self.unadmitted[rec.id]
+            rec.admitted = True
+            self.table.add(self._entry(rec))
+            self._dirty.add(rec.id)
+            if rec.id != submitted:
+                self._emit("admitted", rec.id, "", user=rec.user, waited=round(now - rec.submit_time, 1))
+        self._quota_used = used
+        if submitted in self.unadmitted:
+            rec = self.unadmitted[submitted]
+            self._emit("quota_wait", rec.id, "", user=rec.user, why=self.quotas.why(rec, used))
+
     def user_list(self, window: float) -> UserList:
         active: dict[str, int] = {}
         for rec in self.records.values():
@@ -688,7 +749,22 @@ class ClusterScheduler:
         for e in self.table.running.values():
             running[e.user] = running.get(e.user, 0) + e.num_gpu
         self.table.accrue(self.clock.now())
-        return self.users.report(self.clock.now(), window, self._usage, active, running)
+        out = self.users.report(self.clock.now(), window, self._usage, active, running)
+        if not (self.quotas.own or self.quotas.default.limited):
+            return out
+        used: dict[str, int] = {}
+        for e in self.table.entries():
+            used[e.user] = used.get(e.user, 0) + e.max_gpu
+        queued: dict[str, int] = {}
+        for rec in self.unadmitted.values():
+            queued[rec.user] = queued.get(rec.user, 0) + 1
+        listed = {u.user for u in out.users}
+        rows = list(out.users) + [UserInfo(u, self.users.tickets.get(u, self.users.default), u in self.users.tickets,
+                                           0.0, 0.0, 0.0, 0, 0) for u in sorted(set(self.quotas.own) - listed)]
+        rows = [msgspec.structs.replace(u, quota_gpus=q.gpus, quota_jobs=q.jobs, quota_own=u.user in self.quotas.own,
+                                        admitted_gpus=used.get(u.user, 0), waiting_for_quota=queued.get(u.user, 0))
+                for u in rows for q in (self.quotas.of(u.user),)]
+        return msgspec.structs.replace(out, users=rows)
 
     def job_logs(self, job: str, after: int) -> LogList:
         rec = self._rec(job)
@@ -810,6 +886,8 @@ class ClusterScheduler:
         if not self._util or now - self._util[-1][0] >= UTIL_EVERY:
             used = sum(t.slots for n in self.nodes.by_index if n.state == "up" for t in n.tasks if t.alive)
             self._util.append((now, used, sum(n.slots for n in self.nodes.by_index if n.state == "up")))
+        if self.unadmitted:  # jobs that ended since may have made room in their users' quotas
+            self._admit()
         if len(self.table):
             self.sched.tick()
             for key in self.sched.deferred:

@@ -28,7 +28,8 @@ from ..wire import (
     JobInfo, JobList, JobSubmit, LeaseReply, LeaseRequest, LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave,
     NodePoll, NodeRegister, NodeTasks,
     ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
-    ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserTickets, Version,
+    ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserQuota, UserTickets,
+    Version,
     AccountCreate, AccountList, Credential, WhoAmI,
 )
 
@@ -315,6 +316,12 @@ class CoordinatorClient:
 
     def set_user(self, user: str, tickets: float) -> UserList:
         return self._call("POST", f"/v1/cluster/users/{user}", UserList, UserTickets(tickets))
+
+    def set_quota(self, user: str, gpus: Optional[int] = None, jobs: Optional[int] = None,
+                  default: bool = False) -> UserList:
+        """(admin) ``user``'s own quota: the most GPUs and jobs its admitted jobs may hold (None: no
+        limit); ``default``: drop it (the coordinator's default quota applies again)."""
+        return self._call("POST", f"/v1/cluster/users/{user}/quota", UserList, UserQuota(gpus, jobs, default))
 
     def users(self, window: float = 600.0) -> UserList:
         return self._call("GET", f"/v1/cluster/users?window={float(window)!r}", UserList)

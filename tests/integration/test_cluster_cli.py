@@ -103,3 +103,35 @@ def test_every_route_needs_the_token_but_health(cluster):
                        env={k: v for k, v in cluster.env().items() if k not in ("ET_TOKEN_FILE", "ET_TOKEN")},
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "missing bearer token" in r.stderr
+
+
+def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
+    """Slurm's MaxTRESPerUser / Kueue's quota habit: `users quota` caps what a user's jobs hold;
+    the next job waits (saying why) and is admitted when the first ends."""
+    c = Cluster(tmp_path, "fifo", "--quota-jobs", "5", nodes=1, slots=2).start()
+    try:
+        out = c.cli("users", "quota", "alice", "--gpus", "1").stdout
+        assert "user alice: quota 1 GPUs, 5 jobs" not in out and "user alice: quota 1 GPUs" in out, out
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+            f.write("import time\ntime.sleep(1.5)\n")
+        run = ("--user", "alice", "--gpus", "1", "--", "nap.py")
+        a = c.cli("submit", "--name", "first", *run).stdout.strip()
+        b = c.cli("submit", "--name", "second", *run).stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "running", 60, "the first job to run")
+        waiting = c.client.cluster_job(b)
+        assert waiting.status == "queued" and "waiting for user alice's quota (1 GPUs, its own)" in waiting.reason
+        assert "alice's quota" in c.cli("status", "--job", b).stdout  # one free slot, and still it waits
+        users = c.cli("users", "list").stdout
+        assert "quota" in users.splitlines()[1] and "1 GPUs" in users, users
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(b) == "finished", 120, "the second job to finish")
+        events = [e for e in c.client.events(0).events if e.job == b]
+        kinds = [e.kind for e in events]
+        assert kinds.index("quota_wait") < kinds.index("admitted") < kinds.index("start"), kinds
+        first = c.client.cluster_job(a)
+        assert first.status == "finished" and first.end_time <= c.client.cluster_job(b).start_time
+        bad = c.cli("users", "quota", "alice", "--gpus", "0", check=False)
+        assert bad.returncode == 2 and "gpus" in bad.stderr, bad.stderr
+        big = c.cli("submit", "--user", "alice", "--gpus", "2", "--", "nap.py", check=False)
+        assert big.returncode == 2 and "lower --gpus to 1 or less" in big.stderr, big.stderr
+    finally:
+        c.stop()

@@ -1,0 +1,117 @@
+"""Per-user quotas in cluster mode: the most GPUs and jobs a user's admitted jobs may hold
+(Slurm's ``MaxTRESPerUser=gres/gpu=N`` and ``MaxJobsPerUser``, Kueue's quota admission).
+
+A job is *admitted* when it enters the job table that the policy decides on; until then no policy
+sees it, so quotas need nothing from the policies. An admitted job counts its largest size
+(``--gpus``) against its user's quota from admission to its end, running or waiting (a job the
+policy preempts keeps its admission): whatever the policy decides, a user's jobs never hold more
+GPUs than its quota. Each user's waiting jobs are admitted by priority, then submission order,
+every one that fits (a smaller job may pass a larger one that does not fit, as Kueue's
+BestEffortFIFO). Lowering a quota takes nothing back: admitted jobs go on, and new ones wait until
+the admitted total is under it.
+
+``elastictrain users quota NAME --gpus N --jobs M`` sets a user's own quota (it replaces the
+coordinator's default, ``--quota-gpus``/``--quota-jobs``, as a whole: a number left out is no
+limit); ``--default`` drops it. Quotas are kept in the database.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from ..errors import ConfigError
+from ..model import check_name
+
+__all__ = ["Quota", "QuotaBook", "META_KEY", "MAX_QUOTA"]
+
+META_KEY = "user_quotas"
+MAX_QUOTA = 1_000_000
+MAX_USERS = 100_000
+
+
+@dataclass(frozen=True)
+class Quota:
+    """``gpus``/``jobs``: the most GPUs / jobs a user's admitted jobs may count (None: no limit)."""
+
+    gpus: Optional[int] = None
+    jobs: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        for what, n in (("gpus", self.gpus), ("jobs", self.jobs)):
+            if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_QUOTA):
+                raise ConfigError(f"a quota's {what} must be a whole number in [1, {MAX_QUOTA}] (or no limit), "
+                                  f"got {n!r}")
+
+    @property
+    def limited(self) -> bool:
+        return self.gpus is not None or self.jobs is not None
+
+    def fits(self, used_gpus: int, used_jobs: int, gpus: int) -> bool:
+        """Whether one more job of ``gpus`` fits beside admitted jobs holding ``used_*``."""
+        return (self.gpus is None or used_gpus + gpus <= self.gpus) and (self.jobs is None or used_jobs < self.jobs)
+
+    def text(self) -> str:
+        parts = [f"{self.gpus} GPUs" if self.gpus is not None else "",
+                 f"{self.jobs} job{'s' if self.jobs != 1 else ''}" if self.jobs is not None else ""]
+        return ", ".join(p for p in parts if p) or "no limit"
+
+
+class QuotaBook:
+    """Every user's own quota (kept under :data:`META_KEY`) and the default for the others."""
+
+    def __init__(self, meta: dict, default: Quota) -> None:
+        self.default = default
+        self.own: dict[str, Quota] = {}
+        try:
+            for user, q in json.loads(meta.get(META_KEY) or "{}").items():
+                self.own[str(user)] = Quota(q.get("gpus"), q.get("jobs"))
+        except (ValueError, TypeError, AttributeError, ConfigError):
+            self.own = {}  # unreadable: every user has the default (logged by nobody: it was written by us)
+
+    def of(self, user: str) -> Quota:
+        return self.own.get(user, self.default)
+
+    def set(self, user: str, quota: Optional[Quota]) -> str:
+        """Give ``user`` its own quota (None: back to the default); returns the JSON to store.
+
+        Raises:
+            ConfigError: a bad name, or too many users.
+        """
+        check_name("user", user)
+        if quota is None:
+            self.own.pop(user, None)
+        else:
+            if user not in self.own and len(self.own) >= MAX_USERS:
+                raise ConfigError(f"at most {MAX_USERS} users can have a quota of their own")
+            self.own[user] = quota
+        return json.dumps({u: {"gpus": q.gpus, "jobs": q.jobs} for u, q in self.own.items()}, sort_keys=True)
+
+    def admit(self, waiting: Iterable, used: dict[str, list[int]]) -> list:
+        """The waiting jobs (records with ``user``, ``gpus``, ``priority``, ``seq``) to admit now,
+        by priority then submission; ``used``: each user's admitted [GPUs, jobs], updated."""
+        out = []
+        for rec in sorted(waiting, key=lambda r: (-r.priority, r.seq)):
+            u = used.setdefault(rec.user, [0, 0])
+            if self.of(rec.user).fits(u[0], u[1], rec.gpus):
+                u[0] += rec.gpus
+                u[1] += 1
+                out.append(rec)
+        return out
+
+    def why(self, rec, used: dict[str, list[int]]) -> str:
+        """Why a job that is not admitted waits (squeue's QOSMaxGRESPerUser, said in full)."""
+        q = self.of(rec.user)
+        g, n = used.get(rec.user, (0, 0))
+        full = []
+        if q.gpus is not None and g + rec.gpus > q.gpus:
+            full.append(f"its admitted jobs count {g} of its {q.gpus} GPUs and this one needs {rec.gpus}")
+        if q.jobs is not None and n >= q.jobs:
+            full.append(f"its {n} admitted job{'s reach' if n != 1 else ' reaches'} its limit of {q.jobs}")
+        if not full:
+            return f"admitted at the next decision (user {rec.user}'s quota: {q.text()})"
+        what = "its own" if rec.user in self.own else "the coordinator's default"
+        return (f"waiting for user {rec.user}'s quota ({q.text()}, {what}): {' and '.join(full)}. It is admitted "
+                f"when they end, or when an admin raises the quota (`elastictrain users quota {rec.user} --gpus N "
+                "--jobs M`)")

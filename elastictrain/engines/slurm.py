@@ -27,6 +27,7 @@ import asyncio
 import json
 import logging
 import os
+import pwd
 import re
 import shlex
 import sys
@@ -152,8 +153,12 @@ class SlurmAdapter:
                   f"--comment={self.comment}"]
         if self.reservation:
             common.append(f"--reservation={self.reservation}")
-        if run.tasks[0].run_as:  # the user's own account (sbatch takes --uid from root only)
+        if run.tasks[0].run_as:  # the user's own account (sbatch takes --uid and --gid from root only)
             common.append(f"--uid={run.tasks[0].run_as}")
+            try:  # --uid alone keeps the submitter's group (root's, for a root coordinator): the account's own
+                common.append(f"--gid={pwd.getpwnam(run.tasks[0].run_as).pw_gid}")
+            except KeyError:
+                pass  # no such account here: launch() refuses the run before sbatch
         slots = [t.slots for t in run.tasks]
         env = task_env(run.tasks[0], "slurm")
         for k in ("ET_TOKEN", "ET_NODE_NAME", "ET_LOG_DIR"):  # per node, below
@@ -262,10 +267,12 @@ class SlurmAdapter:
             elif state in _ACTIVE:
                 states[handle] = RunState(handle, *key, ACTIVE, nodes=nodes)
             else:
+                lost = state in _LOST or state == "PREEMPTED"
+                said = _output_tail(self._outputs[handle]) if code and state == "FAILED" else ""
                 states[handle] = RunState(handle, *key, ENDED, code=code if state != "CANCELLED" or raw else None,
                                           detail=f"Slurm job {handle} {state.lower()} (exit {code}, "
-                                          f"{j.get('state_reason')})", cancelled=state == "CANCELLED",
-                                          lost=state in _LOST or state == "PREEMPTED", nodes=nodes)
+                                          f"{j.get('state_reason')})" + (f"; its output ends: {said}" if said else ""),
+                                          cancelled=state == "CANCELLED", lost=lost, nodes=nodes)
         for handle, key in handles.items():
             if handle not in states:  # gone from squeue (older than MinJobAge): the completion log says
                 code = await self._jobcomp_code(handle)
@@ -303,6 +310,18 @@ class SlurmAdapter:
         except SlurmError:
             pass
         return None
+
+
+def _output_tail(path: str, limit: int = 2048) -> str:
+    """The last lines of a run's output file (at most ``limit`` bytes): why a batch script failed
+    before etrun could say (the node daemons report their tasks' output tail the same way)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
+            data = f.read(limit)
+    except OSError:
+        return ""
+    return "\n".join(line for line in data.decode(errors="replace").splitlines()[-6:] if line.strip())
 
 
 def _expand(nodes: str) -> list[str]:

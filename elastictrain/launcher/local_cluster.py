@@ -35,7 +35,8 @@ class LocalCluster:
     ``partition``); its nodes are the cluster's, and no node daemon is started. ``ray_address``:
     through that Ray cluster (``--backend ray``; ``nodes`` is then how many Ray nodes it has).
     ``node_credentials``: each daemon gets a node credential of its own (``nodes add``), not the
-    admin token. ``python``: the interpreter the daemons (and so the jobs) run."""
+    admin token. ``python``: the interpreter the daemons (and so the jobs) run; under Slurm, the
+    runs' (``--slurm-python``)."""
 
     def __init__(self, tmp, policy: str, *policy_args: str, nodes: int = 2, slots: int = 2,
                  node_timeout: float = 6.0, slurm_conf: Optional[str] = None, partition: str = "low",
@@ -45,8 +46,8 @@ class LocalCluster:
         os.makedirs(self.tmp, exist_ok=True)
         self.engine = "slurm" if slurm_conf else "ray" if ray_address else "nodes"
         self.ray_address = ray_address
-        engine = ("--backend", "slurm", "--slurm-partition", partition) if slurm_conf else \
-            ("--backend", "ray", "--ray-address", ray_address) if ray_address else ()
+        engine = ("--backend", "slurm", "--slurm-partition", partition, "--slurm-python", python) if slurm_conf \
+            else ("--backend", "ray", "--ray-address", ray_address) if ray_address else ()
         self.coordinator = CoordinatorProcess(os.path.join(self.tmp, "coord.db"), os.path.join(self.tmp, "token"),
                                               log_file=os.path.join(self.tmp, "coordinator.log"),
                                               extra_args=("--policy", policy, "--interval", "1",

@@ -165,3 +165,46 @@ def test_jobs_run_as_their_users_and_touch_only_what_those_may(accounts):
         assert len(admin.cluster_jobs().jobs) == 4  # nothing was queued
         for u in users.values():
             u.close()
+
+
+def test_through_slurm_a_job_runs_as_its_user_via_sbatch_uid(accounts, slurm):
+    """The same rules through a real Slurm (`--backend slurm`): alice's batch job is submitted with
+    `sbatch --uid`, so slurmstepd runs her script as her account; bob's job cannot read her output;
+    root without leave is refused before sbatch."""
+    base, names = accounts
+    py = _python_for_others(base)
+    secret = os.path.join(base, "root-only")
+    with open(secret, "w") as f:
+        f.write("TOP-SECRET")
+    os.chmod(secret, 0o600)
+    cluster_dir = os.path.join(base, "cluster")
+    os.makedirs(cluster_dir)
+    with LocalCluster(cluster_dir, "fifo", slurm_conf=slurm.conf, python=py) as c:
+        admin = c.client
+        tok = {who: admin.add_user(who, name).token for who, name in names.items()}
+        tok["mallory"] = admin.add_user("mallory", "root").token
+        users = {who: CoordinatorClient(c.coordinator.url, t, timeout=10.0, retry_for=10.0) for who, t in tok.items()}
+        wa, wb = _workdir(base, names["alice"]), _workdir(base, names["bob"])
+        ja = users["alice"].submit(JobSubmit(["probe.py", secret, "/dev/null"], wa, max_restarts=0)).id
+        c.wait(lambda st: next(j for j in st.jobs if j.id == ja).status in ("finished", "failed"), 120, "alice's job")
+        jb = users["bob"].submit(JobSubmit(["probe.py", secret, os.path.join(wa, "probe.json")], wb,
+                                           max_restarts=0)).id
+        jm = users["mallory"].submit(JobSubmit(["probe.py", secret, secret], wa, max_restarts=0)).id
+        st = c.wait_all(3, 120)
+        by = {j.id: j for j in st.jobs}
+        assert by[ja].status == "finished" and by[jb].status == "finished", (by[ja], by[jb], c.tail())
+        with open(os.path.join(wa, "probe.json")) as f:
+            a = json.load(f)
+        with open(os.path.join(wb, "probe.json")) as f:
+            b = json.load(f)
+        alice, bob = pwd.getpwnam(names["alice"]), pwd.getpwnam(names["bob"])
+        assert (a["uid"], a["gid"]) == (alice.pw_uid, alice.pw_gid) and (b["uid"], b["gid"]) == (bob.pw_uid, bob.pw_gid)
+        assert a["secret"] == "PermissionError" and b["other"] == "PermissionError"
+        token_file = a["token_file"]
+        assert os.stat(token_file).st_uid == alice.pw_uid and stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+        assert by[jm].status == "failed" and "would run as root" in by[jm].reason, by[jm]
+        sacct = [line.split("|") for line in slurm.run("squeue", "--states=all", "--noheader",
+                                                       "--format=%j|%u").splitlines()]
+        assert [names["alice"]] == sorted({u for j, u in sacct if j.startswith(f"et.{ja}.")}), sacct
+        for u in users.values():
+            u.close()

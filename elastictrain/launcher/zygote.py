@@ -491,6 +491,8 @@ class ZygotePool:
             pass
         self._sock.close()
         if self._proc is not None:  # (a kept zygote stays: it retires when idle)
+            if not self._ready.is_set():  # still importing its preload list (seconds of torch): it forked
+                self._proc.kill()  # nothing yet, and would notice the closed socket only after the imports
             try:
                 self._proc.wait(5)
             except subprocess.TimeoutExpired:

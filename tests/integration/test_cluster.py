@@ -190,6 +190,7 @@ def test_coordinator_kill_9_loses_nothing(cluster_factory):
                        and x.detail["run"] == e.detail["run"]) == 1
 
 
+@pytest.mark.slow  # make test-slow (24 s; node loss is also in test_cluster_scheduler.py's unit tests)
 def test_node_daemon_kill_9_requeues_its_jobs_from_their_checkpoints(cluster_factory):
     c = cluster_factory("tiresias-l", "--thresholds", "20", node_timeout=4.0)
 

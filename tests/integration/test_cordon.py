@@ -19,6 +19,7 @@ def _nodes_of(c: Cluster, job: str) -> set:
     return {n.name for n in c.client.cluster_status().nodes if job in n.jobs}
 
 
+@pytest.mark.slow  # make test-slow (21 s in make test; the real-Slurm drain test and the unit tests stay)
 def test_a_cordoned_node_takes_no_new_job_and_keeps_its_running_one(tmp_path):
     with Cluster(tmp_path, "fifo", nodes=2, slots=1) as c:
         first = c.submit("first", 1, [WORKER, "--ckpt-dir", "ck-first", "--out", "first.json", "--epochs", "50",

@@ -23,6 +23,7 @@ def _digests(out):
     return dict(re.findall(r"rank (\d) done at step \d+; final-params-sha256: ([0-9a-f]{64})", out))
 
 
+@pytest.mark.slow  # make test-slow (24 s; keras_checkpoint_resume.py's preemption stays in the default run)
 def test_two_workers_train_one_model_across_a_preemption(tmp_path):
     # 2,100 samples in shards of 200: 11 shards per epoch, so one worker gets more than the other
     args = ["--rdzv-id", "kmw", "--log-dir", "L", "--nproc-per-node", "2", SCRIPT, "--ckpt-dir", "C",

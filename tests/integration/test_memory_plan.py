@@ -17,6 +17,7 @@ WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
                       "torch_cluster_job.py")
 
 
+@pytest.mark.slow  # make test-slow (14 s; the plan's rules are in the autoscale policy's unit tests)
 def test_the_plan_sets_a_memory_limit_that_the_next_start_runs_under(tmp_path):
     with Cluster(tmp_path, "autoscale", "--rate-window", "3", nodes=1, slots=2) as c:
         cmd = [WORKER, "--ckpt-dir", os.path.join(c.tmp, "ckpt"), "--out", os.path.join(c.tmp, "mem.json"),

@@ -124,6 +124,18 @@ class LiveBackend:
         caps = self.nodes.capacities()
         return ClusterShape(caps, max(1, len(caps)), self.nodes.types())
 
+    def refuses(self, a: Action) -> str:
+        """Why ``a`` may not place its job where it says: a cordoned node where the job holds no
+        GPUs yet (a decision may move a job off such a node and give its GPUs to another: the
+        node offers only the GPUs its placed tasks hold, for those tasks)."""
+        before = {n for n, _ in a.previous}
+        nodes = self.nodes.by_index
+        for n, _ in a.placement:
+            node = nodes[n] if 0 <= n < len(nodes) else None
+            if node is not None and node.cordoned_until and n not in before:
+                return f"node {node.name} is cordoned ({node.cordon_why or 'no reason given'}) and takes no new job"
+        return ""
+
     def start(self, e: Entry, a: Action) -> None:
         rec = self.records[e.key]
         first = rec.run == 0

@@ -630,7 +630,9 @@ class ClusterScheduler:
             if rec.group_predicted is not None:
                 info["group_predicted"] = f"{rec.group_predicted:.4f}"
         reason = rec.reason
-        if not reason and rec.id in self.sched.deferred:
+        if not reason and rec.id in self.sched.refused:
+            reason = f"placed, but {self.sched.refused[rec.id]}; it is placed again at the next decision"
+        elif not reason and rec.id in self.sched.deferred:
             reason = "placed; waiting for GPUs that stopping jobs still hold"
         elif not reason and rec.id in self.sched.held_back:
             reason = (f"placed; waiting until job {self.sched.held_back[rec.id]} has trained its first step (a job "
@@ -723,10 +725,11 @@ class ClusterScheduler:
         table, where the policy sees them arrive. ``submitted``: the job just submitted (admitted
         at once, or an event says it waits)."""
         used: dict[str, list[int]] = {}
-        for e in self.table.entries():
-            u = used.setdefault(e.user, [0, 0])
-            u[0] += e.max_gpu
-            u[1] += 1
+        if self.quotas.own or self.quotas.default.limited:  # (no quota anywhere: every job is admitted)
+            for e in self.table.entries():
+                u = used.setdefault(e.user, [0, 0])
+                u[0] += e.max_gpu
+                u[1] += 1
         now = self.clock.now()
         for rec in self.quotas.admit(self.unadmitted.values(), used) if self.unadmitted else ():
             del self.unadmitted[rec.id]
@@ -892,6 +895,8 @@ class ClusterScheduler:
             self.sched.tick()
             for key in self.sched.deferred:
                 self._emit("deferred", key, "", why="its GPUs are still held by stopping jobs")
+            for key, why in self.sched.refused.items():
+                self._emit("deferred", key, "", why=why)
             for key, starting in self.sched.held_back.items():
                 self._emit("deferred", key, "", why=f"its GPUs go to it once job {starting} has trained its first "
                            "step (a job is not preempted before it trains)")

@@ -86,7 +86,9 @@ class Backend(Protocol):
     Optional, read by :meth:`Scheduler.act` (the simulator's): ``instant_stop = True``, its stops
     complete at once, so the core preempts with :meth:`JobTable.preempt_now` and never calls
     ``stop``; ``free_moves = True``, a migration keeps the run training, so the core calls
-    ``moved(entry, action)`` instead of ``restart`` and the run does not become starting again."""
+    ``moved(entry, action)`` instead of ``restart`` and the run does not become starting again.
+    Read by the other path (the live one's): ``refuses(action) -> str``, why a start or a move may
+    not go where the decision put it ("" where it may); the core then waits or stops instead."""
 
     def shape(self) -> ClusterShape:
         """The cluster as the next decision may use it."""

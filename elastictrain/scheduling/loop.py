@@ -57,6 +57,7 @@ class Scheduler:
         self.failures = 0
         self.last_snapshot: Optional[ClusterSnapshot] = None
         self.deferred: list = []  # starts of the last decision that wait for stopping jobs' GPUs
+        self.refused: dict = {}  # placements of the last decision the backend refused: key -> why (Backend.refuses)
         self.notes: tuple = ()  # the last decision's reasons (Decision.notes)
         self.limits: dict = {}  # the last decision's per-worker memory limits (Decision.limits)
 
@@ -153,9 +154,14 @@ class Scheduler:
         a move that does not fit becomes a stop (the job waits and is placed again). Running
         placements plus held GPUs never exceed a node's capacity. (The simulator's stops complete
         at once, so there nothing is ever deferred.)
+
+        A backend may also refuse a placement (``refuses(action)``: the live one, a start or a move
+        onto a cordoned node where the job holds no GPUs): a start is then not made (the job waits
+        and is placed again at the next decision), a move becomes a stop, and ``refused`` says why.
         """
         table, backend = self.table, self.backend
         self.deferred = []
+        self.refused = {}
         instant = getattr(backend, "instant_stop", False)  # its stops complete at once (the simulator)
         if instant and not table.stopping:  # nothing is ever deferred: starts after the rest
             starts = []
@@ -180,23 +186,39 @@ class Scheduler:
         if table.stopping:
             moving = {a.key for a in actions if a.kind is not PREEMPT}
             free = self._free(exclude=moving)
+        refuses = getattr(backend, "refuses", None)
         for a in actions:
             if a.kind is PREEMPT or a.kind is START:
                 continue
-            if free is not None and not self._claim(a, free):
-                self.deferred.append(a.key)
+            why = self._refused(a, refuses)
+            if why or (free is not None and not self._claim(a, free)):
+                if not why:
+                    self.deferred.append(a.key)
                 e = table.get(a.key)
                 backend.stop(table.stop(a.key, now), Action(PREEMPT, a.key, (), e.placement, e.num_gpu))
-                for n, g in e.held:
-                    free[n] -= g
+                if free is not None:
+                    for n, g in e.held:
+                        free[n] -= g
                 continue
             backend.restart(table.move(a.key, a.placement, a.group, a.workers), a)
         for a in actions:
             if a.kind is START:
+                if self._refused(a, refuses):
+                    continue
                 if free is not None and not self._claim(a, free):
                     self.deferred.append(a.key)
                     continue
                 backend.start(table.start(a.key, a.placement, a.group, now, a.workers), a)
+
+    def _refused(self, a: Action, refuses) -> str:
+        """Why the backend refuses ``a`` ("" where it does not); a group's follower goes where its
+        leader goes, refused with it."""
+        if refuses is None:
+            return ""
+        why = refuses(a) or (self.refused.get(a.group[0], "") if a.group else "")
+        if why:
+            self.refused[a.key] = why
+        return why
 
     def _claim(self, a: Action, free: list[int]) -> bool:
         """Take ``a``'s GPUs from ``free`` if they are all there (a group follower shares its

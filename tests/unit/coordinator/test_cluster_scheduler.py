@@ -557,3 +557,44 @@ def test_a_drain_cordons_the_node_and_requeues_its_jobs_which_resume_elsewhere(t
     assert _placed(w, a) == ["n2"] and w.s.job(a).runs_by_reason == {"requeue": 1}
     ev = [e.detail for e in w.s.events.list(0).events if e.kind == "requeue" and e.job == a]
     assert ev and "node n1 was drained (firmware update)" in ev[0]["why"], ev
+
+
+class _Scripted:
+    """A policy whose decision the test writes (``plan(snapshot) -> {job: placement}``)."""
+
+    name = "test-scripted"
+    plan = None
+
+    def decide(self, s):
+        from elastictrain.policies.api import Decision
+
+        return Decision(_Scripted.plan(s))
+
+
+def test_a_decision_cannot_hand_a_cordoned_nodes_gpus_to_a_new_job(tmp_path):
+    """A decision may move a job off a cordoned node and, in the same decision, give the GPUs it
+    leaves to another job (the node offers them for its placed task): that start is refused."""
+    from elastictrain.policies.api import register
+
+    register("test-scripted", _Scripted, (), replace=True)
+    w = World(tmp_path, policy="test-scripted", nodes=2, slots=2, node_timeout=600.0)
+    _Scripted.plan = lambda s: {j.job_id: ((0, 2),) for j in s.jobs[:1]}
+    a = w.submit(2)
+    w.s.tick()
+    w.run_all()
+    assert _placed(w, a) == ["n1"]
+    w.s.cordon("n1", NodeCordon(600.0, "fan failure"))
+    b = w.submit(2)
+    _Scripted.plan = lambda s: {a: ((1, 2),), b: ((0, 2),)}  # a to n2, b onto n1's GPUs
+    w.s.tick()
+    assert _placed(w, a) == ["n2"] and _placed(w, b) == [] and w.status(b) == "queued"
+    assert "node n1 is cordoned (fan failure) and takes no new job" in w.s.job(b).reason
+    assert any(e.kind == "deferred" and e.job == b and "cordoned" in e.detail["why"] for e in w.s.events.list(0).events)
+    _Scripted.plan = lambda s: {a: ((1, 2),), b: ((0, 2),)} if s.gpus_per_node[0] else {a: ((1, 2),)}
+    w.s.tick()  # n1 offers nothing now (a's task there is no longer wanted): b waits
+    assert w.s.nodes.capacities()[0] == 0 and _placed(w, b) == [] and w.status(b) == "queued"
+    c = w.submit(2)
+    _Scripted.plan = lambda s: {a: ((0, 2),), c: ((1, 2),)} if s.gpus_per_node[0] else {a: ((1, 2),)}
+    w.s.cordon("n1", NodeCordon(0.0))  # lifted: a move back and a start are made
+    w.s.tick()
+    assert _placed(w, a) == ["n1"] and _placed(w, c) == ["n2"]

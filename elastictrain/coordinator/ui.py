@@ -136,10 +136,16 @@ async function clusterView() {
     "<h3>GPUs in use</h3>" + chart(util.times, [{values: util.values.used, color: "#4a7bd0"},
                                                  {values: util.values.total, color: "#bbb"}], "GPUs");
   const u = await get("/v1/cluster/users?window=600");
+  const quota = (x) => {  // its quota (docs/cluster.md, "Quotas"), what its admitted jobs count, who waits
+    const q = [x.quota_gpus != null ? x.quota_gpus + " GPUs" : "", x.quota_jobs != null ? x.quota_jobs + " jobs" : ""]
+      .filter((p) => p).join(", ");
+    return q ? q + (x.quota_own ? "" : " (default)") + ": " + (x.admitted_gpus || 0) + " GPUs admitted" +
+      (x.waiting_for_quota ? ", " + x.waiting_for_quota + " waiting" : "") : "-";
+  };
   if (u.users.length) h += "<h3>Users</h3>" + table(["user", "tickets", "entitled",
-      "share of the last " + u.window.toFixed(0) + " s", "running GPUs", "jobs"],
+      "share of the last " + u.window.toFixed(0) + " s", "running GPUs", "jobs", "quota"],
     u.users.map((x) => [x.user, x.tickets + (x.set ? "" : " (default)"), pct(x.entitled), pct(x.share),
-                        x.running_gpus, x.jobs]));
+                        x.running_gpus, x.jobs, quota(x)]));
   $("cluster").innerHTML = h;
   const where = (q) => q.placement.map((p) => p.node + ":" + (p.gpus.length ? p.gpus.join(",") : p.slots)).join(" ");
   const running = c.jobs.filter((q) => q.status === "running");

@@ -39,6 +39,7 @@ def test_the_status_page_in_headless_chromium(tmp_path):
             ids.append(c.client.submit(JobSubmit(args, c.tmp, name=name, steps=400, env={"OMP_NUM_THREADS": "1"},
                                                  stage_times=given)).id)
             time.sleep(0.5)
+        c.client.set_quota("default", gpus=8)  # the users table shows it, and what the jobs count
         c.wait(lambda st: any(j.info.get("group_iteration_time") for j in st.jobs) and
                all(j.step >= 20 for j in st.jobs), 120, "a group to train")
         time.sleep(3)  # a few more points on the charts
@@ -51,6 +52,7 @@ def test_the_status_page_in_headless_chromium(tmp_path):
         cluster = dom.split("<h2>Cluster</h2>")[1].split("<h2>Scheduled jobs</h2>")[0]
         assert "policy muri-s" in cluster and "<td>n1</td>" in cluster and "<td>n2</td>" in cluster
         assert "GPUs in use" in cluster and "<polyline" in cluster  # the utilization chart
+        assert "<th>quota</th>" in cluster and "<td>8 GPUs: 3 GPUs admitted</td>" in cluster
         groups = dom.split("<h2>Interleaving groups</h2>")[1].split("<h2>Other jobs (etrun)</h2>")[0]
         assert job.info["group"] in groups  # the group, measured against eq. 3
         queue = dom.split("<h2>Scheduled jobs</h2>")[1].split("<h2>Interleaving groups</h2>")[0]

@@ -203,8 +203,10 @@ def test_through_slurm_a_job_runs_as_its_user_via_sbatch_uid(accounts, slurm):
         token_file = a["token_file"]
         assert os.stat(token_file).st_uid == alice.pw_uid and stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
         assert by[jm].status == "failed" and "would run as root" in by[jm].reason, by[jm]
-        sacct = [line.split("|") for line in slurm.run("squeue", "--states=all", "--noheader",
-                                                       "--format=%j|%u").splitlines()]
-        assert [names["alice"]] == sorted({u for j, u in sacct if j.startswith(f"et.{ja}.")}), sacct
+        with open(os.path.join(c.tmp, "slurm-runs", "coordinator-id")) as f:  # (job ids repeat across tests)
+            ours = "elastictrain:" + f.read().strip()
+        rows = [line.split("|") for line in slurm.run("squeue", "--states=all", "--noheader",
+                                                      "--format=%j|%u|%k").splitlines()]
+        assert [names["alice"]] == sorted({u for j, u, k in rows if j.startswith(f"et.{ja}.") and k == ours}), rows
         for u in users.values():
             u.close()

@@ -121,6 +121,7 @@ def add_commands(sub) -> None:
     uquota.add_argument("--jobs", type=int, default=None, help="jobs admitted at once (left out: no limit)")
     uquota.add_argument("--default", action="store_true",
                         help="drop the user's own quota: the coordinator's --quota-gpus/--quota-jobs apply again")
+    uquota.add_argument("--unlimited", action="store_true", help="no limit for this user, whatever the default")
     ulist = usub.add_parser("list", help="every user's tickets, entitlement and share (as status --users)")
     ulist.add_argument("--window", type=float, default=600.0, help="seconds the shares cover (default 600)")
     ulist.add_argument("--json", action="store_true", help="machine-readable output")
@@ -424,6 +425,11 @@ def _users(args) -> int:
         print("node credentials: " + (", ".join(acc.nodes) or "none"))
         return 0
     if args.users_command == "quota":  # the coordinator checks the name and the numbers (a 400 with the reason)
+        given = args.gpus is not None or args.jobs is not None
+        if given + args.default + args.unlimited != 1:
+            print("elastictrain users quota: give --gpus N and/or --jobs N, or --unlimited, or --default",
+                  file=sys.stderr)
+            return 2
         ul = client.set_quota(args.name, args.gpus, args.jobs, args.default)
         mine = next((u for u in ul.users if u.user == args.name), None)
         if mine is not None:

@@ -131,6 +131,8 @@ def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
         assert first.status == "finished" and first.end_time <= c.client.cluster_job(b).start_time
         bad = c.cli("users", "quota", "alice", "--gpus", "0", check=False)
         assert bad.returncode == 2 and "gpus" in bad.stderr, bad.stderr
+        vague = c.cli("users", "quota", "alice", check=False)  # which one is meant: said, not guessed
+        assert vague.returncode == 2 and "--unlimited, or --default" in vague.stderr, vague.stderr
         big = c.cli("submit", "--user", "alice", "--gpus", "2", "--", "nap.py", check=False)
         assert big.returncode == 2 and "lower --gpus to 1 or less" in big.stderr, big.stderr
     finally:

@@ -95,6 +95,10 @@ def add_commands(sub) -> None:
                    help="--dry-run --backend kubernetes: the namespace [ET_K8S_NAMESPACE]")
     s.add_argument("--nodes", default=None, metavar="N1:G1,N2:G2",
                    help="--dry-run: the placement to show (default: one node, n1, with all the job's GPUs)")
+    s.add_argument("--after", action="append", default=[], metavar="JOB[:any]",
+                   help="run only once JOB finished (JOB:any: once it ended, however); repeatable, or JOB,JOB "
+                   "(Slurm's --dependency=afterok / afterany). If JOB fails, this job is cancelled, saying why")
+    s.add_argument("--hold", action="store_true", help="submit on hold: it runs after `elastictrain release JOB`")
     s.add_argument("cmd", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
 
     st = sub.add_parser("status", help="the cluster (nodes, queue, running and preempted jobs), or one job")
@@ -163,6 +167,11 @@ def add_commands(sub) -> None:
     c = sub.add_parser("cancel", help="cancel a job (its workers are stopped)")
     _connection(c)
     c.add_argument("job")
+    for verb, what in (("hold", "keep a waiting job from running until it is released (scontrol hold)"),
+                       ("release", "let a held job run (scontrol release)")):
+        h = sub.add_parser(verb, help=what)
+        _connection(h)
+        h.add_argument("job")
 
     lg = sub.add_parser("logs", help="a job's output: every rank, as etrun --tee prints it")
     _connection(lg)
@@ -195,7 +204,8 @@ def _client(args, timeout: float = 10.0):
 
 
 def run_command(args) -> int:
-    return {"node": _node, "submit": _submit, "status": _status, "cancel": _cancel, "logs": _logs,
+    return {"node": _node, "submit": _submit, "status": _status, "cancel": _cancel, "hold": _hold, "release": _hold,
+            "logs": _logs,
             "events": _events, "users": _users, "nodes": _nodes, "history": _history}[args.command](args)
 
 
@@ -249,7 +259,9 @@ def _submit(args) -> int:
                                "env": env, "steps": args.steps, "epochs": args.epochs,
                                "max_restarts": args.max_restarts, "grace": args.grace, "module": args.module,
                                "profile_steps": args.profile_steps, "reprofile": args.reprofile,
-                               "stage_times": _stage_file(args.profile) if args.profile else None},
+                               "stage_times": _stage_file(args.profile) if args.profile else None,
+                               "after": [a for item in args.after for a in item.split(",") if a],
+                               "hold": args.hold},
                               JobSubmit)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid job: {exc}") from None
@@ -706,6 +718,13 @@ def _history(args) -> int:
 def _cancel(args) -> int:
     info = _client(args).cancel(args.job)
     print(f"job {info.id} cancelled")
+    return 0
+
+
+def _hold(args) -> int:
+    client = _client(args)
+    info = client.hold(args.job) if args.command == "hold" else client.release(args.job)
+    print(f"job {info.id} {'held' if args.command == 'hold' else 'released'}: {info.reason or info.status}")
     return 0
 
 

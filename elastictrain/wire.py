@@ -498,6 +498,11 @@ class JobSubmit(_Msg, omit_defaults=True):
     #: the job's stage profile known in advance (seconds per iteration by stage, e.g. from
     #: ``elastictrain profile --json``): used until its workers send a measured one
     stage_times: Optional[Annotated[dict[Short, Seconds], msgspec.Meta(max_length=16)]] = None
+    #: jobs it waits for (Slurm's --dependency): ``JOB`` (it runs once JOB finished), ``JOB:any``
+    #: (once JOB ended, however)
+    after: Annotated[list[Short], msgspec.Meta(max_length=64)] = []
+    #: submitted on hold (Slurm's --hold): it runs only after ``elastictrain release``
+    hold: bool = False
 
 
 class NodeSlots(_Msg):

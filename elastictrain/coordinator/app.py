@@ -322,6 +322,8 @@ class CoordinatorApp:
             "": {"GET": R("GET", None, lambda w, j: self._view(w, sched().job(j)), who=True)}})[""]
         self._cjob_verb = _routes("/v1/cluster/jobs/{job}", {
             "cancel": {"POST": R("POST", None, lambda w, j: sched().cancel(j, w), who=True)},
+            "hold": {"POST": R("POST", None, lambda w, j: sched().hold(j, w), who=True)},
+            "release": {"POST": R("POST", None, lambda w, j: sched().release(j, w), who=True)},
             "result": {"POST": R("POST", MemberResult, lambda j, b: sched().member_result(j, b))},
             "logs": {"GET": R("GET", None, self._logs, query=True)},
             "steps": {"GET": R("GET", None, lambda j: sched().step_history(j))},

@@ -102,7 +102,9 @@ class JobRecord(msgspec.Struct):
     allow_root: bool = False  # an admin let it run as root
     exit_code: Optional[int] = None  # of the run that ended it (0: finished; None: running, or cancelled)
     runs_by_reason: dict[str, int] = {}  # runs after its first, by why each started (preempt, node_lost ...)
-    admitted: bool = True  # in the job table the policy decides on (False: waiting for its user's quota)
+    admitted: bool = True  # in the job table the policy decides on (False: on hold, or waiting for jobs or quota)
+    after: list[str] = []  # jobs it waits for, as "JOB:ok" (finished) or "JOB:any" (ended)
+    hold: bool = False  # on hold until released (not admitted meanwhile)
 
     @property
     def grouped(self) -> bool:

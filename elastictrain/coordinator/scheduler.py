@@ -33,6 +33,7 @@ from typing import Optional
 import msgspec
 
 from ..errors import ConfigError, ConflictError, ForbiddenError, NotFoundError, PolicyError
+from ..model import check_name
 from ..policies.api import EMPTY, create, options_of
 from ..runtime.stages import STAGES
 from ..scheduling import ENDED, Entry, JobStatus, JobTable, Scheduler
@@ -549,6 +550,7 @@ class ClusterScheduler:
                               "in all; lower --gpus, or add nodes first")
         if not os.path.isabs(req.workdir):
             raise ConfigError(f"workdir {req.workdir!r} must be an absolute path")
+        after = self._dependencies(req.after)
         quota = self.quotas.of(user)
         if quota.gpus is not None and req.gpus > quota.gpus:
             raise ConfigError(f"the job asks for {req.gpus} GPUs (--gpus) but user {user}'s quota is {quota.gpus}: "
@@ -565,13 +567,15 @@ class ClusterScheduler:
                         list(req.command), req.workdir, dict(req.env), req.module, req.steps, req.epochs,
                         req.max_restarts, req.grace, now, pending_since=now, accrued_at=now,
                         profile_steps=req.profile_steps, reprofile=req.reprofile,
-                        given_stages=given, run_as=run_as, allow_root=allow_root)
+                        given_stages=given, run_as=run_as, allow_root=allow_root, after=after, hold=req.hold)
         self.records[job_id] = rec
         self.c.members.create_job(job_id, 1, 65536)
         rec.admitted = False
         self.unadmitted[job_id] = rec
         self._dirty.add(job_id)
         by = {"by": who.name} if who.role != "user" and user != "default" else {}  # the admin acted for a user
+        if after or req.hold:
+            by.update({"after": ",".join(after)} if after else {}, **({"hold": True} if req.hold else {}))
         self._emit("submit", job_id, "", name=name, user=user, gpus=req.gpus, min_gpus=rec.min_gpus,
                    steps=req.steps, epochs=req.epochs, command=req.command[:8], run_as=run_as or "-", **by)
         self._admit(submitted=job_id)
@@ -588,6 +592,83 @@ class ClusterScheduler:
         self.unadmitted.pop(job, None)
         self.backend.cancel(rec)
         self._dirty.add(job)
+        self._flush()
+        self.wake()
+        return self.info(rec)
+
+    def _dependencies(self, after: list[str]) -> list[str]:
+        """``--after`` as "JOB:ok"/"JOB:any", each a known scheduled job that can still satisfy it.
+
+        Raises:
+            ConfigError: a bad entry, an unknown job, or one that already ended without finishing.
+        """
+        out = []
+        for item in after:
+            job, _, kind = item.partition(":")
+            check_name("job", job)
+            kind = kind or "ok"
+            if kind not in ("ok", "any"):
+                raise ConfigError(f"--after {item!r}: write JOB (it must finish first) or JOB:any (it must end, "
+                                  "however)")
+            dep = self.records.get(job)
+            if dep is None:
+                raise ConfigError(f"--after {item!r}: no scheduled job {job!r} (`elastictrain status` lists them)")
+            if kind == "ok" and dep.status in _ENDED_NAMES and dep.status != "finished":
+                raise ConfigError(f"--after {item!r}: job {job} already {dep.status}, so it will never finish; use "
+                                  f"{job}:any to wait for it to end however")
+            if f"{job}:{kind}" not in out:
+                out.append(f"{job}:{kind}")
+        return out
+
+    def _waits_for(self, rec: JobRecord) -> tuple[list[str], str]:
+        """The jobs ``rec`` still waits for, and why it never can run ("" while it can)."""
+        left = []
+        for item in rec.after:
+            job, _, kind = item.partition(":")
+            dep = self.records.get(job)
+            status = dep.status if dep is not None else "cancelled"
+            if status == "finished" or (kind == "any" and status in _ENDED_NAMES):
+                continue
+            if status in _ENDED_NAMES:
+                return left, (f"job {job}, which it runs after (--after {job}), {status}, so it never can "
+                              f"(Slurm's DependencyNeverSatisfied); submit it again, with --after {job}:any to run "
+                              "after an end of any kind")
+            left.append(job)
+        return left, ""
+
+    def hold(self, job: str, who: Identity = ADMIN) -> ClusterJobInfo:
+        """Keep a waiting job from running until :meth:`release` (Slurm's ``scontrol hold``): it
+        leaves the policy's view (its attained service is kept for its return)."""
+        rec = self._rec(job)
+        if rec.status in _ENDED_NAMES:
+            raise ConflictError(f"job {job} already {rec.status}; nothing to hold")
+        e = self.table.get(job)
+        if e is not None and (e.running or e.stopping):
+            raise ConflictError(f"job {job} is {'running' if e.running else 'stopping'}; a hold applies to a waiting "
+                                "job (as Slurm's): cancel it, or hold it once it waits")
+        if e is not None:
+            self.table.accrue(self.clock.now())
+            self._sync(rec)
+            self.table.end(job, e.status, self.clock.now())  # (the policy sees it leave; rec keeps its state)
+            rec.admitted = False
+            self.unadmitted[job] = rec
+        if not rec.hold:
+            rec.hold = True
+            self._emit("hold", job, "", by=who.name)
+        self._dirty.add(job)
+        self._flush()
+        self.wake()
+        return self.info(rec)
+
+    def release(self, job: str, who: Identity = ADMIN) -> ClusterJobInfo:
+        """Let a held job run (Slurm's ``scontrol release``)."""
+        rec = self._rec(job)
+        if not rec.hold:
+            raise ConflictError(f"job {job} is not on hold; nothing to release")
+        rec.hold = False
+        self._emit("release", job, "", by=who.name)
+        self._dirty.add(job)
+        self._admit()
         self._flush()
         self.wake()
         return self.info(rec)
@@ -638,7 +719,11 @@ class ClusterScheduler:
             reason = (f"placed; waiting until job {self.sched.held_back[rec.id]} has trained its first step (a job "
                       "is not preempted before it trains)")
         elif not reason and rec.id in self.unadmitted:
-            reason = self.quotas.why(rec, self._quota_used)
+            left = self._waits_for(rec)[0]
+            reason = ("on hold: `elastictrain release " + rec.id + "` lets it run") if rec.hold else \
+                (f"waiting for job{'s' if len(left) > 1 else ''} {', '.join(left)} to "
+                 f"{'finish' if all(f'{j}:ok' in rec.after for j in left) else 'end'} (--after)") if left else \
+                self.quotas.why(rec, self._quota_used)
         elif not reason and rec.status in ("queued", "preempted"):
             reason = self._why_waiting(rec)
         return ClusterJobInfo(rec.id, rec.name, rec.user, rec.priority, rec.status, rec.gpus, rec.min_gpus,
@@ -731,7 +816,17 @@ class ClusterScheduler:
                 u[0] += e.max_gpu
                 u[1] += 1
         now = self.clock.now()
-        for rec in self.quotas.admit(self.unadmitted.values(), used) if self.unadmitted else ():
+        ready = []
+        for rec in list(self.unadmitted.values()):
+            left, never = self._waits_for(rec) if rec.after else ((), "")
+            if never:  # its dependency can no longer be met: it ends here, saying why
+                del self.unadmitted[rec.id]
+                rec.reason = never
+                self.backend.cancel(rec)
+                self._dirty.add(rec.id)
+            elif not rec.hold and not left:
+                ready.append(rec)
+        for rec in self.quotas.admit(ready, used) if ready else ():
             del self.unadmitted[rec.id]
             rec.admitted = True
             self.table.add(self._entry(rec))
@@ -739,8 +834,8 @@ class ClusterScheduler:
             if rec.id != submitted:
                 self._emit("admitted", rec.id, "", user=rec.user, waited=round(now - rec.submit_time, 1))
         self._quota_used = used
-        if submitted in self.unadmitted:
-            rec = self.unadmitted[submitted]
+        rec = self.unadmitted.get(submitted)
+        if rec is not None and not rec.hold and not self._waits_for(rec)[0]:
             self._emit("quota_wait", rec.id, "", user=rec.user, why=self.quotas.why(rec, used))
 
     def user_list(self, window: float) -> UserList:

@@ -303,6 +303,13 @@ class CoordinatorClient:
     def cancel(self, job: str) -> ClusterJobInfo:
         return self._call("POST", f"/v1/cluster/jobs/{job}/cancel", ClusterJobInfo)
 
+    def hold(self, job: str) -> ClusterJobInfo:
+        """Keep a waiting scheduled job from running until :meth:`release` (``scontrol hold``)."""
+        return self._call("POST", f"/v1/cluster/jobs/{job}/hold", ClusterJobInfo)
+
+    def release(self, job: str) -> ClusterJobInfo:
+        return self._call("POST", f"/v1/cluster/jobs/{job}/release", ClusterJobInfo)
+
     def member_result(self, job: str, result: MemberResult) -> ClusterJobInfo:
         """A grouped job's own outcome (its group goes on)."""
         return self._call("POST", f"/v1/cluster/jobs/{job}/result", ClusterJobInfo, result)

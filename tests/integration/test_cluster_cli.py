@@ -137,3 +137,24 @@ def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
         assert big.returncode == 2 and "lower --gpus to 1 or less" in big.stderr, big.stderr
     finally:
         c.stop()
+
+
+def test_a_pipeline_with_after_hold_and_release(tmp_path):
+    """Slurm's --dependency and --hold habits: `submit --after JOB`, `submit --hold`, `release`."""
+    c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
+    try:
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+            f.write("import time\ntime.sleep(1.0)\n")
+        prep = c.cli("submit", "--name", "prep", "--hold", "--", "nap.py").stdout.strip()
+        train = c.cli("submit", "--name", "train", "--after", prep, "--", "nap.py").stdout.strip()
+        assert "on hold" in c.cli("status", "--job", prep).stdout
+        assert f"waiting for job {prep} to finish" in c.cli("status", "--job", train).stdout
+        assert c.cli("release", prep).stdout.startswith(f"job {prep} released")
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(train) == "finished", 60, "the pipeline to finish")
+        assert c.client.cluster_job(prep).end_time <= c.client.cluster_job(train).start_time
+        late = c.cli("hold", train, check=False)
+        assert late.returncode == 2 and "already finished" in late.stderr, late.stderr
+        bad = c.cli("submit", "--after", "nope", "--", "nap.py", check=False)
+        assert bad.returncode == 2 and "no scheduled job 'nope'" in bad.stderr, bad.stderr
+    finally:
+        c.stop()

@@ -1,0 +1,89 @@
+"""Slurm's habits in cluster mode: ``--after`` (--dependency=afterok/afterany), ``--hold`` and
+``hold``/``release``, in process on a manual clock with the real SQLite store."""
+
+import pytest
+
+from elastictrain.errors import ConfigError, ConflictError
+from elastictrain.wire import AgentJoin, JobSubmit
+
+from .test_cluster_scheduler import World
+
+
+def _submit(w, gpus=1, **kw):
+    return w.s.submit(JobSubmit(["train.py"], str(w.tmp), gpus=gpus, **kw)).id
+
+
+def _kinds(w, job):
+    return [e.kind for e in w.s.events.list(0).events if e.job == job]
+
+
+def test_a_pipeline_runs_in_order_and_a_failed_step_cancels_what_depends_on_it(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=4)
+    prep = _submit(w)
+    train = _submit(w, after=[prep])
+    evaluate = _submit(w, after=[f"{train}:any"])
+    report = _submit(w, after=[train])
+    w.s.tick()
+    w.run_all()
+    assert w.status(prep) == "running" and {w.status(j) for j in (train, evaluate, report)} == {"queued"}
+    assert w.s.job(train).reason == f"waiting for job {prep} to finish (--after)"
+    assert w.s.job(evaluate).reason == f"waiting for job {train} to end (--after)"
+    assert train not in w.s.table  # no policy sees it before it may run
+    w.exit(prep, 0)
+    w.s.tick()
+    w.run_all()
+    assert w.status(train) == "running" and w.status(evaluate) == "queued"
+    w.c.rendezvous.join(train, AgentJoin("ag", "h", 1, 1, max_restarts=0, run=1))
+    w.exit(train, 1)  # train fails: evaluate (any end) runs, report (needs a finish) never can
+    assert w.status(train) == "failed"
+    w.s.tick()
+    assert w.status(evaluate) == "running"
+    assert w.status(report) == "cancelled"
+    why = w.s.job(report).reason
+    assert f"job {train}, which it runs after (--after {train}), failed, so it never can" in why, why
+    assert "cancel" in _kinds(w, report) and "admitted" in _kinds(w, evaluate)
+
+
+def test_dependencies_are_checked_at_submission(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=2)
+    a = _submit(w)
+    with pytest.raises(ConfigError, match="no scheduled job '99'"):
+        _submit(w, after=["99"])
+    with pytest.raises(ConfigError, match="write JOB .* or JOB:any"):
+        _submit(w, after=[f"{a}:ok-ish"])
+    with pytest.raises(ConfigError, match="job name '../x' is invalid"):
+        _submit(w, after=["../x"])
+    w.s.cancel(a)
+    with pytest.raises(ConfigError, match=f"job {a} already cancelled, so it will never finish; use {a}:any"):
+        _submit(w, after=[a])
+    b = _submit(w, after=[f"{a}:any", f"{a}:any"])  # an ended job satisfies :any at once
+    w.s.tick()
+    assert w.status(b) == "running" and w.s.records[b].after == [f"{a}:any"]
+
+
+def test_hold_and_release_and_a_restart_in_between(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=2)
+    a = _submit(w, gpus=2)
+    held = _submit(w, hold=True)
+    w.s.tick()
+    w.run_all()
+    assert w.s.job(held).reason == f"on hold: `elastictrain release {held}` lets it run"
+    b = _submit(w)  # admitted: waits in the queue for a's GPUs ...
+    w.s.tick()
+    assert b in w.s.table
+    w.s.hold(b)  # ... and leaves it when held
+    assert b not in w.s.table and w.s.job(b).status == "queued"
+    with pytest.raises(ConflictError, match="is running; a hold applies to a waiting job"):
+        w.s.hold(a)
+    with pytest.raises(ConflictError, match="not on hold"):
+        w.s.release(a)
+    w.restart()
+    assert {held, b} <= set(w.s.unadmitted) and w.s.records[b].hold
+    w.exit(a, 0)
+    w.s.tick()
+    assert w.status(held) == "queued" and w.status(b) == "queued"  # free GPUs, and still held
+    w.s.release(b)
+    w.s.tick()
+    w.run_all()
+    assert w.status(b) == "running" and w.status(held) == "queued"
+    assert _kinds(w, b)[:4] == ["submit", "hold", "release", "admitted"], _kinds(w, b)

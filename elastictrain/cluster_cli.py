@@ -99,6 +99,9 @@ def add_commands(sub) -> None:
                    help="run only once JOB finished (JOB:any: once it ended, however); repeatable, or JOB,JOB "
                    "(Slurm's --dependency=afterok / afterany). If JOB fails, this job is cancelled, saying why")
     s.add_argument("--hold", action="store_true", help="submit on hold: it runs after `elastictrain release JOB`")
+    s.add_argument("--array", default=None, metavar="SPEC",
+                   help="a job array (Slurm's --array): one job per index, e.g. 0-7, 1,3,5 or 0-15:2; %%N runs at most "
+                   "N at once (0-99%%8). Each task sees ET_ARRAY_TASK_ID; prints the tasks' ids (ID_INDEX)")
     s.add_argument("cmd", nargs=argparse.REMAINDER, help="the script and its arguments, after --")
 
     st = sub.add_parser("status", help="the cluster (nodes, queue, running and preempted jobs), or one job")
@@ -261,12 +264,15 @@ def _submit(args) -> int:
                                "profile_steps": args.profile_steps, "reprofile": args.reprofile,
                                "stage_times": _stage_file(args.profile) if args.profile else None,
                                "after": [a for item in args.after for a in item.split(",") if a],
-                               "hold": args.hold},
+                               "hold": args.hold, "array": args.array},
                               JobSubmit)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid job: {exc}") from None
     if args.dry_run:
         print(_dry_run_script(args, req), end="")
+        return 0
+    if req.array is not None:  # one id per line, for scripts (the tasks' ids: ID_INDEX)
+        print("\n".join(j.id for j in _client(args).submit_array(req).jobs))
         return 0
     info = _client(args).submit(req)
     print(info.id)
@@ -716,7 +722,20 @@ def _history(args) -> int:
 
 
 def _cancel(args) -> int:
-    info = _client(args).cancel(args.job)
+    from .errors import NotFoundError
+
+    client = _client(args)
+    try:
+        info = client.cancel(args.job)
+    except NotFoundError:  # a job array's id: each of its tasks still queued or running (as scancel)
+        tasks = [j for j in client.cluster_jobs().jobs if j.id.startswith(f"{args.job}_")
+                 and j.id[len(args.job) + 1:].isdigit()]
+        if not tasks:
+            raise
+        for j in tasks:
+            if j.status not in ("finished", "failed", "cancelled"):
+                print(f"job {client.cancel(j.id).id} cancelled")
+        return 0
     print(f"job {info.id} cancelled")
     return 0
 

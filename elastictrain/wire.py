@@ -503,6 +503,9 @@ class JobSubmit(_Msg, omit_defaults=True):
     after: Annotated[list[Short], msgspec.Meta(max_length=64)] = []
     #: submitted on hold (Slurm's --hold): it runs only after ``elastictrain release``
     hold: bool = False
+    #: a job array (Slurm's --array; ``POST /v1/cluster/arrays``): task indices such as ``0-7``,
+    #: ``1,3,5`` or ``0-15:2``, and ``%N`` for at most N tasks at once
+    array: Optional[Short] = None
 
 
 class NodeSlots(_Msg):

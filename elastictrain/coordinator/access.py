@@ -83,6 +83,7 @@ ACCESS: dict[str, dict[str, str]] = {
     "GET /v1/cluster": {"admin": ALLOW, "user": VIEW, "node": DENY, "worker": DENY},
     "GET /v1/cluster/jobs": {"admin": ALLOW, "user": VIEW, "node": DENY, "worker": DENY},
     "POST /v1/cluster/jobs": {"admin": ALLOW, "user": OWN, "node": DENY, "worker": DENY},
+    "POST /v1/cluster/arrays": {"admin": ALLOW, "user": OWN, "node": DENY, "worker": DENY},
     "GET /v1/cluster/jobs/{job}": {"admin": ALLOW, "user": VIEW, "node": DENY, "worker": OWN},
     "POST /v1/cluster/jobs/{job}/cancel": {"admin": ALLOW, "user": OWN, "node": DENY, "worker": DENY},
     "POST /v1/cluster/jobs/{job}/hold": {"admin": ALLOW, "user": OWN, "node": DENY, "worker": DENY},

@@ -279,6 +279,8 @@ class CoordinatorApp:
             "/v1/cluster": {"GET": R("GET", None, lambda w: self._view(w, sched().status()), who=True)},
             "/v1/cluster/jobs": {"GET": R("GET", None, lambda w: self._view(w, sched().jobs()), who=True),
                                  "POST": R("POST", JobSubmit, lambda w, b: sched().submit(b, w), who=True)},
+            "/v1/cluster/arrays": {"POST": R("POST", JobSubmit, lambda w, b: self._view(w, sched().submit_array(b, w)),
+                                             who=True)},
             "/v1/cluster/events": {"GET": R("GET", None, self._events, query=True, who=True)},
             "/v1/cluster/utilization": {"GET": R("GET", None, lambda: sched().utilization())},
             "/v1/cluster/users": {"GET": R("GET", None, self._users, query=True)},

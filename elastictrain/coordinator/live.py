@@ -105,6 +105,8 @@ class JobRecord(msgspec.Struct):
     admitted: bool = True  # in the job table the policy decides on (False: on hold, or waiting for jobs or quota)
     after: list[str] = []  # jobs it waits for, as "JOB:ok" (finished) or "JOB:any" (ended)
     hold: bool = False  # on hold until released (not admitted meanwhile)
+    array: str = ""  # the array it is a task of (its id: the array's, "_", its index)
+    array_limit: int = 0  # tasks of its array admitted at once, at most (0: no limit)
 
     @property
     def grouped(self) -> bool:

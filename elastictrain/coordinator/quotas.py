@@ -115,3 +115,4 @@ class QuotaBook:
         return (f"waiting for user {rec.user}'s quota ({q.text()}, {what}): {' and '.join(full)}. It is admitted "
                 f"when they end, or when an admin raises the quota (`elastictrain users quota {rec.user} --gpus N "
                 "--jobs M`)")
+

@@ -46,6 +46,7 @@ from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check
 from .events import EventLog, LogBook
 from .live import JobRecord, LiveBackend
 from .nodes import Exit, NodeBook, TaskRec
+from .arrays import parse_array
 from .quotas import MAX_QUOTA, Quota, QuotaBook
 from .quotas import META_KEY as QUOTAS_META
 from .store import LoadedState
@@ -528,6 +529,20 @@ class ClusterScheduler:
         """Queue a job. Its user is ``who``'s (an admin may name another, which the event log
         records); its tasks run as that user's UNIX account (an admin's job for a user without an
         account runs as the node daemon's own)."""
+        if req.array is not None:
+            raise ConfigError("a job array is submitted to POST /v1/cluster/arrays (elastictrain submit --array), "
+                              "which answers with every task")
+        return self._submit(req, who)[0]
+
+    def submit_array(self, req: JobSubmit, who: Identity = ADMIN) -> ClusterJobList:
+        """Queue a job array (arrays.py): one job per task index, ``ID_INDEX``."""
+        if req.array is None:
+            raise ConfigError("give the array's task indices (array: e.g. 0-7, 1,3,5, 0-15:2, %N for at most N at "
+                              "once)")
+        return ClusterJobList(self._submit(req, who))
+
+    def _submit(self, req: JobSubmit, who: Identity) -> list[ClusterJobInfo]:
+        tasks, limit = parse_array(req.array) if req.array is not None else ([None], 0)
         if who.role == "user":
             if req.user not in ("default", who.name):
                 raise ForbiddenError(f"you are user {who.name}; only the admin may submit a job for another user "
@@ -556,32 +571,40 @@ class ClusterScheduler:
             raise ConfigError(f"the job asks for {req.gpus} GPUs (--gpus) but user {user}'s quota is {quota.gpus}: "
                               f"it could never be admitted; lower --gpus to {quota.gpus} or less, or ask an admin to "
                               f"raise the quota (`elastictrain users quota {user} --gpus {req.gpus}`)")
+        taken = self.c.members.jobs.keys() | self.records.keys()  # (an etrun job may have taken a name)
         self._seq += 1
-        job_id = str(self._seq)
-        while job_id in self.c.members.jobs or job_id in self.records:  # an etrun job took this name
+        while str(self._seq) in taken or any(f"{self._seq}_{i}" in taken for i in tasks if i is not None):
             self._seq += 1
-            job_id = str(self._seq)
+        base = str(self._seq)
         now = self.clock.now()
         name = req.name or _default_name(req.command)
-        rec = JobRecord(job_id, self._seq, name, user, req.priority, req.gpus, req.min_gpus or req.gpus,
-                        list(req.command), req.workdir, dict(req.env), req.module, req.steps, req.epochs,
-                        req.max_restarts, req.grace, now, pending_since=now, accrued_at=now,
-                        profile_steps=req.profile_steps, reprofile=req.reprofile,
-                        given_stages=given, run_as=run_as, allow_root=allow_root, after=after, hold=req.hold)
-        self.records[job_id] = rec
-        self.c.members.create_job(job_id, 1, 65536)
-        rec.admitted = False
-        self.unadmitted[job_id] = rec
-        self._dirty.add(job_id)
         by = {"by": who.name} if who.role != "user" and user != "default" else {}  # the admin acted for a user
-        if after or req.hold:
-            by.update({"after": ",".join(after)} if after else {}, **({"hold": True} if req.hold else {}))
-        self._emit("submit", job_id, "", name=name, user=user, gpus=req.gpus, min_gpus=rec.min_gpus,
-                   steps=req.steps, epochs=req.epochs, command=req.command[:8], run_as=run_as or "-", **by)
-        self._admit(submitted=job_id)
+        by.update({"after": ",".join(after)} if after else {}, **({"hold": True} if req.hold else {}))
+        out = []
+        for i in tasks:
+            job_id, env = base, dict(req.env)
+            if i is not None:  # an array's task: its index in its environment (as SLURM_ARRAY_TASK_ID)
+                job_id = f"{base}_{i}"
+                env.update(ET_ARRAY_JOB_ID=base, ET_ARRAY_TASK_ID=str(i), ET_ARRAY_TASK_COUNT=str(len(tasks)))
+            rec = JobRecord(job_id, self._seq, name if i is None else f"{name}_{i}", user, req.priority, req.gpus,
+                            req.min_gpus or req.gpus, list(req.command), req.workdir, env, req.module, req.steps,
+                            req.epochs, req.max_restarts, req.grace, now, pending_since=now, accrued_at=now,
+                            profile_steps=req.profile_steps, reprofile=req.reprofile, given_stages=given,
+                            run_as=run_as, allow_root=allow_root, after=after, hold=req.hold,
+                            array=base if i is not None else "", array_limit=limit)
+            self.records[job_id] = rec
+            self.c.members.create_job(job_id, 1, 65536)
+            rec.admitted = False
+            self.unadmitted[job_id] = rec
+            self._dirty.add(job_id)
+            self._emit("submit", job_id, "", name=rec.name, user=user, gpus=req.gpus, min_gpus=rec.min_gpus,
+                       steps=req.steps, epochs=req.epochs, command=req.command[:8], run_as=run_as or "-",
+                       **by, **({"array": req.array} if i is not None else {}))
+            self._admit(submitted=job_id)
+            out.append(rec)
         self._flush()
         self.wake()
-        return self.info(rec)
+        return [self.info(rec) for rec in out]
 
     def cancel(self, job: str, who: Identity = ADMIN) -> ClusterJobInfo:
         rec = self._rec(job)
@@ -611,6 +634,10 @@ class ClusterScheduler:
                 raise ConfigError(f"--after {item!r}: write JOB (it must finish first) or JOB:any (it must end, "
                                   "however)")
             dep = self.records.get(job)
+            tasks = [r.id for r in self.records.values() if r.array == job] if dep is None else []
+            if tasks:  # a job array: every task of it (Slurm's dependency on an array)
+                out += [t for t in self._dependencies([f"{t}:{kind}" for t in tasks]) if t not in out]
+                continue
             if dep is None:
                 raise ConfigError(f"--after {item!r}: no scheduled job {job!r} (`elastictrain status` lists them)")
             if kind == "ok" and dep.status in _ENDED_NAMES and dep.status != "finished":
@@ -635,6 +662,15 @@ class ClusterScheduler:
                               "after an end of any kind")
             left.append(job)
         return left, ""
+
+    def _array_admitted(self) -> dict[str, int]:
+        """Each job array's tasks in the job table (admitted, not ended)."""
+        out: dict[str, int] = {}
+        for e in self.table.entries():
+            a = e.data["job"].array
+            if a:
+                out[a] = out.get(a, 0) + 1
+        return out
 
     def hold(self, job: str, who: Identity = ADMIN) -> ClusterJobInfo:
         """Keep a waiting job from running until :meth:`release` (Slurm's ``scontrol hold``): it
@@ -723,7 +759,9 @@ class ClusterScheduler:
             reason = ("on hold: `elastictrain release " + rec.id + "` lets it run") if rec.hold else \
                 (f"waiting for job{'s' if len(left) > 1 else ''} {', '.join(left)} to "
                  f"{'finish' if all(f'{j}:ok' in rec.after for j in left) else 'end'} (--after)") if left else \
-                self.quotas.why(rec, self._quota_used)
+                (f"waiting: array {rec.array} runs at most {rec.array_limit} tasks at once (--array ...%"
+                 f"{rec.array_limit})") if rec.array_limit and self._array_admitted().get(rec.array, 0) >= \
+                rec.array_limit else self.quotas.why(rec, self._quota_used)
         elif not reason and rec.status in ("queued", "preempted"):
             reason = self._why_waiting(rec)
         return ClusterJobInfo(rec.id, rec.name, rec.user, rec.priority, rec.status, rec.gpus, rec.min_gpus,
@@ -826,6 +864,15 @@ class ClusterScheduler:
                 self._dirty.add(rec.id)
             elif not rec.hold and not left:
                 ready.append(rec)
+        if any(r.array_limit for r in ready):  # an array's %N: at most N of its tasks admitted at once
+            running = self._array_admitted()
+            kept = []
+            for rec in ready:
+                if rec.array_limit and running.get(rec.array, 0) >= rec.array_limit:
+                    continue
+                running[rec.array] = running.get(rec.array, 0) + 1
+                kept.append(rec)
+            ready = kept
         for rec in self.quotas.admit(ready, used) if ready else ():
             del self.unadmitted[rec.id]
             rec.admitted = True

@@ -303,6 +303,10 @@ class CoordinatorClient:
     def cancel(self, job: str) -> ClusterJobInfo:
         return self._call("POST", f"/v1/cluster/jobs/{job}/cancel", ClusterJobInfo)
 
+    def submit_array(self, req: JobSubmit) -> ClusterJobList:
+        """Queue a job array (``req.array``): one job per task index."""
+        return self._call("POST", "/v1/cluster/arrays", ClusterJobList, req)
+
     def hold(self, job: str) -> ClusterJobInfo:
         """Keep a waiting scheduled job from running until :meth:`release` (``scontrol hold``)."""
         return self._call("POST", f"/v1/cluster/jobs/{job}/hold", ClusterJobInfo)

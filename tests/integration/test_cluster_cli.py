@@ -139,8 +139,9 @@ def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
         c.stop()
 
 
-def test_a_pipeline_with_after_hold_and_release(tmp_path):
-    """Slurm's --dependency and --hold habits: `submit --after JOB`, `submit --hold`, `release`."""
+def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
+    """Slurm's --dependency, --hold and --array habits: `submit --after JOB`, `submit --hold`,
+    `release`, `submit --array 0-2%1` (each task sees its index), `cancel ARRAY`."""
     c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
     try:
         with open(os.path.join(c.tmp, "nap.py"), "w") as f:
@@ -156,5 +157,20 @@ def test_a_pipeline_with_after_hold_and_release(tmp_path):
         assert late.returncode == 2 and "already finished" in late.stderr, late.stderr
         bad = c.cli("submit", "--after", "nope", "--", "nap.py", check=False)
         assert bad.returncode == 2 and "no scheduled job 'nope'" in bad.stderr, bad.stderr
+        with open(os.path.join(c.tmp, "task.py"), "w") as f:
+            f.write("import os\nopen('task-%s.txt' % os.environ['ET_ARRAY_TASK_ID'], 'w').write("
+                    "os.environ['ET_ARRAY_JOB_ID'] + ' ' + os.environ['ET_ARRAY_TASK_COUNT'])\n")
+        tasks = c.cli("submit", "--name", "sweep", "--array", "0-2%1", "--", "task.py").stdout.split()
+        base = tasks[0].split("_")[0]
+        assert tasks == [f"{base}_{i}" for i in range(3)], tasks
+        c.wait(lambda st: all(j.status == "finished" for j in st.jobs if j.id in tasks), 60, "the array to finish")
+        for i in range(3):
+            with open(os.path.join(c.tmp, f"task-{i}.txt")) as f:
+                assert f.read() == f"{base} 3"
+        starts = sorted((c.client.cluster_job(t).start_time, c.client.cluster_job(t).end_time) for t in tasks)
+        assert all(a[1] <= b[0] for a, b in zip(starts, starts[1:]))  # %1: one task at a time
+        held = c.cli("submit", "--hold", "--array", "0-1", "--", "task.py").stdout.split()
+        out = c.cli("cancel", held[0].split("_")[0]).stdout
+        assert out.splitlines() == [f"job {t} cancelled" for t in held], out
     finally:
         c.stop()

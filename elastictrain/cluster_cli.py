@@ -99,6 +99,10 @@ def add_commands(sub) -> None:
                    help="run only once JOB finished (JOB:any: once it ended, however); repeatable, or JOB,JOB "
                    "(Slurm's --dependency=afterok / afterany). If JOB fails, this job is cancelled, saying why")
     s.add_argument("--hold", action="store_true", help="submit on hold: it runs after `elastictrain release JOB`")
+    s.add_argument("-t", "--time", type=slurm_time, default=None, metavar="LIMIT",
+                   help="the most time it may hold GPUs in all its runs, in Slurm's format (MINUTES, MM:SS, "
+                   "HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); then it is stopped (it checkpoints) and fails as TIMEOUT. "
+                   "Without --steps/--epochs, SRTF-like policies take the rest of it as its work left")
     s.add_argument("--array", default=None, metavar="SPEC",
                    help="a job array (Slurm's --array): one job per index, e.g. 0-7, 1,3,5 or 0-15:2; %%N runs at most "
                    "N at once (0-99%%8). Each task sees ET_ARRAY_TASK_ID; prints the tasks' ids (ID_INDEX)")
@@ -264,7 +268,7 @@ def _submit(args) -> int:
                                "profile_steps": args.profile_steps, "reprofile": args.reprofile,
                                "stage_times": _stage_file(args.profile) if args.profile else None,
                                "after": [a for item in args.after for a in item.split(",") if a],
-                               "hold": args.hold, "array": args.array},
+                               "hold": args.hold, "array": args.array, "time_limit": args.time},
                               JobSubmit)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid job: {exc}") from None
@@ -738,6 +742,28 @@ def _cancel(args) -> int:
         return 0
     print(f"job {info.id} cancelled")
     return 0
+
+
+def slurm_time(text: str) -> float:
+    """Seconds from Slurm's ``--time`` format: ``MINUTES``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``,
+    ``D-HH:MM``, ``D-HH:MM:SS``."""
+    fix = (f"--time {text!r}: use Slurm's format: MINUTES, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS "
+           "(e.g. 90, 1:30:00, 2-00)")
+    days, dash, rest = text.strip().partition("-")
+    if not dash:
+        days, rest = "0", text.strip()
+    parts = rest.split(":")
+    if not (days.isdigit() and 1 <= len(parts) <= 3 and all(p.isdigit() for p in parts)):
+        raise argparse.ArgumentTypeError(fix)
+    n = [int(p) for p in parts]
+    if dash:  # D-HH, D-HH:MM, D-HH:MM:SS
+        h, m, s = (n + [0, 0])[:3]
+    else:  # MINUTES, MM:SS, HH:MM:SS
+        h, m, s = (0, n[0], 0) if len(n) == 1 else (0, n[0], n[1]) if len(n) == 2 else tuple(n)
+    seconds = ((int(days) * 24 + h) * 60 + m) * 60 + s
+    if not 0 < seconds <= 366 * 86_400:
+        raise argparse.ArgumentTypeError(f"--time {text!r}: between 1 second and 366 days")
+    return float(seconds)
 
 
 def _hold(args) -> int:

@@ -506,6 +506,9 @@ class JobSubmit(_Msg, omit_defaults=True):
     #: a job array (Slurm's --array; ``POST /v1/cluster/arrays``): task indices such as ``0-7``,
     #: ``1,3,5`` or ``0-15:2``, and ``%N`` for at most N tasks at once
     array: Optional[Short] = None
+    #: seconds it may hold GPUs in all its runs (Slurm's --time): then its run is stopped (its
+    #: workers checkpoint) and it fails with reason TIMEOUT
+    time_limit: Optional[Annotated[float, msgspec.Meta(gt=0.0, le=366 * 86_400.0)]] = None
 
 
 class NodeSlots(_Msg):

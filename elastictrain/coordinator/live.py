@@ -107,6 +107,7 @@ class JobRecord(msgspec.Struct):
     hold: bool = False  # on hold until released (not admitted meanwhile)
     array: str = ""  # the array it is a task of (its id: the array's, "_", its index)
     array_limit: int = 0  # tasks of its array admitted at once, at most (0: no limit)
+    time_limit: float = 0.0  # seconds it may hold GPUs in all its runs (0: no limit)
 
     @property
     def grouped(self) -> bool:
@@ -408,6 +409,19 @@ class LiveBackend:
         self.table.accrue(self.clock.now())
         self._end(rec, JobStatus.CANCELLED)
         self._emit("cancel", rec, run=rec.run)
+        self.rdzv.forget(rec.id)
+
+    def timeout(self, rec: JobRecord, held: float) -> None:
+        """The job held its GPUs for its whole ``--time``: its run is stopped (the workers get
+        SIGTERM and its grace to checkpoint, as on a preemption) and it fails with reason TIMEOUT."""
+        self.nodes.unwant(rec.id)
+        self.rdzv.stop(rec.id, "timeout")
+        self.table.accrue(self.clock.now())
+        rec.reason = (f"TIMEOUT: it held its GPUs {held:.0f} s, its --time limit is {rec.time_limit:.0f} s; its "
+                      "last checkpoint is kept: submit it again (with a longer --time) to go on from there")
+        rec.exit_code = None
+        self._end(rec, JobStatus.FAILED)
+        self._emit("timeout", rec, run=rec.run, held=round(held, 1), time_limit=rec.time_limit)
         self.rdzv.forget(rec.id)
 
     def predict(self, group) -> Optional[float]:

@@ -159,6 +159,7 @@ class ClusterScheduler:
             self._emit("policy_changed", "", "", previous=previous, policy=cfg.policy)
         self._policy_state = state if previous == cfg.policy else None
         self._wake: Optional[asyncio.Event] = None
+        self._next_timeout: Optional[float] = None
         self._last_persist = now
         self._next_round = now + cfg.interval
         self._next_prune = now + 30.0
@@ -390,7 +391,12 @@ class ClusterScheduler:
             if "duration" in needs:
                 self._assume(rec, "iteration_time", f"{it:g} s per step until the job reports its steps")
         total = self._total_steps(rec)
-        if total is None:
+        if total is None and rec.time_limit:  # what is left of its --time (as Slurm's backfill reads it)
+            total = rec.step + max(rec.time_limit - _held(e, self.clock.now()), it) / it
+            if "duration" in needs:
+                self._assume(rec, "remaining", "the rest of its --time limit as its work left (no --steps or "
+                             "--epochs)")
+        elif total is None:
             total = rec.step + ASSUMED_REMAINING / it
             if "duration" in needs:
                 self._assume(rec, "remaining", f"{ASSUMED_REMAINING:g} s of work left (no --steps or --epochs)")
@@ -591,7 +597,8 @@ class ClusterScheduler:
                             req.epochs, req.max_restarts, req.grace, now, pending_since=now, accrued_at=now,
                             profile_steps=req.profile_steps, reprofile=req.reprofile, given_stages=given,
                             run_as=run_as, allow_root=allow_root, after=after, hold=req.hold,
-                            array=base if i is not None else "", array_limit=limit)
+                            array=base if i is not None else "", array_limit=limit,
+                            time_limit=req.time_limit or 0.0)
             self.records[job_id] = rec
             self.c.members.create_job(job_id, 1, 65536)
             rec.admitted = False
@@ -737,6 +744,9 @@ class ClusterScheduler:
         info = {k: str(v) for k, v in (note(rec.id) if note is not None and e is not None else {}).items()}
         if e is not None and e.speeds:
             info["speeds"] = ",".join(f"{k}={v:.2f}" for k, v in e.speeds.items())
+        if rec.time_limit:
+            used = _held(e, self.clock.now()) if e is not None else None
+            info["time_limit"] = f"{rec.time_limit:.0f} s" + (f" ({used:.0f} s used)" if used is not None else "")
         if rec.memory_limit:
             info["memory_limit"] = f"{rec.memory_limit / 2**20:.0f} MiB per worker (from its next start)"
         if rec.group_members:  # its current (or last) interleaving group, measured against the model
@@ -1025,6 +1035,13 @@ class ClusterScheduler:
         now = self.clock.now()
         self._exits(self.nodes.expire(now))
         self.table.accrue(now)
+        self._next_timeout = None  # when the next running job reaches its --time (the loop wakes then)
+        for e in [e for e in self.table.running.values() if e.data["job"].time_limit]:  # Slurm's --time
+            left = e.data["job"].time_limit - _held(e, now)
+            if left <= 0:
+                self.backend.timeout(e.data["job"], _held(e, now))
+            elif self._next_timeout is None or now + left < self._next_timeout:
+                self._next_timeout = now + left
         for e in self.table.running.values():
             self._measure(e.data["job"], e)
         self.users.sample(now, self._usage)
@@ -1067,6 +1084,8 @@ class ClusterScheduler:
             due = [self._next_round, now + 1.0]  # at least every second: node liveness
             if self.sched.wakeup is not None:
                 due.append(self.sched.wakeup)
+            if self._next_timeout is not None:
+                due.append(self._next_timeout)
             timeout = max(0.0, min(due) - now)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
@@ -1090,6 +1109,14 @@ _ENDED_NAMES = frozenset(s.value for s in ENDED)
 
 
 _MEMBER_LINE = re.compile(rb"^(?:\[[^\]\n]{0,64}\]:)?\[([A-Za-z0-9][A-Za-z0-9._-]{0,127})\] ")
+
+
+def _held(e: Entry, now: float) -> float:
+    """Seconds the job has held GPUs in all its runs (start-up and stopping included, waiting not)."""
+    if e.start_time is None:
+        return 0.0
+    waiting = e.pending + (now - e.pending_since if not (e.running or e.stopping) else 0.0)
+    return max(0.0, now - e.submit_time - waiting)
 
 
 def _split_group_log(data: bytes) -> dict[str, bytes]:

@@ -4,6 +4,7 @@ cause; and the token on every route, reads included."""
 import http.client
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -140,8 +141,9 @@ def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
 
 
 def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
-    """Slurm's --dependency, --hold and --array habits: `submit --after JOB`, `submit --hold`,
-    `release`, `submit --array 0-2%1` (each task sees its index), `cancel ARRAY`."""
+    """Slurm's --dependency, --hold, --array and --time habits: `submit --after JOB`, `submit
+    --hold`, `release`, `submit --array 0-2%1` (each task sees its index), `cancel ARRAY`, a job
+    stopped at its `--time` limit."""
     c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
     try:
         with open(os.path.join(c.tmp, "nap.py"), "w") as f:
@@ -169,6 +171,13 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
                 assert f.read() == f"{base} 3"
         starts = sorted((c.client.cluster_job(t).start_time, c.client.cluster_job(t).end_time) for t in tasks)
         assert all(a[1] <= b[0] for a, b in zip(starts, starts[1:]))  # %1: one task at a time
+        with open(os.path.join(c.tmp, "long.py"), "w") as f:
+            f.write("import time\ntime.sleep(120)\n")
+        slow = c.cli("submit", "--time", "0:02", "--", "long.py").stdout.strip()  # Slurm's MM:SS: 2 s
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(slow) == "failed" and all(n.used == 0 for n in
+                                                                                      st.nodes), 60, "the timeout")
+        assert re.match(r"TIMEOUT: it held its GPUs [23] s, its --time limit is 2 s", c.client.cluster_job(slow).reason)
+        assert c.cli("submit", "--time", "soon", "--", "long.py", check=False).returncode == 2
         held = c.cli("submit", "--hold", "--array", "0-1", "--", "task.py").stdout.split()
         out = c.cli("cancel", held[0].split("_")[0]).stdout
         assert out.splitlines() == [f"job {t} cancelled" for t in held], out

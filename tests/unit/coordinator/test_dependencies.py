@@ -87,3 +87,39 @@ def test_hold_and_release_and_a_restart_in_between(tmp_path):
     w.run_all()
     assert w.status(b) == "running" and w.status(held) == "queued"
     assert _kinds(w, b)[:4] == ["submit", "hold", "release", "admitted"], _kinds(w, b)
+
+
+def test_a_time_limit_counts_only_the_time_the_job_holds_gpus_then_it_fails_as_timeout(tmp_path):
+    w = World(tmp_path, nodes=1, slots=2, thresholds=(10.0,))  # tiresias-l: a long job is preempted
+    a = _submit(w, gpus=2, time_limit=10.0)
+    w.s.tick()
+    w.run_all()
+    w.clock.advance(6)  # a: 12 GPU-s, demoted; b preempts it
+    b = _submit(w, gpus=2)
+    w.s.tick()
+    assert w.s.job(a).info["time_limit"] == "10 s (6 s used)"
+    w.exit(a, 75)
+    w.s.tick()
+    w.run_all()
+    w.clock.advance(100)  # a waits 100 s: not counted
+    w.exit(b, 0)
+    w.s.tick()
+    w.run_all()
+    w.clock.advance(3)
+    w.s.tick()
+    assert w.status(a) == "running" and w.s.job(a).info["time_limit"] == "10 s (9 s used)"
+    w.clock.advance(2)
+    w.s.tick()
+    info = w.s.job(a)
+    assert info.status == "failed" and info.reason.startswith("TIMEOUT: it held its GPUs 11 s, its --time limit is 10 s")
+    assert "timeout" in _kinds(w, a) and w.poll("n1").tasks == []  # its workers are told to stop (and save)
+
+
+def test_without_steps_a_time_limit_is_the_work_an_srtf_policy_assumes(tmp_path):
+    w = World(tmp_path, policy="srtf", nodes=1, slots=2)
+    a = _submit(w, time_limit=600.0)
+    w.s.tick()
+    assumed = [e.detail["assumed"] for e in w.s.events.list(0).events if e.kind == "assumed" and e.job == a
+               and e.detail["input"] == "remaining"]
+    assert assumed == ["the rest of its --time limit as its work left (no --steps or --epochs)"], assumed
+    assert w.s.table.get(a).remaining_iterations == pytest.approx(600.0)

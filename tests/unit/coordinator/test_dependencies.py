@@ -111,7 +111,8 @@ def test_a_time_limit_counts_only_the_time_the_job_holds_gpus_then_it_fails_as_t
     w.clock.advance(2)
     w.s.tick()
     info = w.s.job(a)
-    assert info.status == "failed" and info.reason.startswith("TIMEOUT: it held its GPUs 11 s, its --time limit is 10 s")
+    assert info.status == "failed"
+    assert info.reason.startswith("TIMEOUT: it held its GPUs 11 s, its --time limit is 10 s")
     assert "timeout" in _kinds(w, a) and w.poll("n1").tasks == []  # its workers are told to stop (and save)
 
 

@@ -768,7 +768,7 @@ def slurm_time(text: str) -> float:
 
 def _hold(args) -> int:
     client = _client(args)
-    info = client.hold(args.job) if args.command == "hold" else client.release(args.job)
+    info = client.hold_job(args.job) if args.command == "hold" else client.release_job(args.job)
     print(f"job {info.id} {'held' if args.command == 'hold' else 'released'}: {info.reason or info.status}")
     return 0
 

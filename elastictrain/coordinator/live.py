@@ -33,7 +33,7 @@ import msgspec
 
 from .. import PREEMPTED_EXIT_CODE
 from ..clock import Clock
-from ..scheduling import Action, ActionKind, ClusterShape, Entry, JobStatus, JobTable
+from ..scheduling import ENDED, Action, ActionKind, ClusterShape, Entry, JobStatus, JobTable
 from ..policies.interleaving import best_ordering
 from .events import EventLog
 from .nodes import Exit, NodeBook, TaskRec
@@ -42,6 +42,9 @@ from .rendezvous import Rendezvous
 __all__ = ["JobRecord", "LiveBackend", "FORMING"]
 
 FORMING = "forming"  # JobRecord.grun of a member whose group task waits for the other members
+
+
+ENDED_NAMES = frozenset(s.value for s in ENDED)  # JobRecord.status of a job that ended
 
 
 class JobRecord(msgspec.Struct):

@@ -36,7 +36,7 @@ from ..errors import ConfigError, ConflictError, ForbiddenError, NotFoundError, 
 from ..model import check_name
 from ..policies.api import EMPTY, create, options_of
 from ..runtime.stages import STAGES
-from ..scheduling import ENDED, Entry, JobStatus, JobTable, Scheduler
+from ..scheduling import Entry, JobStatus, JobTable, Scheduler
 from ..wire import (
     ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, GroupMember, JobSubmit, LogList, MemberResult, NodeCordon,
     NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks, Series, StepInfo, StepReport, Task, UserInfo,
@@ -44,8 +44,10 @@ from ..wire import (
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
 from .events import EventLog, LogBook
+from .live import ENDED_NAMES as _ENDED_NAMES
 from .live import JobRecord, LiveBackend
 from .nodes import Exit, NodeBook, TaskRec
+from .admission import Admission
 from .arrays import parse_array
 from .quotas import MAX_QUOTA, Quota, QuotaBook
 from .quotas import META_KEY as QUOTAS_META
@@ -105,8 +107,8 @@ class ClusterScheduler:
         self.policy = create(cfg.policy, only_known=True, **opts)
         self.users = UserBook(loaded.meta, self.policy)
         self.quotas = QuotaBook(loaded.meta, Quota(cfg.quota_gpus or None, cfg.quota_jobs or None))
-        self.unadmitted: dict[str, JobRecord] = {}  # jobs waiting for their user's quota (quotas.py)
-        self._quota_used: dict[str, list[int]] = {}  # user -> [GPUs, jobs] its admitted jobs count
+        self.admission = Admission(self)  # who enters the job table, and when (admission.py)
+        self.unadmitted = self.admission.waiting  # jobs held, waiting for jobs they run after, or for quota
         self.events = EventLog(self.store, loaded.last_event)
         self.logs = LogBook(self.store, loaded.log_bytes)
         self.nodes = NodeBook(loaded.nodes, self._emit, cfg.node_timeout, self._task)
@@ -571,7 +573,7 @@ class ClusterScheduler:
                               "in all; lower --gpus, or add nodes first")
         if not os.path.isabs(req.workdir):
             raise ConfigError(f"workdir {req.workdir!r} must be an absolute path")
-        after = self._dependencies(req.after)
+        after = self.admission.dependencies(req.after)
         quota = self.quotas.of(user)
         if quota.gpus is not None and req.gpus > quota.gpus:
             raise ConfigError(f"the job asks for {req.gpus} GPUs (--gpus) but user {user}'s quota is {quota.gpus}: "
@@ -607,8 +609,8 @@ class ClusterScheduler:
             self._emit("submit", job_id, "", name=rec.name, user=user, gpus=req.gpus, min_gpus=rec.min_gpus,
                        steps=req.steps, epochs=req.epochs, command=req.command[:8], run_as=run_as or "-",
                        **by, **({"array": req.array} if i is not None else {}))
-            self._admit(submitted=job_id)
             out.append(rec)
+        self.admission.admit(submitted=tuple(r.id for r in out))
         self._flush()
         self.wake()
         return [self.info(rec) for rec in out]
@@ -625,59 +627,6 @@ class ClusterScheduler:
         self._flush()
         self.wake()
         return self.info(rec)
-
-    def _dependencies(self, after: list[str]) -> list[str]:
-        """``--after`` as "JOB:ok"/"JOB:any", each a known scheduled job that can still satisfy it.
-
-        Raises:
-            ConfigError: a bad entry, an unknown job, or one that already ended without finishing.
-        """
-        out = []
-        for item in after:
-            job, _, kind = item.partition(":")
-            check_name("job", job)
-            kind = kind or "ok"
-            if kind not in ("ok", "any"):
-                raise ConfigError(f"--after {item!r}: write JOB (it must finish first) or JOB:any (it must end, "
-                                  "however)")
-            dep = self.records.get(job)
-            tasks = [r.id for r in self.records.values() if r.array == job] if dep is None else []
-            if tasks:  # a job array: every task of it (Slurm's dependency on an array)
-                out += [t for t in self._dependencies([f"{t}:{kind}" for t in tasks]) if t not in out]
-                continue
-            if dep is None:
-                raise ConfigError(f"--after {item!r}: no scheduled job {job!r} (`elastictrain status` lists them)")
-            if kind == "ok" and dep.status in _ENDED_NAMES and dep.status != "finished":
-                raise ConfigError(f"--after {item!r}: job {job} already {dep.status}, so it will never finish; use "
-                                  f"{job}:any to wait for it to end however")
-            if f"{job}:{kind}" not in out:
-                out.append(f"{job}:{kind}")
-        return out
-
-    def _waits_for(self, rec: JobRecord) -> tuple[list[str], str]:
-        """The jobs ``rec`` still waits for, and why it never can run ("" while it can)."""
-        left = []
-        for item in rec.after:
-            job, _, kind = item.partition(":")
-            dep = self.records.get(job)
-            status = dep.status if dep is not None else "cancelled"
-            if status == "finished" or (kind == "any" and status in _ENDED_NAMES):
-                continue
-            if status in _ENDED_NAMES:
-                return left, (f"job {job}, which it runs after (--after {job}), {status}, so it never can "
-                              f"(Slurm's DependencyNeverSatisfied); submit it again, with --after {job}:any to run "
-                              "after an end of any kind")
-            left.append(job)
-        return left, ""
-
-    def _array_admitted(self) -> dict[str, int]:
-        """Each job array's tasks in the job table (admitted, not ended)."""
-        out: dict[str, int] = {}
-        for e in self.table.entries():
-            a = e.data["job"].array
-            if a:
-                out[a] = out.get(a, 0) + 1
-        return out
 
     def hold(self, job: str, who: Identity = ADMIN) -> ClusterJobInfo:
         """Keep a waiting job from running until :meth:`release` (Slurm's ``scontrol hold``): it
@@ -711,7 +660,7 @@ class ClusterScheduler:
         rec.hold = False
         self._emit("release", job, "", by=who.name)
         self._dirty.add(job)
-        self._admit()
+        self.admission.admit()
         self._flush()
         self.wake()
         return self.info(rec)
@@ -765,13 +714,7 @@ class ClusterScheduler:
             reason = (f"placed; waiting until job {self.sched.held_back[rec.id]} has trained its first step (a job "
                       "is not preempted before it trains)")
         elif not reason and rec.id in self.unadmitted:
-            left = self._waits_for(rec)[0]
-            reason = ("on hold: `elastictrain release " + rec.id + "` lets it run") if rec.hold else \
-                (f"waiting for job{'s' if len(left) > 1 else ''} {', '.join(left)} to "
-                 f"{'finish' if all(f'{j}:ok' in rec.after for j in left) else 'end'} (--after)") if left else \
-                (f"waiting: array {rec.array} runs at most {rec.array_limit} tasks at once (--array ...%"
-                 f"{rec.array_limit})") if rec.array_limit and self._array_admitted().get(rec.array, 0) >= \
-                rec.array_limit else self.quotas.why(rec, self._quota_used)
+            reason = self.admission.why(rec)
         elif not reason and rec.status in ("queued", "preempted"):
             reason = self._why_waiting(rec)
         return ClusterJobInfo(rec.id, rec.name, rec.user, rec.priority, rec.status, rec.gpus, rec.min_gpus,
@@ -848,52 +791,10 @@ class ClusterScheduler:
         with self.store.transaction() as tx:
             tx.put_meta(QUOTAS_META, stored)
             self.events.write(tx)
-        self._admit()
+        self.admission.admit()
         self._flush()
         self.wake()
         return self.user_list(600.0)
-
-    def _admit(self, submitted: str = "") -> None:
-        """Admit the waiting jobs that fit in their users' quotas (quotas.py): they enter the job
-        table, where the policy sees them arrive. ``submitted``: the job just submitted (admitted
-        at once, or an event says it waits)."""
-        used: dict[str, list[int]] = {}
-        if self.quotas.own or self.quotas.default.limited:  # (no quota anywhere: every job is admitted)
-            for e in self.table.entries():
-                u = used.setdefault(e.user, [0, 0])
-                u[0] += e.max_gpu
-                u[1] += 1
-        now = self.clock.now()
-        ready = []
-        for rec in list(self.unadmitted.values()):
-            left, never = self._waits_for(rec) if rec.after else ((), "")
-            if never:  # its dependency can no longer be met: it ends here, saying why
-                del self.unadmitted[rec.id]
-                rec.reason = never
-                self.backend.cancel(rec)
-                self._dirty.add(rec.id)
-            elif not rec.hold and not left:
-                ready.append(rec)
-        if any(r.array_limit for r in ready):  # an array's %N: at most N of its tasks admitted at once
-            running = self._array_admitted()
-            kept = []
-            for rec in ready:
-                if rec.array_limit and running.get(rec.array, 0) >= rec.array_limit:
-                    continue
-                running[rec.array] = running.get(rec.array, 0) + 1
-                kept.append(rec)
-            ready = kept
-        for rec in self.quotas.admit(ready, used) if ready else ():
-            del self.unadmitted[rec.id]
-            rec.admitted = True
-            self.table.add(self._entry(rec))
-            self._dirty.add(rec.id)
-            if rec.id != submitted:
-                self._emit("admitted", rec.id, "", user=rec.user, waited=round(now - rec.submit_time, 1))
-        self._quota_used = used
-        rec = self.unadmitted.get(submitted)
-        if rec is not None and not rec.hold and not self._waits_for(rec)[0]:
-            self._emit("quota_wait", rec.id, "", user=rec.user, why=self.quotas.why(rec, used))
 
     def user_list(self, window: float) -> UserList:
         active: dict[str, int] = {}
@@ -1049,7 +950,7 @@ class ClusterScheduler:
             used = sum(t.slots for n in self.nodes.by_index if n.state == "up" for t in n.tasks if t.alive)
             self._util.append((now, used, sum(n.slots for n in self.nodes.by_index if n.state == "up")))
         if self.unadmitted:  # jobs that ended since may have made room in their users' quotas
-            self._admit()
+            self.admission.admit()
         if len(self.table):
             self.sched.tick()
             for key in self.sched.deferred:
@@ -1105,7 +1006,6 @@ class ClusterScheduler:
         self._flush(everything=True)
 
 
-_ENDED_NAMES = frozenset(s.value for s in ENDED)
 
 
 _MEMBER_LINE = re.compile(rb"^(?:\[[^\]\n]{0,64}\]:)?\[([A-Za-z0-9][A-Za-z0-9._-]{0,127})\] ")

@@ -307,11 +307,11 @@ class CoordinatorClient:
         """Queue a job array (``req.array``): one job per task index."""
         return self._call("POST", "/v1/cluster/arrays", ClusterJobList, req)
 
-    def hold(self, job: str) -> ClusterJobInfo:
-        """Keep a waiting scheduled job from running until :meth:`release` (``scontrol hold``)."""
+    def hold_job(self, job: str) -> ClusterJobInfo:
+        """Keep a waiting scheduled job from running until :meth:`release_job` (``scontrol hold``)."""
         return self._call("POST", f"/v1/cluster/jobs/{job}/hold", ClusterJobInfo)
 
-    def release(self, job: str) -> ClusterJobInfo:
+    def release_job(self, job: str) -> ClusterJobInfo:
         return self._call("POST", f"/v1/cluster/jobs/{job}/release", ClusterJobInfo)
 
     def member_result(self, job: str, result: MemberResult) -> ClusterJobInfo:

@@ -1,0 +1,150 @@
+"""Admission in cluster mode: when a submitted job enters the job table the policy decides on.
+
+A job may be queued long before it may run. It stays outside the table (so no policy sees it,
+and nothing needs to change in the policies) while it is on hold (``submit --hold``,
+``elastictrain hold``), while a job it runs after has not ended as asked (``--after JOB`` waits
+for a finish, ``JOB:any`` for any end; a job array's id stands for all its tasks), while its
+job array has ``%N`` tasks admitted, and while its user's admitted jobs leave no room in the
+user's quota (quotas.py). It is admitted in priority, then submission order, and the policy
+sees it arrive. A job whose ``--after JOB`` can never be met (JOB failed or was cancelled) is
+cancelled here, saying why.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+from ..model import check_name
+from .live import ENDED_NAMES as _ENDED_NAMES
+from .live import JobRecord
+
+if TYPE_CHECKING:
+    from .scheduler import ClusterScheduler
+
+__all__ = ["Admission"]
+
+
+
+class Admission:
+    """The jobs not admitted yet (``waiting``, by id) and the rules that let them in."""
+
+    def __init__(self, sched: "ClusterScheduler") -> None:
+        self.s = sched
+        self.waiting: dict[str, JobRecord] = {}
+        self.used: dict[str, list[int]] = {}  # user -> [GPUs, jobs] its admitted jobs count (the last admit())
+
+    def dependencies(self, after: list[str]) -> list[str]:
+        """``--after`` as "JOB:ok"/"JOB:any", each a known scheduled job that can still satisfy it
+        (a job array's id: each of its tasks).
+
+        Raises:
+            ConfigError: a bad entry, an unknown job, or one that already ended without finishing.
+        """
+        records = self.s.records
+        out: list[str] = []
+        for item in after:
+            job, _, kind = item.partition(":")
+            check_name("job", job)
+            kind = kind or "ok"
+            if kind not in ("ok", "any"):
+                raise ConfigError(f"--after {item!r}: write JOB (it must finish first) or JOB:any (it must end, "
+                                  "however)")
+            dep = records.get(job)
+            tasks = [r.id for r in records.values() if r.array == job] if dep is None else []
+            if tasks:  # a job array: every task of it (Slurm's dependency on an array)
+                out += [t for t in self.dependencies([f"{t}:{kind}" for t in tasks]) if t not in out]
+                continue
+            if dep is None:
+                raise ConfigError(f"--after {item!r}: no scheduled job {job!r} (`elastictrain status` lists them)")
+            if kind == "ok" and dep.status in _ENDED_NAMES and dep.status != "finished":
+                raise ConfigError(f"--after {item!r}: job {job} already {dep.status}, so it will never finish; use "
+                                  f"{job}:any to wait for it to end however")
+            if f"{job}:{kind}" not in out:
+                out.append(f"{job}:{kind}")
+        return out
+
+    def waits_for(self, rec: JobRecord) -> tuple[list[str], str]:
+        """The jobs ``rec`` still waits for, and why it never can run ("" while it can)."""
+        left = []
+        for item in rec.after:
+            job, _, kind = item.partition(":")
+            dep = self.s.records.get(job)
+            status = dep.status if dep is not None else "cancelled"
+            if status == "finished" or (kind == "any" and status in _ENDED_NAMES):
+                continue
+            if status in _ENDED_NAMES:
+                return left, (f"job {job}, which it runs after (--after {job}), {status}, so it never can "
+                              f"(Slurm's DependencyNeverSatisfied); submit it again, with --after {job}:any to run "
+                              "after an end of any kind")
+            left.append(job)
+        return left, ""
+
+    def array_admitted(self) -> dict[str, int]:
+        """Each job array's tasks in the job table (admitted, not ended)."""
+        out: dict[str, int] = {}
+        for e in self.s.table.entries():
+            a = e.data["job"].array
+            if a:
+                out[a] = out.get(a, 0) + 1
+        return out
+
+    def admit(self, submitted: tuple = ()) -> None:
+        """Admit the waiting jobs that may run now: they enter the job table, where the policy sees
+        them arrive. ``submitted``: jobs just submitted (admitted at once, or an event says they
+        wait for the quota)."""
+        s, quotas = self.s, self.s.quotas
+        used: dict[str, list[int]] = {}
+        if quotas.own or quotas.default.limited:  # (no quota anywhere: nothing to count)
+            for e in s.table.entries():
+                u = used.setdefault(e.user, [0, 0])
+                u[0] += e.max_gpu
+                u[1] += 1
+        now = s.clock.now()
+        ready = []
+        for rec in list(self.waiting.values()):
+            left, never = self.waits_for(rec) if rec.after else ((), "")
+            if never:  # its dependency can no longer be met: it ends here, saying why
+                del self.waiting[rec.id]
+                rec.reason = never
+                s.backend.cancel(rec)
+                s._dirty.add(rec.id)
+            elif not rec.hold and not left:
+                ready.append(rec)
+        if any(r.array_limit for r in ready):  # an array's %N: at most N of its tasks admitted at once
+            running = self.array_admitted()
+            kept = []
+            for rec in ready:
+                if rec.array_limit and running.get(rec.array, 0) >= rec.array_limit:
+                    continue
+                running[rec.array] = running.get(rec.array, 0) + 1
+                kept.append(rec)
+            ready = kept
+        for rec in quotas.admit(ready, used) if ready else ():
+            del self.waiting[rec.id]
+            rec.admitted = True
+            s.table.add(s._entry(rec))
+            s._dirty.add(rec.id)
+            if rec.id not in submitted:
+                s._emit("admitted", rec.id, "", user=rec.user, waited=round(now - rec.submit_time, 1))
+        self.used = used
+        for job in submitted:
+            rec = self.waiting.get(job)
+            if rec is not None and not rec.hold and not self.waits_for(rec)[0] and not self._array_full(rec):
+                s._emit("quota_wait", rec.id, "", user=rec.user, why=quotas.why(rec, used))
+
+    def _array_full(self, rec: JobRecord) -> bool:
+        return bool(rec.array_limit) and self.array_admitted().get(rec.array, 0) >= rec.array_limit
+
+    def why(self, rec: JobRecord) -> str:
+        """Why a job not admitted waits (squeue's reason)."""
+        if rec.hold:
+            return f"on hold: `elastictrain release {rec.id}` lets it run"
+        left = self.waits_for(rec)[0]
+        if left:
+            what = "finish" if all(f"{j}:ok" in rec.after for j in left) else "end"
+            return f"waiting for job{'s' if len(left) > 1 else ''} {', '.join(left)} to {what} (--after)"
+        if self._array_full(rec):
+            return (f"waiting: array {rec.array} runs at most {rec.array_limit} tasks at once (--array ...%"
+                    f"{rec.array_limit})")
+        return self.s.quotas.why(rec, self.used)

@@ -109,47 +109,63 @@ def _workdir(base: str, account: str) -> str:
     return d
 
 
-def test_jobs_run_as_their_users_and_touch_only_what_those_may(accounts):
-    base, names = accounts
-    py = _python_for_others(base)
+def _secret(base: str) -> str:
     secret = os.path.join(base, "root-only")
     with open(secret, "w") as f:
         f.write("TOP-SECRET")
     os.chmod(secret, 0o600)
-    cluster_dir = os.path.join(base, "cluster")
-    os.makedirs(cluster_dir)
-    with LocalCluster(cluster_dir, "fifo", nodes=1, slots=2, node_credentials=True, python=py) as c:
-        admin = c.client
-        tok = {who: admin.add_user(who, name).token for who, name in names.items()}
-        admin.add_user("mallory", "root")  # mapped to root without --allow-root
-        tok["mallory"] = admin.add_user("mallory", "root").token
-        users = {who: CoordinatorClient(c.coordinator.url, t, timeout=10.0, retry_for=10.0) for who, t in tok.items()}
-        wa, wb = _workdir(base, names["alice"]), _workdir(base, names["bob"])
-        ja = users["alice"].submit(JobSubmit(["probe.py", secret, "/dev/null"], wa, max_restarts=0)).id
-        c.wait(lambda st: next(j for j in st.jobs if j.id == ja).status in ("finished", "failed"), 120, "alice's job")
-        jb = users["bob"].submit(JobSubmit(["probe.py", secret, os.path.join(wa, "probe.json")], wb,
-                                           max_restarts=0)).id
-        # refused when they start: a working directory alice may not enter; root without leave
-        jr = users["alice"].submit(JobSubmit(["probe.py", secret, secret], "/root", max_restarts=0)).id
-        jm = users["mallory"].submit(JobSubmit(["probe.py", secret, secret], wa, max_restarts=0)).id
-        st = c.wait_all(4, 120)
-        by = {j.id: j for j in st.jobs}
-        assert by[ja].status == "finished" and by[jb].status == "finished", (by[ja], by[jb], c.tail())
-        with open(os.path.join(wa, "probe.json")) as f:
-            a = json.load(f)
-        with open(os.path.join(wb, "probe.json")) as f:
-            b = json.load(f)
-        alice, bob = pwd.getpwnam(names["alice"]), pwd.getpwnam(names["bob"])
-        assert (a["uid"], a["gid"]) == (alice.pw_uid, alice.pw_gid) and a["home"] == alice.pw_dir
-        assert (b["uid"], b["gid"]) == (bob.pw_uid, bob.pw_gid)
-        assert a["secret"] == "PermissionError" and b["secret"] == "PermissionError"
-        assert b["other"] == "PermissionError"  # bob cannot read alice's output
-        token_file = a["token_file"]
-        assert token_file.endswith("/token") and os.stat(token_file).st_uid == alice.pw_uid
-        assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+    os.makedirs(os.path.join(base, "cluster"))
+    return secret
+
+
+def _probes(c, base: str, names: dict, secret: str, root_workdir: bool) -> tuple:
+    """alice's and bob's probe jobs and mallory's (mapped to root without leave; ``root_workdir``:
+    also alice's in /root, which she may not enter), run to their ends on cluster ``c``, with the
+    checks every engine shares. Returns the jobs by id, their ids, alice's probe, the users'
+    clients and alice's working directory."""
+    admin = c.client
+    tok = {who: admin.add_user(who, name).token for who, name in names.items()}
+    tok["mallory"] = admin.add_user("mallory", "root").token
+    users = {who: CoordinatorClient(c.coordinator.url, t, timeout=10.0, retry_for=10.0) for who, t in tok.items()}
+    wa, wb = _workdir(base, names["alice"]), _workdir(base, names["bob"])
+    ids = {"alice": users["alice"].submit(JobSubmit(["probe.py", secret, "/dev/null"], wa, max_restarts=0)).id}
+    c.wait(lambda st: next(j for j in st.jobs if j.id == ids["alice"]).status in ("finished", "failed"), 120,
+           "alice's job")
+    ids["bob"] = users["bob"].submit(JobSubmit(["probe.py", secret, os.path.join(wa, "probe.json")], wb,
+                                               max_restarts=0)).id
+    if root_workdir:  # refused when it starts
+        ids["root_workdir"] = users["alice"].submit(JobSubmit(["probe.py", secret, secret], "/root",
+                                                              max_restarts=0)).id
+    ids["mallory"] = users["mallory"].submit(JobSubmit(["probe.py", secret, secret], wa, max_restarts=0)).id
+    by = {j.id: j for j in c.wait_all(len(ids), 120).jobs}
+    assert by[ids["alice"]].status == "finished" and by[ids["bob"]].status == "finished", (by, c.tail())
+    with open(os.path.join(wa, "probe.json")) as f:
+        a = json.load(f)
+    with open(os.path.join(wb, "probe.json")) as f:
+        b = json.load(f)
+    alice, bob = pwd.getpwnam(names["alice"]), pwd.getpwnam(names["bob"])
+    assert (a["uid"], a["gid"]) == (alice.pw_uid, alice.pw_gid) and (b["uid"], b["gid"]) == (bob.pw_uid, bob.pw_gid)
+    assert a["secret"] == "PermissionError" and b["secret"] == "PermissionError"
+    assert b["other"] == "PermissionError"  # bob cannot read alice's output
+    token_file = a["token_file"]
+    assert token_file.endswith("/token") and os.stat(token_file).st_uid == alice.pw_uid
+    assert stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
+    mallory = by[ids["mallory"]]
+    assert mallory.status == "failed" and "would run as root" in mallory.reason, mallory
+    return by, ids, a, users, wa
+
+
+def test_jobs_run_as_their_users_and_touch_only_what_those_may(accounts):
+    base, names = accounts
+    py = _python_for_others(base)
+    secret = _secret(base)
+    with LocalCluster(os.path.join(base, "cluster"), "fifo", nodes=1, slots=2, node_credentials=True,
+                      python=py) as c:
+        by, ids, a, users, wa = _probes(c, base, names, secret, root_workdir=True)
+        assert a["home"] == pwd.getpwnam(names["alice"]).pw_dir
         assert "LD_PRELOAD" not in a["env"] and "PYTHONPATH" not in a["env"]
-        assert by[jr].status == "failed" and "cannot start the job as" in by[jr].reason, by[jr]
-        assert by[jm].status == "failed" and "would run as root" in by[jm].reason, by[jm]
+        jr = by[ids["root_workdir"]]
+        assert jr.status == "failed" and "cannot start the job as" in jr.reason, jr
         # refused at submit, with the rule: loader variables, etrun's own flags, a lone ':'
         refusals = [
             (JobSubmit(["probe.py"], wa, env={"LD_PRELOAD": "/tmp/x.so"}), "LD_"),
@@ -162,51 +178,25 @@ def test_jobs_run_as_their_users_and_touch_only_what_those_may(accounts):
         for req, why in refusals:
             with pytest.raises(ConfigError, match=why):
                 users["alice"].submit(req)
-        assert len(admin.cluster_jobs().jobs) == 4  # nothing was queued
+        assert len(c.client.cluster_jobs().jobs) == 4  # nothing was queued
         for u in users.values():
             u.close()
 
 
 def test_through_slurm_a_job_runs_as_its_user_via_sbatch_uid(accounts, slurm):
     """The same rules through a real Slurm (`--backend slurm`): alice's batch job is submitted with
-    `sbatch --uid`, so slurmstepd runs her script as her account; bob's job cannot read her output;
-    root without leave is refused before sbatch."""
+    `sbatch --uid` and `--gid`, so slurmstepd runs her script as her account and group; bob's job
+    cannot read her output; root without leave is refused before sbatch, with the reason."""
     base, names = accounts
     py = _python_for_others(base)
-    secret = os.path.join(base, "root-only")
-    with open(secret, "w") as f:
-        f.write("TOP-SECRET")
-    os.chmod(secret, 0o600)
-    cluster_dir = os.path.join(base, "cluster")
-    os.makedirs(cluster_dir)
-    with LocalCluster(cluster_dir, "fifo", slurm_conf=slurm.conf, python=py) as c:
-        admin = c.client
-        tok = {who: admin.add_user(who, name).token for who, name in names.items()}
-        tok["mallory"] = admin.add_user("mallory", "root").token
-        users = {who: CoordinatorClient(c.coordinator.url, t, timeout=10.0, retry_for=10.0) for who, t in tok.items()}
-        wa, wb = _workdir(base, names["alice"]), _workdir(base, names["bob"])
-        ja = users["alice"].submit(JobSubmit(["probe.py", secret, "/dev/null"], wa, max_restarts=0)).id
-        c.wait(lambda st: next(j for j in st.jobs if j.id == ja).status in ("finished", "failed"), 120, "alice's job")
-        jb = users["bob"].submit(JobSubmit(["probe.py", secret, os.path.join(wa, "probe.json")], wb,
-                                           max_restarts=0)).id
-        jm = users["mallory"].submit(JobSubmit(["probe.py", secret, secret], wa, max_restarts=0)).id
-        st = c.wait_all(3, 120)
-        by = {j.id: j for j in st.jobs}
-        assert by[ja].status == "finished" and by[jb].status == "finished", (by[ja], by[jb], c.tail())
-        with open(os.path.join(wa, "probe.json")) as f:
-            a = json.load(f)
-        with open(os.path.join(wb, "probe.json")) as f:
-            b = json.load(f)
-        alice, bob = pwd.getpwnam(names["alice"]), pwd.getpwnam(names["bob"])
-        assert (a["uid"], a["gid"]) == (alice.pw_uid, alice.pw_gid) and (b["uid"], b["gid"]) == (bob.pw_uid, bob.pw_gid)
-        assert a["secret"] == "PermissionError" and b["other"] == "PermissionError"
-        token_file = a["token_file"]
-        assert os.stat(token_file).st_uid == alice.pw_uid and stat.S_IMODE(os.stat(token_file).st_mode) == 0o600
-        assert by[jm].status == "failed" and "would run as root" in by[jm].reason, by[jm]
+    secret = _secret(base)
+    with LocalCluster(os.path.join(base, "cluster"), "fifo", slurm_conf=slurm.conf, python=py) as c:
+        by, ids, a, users, wa = _probes(c, base, names, secret, root_workdir=False)
         with open(os.path.join(c.tmp, "slurm-runs", "coordinator-id")) as f:  # (job ids repeat across tests)
             ours = "elastictrain:" + f.read().strip()
         rows = [line.split("|") for line in slurm.run("squeue", "--states=all", "--noheader",
                                                       "--format=%j|%u|%k").splitlines()]
+        ja = ids["alice"]
         assert [names["alice"]] == sorted({u for j, u, k in rows if j.startswith(f"et.{ja}.") and k == ours}), rows
         for u in users.values():
             u.close()

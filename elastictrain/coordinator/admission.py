@@ -33,6 +33,7 @@ class Admission:
         self.s = sched
         self.waiting: dict[str, JobRecord] = {}
         self.used: dict[str, list[int]] = {}  # user -> [GPUs, jobs] its admitted jobs count (the last admit())
+        self.arrays: dict[str, int] = {}  # job array -> its tasks admitted (the last admit())
 
     def dependencies(self, after: list[str]) -> list[str]:
         """``--after`` as "JOB:ok"/"JOB:any", each a known scheduled job that can still satisfy it
@@ -111,13 +112,13 @@ class Admission:
                 s._dirty.add(rec.id)
             elif not rec.hold and not left:
                 ready.append(rec)
+        arrays = self.array_admitted() if any(r.array_limit for r in self.waiting.values()) else {}
         if any(r.array_limit for r in ready):  # an array's %N: at most N of its tasks admitted at once
-            running = self.array_admitted()
-            kept = []
+            taken, kept = dict(arrays), []
             for rec in ready:
-                if rec.array_limit and running.get(rec.array, 0) >= rec.array_limit:
+                if rec.array_limit and taken.get(rec.array, 0) >= rec.array_limit:
                     continue
-                running[rec.array] = running.get(rec.array, 0) + 1
+                taken[rec.array] = taken.get(rec.array, 0) + 1
                 kept.append(rec)
             ready = kept
         for rec in quotas.admit(ready, used) if ready else ():
@@ -125,16 +126,18 @@ class Admission:
             rec.admitted = True
             s.table.add(s._entry(rec))
             s._dirty.add(rec.id)
+            if rec.array:
+                arrays[rec.array] = arrays.get(rec.array, 0) + 1
             if rec.id not in submitted:
                 s._emit("admitted", rec.id, "", user=rec.user, waited=round(now - rec.submit_time, 1))
-        self.used = used
+        self.used, self.arrays = used, arrays
         for job in submitted:
             rec = self.waiting.get(job)
             if rec is not None and not rec.hold and not self.waits_for(rec)[0] and not self._array_full(rec):
                 s._emit("quota_wait", rec.id, "", user=rec.user, why=quotas.why(rec, used))
 
     def _array_full(self, rec: JobRecord) -> bool:
-        return bool(rec.array_limit) and self.array_admitted().get(rec.array, 0) >= rec.array_limit
+        return bool(rec.array_limit) and self.arrays.get(rec.array, 0) >= rec.array_limit
 
     def why(self, rec: JobRecord) -> str:
         """Why a job not admitted waits (squeue's reason)."""

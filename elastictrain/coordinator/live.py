@@ -333,7 +333,7 @@ class LiveBackend:
         when one is left), with nothing restarted."""
         self._codes.pop((rec.id, rec.run), None)
         e = self.table.get(rec.id)
-        if e is None:  # never admitted (its user's quota): it ends as it waited
+        if e is None:  # never admitted (held, waiting for other jobs or its quota): it ends as it waited
             rec.status, rec.end_time = status.value, self.clock.now()
             self._touched(rec.id)
             return
@@ -407,24 +407,24 @@ class LiveBackend:
 
     def cancel(self, rec: JobRecord) -> None:
         """(A job inside a group task is cancelled there by its own process, which polls.)"""
-        self.nodes.unwant(rec.id)
-        self.rdzv.stop(rec.id, "cancelled")
-        self.table.accrue(self.clock.now())
-        self._end(rec, JobStatus.CANCELLED)
-        self._emit("cancel", rec, run=rec.run)
-        self.rdzv.forget(rec.id)
+        self._stop_and_end(rec, JobStatus.CANCELLED, "cancel", "cancelled")
 
     def timeout(self, rec: JobRecord, held: float) -> None:
         """The job held its GPUs for its whole ``--time``: its run is stopped (the workers get
         SIGTERM and its grace to checkpoint, as on a preemption) and it fails with reason TIMEOUT."""
-        self.nodes.unwant(rec.id)
-        self.rdzv.stop(rec.id, "timeout")
-        self.table.accrue(self.clock.now())
         rec.reason = (f"TIMEOUT: it held its GPUs {held:.0f} s, its --time limit is {rec.time_limit:.0f} s; its "
                       "last checkpoint is kept: submit it again (with a longer --time) to go on from there")
         rec.exit_code = None
-        self._end(rec, JobStatus.FAILED)
-        self._emit("timeout", rec, run=rec.run, held=round(held, 1), time_limit=rec.time_limit)
+        self._stop_and_end(rec, JobStatus.FAILED, "timeout", "timeout", held=round(held, 1),
+                           time_limit=rec.time_limit)
+
+    def _stop_and_end(self, rec: JobRecord, status: JobStatus, event: str, why: str, **detail) -> None:
+        """The job ends now; its workers are told to stop (they checkpoint, as when preempted)."""
+        self.nodes.unwant(rec.id)
+        self.rdzv.stop(rec.id, why)
+        self.table.accrue(self.clock.now())
+        self._end(rec, status)
+        self._emit(event, rec, run=rec.run, **detail)
         self.rdzv.forget(rec.id)
 
     def predict(self, group) -> Optional[float]:

@@ -6,11 +6,20 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # etrun keeps its state (the embedded coordinator's commit records) per command under
-# $ET_STATE_DIR: tests keep theirs in one temporary directory, not in the user's home
+# $ET_STATE_DIR: tests keep theirs in one temporary directory, not in the user's home, removed at
+# the end of the session
+_STATE_DIR = None
 if "ET_STATE_DIR" not in os.environ:
     import tempfile
 
-    os.environ["ET_STATE_DIR"] = tempfile.mkdtemp(prefix="et-test-state-")
+    _STATE_DIR = os.environ["ET_STATE_DIR"] = tempfile.mkdtemp(prefix="et-test-state-")
+
+
+def pytest_unconfigure(config):
+    if _STATE_DIR is not None:
+        import shutil
+
+        shutil.rmtree(_STATE_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

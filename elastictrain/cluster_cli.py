@@ -484,9 +484,9 @@ def _user_table(client, window: float, as_json: bool) -> int:
 
 
 def _quota_text(u) -> str:
-    parts = [f"{u.quota_gpus} GPUs" if u.quota_gpus is not None else "", f"{u.quota_jobs} jobs" if u.quota_jobs
-             is not None else ""]
-    return (", ".join(p for p in parts if p) or "none") + ("" if u.quota_own else " (default)")
+    from .coordinator.quotas import Quota
+
+    return Quota(u.quota_gpus, u.quota_jobs).text() + ("" if u.quota_own else " (default)")
 
 
 def _job_list(client, as_json: bool) -> int:

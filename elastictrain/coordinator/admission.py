@@ -81,6 +81,15 @@ class Admission:
             left.append(job)
         return left, ""
 
+    def usage(self) -> dict[str, list[int]]:
+        """Each user's admitted jobs (in the job table): [GPUs they count (their --gpus), jobs]."""
+        used: dict[str, list[int]] = {}
+        for e in self.s.table.entries():
+            u = used.setdefault(e.user, [0, 0])
+            u[0] += e.max_gpu
+            u[1] += 1
+        return used
+
     def array_admitted(self) -> dict[str, int]:
         """Each job array's tasks in the job table (admitted, not ended)."""
         out: dict[str, int] = {}
@@ -95,12 +104,7 @@ class Admission:
         them arrive. ``submitted``: jobs just submitted (admitted at once, or an event says they
         wait for the quota)."""
         s, quotas = self.s, self.s.quotas
-        used: dict[str, list[int]] = {}
-        if quotas.own or quotas.default.limited:  # (no quota anywhere: nothing to count)
-            for e in s.table.entries():
-                u = used.setdefault(e.user, [0, 0])
-                u[0] += e.max_gpu
-                u[1] += 1
+        used = self.usage() if quotas.own or quotas.default.limited else {}  # (no quota anywhere: nothing to count)
         now = s.clock.now()
         ready = []
         for rec in list(self.waiting.values()):
@@ -121,7 +125,8 @@ class Admission:
                 taken[rec.array] = taken.get(rec.array, 0) + 1
                 kept.append(rec)
             ready = kept
-        for rec in quotas.admit(ready, used) if ready else ():
+        admitted = quotas.admit(ready, used) if ready else []
+        for rec in admitted:
             del self.waiting[rec.id]
             rec.admitted = True
             s.table.add(s._entry(rec))
@@ -131,9 +136,8 @@ class Admission:
             if rec.id not in submitted:
                 s._emit("admitted", rec.id, "", user=rec.user, waited=round(now - rec.submit_time, 1))
         self.used, self.arrays = used, arrays
-        for job in submitted:
-            rec = self.waiting.get(job)
-            if rec is not None and not rec.hold and not self.waits_for(rec)[0] and not self._array_full(rec):
+        for rec in ready:  # free to run but for the quota: a job just submitted says so
+            if rec.id in submitted and rec.id in self.waiting:
                 s._emit("quota_wait", rec.id, "", user=rec.user, why=quotas.why(rec, used))
 
     def _array_full(self, rec: JobRecord) -> bool:

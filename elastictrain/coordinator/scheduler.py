@@ -587,7 +587,10 @@ class ClusterScheduler:
         now = self.clock.now()
         name = req.name or _default_name(req.command)
         by = {"by": who.name} if who.role != "user" and user != "default" else {}  # the admin acted for a user
-        by.update({"after": ",".join(after)} if after else {}, **({"hold": True} if req.hold else {}))
+        if after:
+            by["after"] = ",".join(after)
+        if req.hold:
+            by["hold"] = True
         out = []
         for i in tasks:
             job_id, env = base, dict(req.env)
@@ -808,9 +811,7 @@ class ClusterScheduler:
         out = self.users.report(self.clock.now(), window, self._usage, active, running)
         if not (self.quotas.own or self.quotas.default.limited):
             return out
-        used: dict[str, int] = {}
-        for e in self.table.entries():
-            used[e.user] = used.get(e.user, 0) + e.max_gpu
+        used = self.admission.usage()
         queued: dict[str, int] = {}
         for rec in self.unadmitted.values():
             queued[rec.user] = queued.get(rec.user, 0) + 1
@@ -818,7 +819,8 @@ class ClusterScheduler:
         rows = list(out.users) + [UserInfo(u, self.users.tickets.get(u, self.users.default), u in self.users.tickets,
                                            0.0, 0.0, 0.0, 0, 0) for u in sorted(set(self.quotas.own) - listed)]
         rows = [msgspec.structs.replace(u, quota_gpus=q.gpus, quota_jobs=q.jobs, quota_own=u.user in self.quotas.own,
-                                        admitted_gpus=used.get(u.user, 0), waiting_for_quota=queued.get(u.user, 0))
+                                        admitted_gpus=used.get(u.user, (0, 0))[0],
+                                        waiting_for_quota=queued.get(u.user, 0))
                 for u in rows for q in (self.quotas.of(u.user),)]
         return msgspec.structs.replace(out, users=rows)
 
@@ -938,9 +940,10 @@ class ClusterScheduler:
         self.table.accrue(now)
         self._next_timeout = None  # when the next running job reaches its --time (the loop wakes then)
         for e in [e for e in self.table.running.values() if e.data["job"].time_limit]:  # Slurm's --time
-            left = e.data["job"].time_limit - _held(e, now)
+            held = _held(e, now)
+            left = e.data["job"].time_limit - held
             if left <= 0:
-                self.backend.timeout(e.data["job"], _held(e, now))
+                self.backend.timeout(e.data["job"], held)
             elif self._next_timeout is None or now + left < self._next_timeout:
                 self._next_timeout = now + left
         for e in self.table.running.values():

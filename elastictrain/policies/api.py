@@ -215,7 +215,7 @@ def register(name: str, factory: Callable[..., Policy], options: Optional[Sequen
 
 def options_of(name: str) -> Optional[frozenset[str]]:
     """The keyword options a registered policy takes (None if it did not say)."""
-    _load_builtin()
+    _load_builtin(name)
     return _OPTIONS.get(name)
 
 
@@ -229,7 +229,7 @@ def check_registered(name: str) -> None:
 
     ``module:attr`` (``my_policies:UserTurns``) names a factory in an importable module (the
     working directory first, then ``sys.path``): it is imported and registered under that name."""
-    _load_builtin()
+    _load_builtin(name)
     if name not in _REGISTRY and ":" in name:
         _register_path(name)
     if name not in _REGISTRY:
@@ -288,6 +288,16 @@ def _register_path(name: str) -> None:
     register(name, factory)
 
 
-def _load_builtin() -> None:
-    for mod in ("fifo", "srtf", "tiresias", "timeslice", "gandiva_fair", "muri", "autoscale"):
+#: the shipped policies, by the module that registers them (imported when one of its names is
+#: asked for: a simulation of one policy does not import the others, nor numpy for Tiresias-G)
+_BUILTIN = {"fifo": ("yarn-cs", "fifo", "fifo-be"), "srtf": ("srtf", "srsf"), "tiresias": ("tiresias-l", "tiresias-g"),
+            "timeslice": ("gandiva-ts",), "gandiva_fair": ("gandiva-fair", "gandiva-fair-notrade", "gandiva-fair-global"),
+            "muri": ("muri-s", "muri-l", "muri-l-worst", "muri-l-noblossom"), "autoscale": ("autoscale",)}
+
+
+def _load_builtin(name: Optional[str] = None) -> None:
+    """Import the shipped policy modules: the one that registers ``name``, or all of them (no
+    name, or a name none of them has: the error lists every known policy)."""
+    mods = [m for m, names in _BUILTIN.items() if name in names] if name is not None else []
+    for mod in mods or _BUILTIN:
         importlib.import_module(f".{mod}", __package__)

@@ -1,6 +1,8 @@
 """The mechanism core: job table, plan (every invariant), the scheduling step and its failures."""
 
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -255,6 +257,24 @@ def test_registering_a_name_twice_is_an_error():
     with pytest.raises(ConfigError, match="already registered"):
         register("test-dup", lambda **kw: Fixed(), ())
     register("test-dup", lambda **kw: Fixed(), (), replace=True)
+
+
+def test_a_shipped_policy_is_found_by_importing_its_module_alone():
+    """Each shipped policy's name is listed with the module that registers it (a simulation of one
+    policy imports that module only), and each module registers exactly the names listed."""
+    import importlib
+
+    from elastictrain.policies import api
+
+    for mod, names in api._BUILTIN.items():
+        module = importlib.import_module(f"elastictrain.policies.{mod}")
+        mine = {n for n, f in api._REGISTRY.items() if getattr(f, "__module__", "") == module.__name__}
+        assert mine == set(names), mod
+    code = ("import sys; from elastictrain.policies.api import create; create('gandiva-ts'); "
+            "print(sorted(m for m in sys.modules if m.startswith('elastictrain.policies.') or m == 'numpy'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.split() == ["['elastictrain.policies.api',", "'elastictrain.policies.placement',",
+                                  "'elastictrain.policies.timeslice']"]
 
 
 def test_entries_are_validated_and_keys_are_unique():

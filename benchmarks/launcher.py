@@ -16,7 +16,11 @@ the toy written for in-process recovery (``etrun_inprocess``; the survivor's pid
 after shows it was not restarted), and with the zygote kept between launches (``--zygote keep``:
 ``etrun_kept``; its first run is a first launch, printed alone as
 ``etrun_kept_first_launch_to_first_step``, and the medians are of the launches after it, which
-find the zygote ready). Each recovery is split into
+find the zygote ready). The floor of a first launch is measured too: one fresh interpreter importing
+etrun's default preload list (``preload_import_median``: what the zygote pays before its first fork),
+and ``launch_to_first_step_floor_vs_torchrun``, that time over torchrun's launch to first step: the
+lowest launch ratio any launcher that imports torch once per node can reach on this machine. Each
+recovery is split into
 phases: etrun's own (detect, report, stop, rendezvous, spawn, from its log) and the new
 worker's (process start, imports, init, first step, from the toy's events).
 At the end the toy is told to stop (it leaves its loop after the step it is in):
@@ -53,6 +57,7 @@ TOY_INPROCESS = os.path.join(HERE, "launcher_toy_inprocess.py")
 TOY_HOROVOD = os.path.join(HERE, "launcher_toy_horovod.py")
 BIN = os.path.dirname(sys.executable)
 sys.path.insert(0, os.path.dirname(HERE))
+from elastictrain.launcher.config import DEFAULT_PRELOAD  # noqa: E402
 from elastictrain.launcher.zygote_keep import stop_all  # noqa: E402
 
 
@@ -151,6 +156,22 @@ def _phases(rows, t_kill: float, nxt, log_path: str) -> dict:
             if name != "detect":
                 out[f"phase_{name}"] = float(value)
     return out
+
+
+def preload_import(env: dict) -> float:
+    """Seconds from starting a fresh interpreter to the end of its imports of etrun's default
+    preload list (the zygote's imports, one after the other in one process, as the zygote does;
+    the interpreter's teardown is not counted: it leaves with os._exit, as the zygote does)."""
+    code = ("import importlib.util as u, os, sys\nfor m in %r:\n    if u.find_spec(m.partition('.')[0]): "
+            "__import__(m)\nsys.stdout.write('imported\\n'); sys.stdout.flush(); os._exit(0)") % (list(DEFAULT_PRELOAD),)
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    took = time.perf_counter() - t
+    proc.wait(timeout=60)
+    if line.strip() != "imported":
+        raise RuntimeError(f"importing the preload list failed (exit {proc.returncode})")
+    return took
 
 
 def one_run(cmd: list[str], env: dict, recovery_timeout: float, kill_after: float, toy: str = TOY,
@@ -355,6 +376,12 @@ def main() -> None:
             print(f"recovery_inprocess_survivor_kept_pid: {kept}/{runs} kills")
         sys.stdout.flush()
 
+    floor = []
+    if "etrun" in launchers or "torchrun" in launchers:
+        for _ in range(runs):
+            floor.append(preload_import(base))
+        print(f"preload_import_median: {statistics.median(floor):.3f} s")
+
     def median(name: str, key: str = "kill_to_step") -> float:
         vals = summary.get(name, {}).get(key)
         return statistics.median(vals) if vals else float("nan")
@@ -370,6 +397,9 @@ def main() -> None:
     print(f"etrun_vs_torchrun_launch_to_worker_start: {median('etrun', 'start') / median('torchrun', 'start'):.2f} x")
     print(f"etrun_vs_torchrun_launch_to_first_step: "
           f"{median('etrun', 'first_step') / median('torchrun', 'first_step'):.2f} x")
+    imports = statistics.median(floor) if floor else float("nan")
+    print(f"etrun_launch_to_first_step_over_preload_import: {median('etrun', 'first_step') / imports:.2f} x")
+    print(f"launch_to_first_step_floor_vs_torchrun: {imports / median('torchrun', 'first_step'):.2f} x")
     print(f"etrun_kept_vs_torchrun_launch_to_first_step: "
           f"{median('etrun_kept', 'first_step') / median('torchrun', 'first_step'):.2f} x")
     print(f"recovery_etrun_kept_vs_torchrun: {median('etrun_kept') / base_rec:.2f} x")

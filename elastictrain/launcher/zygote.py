@@ -70,11 +70,9 @@ def _die_with_parent(parent: int) -> None:
 
 def _import(preload: list[str]) -> str:
     """Import the preload list; "" where forking is then safe, else why not."""
-    for name in preload:
-        try:
-            __import__(name)
-        except ImportError:
-            pass
+    from .runner import import_preload
+
+    import_preload(preload)
     if threading.active_count() > 1:
         names = ", ".join(t.name for t in threading.enumerate() if t is not threading.main_thread())
         return f"importing {','.join(preload)} started Python threads ({names}): forking is unsafe"

@@ -17,9 +17,10 @@ after shows it was not restarted), and with the zygote kept between launches (``
 ``etrun_kept``; its first run is a first launch, printed alone as
 ``etrun_kept_first_launch_to_first_step``, and the medians are of the launches after it, which
 find the zygote ready). The floor of a first launch is measured too: one fresh interpreter importing
-etrun's default preload list (``preload_import_median``: what the zygote pays before its first fork),
-and ``launch_to_first_step_floor_vs_torchrun``, that time over torchrun's launch to first step: the
-lowest launch ratio any launcher that imports torch once per node can reach on this machine. Each
+etrun's default preload list as a torchrun worker does (``preload_import_median``) and with the cyclic
+garbage collector paused, as the zygote does before its first fork (``preload_import_gc_paused_median``),
+and ``launch_to_first_step_floor_vs_torchrun``, the latter over torchrun's launch to first step: the
+lowest launch ratio a launcher that imports torch once per node can reach on this machine. Each
 recovery is split into
 phases: etrun's own (detect, report, stop, rendezvous, spawn, from its log) and the new
 worker's (process start, imports, init, first step, from the toy's events).
@@ -158,12 +159,14 @@ def _phases(rows, t_kill: float, nxt, log_path: str) -> dict:
     return out
 
 
-def preload_import(env: dict) -> float:
+def preload_import(env: dict, paused: bool) -> float:
     """Seconds from starting a fresh interpreter to the end of its imports of etrun's default
-    preload list (the zygote's imports, one after the other in one process, as the zygote does;
-    the interpreter's teardown is not counted: it leaves with os._exit, as the zygote does)."""
-    code = ("import importlib.util as u, os, sys\nfor m in %r:\n    if u.find_spec(m.partition('.')[0]): "
-            "__import__(m)\nsys.stdout.write('imported\\n'); sys.stdout.flush(); os._exit(0)") % (list(DEFAULT_PRELOAD),)
+    preload list, one after the other in one process: as a torchrun worker imports them, or
+    (``paused``) with the cyclic garbage collector paused, as the zygote does (``import_preload``).
+    The interpreter's teardown is not counted: it leaves with os._exit, as the zygote does."""
+    code = ("import importlib.util as u, os, sys, gc\nif %r: gc.disable()\nfor m in %r:\n    if "
+            "u.find_spec(m.partition('.')[0]): __import__(m)\nsys.stdout.write('imported\\n'); sys.stdout.flush(); "
+            "os._exit(0)") % (paused, list(DEFAULT_PRELOAD))
     t = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
@@ -376,11 +379,13 @@ def main() -> None:
             print(f"recovery_inprocess_survivor_kept_pid: {kept}/{runs} kills")
         sys.stdout.flush()
 
-    floor = []
+    plain, floor = [], []
     if "etrun" in launchers or "torchrun" in launchers:
-        for _ in range(runs):
-            floor.append(preload_import(base))
-        print(f"preload_import_median: {statistics.median(floor):.3f} s")
+        for _ in range(runs):  # (alternating, so that both see the same machine)
+            plain.append(preload_import(base, False))
+            floor.append(preload_import(base, True))
+        print(f"preload_import_median: {statistics.median(plain):.3f} s")
+        print(f"preload_import_gc_paused_median: {statistics.median(floor):.3f} s")
 
     def median(name: str, key: str = "kill_to_step") -> float:
         vals = summary.get(name, {}).get(key)
@@ -398,7 +403,7 @@ def main() -> None:
     print(f"etrun_vs_torchrun_launch_to_first_step: "
           f"{median('etrun', 'first_step') / median('torchrun', 'first_step'):.2f} x")
     imports = statistics.median(floor) if floor else float("nan")
-    print(f"etrun_launch_to_first_step_over_preload_import: {median('etrun', 'first_step') / imports:.2f} x")
+    print(f"etrun_launch_to_first_step_over_preload_import_gc_paused: {median('etrun', 'first_step') / imports:.2f} x")
     print(f"launch_to_first_step_floor_vs_torchrun: {imports / median('torchrun', 'first_step'):.2f} x")
     print(f"etrun_kept_vs_torchrun_launch_to_first_step: "
           f"{median('etrun_kept', 'first_step') / median('torchrun', 'first_step'):.2f} x")

@@ -173,12 +173,12 @@ def add_commands(sub) -> None:
 
     c = sub.add_parser("cancel", help="cancel a job (its workers are stopped)")
     _connection(c)
-    c.add_argument("job")
+    c.add_argument("job", help="a job id, or a job array's (every task still queued or running)")
     for verb, what in (("hold", "keep a waiting job from running until it is released (scontrol hold)"),
                        ("release", "let a held job run (scontrol release)")):
         h = sub.add_parser(verb, help=what)
         _connection(h)
-        h.add_argument("job")
+        h.add_argument("job", help=f"a job id, or a job array's (every {'waiting' if verb == 'hold' else 'held'} task)")
 
     lg = sub.add_parser("logs", help="a job's output: every rank, as etrun --tee prints it")
     _connection(lg)
@@ -732,8 +732,7 @@ def _cancel(args) -> int:
     try:
         info = client.cancel(args.job)
     except NotFoundError:  # a job array's id: each of its tasks still queued or running (as scancel)
-        tasks = [j for j in client.cluster_jobs().jobs if j.id.startswith(f"{args.job}_")
-                 and j.id[len(args.job) + 1:].isdigit()]
+        tasks = _array_tasks(client, args.job)
         if not tasks:
             raise
         for j in tasks:
@@ -766,10 +765,37 @@ def slurm_time(text: str) -> float:
     return float(seconds)
 
 
+def _array_tasks(client, job: str) -> list:
+    """The tasks of job array ``job`` (ids ``JOB_INDEX``), in index order; none where it is not one."""
+    tasks = [j for j in client.cluster_jobs().jobs if j.id.startswith(f"{job}_") and j.id[len(job) + 1:].isdigit()]
+    return sorted(tasks, key=lambda j: int(j.id[len(job) + 1:]))
+
+
 def _hold(args) -> int:
+    from .errors import ConflictError, NotFoundError
+
     client = _client(args)
-    info = client.hold_job(args.job) if args.command == "hold" else client.release_job(args.job)
-    print(f"job {info.id} {'held' if args.command == 'hold' else 'released'}: {info.reason or info.status}")
+    act, done = (client.hold_job, "held") if args.command == "hold" else (client.release_job, "released")
+    try:
+        infos = [act(args.job)]
+    except NotFoundError:  # a job array's id: each of its waiting (hold) or held (release) tasks, as scontrol
+        tasks = _array_tasks(client, args.job)
+        if not tasks:
+            raise
+        infos = []
+        for j in tasks:
+            if j.status in ("running", "finished", "failed", "cancelled"):
+                continue
+            try:
+                infos.append(act(j.id))
+            except ConflictError:  # started meanwhile, or (release) not on hold
+                continue
+        if not infos:
+            raise ConflictError(f"job array {args.job}: no task of its {len(tasks)} is "
+                                + ("waiting, so none can be held (a hold applies to waiting tasks)"
+                                   if args.command == "hold" else "on hold")) from None
+    for info in infos:
+        print(f"job {info.id} {done}: {info.reason or info.status}")
     return 0
 
 

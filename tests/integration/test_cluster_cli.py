@@ -142,8 +142,8 @@ def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
 
 def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
     """Slurm's --dependency, --hold, --array and --time habits: `submit --after JOB`, `submit
-    --hold`, `release`, `submit --array 0-2%1` (each task sees its index), `cancel ARRAY`, a job
-    stopped at its `--time` limit."""
+    --hold`, `release`, `submit --array 0-2%1` (each task sees its index), `hold`, `release` and
+    `cancel` of a whole array, a job stopped at its `--time` limit."""
     c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
     try:
         with open(os.path.join(c.tmp, "nap.py"), "w") as f:
@@ -178,8 +178,18 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
                                                                                       st.nodes), 60, "the timeout")
         assert re.match(r"TIMEOUT: it held its GPUs [23] s, its --time limit is 2 s", c.client.cluster_job(slow).reason)
         assert c.cli("submit", "--time", "soon", "--", "long.py", check=False).returncode == 2
-        held = c.cli("submit", "--hold", "--array", "0-1", "--", "task.py").stdout.split()
-        out = c.cli("cancel", held[0].split("_")[0]).stdout
-        assert out.splitlines() == [f"job {t} cancelled" for t in held], out
+        gate = c.cli("submit", "--hold", "--", "nap.py").stdout.strip()
+        waiting = c.cli("submit", "--after", gate, "--array", "0-1", "--", "task.py").stdout.split()
+        base = waiting[0].split("_")[0]
+        out = c.cli("hold", base).stdout  # scontrol hold ARRAY: every waiting task
+        assert [line.split(":")[0] for line in out.splitlines()] == [f"job {t} held" for t in waiting], out
+        assert all("on hold" in c.client.cluster_job(t).reason for t in waiting)
+        out = c.cli("release", base).stdout
+        assert [line.split(":")[0] for line in out.splitlines()] == [f"job {t} released" for t in waiting], out
+        again = c.cli("release", base, check=False)
+        assert again.returncode != 0 and f"job array {base}: no task of its 2 is on hold" in again.stderr
+        out = c.cli("cancel", base).stdout
+        assert out.splitlines() == [f"job {t} cancelled" for t in waiting], out
+        c.cli("cancel", gate)
     finally:
         c.stop()

@@ -6,7 +6,8 @@ SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 CORE := $(VENV)/.core-$(SUM)
 FULL := $(VENV)/.full-$(SUM)
 
-.PHONY: demo demo-cluster test test-slow test-horovod test-ray horovod bench install clean chromium slurm postgres bytecode
+.PHONY: demo demo-cluster test test-slow test-horovod test-ray horovod bench install clean chromium slurm postgres \
+    bytecode
 
 # torch (CPU) + elastictrain: what the demo needs
 $(CORE): pyproject.toml

@@ -15,10 +15,13 @@ import io
 import json
 import math
 import os
+from operator import attrgetter, itemgetter
 from typing import IO, Callable, Optional
 
 from ..errors import ConfigError
 from ..model import JobSpec
+
+_ARRIVAL = attrgetter("submit_time", "job_id")  # a trace's order: by submission, ties by job id
 
 __all__ = ["TraceError", "load_trace", "load_tiresias", "load_muri", "load_gavel", "load_native", "open_text",
            "SHIPPED"]
@@ -109,7 +112,7 @@ def load_tiresias(path: str) -> list[JobSpec]:
         out.append(_check(path, ln, lambda: JobSpec(
             _num(path, ln, r, "job_id", int), _num(path, ln, r, "num_gpu", int), _num(path, ln, r, "submit_time"),
             it, _num(path, ln, r, "duration") / it if it > 0 else 0.0, r["model_name"])))
-    return sorted(out, key=lambda j: (j.submit_time, j.job_id))
+    return sorted(out, key=_ARRIVAL)
 
 
 def load_muri(path: str) -> list[JobSpec]:
@@ -121,7 +124,7 @@ def load_muri(path: str) -> list[JobSpec]:
             _num(path, ln, r, "job_id", int), _num(path, ln, r, "num_gpu", int),
             _num(path, ln, r, "submit_time") / 1000.0, _num(path, ln, r, "iterations"),
             _num(path, ln, r, "iteration_time") / 1000.0, r["model_name"], stages)))
-    return sorted(out, key=lambda j: (j.submit_time, j.job_id))
+    return sorted(out, key=_ARRIVAL)
 
 
 def load_gavel(path: str, throughputs: Optional[str] = None, gpu: str = "v100") -> list[JobSpec]:
@@ -163,12 +166,13 @@ def load_gavel(path: str, throughputs: Optional[str] = None, gpu: str = "v100") 
                                    job_type.split(" ")[0], speeds=speeds))
             except (ValueError, ConfigError) as exc:
                 raise TraceError(f"{path}:{ln}: {exc}") from None
-    return sorted(out, key=lambda j: (j.submit_time, j.job_id))
+    return sorted(out, key=_ARRIVAL)
 
 
 def load_native(path: str) -> list[JobSpec]:
     jobs = _native_fast(path)
     return jobs if jobs is not None else _native_checked(path)
+
 
 
 _NATIVE = ("job_id", "num_gpu", "submit_time", "iterations", "iteration_time")
@@ -184,7 +188,7 @@ def _native_fast(path: str) -> Optional[list[JobSpec]]:
         header = next(reader, [])
         if not all(c in header for c in _NATIVE):
             return None
-        at = [header.index(c) for c in _NATIVE]
+        pick = itemgetter(*(header.index(c) for c in _NATIVE))
         model, user, stages = (header.index(c) if c in header else -1 for c in ("model", "user", "stage_times"))
         width = len(header)
         try:
@@ -193,21 +197,25 @@ def _native_fast(path: str) -> Optional[list[JobSpec]]:
                     continue
                 if len(row) != width:
                     return None
-                job, gpus, submit, its, it = (row[i] for i in at)
+                job, gpus, submit, its, it = pick(row)
                 job, gpus = int(job), int(gpus)
                 submit, its, it = float(submit), float(its), float(it)
                 if not (0 <= job <= _HIGH and 1 <= gpus <= _HIGH and 0 <= submit <= _HIGH and 0 < its <= _HIGH
                         and 0 < it <= _HIGH):
                     return None
                 st = row[stages] if stages >= 0 else ""
-                st = tuple(float(x) for x in st.split(";") if x) if st else ()
-                if st and not all(0 <= x <= _HIGH for x in st):
-                    return None
+                if st:
+                    parts = st.split(";")
+                    st = tuple(map(float, parts if "" not in parts else filter(None, parts)))
+                    if not all(0 <= x <= _HIGH for x in st):
+                        return None
+                else:
+                    st = ()
                 out.append(JobSpec(job, gpus, submit, its, it, row[model] if model >= 0 else "", st,
                                    row[user] if user >= 0 else ""))
         except (ValueError, ConfigError):
             return None
-    return sorted(out, key=lambda j: (j.submit_time, j.job_id))
+    return sorted(out, key=_ARRIVAL)
 
 
 def _native_checked(path: str) -> list[JobSpec]:
@@ -219,7 +227,7 @@ def _native_checked(path: str) -> list[JobSpec]:
             _num(path, ln, r, "job_id", int), _num(path, ln, r, "num_gpu", int), _num(path, ln, r, "submit_time"),
             _num(path, ln, r, "iterations"), _num(path, ln, r, "iteration_time"), r.get("model", ""), stages,
             r.get("user", ""))))
-    return sorted(out, key=lambda j: (j.submit_time, j.job_id))
+    return sorted(out, key=_ARRIVAL)
 
 
 def load_trace(path: str, fmt: str = "auto") -> list[JobSpec]:

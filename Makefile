@@ -27,7 +27,7 @@ install: $(FULL) bytecode
 # Our modules' bytecode, compiled ahead (only what changed since): where PYTHONDONTWRITEBYTECODE is
 # set, as on our CI machines, Python would otherwise compile every module of ours again in every
 # process that imports it (etrun, its zygote, each coordinator and worker): about 0.1 s each.
-bytecode:
+bytecode: $(CORE)
 	@$(PY) -m compileall -q -j 0 elastictrain integrations >/dev/null
 
 # Elastic DDP training on CPU under etrun, with an embedded coordinator; rank 1 is killed once

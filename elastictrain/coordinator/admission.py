@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 __all__ = ["Admission"]
 
 
-
 class Admission:
     """The jobs not admitted yet (``waiting``, by id) and the rules that let them in."""
 

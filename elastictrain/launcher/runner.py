@@ -125,9 +125,10 @@ def import_preload(names) -> None:
     then freeze what they made (``gc.freeze``). Imports make long-lived objects, not garbage, and
     the collections they would trigger scan the growing heap again and again: a quarter of
     ``import torch, torch._dynamo`` on a small machine (2.1 s -> 1.6 s: benchmarks/launcher.py's
-    ``preload_import_median`` and ``preload_import_gc_paused_median``). Frozen, those objects are skipped by every later collection, here and in
-    the processes forked from here (the zygote's workers), whose collections then do not write to,
-    and so copy, the pages they share with the zygote (CPython's advice for forking servers)."""
+    ``preload_import_median`` and ``preload_import_gc_paused_median``). Frozen, those objects are
+    skipped by every later collection, here and in the processes forked from here (the zygote's
+    workers), whose collections then do not write to, and so copy, the pages they share with the
+    zygote (CPython's advice for forking servers)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -174,7 +174,6 @@ def load_native(path: str) -> list[JobSpec]:
     return jobs if jobs is not None else _native_checked(path)
 
 
-
 _NATIVE = ("job_id", "num_gpu", "submit_time", "iterations", "iteration_time")
 
 
@@ -203,14 +202,9 @@ def _native_fast(path: str) -> Optional[list[JobSpec]]:
                 if not (0 <= job <= _HIGH and 1 <= gpus <= _HIGH and 0 <= submit <= _HIGH and 0 < its <= _HIGH
                         and 0 < it <= _HIGH):
                     return None
-                st = row[stages] if stages >= 0 else ""
-                if st:
-                    parts = st.split(";")
-                    st = tuple(map(float, parts if "" not in parts else filter(None, parts)))
-                    if not all(0 <= x <= _HIGH for x in st):
-                        return None
-                else:
-                    st = ()
+                st = tuple(map(float, filter(None, row[stages].split(";")))) if stages >= 0 else ()
+                if st and not all(0 <= x <= _HIGH for x in st):
+                    return None
                 out.append(JobSpec(job, gpus, submit, its, it, row[model] if model >= 0 else "", st,
                                    row[user] if user >= 0 else ""))
         except (ValueError, ConfigError):

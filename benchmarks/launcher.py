@@ -162,11 +162,11 @@ def _phases(rows, t_kill: float, nxt, log_path: str) -> dict:
 def preload_import(env: dict, paused: bool) -> float:
     """Seconds from starting a fresh interpreter to the end of its imports of etrun's default
     preload list, one after the other in one process: as a torchrun worker imports them, or
-    (``paused``) with the cyclic garbage collector paused, as the zygote does (``import_preload``).
-    The interpreter's teardown is not counted: it leaves with os._exit, as the zygote does."""
-    code = ("import importlib.util as u, os, sys, gc\nif %r: gc.disable()\nfor m in %r:\n    if "
-            "u.find_spec(m.partition('.')[0]): __import__(m)\nsys.stdout.write('imported\\n'); sys.stdout.flush(); "
-            "os._exit(0)") % (paused, list(DEFAULT_PRELOAD))
+    (``paused``) through the zygote's own ``runner.import_preload``. The interpreter's teardown is
+    not counted: it leaves with os._exit, as the zygote does."""
+    load = ("from elastictrain.launcher.runner import import_preload\nimport_preload(%r)" if paused else
+            "for m in %r:\n    try: __import__(m)\n    except ImportError: pass") % (list(DEFAULT_PRELOAD),)
+    code = load + "\nimport os, sys\nsys.stdout.write('imported\\n'); sys.stdout.flush(); os._exit(0)"
     t = time.perf_counter()
     proc = subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()

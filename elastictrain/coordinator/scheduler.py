@@ -108,7 +108,6 @@ class ClusterScheduler:
         self.users = UserBook(loaded.meta, self.policy)
         self.quotas = QuotaBook(loaded.meta, Quota(cfg.quota_gpus or None, cfg.quota_jobs or None))
         self.admission = Admission(self)  # who enters the job table, and when (admission.py)
-        self.unadmitted = self.admission.waiting  # jobs held, waiting for jobs they run after, or for quota
         self.events = EventLog(self.store, loaded.last_event)
         self.logs = LogBook(self.store, loaded.log_bytes)
         self.nodes = NodeBook(loaded.nodes, self._emit, cfg.node_timeout, self._task)
@@ -138,7 +137,7 @@ class ClusterScheduler:
             rec = _DEC.decode(raw)
             self.records[rec.id] = rec
             if rec.status not in _ENDED_NAMES and not rec.admitted:
-                self.unadmitted[rec.id] = rec
+                self.admission.waiting[rec.id] = rec
             elif rec.status not in _ENDED_NAMES:
                 self.table.add(self._entry(rec))
                 if rec.status == "running" and rec.step_run != rec.run:  # its run has not trained yet
@@ -607,7 +606,7 @@ class ClusterScheduler:
             self.records[job_id] = rec
             self.c.members.create_job(job_id, 1, 65536)
             rec.admitted = False
-            self.unadmitted[job_id] = rec
+            self.admission.waiting[job_id] = rec
             self._dirty.add(job_id)
             self._emit("submit", job_id, "", name=rec.name, user=user, gpus=req.gpus, min_gpus=rec.min_gpus,
                        steps=req.steps, epochs=req.epochs, command=req.command[:8], run_as=run_as or "-",
@@ -624,7 +623,7 @@ class ClusterScheduler:
             self._emit("cancel_by", job, "", by=who.name, user=rec.user)
         if rec.status in _ENDED_NAMES:
             raise ConflictError(f"job {job} already {rec.status}; nothing to cancel")
-        self.unadmitted.pop(job, None)
+        self.admission.waiting.pop(job, None)
         self.backend.cancel(rec)
         self._dirty.add(job)
         self._flush()
@@ -646,7 +645,7 @@ class ClusterScheduler:
             self._sync(rec)
             self.table.end(job, e.status, self.clock.now())  # (the policy sees it leave; rec keeps its state)
             rec.admitted = False
-            self.unadmitted[job] = rec
+            self.admission.waiting[job] = rec
         if not rec.hold:
             rec.hold = True
             self._emit("hold", job, "", by=who.name)
@@ -716,7 +715,7 @@ class ClusterScheduler:
         elif not reason and rec.id in self.sched.held_back:
             reason = (f"placed; waiting until job {self.sched.held_back[rec.id]} has trained its first step (a job "
                       "is not preempted before it trains)")
-        elif not reason and rec.id in self.unadmitted:
+        elif not reason and rec.id in self.admission.waiting:
             reason = self.admission.why(rec)
         elif not reason and rec.status in ("queued", "preempted"):
             reason = self._why_waiting(rec)
@@ -813,7 +812,7 @@ class ClusterScheduler:
             return out
         used = self.admission.usage()
         queued: dict[str, int] = {}
-        for rec in self.unadmitted.values():
+        for rec in self.admission.waiting.values():
             queued[rec.user] = queued.get(rec.user, 0) + 1
         listed = {u.user for u in out.users}
         rows = list(out.users) + [UserInfo(u, self.users.tickets.get(u, self.users.default), u in self.users.tickets,
@@ -952,7 +951,7 @@ class ClusterScheduler:
         if not self._util or now - self._util[-1][0] >= UTIL_EVERY:
             used = sum(t.slots for n in self.nodes.by_index if n.state == "up" for t in n.tasks if t.alive)
             self._util.append((now, used, sum(n.slots for n in self.nodes.by_index if n.state == "up")))
-        if self.unadmitted:  # jobs that ended since may have made room in their users' quotas
+        if self.admission.waiting:  # jobs that ended since may have made room in their users' quotas
             self.admission.admit()
         if len(self.table):
             self.sched.tick()
@@ -1007,8 +1006,6 @@ class ClusterScheduler:
 
     def close(self) -> None:
         self._flush(everything=True)
-
-
 
 
 _MEMBER_LINE = re.compile(rb"^(?:\[[^\]\n]{0,64}\]:)?\[([A-Za-z0-9][A-Za-z0-9._-]{0,127})\] ")

@@ -78,7 +78,7 @@ def test_hold_and_release_and_a_restart_in_between(tmp_path):
     with pytest.raises(ConflictError, match="not on hold"):
         w.s.release(a)
     w.restart()
-    assert {held, b} <= set(w.s.unadmitted) and w.s.records[b].hold
+    assert {held, b} <= set(w.s.admission.waiting) and w.s.records[b].hold
     w.exit(a, 0)
     w.s.tick()
     assert w.status(held) == "queued" and w.status(b) == "queued"  # free GPUs, and still held

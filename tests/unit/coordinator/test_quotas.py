@@ -71,16 +71,16 @@ def test_a_jobs_quota_priority_order_cancel_and_a_raised_quota(tmp_path):
     assert w.placed() == {a}
     assert "its 1 admitted job reaches its limit of 1" in w.s.job(low).reason
     w.s.cancel(low)  # never admitted: it ends as it waited
-    assert w.s.job(low).status == "cancelled" and low not in w.s.unadmitted
+    assert w.s.job(low).status == "cancelled" and low not in w.s.admission.waiting
     later = w.submit(1)
     users = w.s.set_quota("alice", UserQuota(jobs=2))  # high goes first (priority), later still waits
     me = next(u for u in users.users if u.user == "alice")
     assert (me.quota_jobs, me.quota_gpus, me.quota_own, me.admitted_gpus, me.waiting_for_quota) == (2, None, True, 2, 1)
     w.s.tick()
     assert w.placed() == {a, high}
-    assert later in w.s.unadmitted
+    assert later in w.s.admission.waiting
     w.s.set_quota("alice", UserQuota(default=True))  # back to the default: 1 job; high and a keep their admission
-    assert {a, high} <= set(w.s.table._entries) and later in w.s.unadmitted
+    assert {a, high} <= set(w.s.table._entries) and later in w.s.admission.waiting
     with pytest.raises(ConfigError, match="--default alone"):
         w.s.set_quota("alice", UserQuota(gpus=2, default=True))
     with pytest.raises(ConfigError, match="user name"):
@@ -94,7 +94,7 @@ def test_admission_and_quotas_survive_a_restart(tmp_path):
     w.s.tick()
     assert w.placed() == {a}
     w.restart()
-    assert b in w.s.unadmitted and b not in w.s.table and w.s.quotas.of("alice") == Quota(2, None)
+    assert b in w.s.admission.waiting and b not in w.s.table and w.s.quotas.of("alice") == Quota(2, None)
     w.exit(a, 0)
     w.s.tick()
     assert w.s.job(b).status == "running"

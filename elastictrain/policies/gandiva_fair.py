@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Optional, Sequence
 
 from ..errors import ConfigError, PolicyError
@@ -47,6 +48,9 @@ from .api import ClusterSnapshot, Decision, register
 from .placement import make_placer
 
 _LN2 = math.log(2.0)
+_PASS = attrgetter("pass_")
+_PASS_ID = attrgetter("pass_", "job_id")
+_TICKETS = attrgetter("tickets")
 
 __all__ = ["StrideJob", "gang_stride", "GandivaFair", "Trade", "trade", "throughput", "entitlements"]
 
@@ -70,7 +74,7 @@ def gang_stride(queue: Sequence[StrideJob], free: int, quanta: int = 1) -> list[
     gang does not fit in what is left is skipped.
     """
     scheduled = []
-    for j in sorted(queue, key=lambda j: j.pass_):
+    for j in sorted(queue, key=_PASS):
         if free <= 0:
             break
         if j.size <= free:
@@ -151,6 +155,10 @@ class GandivaFair:
         self._qstart = 0.0
         self._charges: list = []  # (StrideJob or node, pass charged) of a stretched quantum
         self._scharges: dict[int, float] = {}  # node -> central pass charged this quantum
+        self._shape_of: Optional[tuple] = None  # (GPUs per node, node types) _shape was built for
+        self._shape: tuple = ()
+        self._tickets_of: Optional[tuple] = None  # (groups, entitlement) _entitled was built for
+        self._entitled: tuple = ({}, {}, {})
 
     # ------------------------------------------------------------------ shares
     def set_tickets(self, tickets: dict[str, float]) -> None:
@@ -195,12 +203,7 @@ class GandivaFair:
         if not self.split:
             return self._decide_global(s)
         caps = full = s.gpus_per_node  # (the two names: what may be placed now, and the structure)
-        types = s.node_types or ("gpu",) * len(caps)
-        by_type: dict[str, int] = {}
-        nodes_of: dict[str, list[int]] = {}
-        for n, (t, c) in enumerate(zip(types, full)):
-            by_type[t] = by_type.get(t, 0) + c
-            nodes_of.setdefault(t, []).append(n)
+        types, by_type, nodes_of = self._structure(full, s.node_types)
         self._entitle(s, by_type)
         by_id = s.by_key
         known = len(self._jobs)
@@ -253,26 +256,44 @@ class GandivaFair:
                     sj.pass_ += sj.size / sj.tickets
                     run[j.job_id] = ((sj.home, sj.size),)
             return Decision(run, self._wake(s, run))
+        jobs, k = self._jobs, self._k
         for t, nodes in nodes_of.items():
-            claimed = self._central(nodes, caps, residents, central.get(t, []), run)
+            big = central.get(t, [])
+            claimed = self._central(nodes, caps, residents, big, run)
             free = {n: caps[n] for n in nodes if n not in claimed}
-            for n, who in claimed.items():  # a big job's last server may be taken in part: lend the rest
-                if who != "local":
-                    left = caps[n] - sum(g for m, g in run[who] if m == n)
-                    if left > 0:
-                        free[n] = left
+            if big:
+                for n, who in claimed.items():  # a big job's last server may be taken in part: lend the rest
+                    if who != "local":
+                        left = caps[n] - sum(g for m, g in run[who] if m == n)
+                        if left > 0:
+                            free[n] = left
             for n in nodes:
                 if claimed.get(n) == "local":
-                    free[n] = caps[n]
-                    for jid in gang_stride(residents[n], caps[n], self._k):
-                        run[jid] = ((n, self._jobs[jid].size),)
-                        free[n] -= self._jobs[jid].size
+                    left = caps[n]
+                    for jid in gang_stride(residents[n], left, k):
+                        size = jobs[jid].size
+                        run[jid] = ((n, size),)
+                        left -= size
+                    free[n] = left
             self._backfill(nodes, free, residents, by_id, run)
         self._planned = dict(run)
         if self._k > 1:
             self._charges = [(self._jobs[jid], self._k * self._jobs[jid].size / self._jobs[jid].tickets) for jid in run]
             self._charges += [(n, v) for n, v in self._scharges.items()]
         return Decision(run, self._wake(s, run))
+
+    def _structure(self, caps: tuple, node_types: tuple) -> tuple:
+        """Each node's GPU type, each type's GPUs and nodes: built again only when the nodes'
+        GPUs or types change (a node down or back), not at every quantum."""
+        if self._shape_of is None or self._shape_of[0] != caps or self._shape_of[1] != node_types:
+            types = node_types or ("gpu",) * len(caps)
+            by_type: dict[str, int] = {}
+            nodes_of: dict[str, list[int]] = {}
+            for n, (t, c) in enumerate(zip(types, caps)):
+                by_type[t] = by_type.get(t, 0) + c
+                nodes_of.setdefault(t, []).append(n)
+            self._shape_of, self._shape = (caps, node_types), (types, by_type, nodes_of)
+        return self._shape
 
     def _start_quantum(self, now: float) -> None:
         """A quantum starts: a stretched one cut short by an arrival or an end gives back the
@@ -316,8 +337,10 @@ class GandivaFair:
             return
         left = [sj for n in nodes for sj in residents.get(n, ()) if sj.job_id not in run]
         spread = self.spread_backfill
-        for sj in sorted(left, key=lambda x: (x.pass_, x.job_id)):
+        for sj in sorted(left, key=_PASS_ID):
             if sj.size > total:
+                if not total:
+                    break  # nothing fits any more
                 continue
             j = by_id[sj.job_id]
             if j.running:  # it keeps its GPUs if idle (on a server a big job took in part, or lent before)
@@ -330,11 +353,13 @@ class GandivaFair:
                 sj.pass_ += self._k * sj.size / sj.tickets
                 run[sj.job_id] = where
                 continue
-            fit = [n for n, f in free.items() if f >= sj.size]
-            if fit:
-                n = min(fit, key=lambda m: (free[m], m))
-                free[n] -= sj.size
-                where = ((n, sj.size),)
+            size, n, best = sj.size, -1, 0
+            for m, f in free.items():  # the best fit: the fewest free GPUs that hold it, then the lowest node
+                if f >= size and (n < 0 or f < best or (f == best and m < n)):
+                    n, best = m, f
+            if n >= 0:
+                free[n] -= size
+                where = ((n, size),)
             elif spread:
                 take, got = [], 0  # the gang spans the holes of several servers for this quantum
                 for n in sorted((m for m in free if free[m] > 0), key=lambda m: (-free[m], m)):
@@ -439,26 +464,33 @@ class GandivaFair:
         recent share of the type (usage decayed with half-life ``compensate``) is below its
         entitled share gets proportionally more tickets, one above it fewer (within 1/4..4x)."""
         groups = self._groups(s, ids)
-        ent, usage = self.entitlement, self._usage
-        entitled = {key: ent.get(key[0], {}).get(key[1], 0.0) for key in groups}
-        factor: dict[tuple, float] = {}
-        if self.compensate > 0:
+        usage = self._usage
+        of = self._tickets_of
+        if of is None or of[0] is not groups or of[1] is not self.entitlement:
+            # what depends on the jobs and the entitlements only, not on the usage (changes at events)
+            ent = self.entitlement
+            entitled = {key: ent.get(key[0], {}).get(key[1], 0.0) for key in groups}
             ent_sum: dict[str, float] = {}
-            use_sum: dict[str, float] = {}
             for key in groups:
-                t = key[1]
-                ent_sum[t] = ent_sum.get(t, 0.0) + entitled[key]
-                use_sum[t] = use_sum.get(t, 0.0) + usage.get(key, 0.0)
+                ent_sum[key[1]] = ent_sum.get(key[1], 0.0) + entitled[key]
+            floor = {key: max(e, 1e-6) for key, e in entitled.items()}
+            self._tickets_of, self._entitled = (groups, ent), (entitled, ent_sum, floor)
+        entitled, ent_sum, floor = self._entitled
+        use_sum: dict[str, float] = {}
+        if self.compensate > 0:
             for key in groups:
+                use_sum[key[1]] = use_sum.get(key[1], 0.0) + usage.get(key, 0.0)
+        # a user with no entitlement left on this type (traded away) keeps a sliver (floor), so its
+        # job still runs on GPUs nobody else wants
+        for key, members in groups.items():
+            f = 1.0
+            if use_sum:
                 t = key[1]
                 e, used = entitled[key], usage.get(key, 0.0)
                 if e > 0 and ent_sum[t] > 0 and use_sum[t] > 0:
                     want, got = e / ent_sum[t], used / use_sum[t]
-                    factor[key] = min(4.0, max(0.25, want / got if got > 0 else 4.0))
-        # a user with no entitlement left on this type (traded away) keeps a sliver, so its job
-        # still runs on GPUs nobody else wants
-        for key, members in groups.items():
-            each = max(entitled[key], 1e-6) * factor.get(key, 1.0) / len(members)
+                    f = min(4.0, max(0.25, want / got if got > 0 else 4.0))
+            each = floor[key] * f / len(members)
             for sj in members:
                 sj.tickets = each
 
@@ -468,16 +500,28 @@ class GandivaFair:
             h = sj.home
             if h in load:
                 load[h] += sj.tickets
-        return {n: load[n] / caps[n] for n in nodes}
+        for n in nodes:
+            load[n] /= caps[n]
+        return load
 
     def _rebalance(self, nodes: list[int], caps, by_id: dict) -> None:
         """Migrate jobs from the most to the least ticket-loaded server while that lowers the
-        maximum load and the spread exceeds ``balance`` of the mean; waiting jobs move first."""
+        maximum load and the spread exceeds ``balance`` of the mean; waiting jobs move first.
+        A server that is down (0 GPUs) first loses its residents to the others (:meth:`_evacuate`)."""
+        if not all(caps[n] for n in nodes):
+            nodes = self._evacuate(nodes, caps)
         if len(nodes) < 2:
             return
         for _ in range(self.max_moves):
             load = self._loads(nodes, caps)
-            hi, lo = max(nodes, key=lambda n: (load[n], -n)), min(nodes, key=lambda n: (load[n], n))
+            hi = lo = nodes[0]  # the most loaded and the least (ties: the lowest node; nodes ascend)
+            top = bottom = load[hi]
+            for n in nodes:
+                v = load[n]
+                if v > top:
+                    hi, top = n, v
+                elif v < bottom:
+                    lo, bottom = n, v
             mean = sum(load.values()) / len(load)
             if load[hi] - load[lo] <= self.balance * mean:
                 return
@@ -499,10 +543,46 @@ class GandivaFair:
             sj.home = lo
             self.moves += 1
 
+    def _evacuate(self, nodes: list[int], caps) -> list[int]:
+        """Re-home the residents of the servers that are down (0 GPUs: a live node lost or
+        drained) on the least loaded server up that holds them, level with their new peers (a job
+        that fits none waits for its own); returns the servers up."""
+        up = [n for n in nodes if caps[n]]
+        for sj in list(self._jobs.values()):
+            h = sj.home
+            if h is None or caps[h] or h not in nodes:
+                continue
+            fits = [n for n in up if caps[n] >= sj.size]
+            if not fits:
+                continue
+            load = self._loads(fits, caps)
+            to = min(fits, key=lambda n: (load[n], n))
+            sj.pass_ = min((x.pass_ for x in self._jobs.values() if x.home == to), default=sj.pass_)
+            sj.home = to
+            self.moves += 1
+        return up
+
     def _central(self, nodes: list[int], caps, residents: dict, big: list[StrideJob], run: dict) -> dict:
         """The central stride of one GPU type: servers (tickets: their residents') and jobs
         bigger than a server, by pass. Returns node -> "local" or the big job's id."""
-        floor = min([self._spass[n] for n in nodes if n in self._spass and residents.get(n)]
+        spass = self._spass
+        if not big:  # (the common case) every server with residents runs its local schedule
+            if any(n not in spass and residents.get(n) for n in nodes):
+                floor = min([spass[n] for n in nodes if n in spass and residents.get(n)], default=0.0)
+            claimed = {}
+            k = self._k
+            for n in nodes:
+                res = residents.get(n)
+                if not res:
+                    spass.pop(n, None)
+                    continue
+                claimed[n] = "local"
+                charge = k * caps[n] / sum(map(_TICKETS, res))
+                spass[n] = (spass[n] if n in spass else floor) + charge
+                if k > 1:
+                    self._scharges[n] = charge
+            return claimed
+        floor = min([spass[n] for n in nodes if n in spass and residents.get(n)]
                     + [b.pass_ for b in big], default=0.0)
         entries = []
         for n in nodes:
@@ -520,7 +600,7 @@ class GandivaFair:
             if kind == 0:
                 if key not in claimed:
                     claimed[key] = "local"
-                    charge = self._k * caps[key] / sum(x.tickets for x in residents[key])
+                    charge = self._k * caps[key] / sum(map(_TICKETS, residents[key]))
                     self._spass[key] += charge
                     if self._k > 1:
                         self._scharges[key] = charge

@@ -230,3 +230,27 @@ def test_usage_accounting_does_not_depend_on_where_decisions_fall():
         assert abs(once[k] - split[k]) <= 1e-9 * once[k], (k, once[k], split[k])
     # and it is the decayed GPU-seconds: 4 GPUs for 900 s at a 600 s half-life
     assert abs(once[("u1", "gpu")] - 4 * 600 / math.log(2) * (1 - 0.5 ** 1.5)) < 1e-6
+
+
+def test_a_server_down_loses_its_residents_to_the_others_and_gets_them_back():
+    """A live node lost or drained offers 0 GPUs: its residents move to the servers up (the
+    policy used to divide by its 0 GPUs at every decision, and so never decided again), and once
+    it is back the balancing spreads the jobs onto it again."""
+    from elastictrain.policies.api import ClusterSnapshot, JobView
+
+    pol = create("gandiva-fair")
+    jobs = tuple(JobView(i, 4, 0.0, user=f"u{i % 2}") for i in range(6))
+    first = pol.decide(ClusterSnapshot(0.0, jobs, (8, 8, 8), 8, arrived=jobs))
+    assert sorted(n for where in first.run.values() for n, _ in where) == [0, 0, 1, 1, 2, 2]
+    moves = pol.moves
+    for t in (60.0, 120.0, 180.0):
+        d = pol.decide(ClusterSnapshot(t, jobs, (8, 0, 8), 8))
+        assert len(d.run) == 4 and all(n != 1 for where in d.run.values() for n, _ in where), d.run
+        assert all(sj.home in (0, 2) for sj in pol._jobs.values())
+    assert pol.moves == moves + 2  # its two residents, once
+    ran = set()
+    for t in (240.0, 300.0, 360.0):
+        d = pol.decide(ClusterSnapshot(t, jobs, (8, 8, 8), 8))
+        ran |= {n for where in d.run.values() for n, _ in where}
+        assert len(d.run) == 6, d.run
+    assert ran == {0, 1, 2}

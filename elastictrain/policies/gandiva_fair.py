@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Optional, Sequence
 
-from ..errors import ConfigError, PolicyError
+from ..errors import ConfigError
 from .api import ClusterSnapshot, Decision, register
 from .placement import make_placer
 
@@ -157,6 +157,7 @@ class GandivaFair:
         self._scharges: dict[int, float] = {}  # node -> central pass charged this quantum
         self._shape_of: Optional[tuple] = None  # (GPUs per node, node types) _shape was built for
         self._shape: tuple = ()
+        self._reshaped = False  # the servers changed since the last quantum (a live node lost, back, cordoned)
         self._tickets_of: Optional[tuple] = None  # (groups, entitlement) _entitled was built for
         self._entitled: tuple = ({}, {}, {})
 
@@ -231,6 +232,7 @@ class GandivaFair:
             self._start_quantum(s.now)
             for t, nodes in nodes_of.items():
                 self._rebalance(nodes, full, by_id)
+            self._reshaped = False
         residents, central = self._homes(s, ids)
         run: dict[int, tuple] = {}
         if not quantum:  # between quanta: what runs keeps running; a newcomer starts if its home has room
@@ -293,6 +295,7 @@ class GandivaFair:
                 by_type[t] = by_type.get(t, 0) + c
                 nodes_of.setdefault(t, []).append(n)
             self._shape_of, self._shape = (caps, node_types), (types, by_type, nodes_of)
+            self._reshaped = True
         return self._shape
 
     def _start_quantum(self, now: float) -> None:
@@ -390,10 +393,9 @@ class GandivaFair:
             e = ent.get(t, 0.0)
             return ((demand.get(t, 0.0) + j.num_gpu) / e if e > 0 else float("inf"), -j.speeds.get(t, 1.0))
 
-        fits = [t for t in nodes_of if by_type[t] >= j.num_gpu]
-        if not fits:
-            raise PolicyError(f"job {j.job_id} needs {j.num_gpu} GPUs, more than any one GPU type has "
-                              f"({by_type}); gandiva-fair runs a gang on one type")
+        # (a type too small for it now may be whole again later: a live node lost or cordoned; on
+        # none it waits, central, until one is: the simulator sets aside jobs no type can ever hold)
+        fits = [t for t in nodes_of if by_type[t] >= j.num_gpu] or list(nodes_of)
         gtype = min(fits, key=score)
         local = [n for n in nodes_of[gtype] if caps[n] >= j.num_gpu]
         sj = StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, gtype, j.user)
@@ -507,9 +509,10 @@ class GandivaFair:
     def _rebalance(self, nodes: list[int], caps, by_id: dict) -> None:
         """Migrate jobs from the most to the least ticket-loaded server while that lowers the
         maximum load and the spread exceeds ``balance`` of the mean; waiting jobs move first.
-        A server that is down (0 GPUs) first loses its residents to the others (:meth:`_evacuate`)."""
-        if not all(caps[n] for n in nodes):
-            nodes = self._evacuate(nodes, caps)
+        While a server is down, or after the servers changed, jobs are given homes first
+        (:meth:`_rehome`)."""
+        if self._reshaped or not all(caps[n] for n in nodes):
+            nodes = self._rehome(nodes, caps)
         if len(nodes) < 2:
             return
         for _ in range(self.max_moves):
@@ -543,14 +546,18 @@ class GandivaFair:
             sj.home = lo
             self.moves += 1
 
-    def _evacuate(self, nodes: list[int], caps) -> list[int]:
-        """Re-home the residents of the servers that are down (0 GPUs: a live node lost or
-        drained) on the least loaded server up that holds them, level with their new peers (a job
-        that fits none waits for its own); returns the servers up."""
+    def _rehome(self, nodes: list[int], caps) -> list[int]:
+        """Homes on a live cluster whose servers change: the residents of a server that is down (0
+        GPUs: a node lost or drained) move to the least loaded server up that holds them, and so
+        does a central job (one that arrived while no server up could hold it) once one can; level
+        with their new peers. A job that fits no server up waits where it is. Returns the servers up."""
         up = [n for n in nodes if caps[n]]
         for sj in list(self._jobs.values()):
             h = sj.home
-            if h is None or caps[h] or h not in nodes:
+            if h is None:
+                if sj.gtype != self._shape[0][nodes[0]]:
+                    continue
+            elif caps[h] or h not in nodes:
                 continue
             fits = [n for n in up if caps[n] >= sj.size]
             if not fits:

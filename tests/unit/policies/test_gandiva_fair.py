@@ -254,3 +254,19 @@ def test_a_server_down_loses_its_residents_to_the_others_and_gets_them_back():
         ran |= {n for where in d.run.values() for n, _ in where}
         assert len(d.run) == 6, d.run
     assert ran == {0, 1, 2}
+
+
+def test_a_job_arriving_while_no_server_holds_it_waits_and_gets_a_home_later():
+    """A gang bigger than every server up now (the others lost or cordoned) used to fail every
+    decision ("more than any one GPU type has"); it waits in the central stride, and gets a home
+    once a server that holds it is back."""
+    from elastictrain.policies.api import ClusterSnapshot, JobView
+
+    pol = create("gandiva-fair")
+    small = JobView(0, 2, 0.0, user="a", running=True, placement=((0, 2),))
+    big = JobView(1, 4, 1.0, user="b")
+    d = pol.decide(ClusterSnapshot(0.0, (small,), (2, 0), 2, arrived=(small,), running=(small,)))
+    d = pol.decide(ClusterSnapshot(60.0, (small, big), (2, 0), 2, arrived=(big,), running=(small,)))
+    assert 1 not in d.run and pol._jobs[1].home is None
+    d = pol.decide(ClusterSnapshot(120.0, (small, big), (8, 8), 2, running=(small,)))
+    assert pol._jobs[1].home in (0, 1) and d.run[1] == ((pol._jobs[1].home, 4),), d.run

@@ -97,3 +97,23 @@ def test_gandiva_fair_gives_equal_users_equal_gpu_time_whatever_their_job_counts
         for name in names:
             r = c.result(name)
             assert r["min"] == r["max"] == 1, f"{name}: every sample must be trained on once: {r}"
+
+
+def test_gandiva_fair_moves_a_lost_nodes_job_to_the_node_left(tmp_path):
+    """Two nodes of one slot, a job homed on each; n2's daemon is killed (kill -9). Its job is
+    requeued, and gandiva-fair gives it a home on n1, where the two take turns until both finish
+    (each sample trained on once). Before, the policy divided by the lost node's 0 slots at every
+    decision, and the requeued job never ran again."""
+    with Cluster(tmp_path, "gandiva-fair", "--quantum", "5", nodes=2, slots=1, node_timeout=4.0) as c:
+        for name in ("alice0", "bob0"):
+            c.submit(name, 1, [WORKER, "--ckpt-dir", os.path.join(c.tmp, f"ckpt-{name}"), "--out",
+                               os.path.join(c.tmp, f"{name}.json"), "--samples", "6000", "--step-sleep", "0.05"],
+                     user=name[:-1])
+        c.wait(lambda st: sum(j.status == "running" and j.step > 2 for j in st.jobs) == 2, 120, "both jobs training")
+        c.kill_node("n2")
+        c.wait(lambda st: any(n.name == "n2" and n.state == "down" for n in st.nodes), 60, "n2 down")
+        c.wait_all(2, timeout=300)
+        for name in ("alice0", "bob0"):
+            r = c.result(name)
+            assert r["min"] == r["max"] == 1, f"{name}: every sample must be trained on once: {r}"
+        assert not [e for e in c.events() if e.kind == "policy_error"], c.tail()

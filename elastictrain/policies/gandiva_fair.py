@@ -339,7 +339,7 @@ class GandivaFair:
         if not total:
             return
         left = [sj for n in nodes for sj in residents.get(n, ()) if sj.job_id not in run]
-        spread = self.spread_backfill
+        spread, k = self.spread_backfill, self._k
         for sj in sorted(left, key=_PASS_ID):
             if sj.size > total:
                 if not total:
@@ -348,13 +348,15 @@ class GandivaFair:
             j = by_id[sj.job_id]
             if j.running:  # it keeps its GPUs if idle (on a server a big job took in part, or lent before)
                 where = j.placement
-                if any(free.get(n, 0) < g for n, g in where):
-                    continue
                 for n, g in where:
-                    free[n] -= g
-                total -= sj.size
-                sj.pass_ += self._k * sj.size / sj.tickets
-                run[sj.job_id] = where
+                    if free.get(n, 0) < g:
+                        break
+                else:
+                    for n, g in where:
+                        free[n] -= g
+                    total -= sj.size
+                    sj.pass_ += k * sj.size / sj.tickets
+                    run[sj.job_id] = where
                 continue
             size, n, best = sj.size, -1, 0
             for m, f in free.items():  # the best fit: the fewest free GPUs that hold it, then the lowest node
@@ -366,18 +368,18 @@ class GandivaFair:
             elif spread:
                 take, got = [], 0  # the gang spans the holes of several servers for this quantum
                 for n in sorted((m for m in free if free[m] > 0), key=lambda m: (-free[m], m)):
-                    k = min(free[n], sj.size - got)
-                    take.append((n, k))
-                    got += k
+                    g = min(free[n], sj.size - got)
+                    take.append((n, g))
+                    got += g
                     if got == sj.size:
                         break
-                for n, k in take:
-                    free[n] -= k
+                for n, g in take:
+                    free[n] -= g
                 where = tuple(take)
             else:
                 continue
             total -= sj.size
-            sj.pass_ += self._k * sj.size / sj.tickets
+            sj.pass_ += k * sj.size / sj.tickets
             run[sj.job_id] = where
 
     def _home(self, j, caps, nodes_of, by_type) -> StrideJob:
@@ -594,39 +596,43 @@ class GandivaFair:
         entries = []
         for n in nodes:
             if residents.get(n):
-                if n not in self._spass:
-                    self._spass[n] = floor
-                entries.append((self._spass[n], 0, n))
+                if n not in spass:
+                    spass[n] = floor
+                entries.append((spass[n], 0, n))
             else:
-                self._spass.pop(n, None)
+                spass.pop(n, None)
         for b in big:
             entries.append((b.pass_, 1, b.job_id))
         entries.sort()
         claimed: dict[int, object] = {}
+        k = self._k
+        order = None  # the servers a big job takes first: empty ones, then those furthest ahead
         for _, kind, key in entries:
             if kind == 0:
                 if key not in claimed:
                     claimed[key] = "local"
-                    charge = self._k * caps[key] / sum(map(_TICKETS, residents[key]))
-                    self._spass[key] += charge
-                    if self._k > 1:
+                    charge = k * caps[key] / sum(map(_TICKETS, residents[key]))
+                    spass[key] += charge
+                    if k > 1:
                         self._scharges[key] = charge
                 continue
             b = self._jobs[key]
-            free = [n for n in nodes if n not in claimed and caps[n] > 0]
-            free.sort(key=lambda n: (n in self._spass, -self._spass.get(n, 0.0), n))  # empty, then furthest ahead
-            take, got = [], 0
-            for n in free:
-                if got >= b.size:
+            if order is None:  # (only the servers claimed meanwhile change their pass, and they are skipped)
+                order = sorted((n for n in nodes if caps[n] > 0), key=lambda n: (n in spass, -spass.get(n, 0.0), n))
+            take, got, size = [], 0, b.size
+            for n in order:
+                if got >= size:
                     break
-                take.append((n, min(caps[n], b.size - got)))
-                got += take[-1][1]
-            if got < b.size:
+                if n not in claimed:
+                    g = min(caps[n], size - got)
+                    take.append((n, g))
+                    got += g
+            if got < size:
                 continue
             for n, _ in take:
                 claimed[n] = key
             run[key] = tuple(take)
-            b.pass_ += self._k * b.size / b.tickets
+            b.pass_ += k * size / b.tickets
         return claimed
 
     def _decide_global(self, s: ClusterSnapshot) -> Decision:

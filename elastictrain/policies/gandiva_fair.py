@@ -316,12 +316,12 @@ class GandivaFair:
 
     def replay_hint(self, span: float) -> Optional[str]:
         """What ``elastictrain simulate`` prints before replaying a trace whose arrivals span
-        ``span`` seconds, if deciding every quantum would take long (about 150 us a decision)."""
+        ``span`` seconds, if deciding every quantum would take long (about 120 us a decision)."""
         quanta = span / self.quantum
         if self.stretch > 1 or not self.split or quanta < 400_000:
             return None
         return (f"{self.name} decides every {self.quantum:g} s quantum while a job waits, and this trace's "
-                f"arrivals span about {quanta:,.0f} quanta (at least {quanta * 150e-6 / 60:.0f} minutes here); "
+                f"arrivals span about {quanta:,.0f} quanta (at least {quanta * 120e-6 / 60:.0f} minutes here); "
                 "--stretch 64 decides once per 64 quanta while nothing arrives or ends (coarser slices, same "
                 "shares; docs/simulator.md, Speed)")
 

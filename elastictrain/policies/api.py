@@ -229,9 +229,12 @@ def check_registered(name: str) -> None:
 
     ``module:attr`` (``my_policies:UserTurns``) names a factory in an importable module (the
     working directory first, then ``sys.path``): it is imported and registered under that name."""
-    _load_builtin(name)
-    if name not in _REGISTRY and ":" in name:
+    if name in _REGISTRY:
+        return
+    if ":" in name:  # (a policy of the user's: no shipped module is imported for it)
         _register_path(name)
+        return
+    _load_builtin(name)
     if name not in _REGISTRY:
         from importlib.metadata import entry_points
 

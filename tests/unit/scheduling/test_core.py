@@ -277,6 +277,17 @@ def test_a_shipped_policy_is_found_by_importing_its_module_alone():
                                   "'elastictrain.policies.timeslice']"]
 
 
+
+def test_a_policy_of_the_users_imports_no_shipped_policy(tmp_path):
+    """``module:attr`` imports that module alone (it used to import every shipped policy first)."""
+    (tmp_path / "turns.py").write_text("class Turns:\n    name = 'turns'\n    def decide(self, s):\n        pass\n")
+    code = ("import sys; from elastictrain.policies.api import create; create('turns:Turns'); "
+            "print(sorted(m for m in sys.modules if m.startswith('elastictrain.policies.')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True,
+                         cwd=tmp_path)
+    assert out.stdout.split() == ["['elastictrain.policies.api']"], out.stdout
+
+
 def test_entries_are_validated_and_keys_are_unique():
     table = JobTable()
     table.add(Entry(1, 1, 0.0))

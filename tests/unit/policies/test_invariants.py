@@ -2,7 +2,9 @@
 
 Checked at every decision: no node and no cluster over capacity; gangs all-or-nothing (a
 placement's GPUs add up to the job's demand); only runnable jobs placed; policies never
-write to the snapshot (they get read-only views). At the end: every job finished.
+write to the snapshot (they get read-only views). At the end: every job finished. Also as a
+live coordinator shows the cluster: while it changes (a node registers late, one drains and is
+lost) and while preempted jobs stop (they leave the snapshot for a decision).
 """
 
 import random
@@ -159,6 +161,41 @@ class Changing:
         if change is not None and (d.wakeup is None or d.wakeup > change):  # (live, a node's change is an event)
             d = msgspec.structs.replace(d, wakeup=change)
         return d
+
+
+class Stopping:
+    """Live, the jobs a decision preempts are *stopping* until their workers have checkpointed and
+    exited: the next snapshot leaves them out (neither running nor waiting, nor ended), and they
+    come back once stopped. (The engine's stops are instant: this shows it to ``inner`` as live.)"""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.hidden, self.prev = inner, inner.name, 0, set()
+
+    def decide(self, s):
+        hide = self.prev
+        if hide:
+            jobs = tuple(j for j in s.jobs if j.job_id not in hide)
+            self.hidden += len(s.jobs) - len(jobs)
+            s = ClusterSnapshot(s.now, jobs, s.gpus_per_node, s.nodes_per_switch,
+                                tuple(j for j in s.arrived if j.job_id not in hide), s.ended,
+                                tuple(j for j in s.running if j.job_id not in hide), s.node_types)
+        d = self.inner.decide(s)
+        self.prev = {j.job_id for j in s.running if j.job_id not in d.run}
+        return d
+
+
+@pytest.mark.parametrize("name", ["srtf", "tiresias-l", "tiresias-g", "gandiva-ts", "gandiva-fair",
+                                  "gandiva-fair-global", "muri-s", "muri-l"])
+def test_policy_invariants_while_preempted_jobs_are_stopping(name):
+    """A policy that keeps state by job must take a job leaving the snapshot while it stops (not
+    ended) and coming back, as the coordinator shows it (docs/policies.md, rules for state)."""
+    cluster = ClusterSpec(2, 2, 4)
+    jobs = random_trace(5)
+    policy = Checked(create(name, **OPTIONS.get(name, {})), cluster)
+    stopping = Stopping(policy)
+    result = Simulator(jobs, cluster, stopping, restart_cost=5.0).run()
+    assert sorted(r.job_id for r in result.jobs) == [j.job_id for j in jobs]
+    assert stopping.hidden > 0  # (these policies preempt)
 
 
 @pytest.mark.parametrize("name", ["yarn-cs", "fifo-be", "srtf", "srsf", "tiresias-l", "tiresias-g", "gandiva-ts",

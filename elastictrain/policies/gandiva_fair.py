@@ -160,6 +160,7 @@ class GandivaFair:
         self._reshaped = False  # the servers changed since the last quantum (a live node lost, back, cordoned)
         self._tickets_of: Optional[tuple] = None  # (groups, entitlement) _entitled was built for
         self._entitled: tuple = ({}, {}, {})
+        self._notes: list = []  # (job, why) for the next decision's notes
 
     # ------------------------------------------------------------------ shares
     def set_tickets(self, tickets: dict[str, float]) -> None:
@@ -257,7 +258,7 @@ class GandivaFair:
                     free[sj.home] -= sj.size
                     sj.pass_ += sj.size / sj.tickets
                     run[j.job_id] = ((sj.home, sj.size),)
-            return Decision(run, self._wake(s, run))
+            return Decision(run, self._wake(s, run), notes=self._said())
         jobs, k = self._jobs, self._k
         for t, nodes in nodes_of.items():
             big = central.get(t, [])
@@ -282,7 +283,7 @@ class GandivaFair:
         if self._k > 1:
             self._charges = [(self._jobs[jid], self._k * self._jobs[jid].size / self._jobs[jid].tickets) for jid in run]
             self._charges += [(n, v) for n, v in self._scharges.items()]
-        return Decision(run, self._wake(s, run))
+        return Decision(run, self._wake(s, run), notes=self._said())
 
     def _structure(self, caps: tuple, node_types: tuple) -> tuple:
         """Each node's GPU type, each type's GPUs and nodes: built again only when the nodes'
@@ -297,6 +298,13 @@ class GandivaFair:
             self._shape_of, self._shape = (caps, node_types), (types, by_type, nodes_of)
             self._reshaped = True
         return self._shape
+
+    def _said(self) -> tuple:
+        """The notes for this decision (then forgotten: each is said once)."""
+        if not self._notes:
+            return ()
+        notes, self._notes = tuple(self._notes), []
+        return notes
 
     def _start_quantum(self, now: float) -> None:
         """A quantum starts: a stretched one cut short by an arrival or an end gives back the
@@ -397,8 +405,12 @@ class GandivaFair:
 
         # (a type too small for it now may be whole again later: a live node lost or cordoned; on
         # none it waits, central, until one is: the simulator sets aside jobs no type can ever hold)
-        fits = [t for t in nodes_of if by_type[t] >= j.num_gpu] or list(nodes_of)
-        gtype = min(fits, key=score)
+        fits = [t for t in nodes_of if by_type[t] >= j.num_gpu]
+        if not fits:
+            self._notes.append((j.job_id, {"decision": "wait", "why": (
+                f"needs {j.num_gpu} GPUs, more than any one GPU type offers now ({by_type}); gandiva-fair runs a "
+                "gang on one type, so it waits until one does")}))
+        gtype = min(fits or nodes_of, key=score)
         local = [n for n in nodes_of[gtype] if caps[n] >= j.num_gpu]
         sj = StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, gtype, j.user)
         if local:

@@ -297,6 +297,7 @@ class GandivaFair:
                 nodes_of.setdefault(t, []).append(n)
             self._shape_of, self._shape = (caps, node_types), (types, by_type, nodes_of)
             self._reshaped = True
+            self._users = None  # each user's share of each type is of the GPUs there now
         return self._shape
 
     def _said(self) -> tuple:

@@ -270,3 +270,18 @@ def test_a_job_arriving_while_no_server_holds_it_waits_and_gets_a_home_later():
     assert 1 not in d.run and pol._jobs[1].home is None
     d = pol.decide(ClusterSnapshot(120.0, (small, big), (8, 8), 2, running=(small,)))
     assert pol._jobs[1].home in (0, 1) and d.run[1] == ((pol._jobs[1].home, 4),), d.run
+
+
+def test_entitlements_follow_the_gpus_each_type_offers_now():
+    """Each user's entitlement is its share of the GPUs each type offers: recomputed when a
+    node is lost or back (it was computed again only when the set of users changed)."""
+    from elastictrain.policies.api import ClusterSnapshot, JobView
+
+    pol = create("gandiva-fair-notrade")
+    jobs = (JobView(0, 1, 0.0, user="a"), JobView(1, 1, 0.0, user="b"))
+    pol.decide(ClusterSnapshot(0.0, jobs, (4, 8), 2, arrived=jobs, node_types=("v100", "k80")))
+    assert pol.entitlement["a"] == {"v100": 2.0, "k80": 4.0}
+    pol.decide(ClusterSnapshot(60.0, jobs, (0, 8), 2, node_types=("v100", "k80")))
+    assert pol.entitlement["a"] == {"v100": 0.0, "k80": 4.0}
+    pol.decide(ClusterSnapshot(120.0, jobs, (4, 8), 2, node_types=("v100", "k80")))
+    assert pol.entitlement["b"] == {"v100": 2.0, "k80": 4.0}

@@ -148,6 +148,9 @@ def get_parser() -> argparse.ArgumentParser:
                    help="slowdown of a skew-sensitive job placed across nodes (1: none)")
     m.add_argument("--migration-cost", type=float, default=0.0,
                    help="seconds a running job loses when a decision moves it (gandiva-fair migrations)")
+    m.add_argument("--outage", action="append", default=[], metavar="NODE:START:END",
+                   help="node NODE (0-based) is lost from START to END seconds (END 'inf': for good); its jobs are "
+                   "preempted; repeatable")
     m.add_argument("--no-progress", action="store_true")
     m.add_argument("--parallel", type=int, default=1, help="run up to N policies at once, in separate processes")
 
@@ -441,6 +444,21 @@ def _profile(args) -> int:
     return 0
 
 
+def _outages(specs: list) -> tuple:
+    """``--outage NODE:START:END`` as (node, start, end); the engine checks the numbers."""
+    out = []
+    for spec in specs:
+        parts = spec.split(":")
+        try:
+            if len(parts) != 3:
+                raise ValueError
+            out.append((int(parts[0]), float(parts[1]), float(parts[2])))
+        except ValueError:
+            raise ConfigError(f"--outage {spec!r}: write NODE:START:END (a node index and seconds, e.g. 3:3600:7200, "
+                              "or 3:3600:inf for a node that never comes back)") from None
+    return tuple(out)
+
+
 def _simulate(args) -> None:
     from .sim.report import bins_table, comparison_table, summarize, write_outputs
     from .sim.run import SimConfig, simulate
@@ -448,7 +466,7 @@ def _simulate(args) -> None:
     opts = _policy_values(args)
     cfg = SimConfig(args.trace, args.cluster, [p for p in args.policy.split(",") if p], args.preset, args.format,
                     args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost,
-                    protect_startup=not args.preempt_starting)
+                    protect_startup=not args.preempt_starting, outages=_outages(args.outage))
     results = simulate(cfg, progress=not args.no_progress, parallel=args.parallel)
     for r in results:
         for jid, why in r.extra.get("rejected", ())[:5]:

@@ -62,6 +62,11 @@ class SimBackend:
     def shape(self) -> ClusterShape:
         return self._shape
 
+    def set_capacities(self, gpus_per_node: tuple) -> None:
+        """The GPUs each node offers from now on (a node lost offers 0: the engine's outages)."""
+        shape = self._shape
+        self._shape = ClusterShape(gpus_per_node, shape.nodes_per_switch, shape.node_types)
+
     def start(self, e: Entry, a: Action) -> None:
         if self._plain and not a.group and e.num_gpu == e.data["gpus"]:  # _placed's common case, inline:
             self.charge[e.key] = c = e.restart_cost  # the call cost gandiva-ts 4% (a dozen starts a decision)

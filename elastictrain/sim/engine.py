@@ -21,6 +21,10 @@ above ``skew_sensitive``, e.g. VGG) placed across several nodes runs that many t
 
 Heterogeneous clusters (``ClusterSpec.node_types``): a job runs at its speed on the GPU type
 of its placement (``JobSpec.speeds``; a gang spanning types runs at the slowest member's).
+``outages``: ``(node, start, end)`` seconds in which a node is lost (``end`` may be ``inf``): at
+``start`` the jobs with GPUs on it are preempted (their progress kept, as from a checkpoint; the
+restart cost is paid when they start again) and the node offers 0 GPUs, as a live coordinator
+shows a lost node, until ``end``.
 ``migration_cost``: seconds a running job loses when a decision moves it to another placement
 (Gandiva-fair's migration). ``window``: also record, per user and window of that many seconds,
 the iterations done (also weighted by GPU count: data-parallel minibatches) and the GPU-seconds
@@ -33,7 +37,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Callable, Optional, Union
+from typing import Callable, Optional, Sequence, Union
 
 from ..clock import ManualClock
 from ..errors import ConfigError
@@ -45,7 +49,7 @@ from .cluster import ClusterSpec
 from .traces import SKEW
 
 __all__ = ["Simulator", "SimResult", "JobRecord", "MURI_RESTART_COST", "SimulationStalled", "STALL_LIMIT",
-           "THRASH_LIMIT"]
+           "THRASH_LIMIT", "check_outages"]
 
 #: events in a row that make no progress (no arrival, no completion, time advanced < 1 us) before
 #: the engine gives up with :class:`SimulationStalled`
@@ -114,7 +118,7 @@ class Simulator:
                  spread_slowdown: float = 1.0, skew_sensitive: float = 0.5, until: Optional[float] = None,
                  progress: Optional[Callable[[int, float], None]] = None, migration_cost: float = 0.0,
                  window: Optional[float] = None, decisions: Optional[list] = None,
-                 protect_startup: bool = True) -> None:
+                 protect_startup: bool = True, outages: Sequence[tuple] = ()) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
@@ -142,6 +146,7 @@ class Simulator:
             raise ConfigError("migration_cost must be >= 0 and window > 0")
         self.migration_cost, self.window = float(migration_cost), window
         self.decisions = decisions  # if a list: (time, action kind or "finish", job id, group) appended
+        self.outages = check_outages(outages, cluster.nodes)
         self.protect_startup = protect_startup
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
@@ -180,12 +185,17 @@ class Simulator:
         next_round = interval if interval else inf
         advance, next_end, tick, running = backend.advance, backend.next_end, sched.tick, table.running
         used = 0
+        # node outages: (time, 1 down / 0 back, node), backs first at one time
+        changes = sorted([(a, 1, node) for node, a, _ in self.outages]
+                         + [(b, 0, node) for node, _, b in self.outages if b != inf])
+        oi, t_out = 0, changes[0][0] if changes else inf
+        caps, outage_preemptions = list(cluster.capacities), 0
         stalled = 0  # events in a row without progress (the watchdog)
         idle, idle_from = 0, 0.0  # events in a row in which time advanced but no work was done
         while idx < n or len(table):
             # ---- the next event
             t_arr = specs[idx].submit_time if idx < n else inf
-            t = min(t_arr, next_end(now), wakeup if wakeup is not None else inf, next_round)
+            t = min(t_arr, next_end(now), wakeup if wakeup is not None else inf, next_round, t_out)
             if until is not None and t > until:
                 t = until
             if t == inf:
@@ -208,6 +218,19 @@ class Simulator:
                 backend.forget(e.key)
                 done.append(JobRecord(e.key, e.num_gpu, e.model, e.submit_time, e.start_time, now,
                                       e.data["spec"].duration, e.preemptions, e.pending, e.user, e.attained_gpu))
+            reshaped = t_out <= now
+            if reshaped:  # a node is lost, or back
+                while oi < len(changes) and changes[oi][0] <= now:
+                    _, down, node = changes[oi]
+                    oi += 1
+                    caps[node] = 0 if down else cluster.capacities[node]
+                    for e in [e for e in running.values() if any(m == node for m, _ in e.placement)] if down else ():
+                        table.preempt_now(e.key, now)
+                        outage_preemptions += 1
+                        if log is not None:
+                            log.append((now, "preempt", e.key, ()))
+                t_out = changes[oi][0] if oi < len(changes) else inf
+                backend.set_capacities(tuple(caps))
             arrivals = idx
             while idx < n and specs[idx].submit_time <= now:
                 table.add(self._entry(specs[idx]))
@@ -245,12 +268,12 @@ class Simulator:
                         wakeup = began if wakeup is None else min(wakeup, began)
                 if wakeup is not None and wakeup <= now:  # a wake-up is always in the future
                     wakeup = math.nextafter(now, inf)
-                if actions or finished:  # else the running set is unchanged
+                if actions or finished or reshaped:  # else the running set is unchanged
                     used = 0
                     for e in running.values():
                         if not e.group or e.group[0] == e.key:  # (a group's followers share its GPUs)
                             used += e.num_gpu
-            elif finished:
+            elif finished or reshaped:
                 used = 0
             util.append((now, used))
             if progress is not None:
@@ -268,7 +291,8 @@ class Simulator:
                          time.perf_counter() - t_wall, {"service_by_user": service,
                                                          "unfinished": len(table), "migrations": backend.migrations,
                                                          "timeline": [timeline[k] for k in sorted(timeline)],
-                                                         "rejected": list(self.rejected)})
+                                                         "rejected": list(self.rejected),
+                                                         "outage_preemptions": outage_preemptions})
 
     def _thrash_report(self, since: float, now: float, table) -> str:
         costs = sorted({round(e.restart_cost, 3) for e in table.entries()})
@@ -285,3 +309,32 @@ class Simulator:
                 f"completion, time advanced < 1 us) under policy {self.policy.name}; next completion at {due!r} "
                 f"({near or 'no running job'}), wake-up {wakeup!r}, {len(table)} job(s) waiting or running. "
                 "Report it with the trace: it is an engine or policy bug")
+
+
+def check_outages(outages: Sequence[tuple], nodes: int) -> tuple:
+    """``(node, start, end)`` triples, checked: a node of the cluster, 0 <= start < end (end may be
+    inf: never back), and one node's outages apart.
+
+    Raises:
+        ConfigError: naming the outage and the fix.
+    """
+    out = []
+    for o in outages:
+        try:
+            node, start, end = o
+            ok = isinstance(node, int) and not isinstance(node, bool) and 0 <= node < nodes
+            start, end = float(start), float(end)
+        except (TypeError, ValueError):
+            raise ConfigError(f"outage {o!r}: give (node, start, end) with start and end in seconds") from None
+        if not ok:
+            raise ConfigError(f"outage {o!r}: node must be a node index from 0 to {nodes - 1}")
+        if not (0.0 <= start < end and math.isfinite(start)) or math.isnan(end):
+            raise ConfigError(f"outage {o!r}: need 0 <= start < end seconds (end may be inf: the node never comes "
+                              "back)")
+        out.append((node, start, end))
+    out.sort()
+    for (n1, _, e1), (n2, s2, _) in zip(out, out[1:]):
+        if n1 == n2 and s2 < e1:
+            raise ConfigError(f"outages of node {n1} overlap (one ends at {e1:g} s, the next starts at {s2:g} s): "
+                              "merge them")
+    return tuple(out)

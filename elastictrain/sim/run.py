@@ -10,7 +10,7 @@ from typing import Optional
 from ..errors import ConfigError
 from ..policies import create
 from .cluster import load_cluster
-from .engine import SimResult, Simulator
+from .engine import SimResult, Simulator, check_outages
 from .traces import load_trace
 
 __all__ = ["SimConfig", "PRESETS", "simulate"]
@@ -38,6 +38,7 @@ class SimConfig:
     spread_slowdown: float = 1.0
     migration_cost: float = 0.0
     protect_startup: bool = True  # a job is not preempted before its first step (its restart cost paid)
+    outages: tuple = ()  # (node, start, end): a node lost from start to end seconds (Simulator's outages)
 
 
 def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[SimResult]:
@@ -65,6 +66,7 @@ def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[S
     checked = [create(name, only_known=True, **opts) for name in cfg.policies]
     jobs = load_trace(cfg.trace, cfg.trace_format)
     cluster = load_cluster(cfg.cluster)
+    check_outages(cfg.outages, cluster.nodes)
     horizon = max(j.submit_time for j in jobs)
     if progress:  # a policy whose decisions grow with the simulated span says so before a long run
         span = horizon - min(j.submit_time for j in jobs)
@@ -92,7 +94,8 @@ def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[S
 def _run_one(name, opts, jobs, cluster, cfg: SimConfig, engine: dict, tick=None) -> SimResult:
     policy = create(name, only_known=True, **opts)  # each policy takes the options it knows
     return Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick, spread_slowdown=cfg.spread_slowdown,
-                     migration_cost=cfg.migration_cost, protect_startup=cfg.protect_startup, **engine).run()
+                     migration_cost=cfg.migration_cost, protect_startup=cfg.protect_startup, outages=cfg.outages,
+                     **engine).run()
 
 
 def _run_parallel(cfg, opts, jobs, cluster, engine, parallel: int, bars) -> list[SimResult]:

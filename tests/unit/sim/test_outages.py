@@ -1,0 +1,75 @@
+"""Node outages in the simulator: a node lost from START to END seconds, as a live coordinator
+shows it (0 GPUs); the jobs on it are preempted, the policies decide without it, and it comes back."""
+
+import math
+import subprocess
+import sys
+
+import pytest
+
+from elastictrain.errors import ConfigError
+from elastictrain.model import JobSpec
+from elastictrain.policies import create
+from elastictrain.sim.cluster import ClusterSpec
+from elastictrain.sim.engine import Simulator
+
+
+class Recorded:
+    """The policy, and every decision's time, GPUs offered and placements."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.seen = inner, inner.name, []
+
+    def decide(self, s):
+        d = self.inner.decide(s)
+        self.seen.append((s.now, s.gpus_per_node, dict(d.run)))
+        return d
+
+
+def jobs(n=24):
+    return [JobSpec(i, [1, 2, 4][i % 3], 100.0 * i, 2000 + 500 * (i % 5), 1.0, user=f"u{i % 3}") for i in range(n)]
+
+
+@pytest.mark.parametrize("name", ["srtf", "tiresias-l", "gandiva-ts", "gandiva-fair", "muri-l", "yarn-cs"])
+def test_a_lost_node_runs_nothing_until_it_is_back_and_its_jobs_are_preempted(name):
+    cluster = ClusterSpec(1, 4, 4)
+    policy = Recorded(create(name))
+    r = Simulator(jobs(), cluster, policy, restart_cost=5.0, outages=[(1, 1000.0, 6000.0)]).run()
+    assert sorted(j.job_id for j in r.jobs) == list(range(24))
+    assert r.extra["outage_preemptions"] > 0  # (node 1 was busy at 1,000 s)
+    during = [(t, caps, run) for t, caps, run in policy.seen if 1000.0 <= t < 6000.0]
+    assert during and all(caps[1] == 0 for _, caps, _ in during)
+    assert all(n != 1 for _, _, run in during for where in run.values() for n, _ in where)
+    after = [caps for t, caps, _ in policy.seen if t >= 6000.0]
+    assert after and all(caps[1] == 4 for caps in after)
+    # the same run without the outage: no preemption by it, and the jobs end sooner on the whole
+    free = Simulator(jobs(), cluster, create(name), restart_cost=5.0).run()
+    assert free.extra["outage_preemptions"] == 0
+    assert sum(j.jct for j in free.jobs) < sum(j.jct for j in r.jobs)
+
+
+def test_a_node_lost_for_good_and_outages_checked():
+    cluster = ClusterSpec(1, 2, 4)
+    r = Simulator(jobs(8), cluster, create("srtf"), outages=[(0, 0.0, math.inf)]).run()
+    assert len(r.jobs) == 8  # every job fits on the node left
+    for outages, says in (([(2, 0.0, 1.0)], "node index from 0 to 1"), ([(0, 5.0, 5.0)], "0 <= start < end"),
+                          ([(0, -1.0, 5.0)], "0 <= start < end"), ([(0, 0.0, 10.0), (0, 5.0, 20.0)], "overlap"),
+                          ([(0, "x", 1.0)], "give \\(node, start, end\\)"), ([(True, 0.0, 1.0)], "node index")):
+        with pytest.raises(ConfigError, match=says):
+            Simulator(jobs(8), cluster, create("srtf"), outages=outages)
+
+
+def test_simulate_takes_outages_on_the_command_line(tmp_path):
+    trace = tmp_path / "t.csv"
+    trace.write_text("job_id,num_gpu,submit_time,iterations,model_name,duration,interval\n"
+                     + "".join(f"{i},2,{i * 10},100,resnet18,{600 + i},0\n" for i in range(8)))
+
+    def simulate(*extra):
+        return subprocess.run([sys.executable, "-m", "elastictrain", "simulate", "--trace", str(trace), "--cluster",
+                               "n2g4", "--policy", "srtf", "--no-progress", *extra], capture_output=True, text=True,
+                              timeout=120)
+
+    ok = simulate("--outage", "1:30:600", "--outage", "0:2000:inf")
+    assert ok.returncode == 0 and "srtf" in ok.stdout, ok.stderr
+    bad = simulate("--outage", "1:30")
+    assert bad.returncode != 0 and "write NODE:START:END" in bad.stderr

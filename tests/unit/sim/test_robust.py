@@ -1,5 +1,5 @@
-"""The simulator never hangs: property-based traces for every policy, the one-job trace that used
-to livelock, the watchdog, and jobs that can never run."""
+"""The simulator never hangs: property-based traces (some with node outages) for every policy, the
+one-job trace that used to livelock, the watchdog, and jobs that can never run."""
 
 import os
 import time
@@ -36,12 +36,16 @@ def workloads(draw):
                             draw(st.sampled_from(PROFILES)), draw(st.sampled_from(["a", "b"]))))
     charge = draw(st.sampled_from(["on_start", "every_event"]))
     cost = draw(st.sampled_from([0.0, 0.5, "muri"]))
-    return ClusterSpec(1, nodes, per_node), jobs, charge, cost
+    outages = []  # a node lost for a while (at most one outage per node; each ends)
+    for node in draw(st.lists(st.integers(0, nodes - 1), max_size=2, unique=True)):
+        start = draw(st.one_of(st.sampled_from(burst), st.floats(0, 1e7)))
+        outages.append((node, start, start + draw(st.floats(1e-3, 1e6))))
+    return ClusterSpec(1, nodes, per_node), jobs, charge, cost, outages
 
 
-def _run(name, cluster, jobs, charge, cost):
+def _run(name, cluster, jobs, charge, cost, outages):
     policy = create(name, **OPTIONS.get(name, {}))
-    return Simulator(jobs, cluster, policy, charge=charge, restart_cost=cost, interval=None).run()
+    return Simulator(jobs, cluster, policy, charge=charge, restart_cost=cost, interval=None, outages=outages).run()
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -61,9 +65,9 @@ def test_every_policy_holds_on_many_more_random_traces(name, w):
 
 
 def _holds(name, w):
-    cluster, jobs, charge, cost = w
+    cluster, jobs, charge, cost, outages = w
     t0 = time.perf_counter()
-    r = _run(name, cluster, jobs, charge, cost)
+    r = _run(name, cluster, jobs, charge, cost, outages)
     assert time.perf_counter() - t0 < 30, "a small trace must simulate in well under a second"
     done = {j.job_id for j in r.jobs}
     rejected = {jid: why for jid, why in r.extra["rejected"]}
@@ -74,7 +78,7 @@ def _holds(name, w):
     assert all(used <= cluster.total_gpus for _, used in r.utilization)
     for rec in r.jobs:
         assert rec.end_time >= rec.start_time >= rec.submit_time
-    again = _run(name, cluster, jobs, charge, cost)  # deterministic: same input, same output
+    again = _run(name, cluster, jobs, charge, cost, outages)  # deterministic: same input, same output
     assert [(j.job_id, j.start_time, j.end_time, j.preemptions) for j in again.jobs] == \
         [(j.job_id, j.start_time, j.end_time, j.preemptions) for j in r.jobs]
 

@@ -199,8 +199,12 @@ class Simulator:
             if until is not None and t > until:
                 t = until
             if t == inf:
+                gone = [str(node) for node, _, end in self.outages if end == inf]
                 raise ConfigError(f"simulation stalled at t={now:.0f} s with {len(table)} waiting job(s) that "
-                                  f"the policy {self.policy.name} never starts")
+                                  f"the policy {self.policy.name} never starts" + (
+                                      f" (node(s) {', '.join(gone)} lost for good: {sum(caps)} GPUs left, and "
+                                      f"these jobs need up to {max(e.num_gpu for e in table.entries())})"
+                                      if gone else ""))
             # ---- advance running jobs to t
             finished = advance(now, t)  # (it also accrues the running jobs' service)
             if table.stopping:

@@ -52,6 +52,8 @@ def test_a_node_lost_for_good_and_outages_checked():
     cluster = ClusterSpec(1, 2, 4)
     r = Simulator(jobs(8), cluster, create("srtf"), outages=[(0, 0.0, math.inf)]).run()
     assert len(r.jobs) == 8  # every job fits on the node left
+    with pytest.raises(ConfigError, match=r"lost for good: 4 GPUs left, and these jobs need up to 8"):
+        Simulator([JobSpec(0, 8, 10.0, 100, 1.0)], cluster, create("srtf"), outages=[(0, 5.0, math.inf)]).run()
     for outages, says in (([(2, 0.0, 1.0)], "node index from 0 to 1"), ([(0, 5.0, 5.0)], "0 <= start < end"),
                           ([(0, -1.0, 5.0)], "0 <= start < end"), ([(0, 0.0, 10.0), (0, 5.0, 20.0)], "overlap"),
                           ([(0, "x", 1.0)], "give \\(node, start, end\\)"), ([(True, 0.0, 1.0)], "node index")):

@@ -151,6 +151,9 @@ def get_parser() -> argparse.ArgumentParser:
     m.add_argument("--outage", action="append", default=[], metavar="NODE:START:END",
                    help="node NODE (0-based) is lost from START to END seconds (END 'inf': for good); its jobs are "
                    "preempted; repeatable")
+    m.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS",
+                   help="with --outage: a job lost with its node goes back to its last checkpoint, one every SECONDS "
+                   "of training (default: it loses nothing)")
     m.add_argument("--no-progress", action="store_true")
     m.add_argument("--parallel", type=int, default=1, help="run up to N policies at once, in separate processes")
 
@@ -466,7 +469,8 @@ def _simulate(args) -> None:
     opts = _policy_values(args)
     cfg = SimConfig(args.trace, args.cluster, [p for p in args.policy.split(",") if p], args.preset, args.format,
                     args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost,
-                    protect_startup=not args.preempt_starting, outages=_outages(args.outage))
+                    protect_startup=not args.preempt_starting, outages=_outages(args.outage),
+                    checkpoint_every=args.checkpoint_every)
     results = simulate(cfg, progress=not args.no_progress, parallel=args.parallel)
     for r in results:
         for jid, why in r.extra.get("rejected", ())[:5]:
@@ -476,6 +480,11 @@ def _simulate(args) -> None:
     print(comparison_table([summarize(r) for r in results]))
     print()
     print(bins_table(results))
+    if cfg.outages:
+        print()
+        for r in results:
+            lost = f", {r.extra['outage_lost_seconds']:.0f} s of work lost with them" if cfg.checkpoint_every else ""
+            print(f"{r.policy}: {r.extra['outage_preemptions']} jobs preempted by node outages{lost}")
     if args.out:
         for p in write_outputs(results, args.out):
             print(f"wrote {p}")

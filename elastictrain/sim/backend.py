@@ -53,6 +53,7 @@ class SimBackend:
         self.lost = 0.0  # seconds lost to restarts and migrations
         self.migrations = 0
         self._due: tuple = (float("inf"), [])  # the next completion: its time and the jobs due then
+        self.runs: Optional[dict] = None  # a dict: job -> when its current run trains from (the engine's outages)
         self.timeline: dict = {}  # window index -> per-user iterations and GPU-seconds
         # a plain start's slowdown is the policy's alone (no spread slowdown, one GPU type)
         self._plain = spread_slowdown <= 1.0 and not shape.node_types
@@ -76,6 +77,8 @@ class SimBackend:
             c = self.charge[e.key]
         if not self.every:
             self._starting(e, c)
+        if self.runs is not None:
+            self.runs[e.key] = self.clock.t + (0.0 if self.every else c)
 
     #: stops complete at once: the mechanism core preempts with JobTable.preempt_now (stop and
     #: stopped in one step) and does not call :meth:`stop`
@@ -92,6 +95,8 @@ class SimBackend:
                 self.owed[e.key] = self.owed.get(e.key, 0.0) + self.migration_cost
         if not self.every:  # (a regroup or a resize restarts the group, or the job: its full charge)
             self._starting(e, self.charge[e.key] if a.kind is not MIGRATE else self.owed.get(e.key, 0.0))
+        if self.runs is not None:  # (a restart resumes from the checkpoint it takes first)
+            self.runs[e.key] = self.clock.t + (0.0 if self.every else self.owed.get(e.key, 0.0))
 
     def _starting(self, e: Entry, owed: float) -> None:
         """``e``'s run pays ``owed`` seconds of start-up before its first step (none: it trains now)."""

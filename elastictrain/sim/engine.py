@@ -24,7 +24,8 @@ of its placement (``JobSpec.speeds``; a gang spanning types runs at the slowest 
 ``outages``: ``(node, start, end)`` seconds in which a node is lost (``end`` may be ``inf``): at
 ``start`` the jobs with GPUs on it are preempted (their progress kept, as from a checkpoint; the
 restart cost is paid when they start again) and the node offers 0 GPUs, as a live coordinator
-shows a lost node, until ``end``.
+shows a lost node, until ``end``. With ``checkpoint_every`` (seconds of training between a run's
+checkpoints), such a job loses the work since its last checkpoint, as a live one does.
 ``migration_cost``: seconds a running job loses when a decision moves it to another placement
 (Gandiva-fair's migration). ``window``: also record, per user and window of that many seconds,
 the iterations done (also weighted by GPU count: data-parallel minibatches) and the GPU-seconds
@@ -118,7 +119,8 @@ class Simulator:
                  spread_slowdown: float = 1.0, skew_sensitive: float = 0.5, until: Optional[float] = None,
                  progress: Optional[Callable[[int, float], None]] = None, migration_cost: float = 0.0,
                  window: Optional[float] = None, decisions: Optional[list] = None,
-                 protect_startup: bool = True, outages: Sequence[tuple] = ()) -> None:
+                 protect_startup: bool = True, outages: Sequence[tuple] = (),
+                 checkpoint_every: Optional[float] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
@@ -147,6 +149,9 @@ class Simulator:
         self.migration_cost, self.window = float(migration_cost), window
         self.decisions = decisions  # if a list: (time, action kind or "finish", job id, group) appended
         self.outages = check_outages(outages, cluster.nodes)
+        if checkpoint_every is not None and not (checkpoint_every > 0 and math.isfinite(checkpoint_every)):
+            raise ConfigError(f"checkpoint_every must be a number of seconds > 0, got {checkpoint_every!r}")
+        self.checkpoint_every = checkpoint_every
         self.protect_startup = protect_startup
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
@@ -189,7 +194,10 @@ class Simulator:
         changes = sorted([(a, 1, node) for node, a, _ in self.outages]
                          + [(b, 0, node) for node, _, b in self.outages if b != inf])
         oi, t_out = 0, changes[0][0] if changes else inf
-        caps, outage_preemptions = list(cluster.capacities), 0
+        caps, outage_preemptions, lost_work = list(cluster.capacities), 0, 0.0
+        every_ckpt = self.checkpoint_every
+        if changes and every_ckpt:
+            backend.runs = {}
         stalled = 0  # events in a row without progress (the watchdog)
         idle, idle_from = 0, 0.0  # events in a row in which time advanced but no work was done
         while idx < n or len(table):
@@ -229,6 +237,8 @@ class Simulator:
                     oi += 1
                     caps[node] = 0 if down else cluster.capacities[node]
                     for e in [e for e in running.values() if any(m == node for m, _ in e.placement)] if down else ():
+                        if every_ckpt:
+                            lost_work += self._lose_since_checkpoint(e, now - backend.runs.get(e.key, now))
                         table.preempt_now(e.key, now)
                         outage_preemptions += 1
                         if log is not None:
@@ -296,7 +306,18 @@ class Simulator:
                                                          "unfinished": len(table), "migrations": backend.migrations,
                                                          "timeline": [timeline[k] for k in sorted(timeline)],
                                                          "rejected": list(self.rejected),
-                                                         "outage_preemptions": outage_preemptions})
+                                                         "outage_preemptions": outage_preemptions,
+                                                         "outage_lost_seconds": lost_work})
+
+    def _lose_since_checkpoint(self, e: Entry, trained: float) -> float:
+        """A job lost with its node goes back to its last checkpoint (one every ``checkpoint_every``
+        seconds of its run's training): returns the seconds of work lost."""
+        if trained <= 0:
+            return 0.0
+        lost = trained % self.checkpoint_every
+        its = min(lost / (e.iteration_time * e.slowdown), e.iterations - e.remaining_iterations)
+        e.remaining_iterations += its
+        return lost
 
     def _thrash_report(self, since: float, now: float, table) -> str:
         costs = sorted({round(e.restart_cost, 3) for e in table.entries()})

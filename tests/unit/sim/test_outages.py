@@ -71,7 +71,25 @@ def test_simulate_takes_outages_on_the_command_line(tmp_path):
                                "n2g4", "--policy", "srtf", "--no-progress", *extra], capture_output=True, text=True,
                               timeout=120)
 
-    ok = simulate("--outage", "1:30:600", "--outage", "0:2000:inf")
+    ok = simulate("--outage", "1:30:600", "--outage", "0:2000:inf", "--checkpoint-every", "300")
     assert ok.returncode == 0 and "srtf" in ok.stdout, ok.stderr
+    assert "jobs preempted by node outages, " in ok.stdout and "s of work lost with them" in ok.stdout
     bad = simulate("--outage", "1:30")
     assert bad.returncode != 0 and "write NODE:START:END" in bad.stderr
+
+
+@pytest.mark.parametrize("charge", ["on_start", "every_event"])
+def test_a_job_lost_with_its_node_goes_back_to_its_last_checkpoint(charge):
+    """With checkpoint_every, the work since the run's last checkpoint is lost with the node (as a
+    live job resumes from its last checkpoint); without it, nothing is lost."""
+    cluster = ClusterSpec(1, 2, 4)
+    job = [JobSpec(0, 4, 0.0, 1000, 1.0)]  # 1,000 s of work, on node 0 (the first that fits)
+    kept = Simulator(job, cluster, create("srtf"), charge=charge, outages=[(0, 250.0, 300.0)]).run()
+    assert kept.jobs[0].end_time == pytest.approx(1000.0) and kept.jobs[0].preemptions == 1
+    assert kept.extra["outage_lost_seconds"] == 0.0
+    lost = Simulator(job, cluster, create("srtf"), charge=charge, outages=[(0, 250.0, 300.0)],
+                     checkpoint_every=100.0).run()
+    assert lost.extra["outage_lost_seconds"] == pytest.approx(50.0)  # checkpoints at 100 and 200 s
+    assert lost.jobs[0].end_time == pytest.approx(1050.0)  # resumed at once on node 1
+    with pytest.raises(ConfigError, match="checkpoint_every must be"):
+        Simulator(job, cluster, create("srtf"), checkpoint_every=0.0)

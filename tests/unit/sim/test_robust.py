@@ -40,12 +40,15 @@ def workloads(draw):
     for node in draw(st.lists(st.integers(0, nodes - 1), max_size=2, unique=True)):
         start = draw(st.one_of(st.sampled_from(burst), st.floats(0, 1e7)))
         outages.append((node, start, start + draw(st.floats(1e-3, 1e6))))
-    return ClusterSpec(1, nodes, per_node), jobs, charge, cost, outages
+    checkpoint = draw(st.one_of(st.none(), st.floats(1e-2, 1e5)))  # (the work an outage loses)
+    return ClusterSpec(1, nodes, per_node), jobs, charge, cost, (outages, checkpoint)
 
 
-def _run(name, cluster, jobs, charge, cost, outages):
+def _run(name, cluster, jobs, charge, cost, failures):
     policy = create(name, **OPTIONS.get(name, {}))
-    return Simulator(jobs, cluster, policy, charge=charge, restart_cost=cost, interval=None, outages=outages).run()
+    outages, checkpoint = failures
+    return Simulator(jobs, cluster, policy, charge=charge, restart_cost=cost, interval=None, outages=outages,
+                     checkpoint_every=checkpoint).run()
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -65,9 +68,9 @@ def test_every_policy_holds_on_many_more_random_traces(name, w):
 
 
 def _holds(name, w):
-    cluster, jobs, charge, cost, outages = w
+    cluster, jobs, charge, cost, failures = w
     t0 = time.perf_counter()
-    r = _run(name, cluster, jobs, charge, cost, outages)
+    r = _run(name, cluster, jobs, charge, cost, failures)
     assert time.perf_counter() - t0 < 30, "a small trace must simulate in well under a second"
     done = {j.job_id for j in r.jobs}
     rejected = {jid: why for jid, why in r.extra["rejected"]}
@@ -78,7 +81,7 @@ def _holds(name, w):
     assert all(used <= cluster.total_gpus for _, used in r.utilization)
     for rec in r.jobs:
         assert rec.end_time >= rec.start_time >= rec.submit_time
-    again = _run(name, cluster, jobs, charge, cost, outages)  # deterministic: same input, same output
+    again = _run(name, cluster, jobs, charge, cost, failures)  # deterministic: same input, same output
     assert [(j.job_id, j.start_time, j.end_time, j.preemptions) for j in again.jobs] == \
         [(j.job_id, j.start_time, j.end_time, j.preemptions) for j in r.jobs]
 

@@ -137,27 +137,26 @@ def test_a_policy_named_by_its_path_is_imported_from_the_working_directory(tmp_p
 
 class Changing:
     """Shows ``inner`` the cluster as a live coordinator does while it changes: the last node
-    registers only at ``join`` s (before, the snapshot has one node fewer); node ``node`` is
-    cordoned from ``start`` to ``end`` s (it offers only the GPUs its running jobs hold) and lost
-    from ``end`` to ``back`` s (0 GPUs, once none of the engine's jobs runs there: the engine
-    cannot lose them)."""
+    registers only at ``join`` s (before, the snapshot has one node fewer), and node ``node`` is
+    cordoned from ``start`` to ``end`` s (it offers only the GPUs its running jobs hold). (A node
+    lost is the engine's own outage.)"""
 
-    def __init__(self, inner, join: float, node: int, start: float, end: float, back: float):
+    def __init__(self, inner, join: float, node: int, start: float, end: float):
         self.inner, self.name, self.node = inner, inner.name, node
-        self.join, self.start, self.end, self.back = join, start, end, back
-        self.lost = 0  # decisions made with the node at 0 GPUs
+        self.join, self.start, self.end = join, start, end
+        self.lost = 0  # decisions made with the node at 0 GPUs (the engine's outage)
 
     def decide(self, s):
         caps, types = list(s.gpus_per_node), s.node_types
-        if self.start <= s.now < self.back:
-            held = min(caps[self.node], sum(g for j in s.running for n, g in j.placement if n == self.node))
-            caps[self.node] = held if s.now < self.end or held else 0
-            self.lost += caps[self.node] == 0
+        if self.start <= s.now < self.end:
+            caps[self.node] = min(caps[self.node], sum(g for j in s.running for n, g in j.placement
+                                                       if n == self.node))
+        self.lost += s.gpus_per_node[self.node] == 0
         if s.now < self.join:
             caps, types = caps[:-1], types[:-1]
         s = ClusterSnapshot(s.now, s.jobs, tuple(caps), s.nodes_per_switch, s.arrived, s.ended, s.running, types)
         d = self.inner.decide(s)
-        change = min((t for t in (self.join, self.start, self.end, self.back) if t > s.now), default=None)
+        change = min((t for t in (self.join, self.start, self.end) if t > s.now), default=None)
         if change is not None and (d.wakeup is None or d.wakeup > change):  # (live, a node's change is an event)
             d = msgspec.structs.replace(d, wakeup=change)
         return d
@@ -207,7 +206,7 @@ def test_policy_invariants_while_the_cluster_changes(name):
     cluster = ClusterSpec(2, 2, 4)
     jobs = random_trace(3)
     policy = Checked(create(name, **OPTIONS.get(name, {})), cluster)
-    drain = Changing(policy, 1_000.0, 1, 2_000.0, 6_000.0, 40_000.0)
-    result = Simulator(jobs, cluster, drain, restart_cost=5.0).run()
+    drain = Changing(policy, 1_000.0, 1, 2_000.0, 6_000.0)  # cordoned, then lost until 40,000 s:
+    result = Simulator(jobs, cluster, drain, restart_cost=5.0, outages=[(1, 6_000.0, 40_000.0)]).run()
     assert sorted(r.job_id for r in result.jobs) == [j.job_id for j in jobs]
     assert policy.decisions > 0 and drain.lost > 0

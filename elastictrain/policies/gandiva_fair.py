@@ -417,10 +417,7 @@ class GandivaFair:
         if local:
             load = self._loads(local, caps)
             sj.home = min(local, key=lambda n: (load[n], n))
-            peers = [x.pass_ for x in self._jobs.values() if x.home == sj.home]
-        else:
-            peers = [x.pass_ for x in self._jobs.values() if x.home is None and x.gtype == gtype]
-        sj.pass_ = min(peers, default=0.0)  # level with its peers: neither ahead nor owed
+        sj.pass_ = self._lowest_pass(sj.home, gtype, 0.0)  # level with its peers: neither ahead nor owed
         return sj
 
     def _account(self, s: ClusterSnapshot, types) -> None:
@@ -554,10 +551,8 @@ class GandivaFair:
             if best is None:
                 return
             sj = best[1]
-            floor_hi = min((x.pass_ for x in self._jobs.values() if x.home == hi), default=0.0)
-            floor_lo = min((x.pass_ for x in self._jobs.values() if x.home == lo and x is not sj),
-                           default=floor_hi)
-            sj.pass_ += floor_lo - floor_hi  # keep its standing relative to its new peers
+            floor_hi = self._lowest_pass(hi, sj.gtype, 0.0)
+            sj.pass_ += self._lowest_pass(lo, sj.gtype, floor_hi, but=sj) - floor_hi  # its standing among its new peers
             sj.home = lo
             self.moves += 1
 
@@ -579,46 +574,38 @@ class GandivaFair:
                 continue
             load = self._loads(fits, caps)
             to = min(fits, key=lambda n: (load[n], n))
-            sj.pass_ = min((x.pass_ for x in self._jobs.values() if x.home == to), default=sj.pass_)
+            sj.pass_ = self._lowest_pass(to, sj.gtype, sj.pass_)
             sj.home = to
             self.moves += 1
         return up
 
+    def _lowest_pass(self, home: Optional[int], gtype: str, default: float, but: Optional[StrideJob] = None) -> float:
+        """The lowest pass among the jobs homed on server ``home`` (None: the central ones of type
+        ``gtype``), ``but`` one, or ``default`` where there is none: where a job joining them
+        starts, neither ahead of them nor owed."""
+        if home is None:
+            return min((x.pass_ for x in self._jobs.values() if x.home is None and x.gtype == gtype), default=default)
+        return min((x.pass_ for x in self._jobs.values() if x.home == home and x is not but), default=default)
+
     def _central(self, nodes: list[int], caps, residents: dict, big: list[StrideJob], run: dict) -> dict:
         """The central stride of one GPU type: servers (tickets: their residents') and jobs
         bigger than a server, by pass. Returns node -> "local" or the big job's id."""
-        spass = self._spass
-        if not big:  # (the common case) every server with residents runs its local schedule
-            if any(n not in spass and residents.get(n) for n in nodes):
-                floor = min([spass[n] for n in nodes if n in spass and residents.get(n)], default=0.0)
-            claimed = {}
-            k = self._k
-            for n in nodes:
-                res = residents.get(n)
-                if not res:
-                    spass.pop(n, None)
-                    continue
-                claimed[n] = "local"
-                charge = k * caps[n] / sum(map(_TICKETS, res))
-                spass[n] = (spass[n] if n in spass else floor) + charge
-                if k > 1:
-                    self._scharges[n] = charge
-            return claimed
-        floor = min([spass[n] for n in nodes if n in spass and residents.get(n)]
-                    + [b.pass_ for b in big], default=0.0)
-        entries = []
+        spass, k = self._spass, self._k
+        servers = []  # those with residents (an empty one leaves the stride)
         for n in nodes:
             if residents.get(n):
-                if n not in spass:
-                    spass[n] = floor
-                entries.append((spass[n], 0, n))
+                servers.append(n)
             else:
                 spass.pop(n, None)
-        for b in big:
-            entries.append((b.pass_, 1, b.job_id))
-        entries.sort()
+        if any(n not in spass for n in servers):  # a server new to the stride starts level with the lowest entry
+            floor = min([spass[n] for n in servers if n in spass] + [b.pass_ for b in big], default=0.0)
+            for n in servers:
+                spass.setdefault(n, floor)
+        # by pass; with no job bigger than a server (the common case) every server runs its local
+        # schedule, in any order
+        entries = sorted([(spass[n], 0, n) for n in servers] + [(b.pass_, 1, b.job_id) for b in big]) if big \
+            else [(0.0, 0, n) for n in servers]
         claimed: dict[int, object] = {}
-        k = self._k
         order = None  # the servers a big job takes first: empty ones, then those furthest ahead
         for _, kind, key in entries:
             if kind == 0:

@@ -194,7 +194,8 @@ class Simulator:
         changes = sorted([(a, 1, node) for node, a, _ in self.outages]
                          + [(b, 0, node) for node, _, b in self.outages if b != inf])
         oi, t_out = 0, changes[0][0] if changes else inf
-        caps, outage_preemptions, lost_work = list(cluster.capacities), 0, 0.0
+        full = cluster.capacities
+        caps, outage_preemptions, lost_work = list(full), 0, 0.0
         every_ckpt = self.checkpoint_every
         if changes and every_ckpt:
             backend.runs = {}
@@ -235,8 +236,10 @@ class Simulator:
                 while oi < len(changes) and changes[oi][0] <= now:
                     _, down, node = changes[oi]
                     oi += 1
-                    caps[node] = 0 if down else cluster.capacities[node]
-                    for e in [e for e in running.values() if any(m == node for m, _ in e.placement)] if down else ():
+                    caps[node] = 0 if down else full[node]
+                    if not down:
+                        continue
+                    for e in [e for e in running.values() if any(m == node for m, _ in e.placement)]:
                         if every_ckpt:
                             lost_work += self._lose_since_checkpoint(e, now - backend.runs.get(e.key, now))
                         table.preempt_now(e.key, now)

@@ -112,6 +112,10 @@ def get_parser() -> argparse.ArgumentParser:
                    "--gpus; more wait to be admitted); `elastictrain users quota NAME` sets a user's own (0: no limit)")
     c.add_argument("--quota-jobs", type=int, default=0, metavar="N",
                    help="with --policy: every user may have at most N jobs admitted at once (0: no limit)")
+    c.add_argument("--priority-preemption", action="store_true",
+                   help="with --policy: jobs of a higher `submit --priority` take GPUs from lower ones (preempting "
+                   "them; the policy decides within each priority); only the admin may submit above priority 0. "
+                   "Without it, priority orders only each user's admission under a quota")
     c.add_argument("--job-env-allow", action="append", default=[], metavar="PATTERN",
                    help="with --policy: also let submitted jobs set environment variables matching this shell "
                    "pattern (repeatable; loader variables such as LD_* and PYTHONPATH stay refused; "
@@ -345,7 +349,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 cluster = ClusterConfig(args.policy, _policy_values(args), args.interval, args.node_timeout,
                                         job_env_allow=tuple(_env_patterns(args.job_env_allow)),
                                         protect_startup=not args.preempt_starting, quota_gpus=args.quota_gpus,
-                                        quota_jobs=args.quota_jobs)
+                                        quota_jobs=args.quota_jobs, priority_preemption=args.priority_preemption)
             engine = _engine_config(args)
             serve(ServerConfig(engine=engine, host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                lease=args.lease, advertise_url=args.advertise_url,

@@ -147,6 +147,7 @@ class JobSpec:
     stage_times: tuple[float, ...] = ()
     user: str = ""
     speeds: tuple = ()
+    priority: int = 0  # its tier under priority preemption (policies/tiers.py); traces have none
 
     def __post_init__(self) -> None:
         s, i, t, g = self.submit_time, self.iterations, self.iteration_time, self.num_gpu

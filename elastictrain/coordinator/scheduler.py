@@ -35,6 +35,7 @@ import msgspec
 from ..errors import ConfigError, ConflictError, ForbiddenError, NotFoundError, PolicyError
 from ..model import check_name
 from ..policies.api import EMPTY, create, options_of
+from ..policies.tiers import PriorityTiers
 from ..runtime.stages import STAGES
 from ..scheduling import Entry, JobStatus, JobTable, Scheduler
 from ..wire import (
@@ -86,6 +87,8 @@ class ClusterConfig:
     #: every user's quota unless it has its own (quotas.py): GPUs and jobs its admitted jobs may hold (0: no limit)
     quota_gpus: int = 0
     quota_jobs: int = 0
+    #: jobs of a higher priority take GPUs from lower ones; the policy decides within each (policies/tiers.py)
+    priority_preemption: bool = False
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval <= 3600:
@@ -104,7 +107,10 @@ class ClusterScheduler:
         opts = {k: v for k, v in cfg.options.items() if v is not None}
         if "sticky" in (options_of(cfg.policy) or ()):
             opts["sticky"] = True  # a move is a restart here: keep running jobs where they are
-        self.policy = create(cfg.policy, only_known=True, **opts)
+        if cfg.priority_preemption:  # one instance of the policy per priority tier
+            self.policy = PriorityTiers(lambda: create(cfg.policy, only_known=True, **opts))
+        else:
+            self.policy = create(cfg.policy, only_known=True, **opts)
         self.users = UserBook(loaded.meta, self.policy)
         self.quotas = QuotaBook(loaded.meta, Quota(cfg.quota_gpus or None, cfg.quota_jobs or None))
         self.admission = Admission(self)  # who enters the job table, and when (admission.py)
@@ -560,6 +566,10 @@ class ClusterScheduler:
         acct = self.c.creds.accounts.get(user)
         if who.role == "user" and acct is None:
             raise ForbiddenError(f"user {user} has no account (it was revoked); ask an admin")
+        if who.role == "user" and req.priority > 0 and self.cfg.priority_preemption:
+            raise ForbiddenError(f"priority {req.priority}: this coordinator preempts by priority "
+                                 "(--priority-preemption), so only the admin may submit above priority 0; submit at 0 "
+                                 "or below (a lower priority yields to others), or ask an admin")
         run_as, allow_root = (acct.unix_user, acct.allow_root) if acct is not None else ("", True)
         check_job_command(list(req.command), req.module)
         check_job_env(dict(req.env), DEFAULT_ENV_ALLOW + tuple(self.cfg.job_env_allow))
@@ -744,8 +754,11 @@ class ClusterScheduler:
                 "it)") if cordoned else ""
         policy = self.cfg.policy
         if sum(free) < need:
-            return (f"waiting for {need} {unit}: {sum(free)} of {total} free{hint}; policy {policy} runs other jobs "
-                    "first")
+            above = sum(r.workers or r.gpus for r in self.records.values() if r.status == "running"
+                        and r.priority > rec.priority) if self.cfg.priority_preemption else 0
+            return (f"waiting for {need} {unit}: {sum(free)} of {total} free{hint}; " + (
+                f"jobs of a priority above its {rec.priority} hold {above} (--priority-preemption), and " if above
+                else "") + f"policy {policy} runs other jobs first")
         if need <= max(n.slots for n in up) and max(free) < need:
             return (f"{sum(free)} of {total} {unit} are free, but no node has {need} free together (at most "
                     f"{max(free)}){hint}; it waits for a node to free up")

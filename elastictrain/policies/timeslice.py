@@ -3,7 +3,8 @@
 Every ``quantum`` seconds the jobs that received the least service run first (round robin in
 effect); a job that does not fit is skipped. An arrival or an end re-slices at once; any other
 decision within a slice (a run's first step, a periodic round) keeps the slice while exactly its
-jobs run (one that failed or lost its node re-slices). Re-slicing there would preempt a job that
+jobs run and the nodes offer what they did (a job that failed or lost its node, or a node that
+joined or came back, re-slices). Re-slicing there would preempt a job that
 has just paid its start-up, because its service now counts and the waiting jobs' does not. Suspend/resume costs come from the engine.
 """
 
@@ -29,10 +30,12 @@ class TimeSlice:
         self.name = "gandiva-ts"
         self._next = 0.0
         self._last: dict = {}  # the last decision's run (a job running outside it was kept against it)
+        self._caps: tuple = ()  # the GPUs each node offered to it
 
     def decide(self, s: ClusterSnapshot) -> Decision:
-        if s.now < self._next and nothing_changed(s, self._last):  # mid-slice, and exactly the slice's jobs run
-            return Decision({j.job_id: j.placement for j in s.running}, self._next)
+        if s.now < self._next and nothing_changed(s, self._last) and s.gpus_per_node == self._caps:
+            return Decision({j.job_id: j.placement for j in s.running}, self._next)  # mid-slice, as it was
+        self._caps = s.gpus_per_node
         order = sorted(s.jobs, key=_ATTAINED)  # stable: ties keep arrival order
         run = self._last = make_placer(s, self.placement, self.packlimit, self.sticky).fill(order)
         if len(run) == len(s.jobs):  # nobody waits: no need to slice until something changes

@@ -164,7 +164,7 @@ class Simulator:
     def _entry(self, s: JobSpec) -> Entry:
         e = Entry(s.job_id, s.num_gpu, s.submit_time, model=s.model, iteration_time=s.iteration_time * self.factor,
                   iterations=s.iterations, stage_times=s.stage_times, user=s.user, skew=SKEW.get(s.model, 0.0),
-                  speeds=MappingProxyType(dict(s.speeds)) if s.speeds else EMPTY)
+                  speeds=MappingProxyType(dict(s.speeds)) if s.speeds else EMPTY, priority=s.priority)
         e.data["spec"], e.data["gpus"] = s, s.num_gpu  # the size at submission (SimBackend's scaling)
         e.restart_cost = self.cost(e)
         return e

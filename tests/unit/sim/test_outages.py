@@ -93,3 +93,12 @@ def test_a_job_lost_with_its_node_goes_back_to_its_last_checkpoint(charge):
     assert lost.jobs[0].end_time == pytest.approx(1050.0)  # resumed at once on node 1
     with pytest.raises(ConfigError, match="checkpoint_every must be"):
         Simulator(job, cluster, create("srtf"), checkpoint_every=0.0)
+
+
+@pytest.mark.parametrize("name", ["gandiva-ts", "srtf", "tiresias-l", "gandiva-fair", "muri-l"])
+def test_a_node_back_mid_slice_is_used_at_once(name):
+    # two 1-GPU jobs, node 1 lost until 100 s: the second job starts when it is back, not at the next slice
+    two = [JobSpec(0, 1, 0.0, 5000, 1.0, user="a"), JobSpec(1, 1, 0.0, 5000, 1.0, user="b")]
+    r = Simulator(two, ClusterSpec(1, 2, 1), create(name), outages=[(1, 0.0, 100.0)]).run()
+    first, second = sorted(j.start_time for j in r.jobs)
+    assert first == 0.0 and second <= 100.0  # (gandiva-fair slices the one GPU at 60 s already)

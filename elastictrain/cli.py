@@ -158,6 +158,9 @@ def get_parser() -> argparse.ArgumentParser:
     m.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS",
                    help="with --outage: a job lost with its node goes back to its last checkpoint, one every SECONDS "
                    "of training (default: it loses nothing)")
+    m.add_argument("--priority-preemption", action="store_true",
+                   help="as `coordinator --priority-preemption`: each policy runs once per job priority (the native "
+                   "trace's priority column), highest first, preempting lower priorities for higher ones")
     m.add_argument("--no-progress", action="store_true")
     m.add_argument("--parallel", type=int, default=1, help="run up to N policies at once, in separate processes")
 
@@ -467,14 +470,14 @@ def _outages(specs: list) -> tuple:
 
 
 def _simulate(args) -> None:
-    from .sim.report import bins_table, comparison_table, summarize, write_outputs
+    from .sim.report import bins_table, by_priority, comparison_table, summarize, write_outputs
     from .sim.run import SimConfig, simulate
 
     opts = _policy_values(args)
     cfg = SimConfig(args.trace, args.cluster, [p for p in args.policy.split(",") if p], args.preset, args.format,
                     args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost,
                     protect_startup=not args.preempt_starting, outages=_outages(args.outage),
-                    checkpoint_every=args.checkpoint_every)
+                    checkpoint_every=args.checkpoint_every, priority_preemption=args.priority_preemption)
     results = simulate(cfg, progress=not args.no_progress, parallel=args.parallel)
     for r in results:
         for jid, why in r.extra.get("rejected", ())[:5]:
@@ -484,6 +487,10 @@ def _simulate(args) -> None:
     print(comparison_table([summarize(r) for r in results]))
     print()
     print(bins_table(results))
+    lines = by_priority(results)
+    if lines:
+        print()
+        print("\n".join(lines))
     if cfg.outages:
         print()
         for r in results:

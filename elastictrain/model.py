@@ -155,6 +155,9 @@ class JobSpec:
                 and isinstance(g, int) and g >= 1 and 0 <= s < math.inf and 0 < i < math.inf and 0 < t < math.inf):
             raise ConfigError(f"job {self.job_id}: need num_gpu >= 1 (an integer), and finite iterations > 0, "
                               f"iteration_time > 0 and submit_time >= 0")
+        if self.priority and not (isinstance(self.priority, int) and -1000 <= self.priority <= 1000):
+            raise ConfigError(f"job {self.job_id}: priority must be an integer from -1000 to 1000, got "
+                              f"{self.priority!r}")
 
     @property
     def duration(self) -> float:

@@ -89,6 +89,7 @@ class JobRecord:
     pending_time: float  # total time waiting
     user: str = ""
     gpu_seconds: float = 0.0  # service received (wall time running x GPUs)
+    priority: int = 0
 
     @property
     def jct(self) -> float:
@@ -230,7 +231,8 @@ class Simulator:
                 table.end(e.key, JobStatus.FINISHED, now)
                 backend.forget(e.key)
                 done.append(JobRecord(e.key, e.num_gpu, e.model, e.submit_time, e.start_time, now,
-                                      e.data["spec"].duration, e.preemptions, e.pending, e.user, e.attained_gpu))
+                                      e.data["spec"].duration, e.preemptions, e.pending, e.user, e.attained_gpu,
+                                      e.priority))
             reshaped = t_out <= now
             if reshaped:  # a node is lost, or back
                 while oi < len(changes) and changes[oi][0] <= now:

@@ -2,7 +2,7 @@
 replay what the cluster ran: each job's submit time (seconds after the first submission), its GPU
 count, its steps (the steps it ran if it finished, else its ``--steps`` or the steps so far),
 its measured seconds per step, its stage profile (what Muri groups on), its name as the model
-and its user. A job that only ran inside interleaving groups has no time of its own measured: its
+its user and its priority. A job that only ran inside interleaving groups has no time of its own measured: its
 stage profile's stages, one after another, stand for it. Jobs with neither are left out (the
 caller is told which)."""
 
@@ -29,5 +29,5 @@ def jobs_to_trace(jobs) -> tuple[list[JobSpec], list[str]]:
     out = []
     for i, (j, steps, it) in enumerate(sorted(usable, key=lambda x: (x[0].submit_time, x[0].id))):
         out.append(JobSpec(i, j.gpus, round(j.submit_time - t0, 3), float(steps), float(it), j.name,
-                           tuple(j.stage_times), user=j.user))
+                           tuple(j.stage_times), user=j.user, priority=j.priority))
     return out, left_out

@@ -65,6 +65,22 @@ def bins_table(results: Sequence[SimResult]) -> str:
     return table(rows)
 
 
+def by_priority(results: Sequence[SimResult]) -> list[str]:
+    """Per policy and job priority (highest first): jobs, average JCT and queueing delay,
+    preemptions; nothing if every job has priority 0."""
+    lines = []
+    for r in results:
+        prios = sorted({j.priority for j in r.jobs}, reverse=True)
+        if prios == [0] or not prios:
+            continue
+        for p in prios:
+            js = [j for j in r.jobs if j.priority == p]
+            lines.append(f"{r.policy}: priority {p}: {len(js)} jobs, average JCT {sum(j.jct for j in js) / len(js):.0f} s, "
+                         f"queueing {sum(j.queueing_delay for j in js) / len(js):.0f} s, "
+                         f"{sum(j.preemptions for j in js)} preemptions")
+    return lines
+
+
 def write_outputs(results: Sequence[SimResult], out_dir: str) -> list[str]:
     """Write summary.json, summary.csv, jobs_<policy>.csv, jct_cdf.png, utilization.png; return paths."""
     os.makedirs(out_dir, exist_ok=True)

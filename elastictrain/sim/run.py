@@ -9,6 +9,7 @@ from typing import Optional
 
 from ..errors import ConfigError
 from ..policies import create
+from ..policies.tiers import PriorityTiers
 from .cluster import load_cluster
 from .engine import SimResult, Simulator, check_outages
 from .traces import load_trace
@@ -40,6 +41,7 @@ class SimConfig:
     protect_startup: bool = True  # a job is not preempted before its first step (its restart cost paid)
     outages: tuple = ()  # (node, start, end): a node lost from start to end seconds (Simulator's outages)
     checkpoint_every: Optional[float] = None  # seconds of training between checkpoints (work an outage loses)
+    priority_preemption: bool = False  # each policy once per job priority, highest first (policies/tiers.py)
 
 
 def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[SimResult]:
@@ -93,7 +95,10 @@ def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[S
 
 
 def _run_one(name, opts, jobs, cluster, cfg: SimConfig, engine: dict, tick=None) -> SimResult:
-    policy = create(name, only_known=True, **opts)  # each policy takes the options it knows
+    if cfg.priority_preemption:
+        policy = PriorityTiers(lambda: create(name, only_known=True, **opts))
+    else:
+        policy = create(name, only_known=True, **opts)  # each policy takes the options it knows
     return Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick, spread_slowdown=cfg.spread_slowdown,
                      migration_cost=cfg.migration_cost, protect_startup=cfg.protect_startup, outages=cfg.outages,
                      checkpoint_every=cfg.checkpoint_every, **engine).run()

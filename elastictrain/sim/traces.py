@@ -4,7 +4,8 @@ Every loader returns ``list[JobSpec]`` sorted by submit time. A bad row raises
 :class:`TraceError` naming the file, line, column and value.
 
 Native format (``.csv`` with this header; seconds): ``job_id,num_gpu,submit_time,iterations,
-iteration_time,model,user,stage_times`` where ``stage_times`` is ``;``-separated (may be empty).
+iteration_time,model,user,stage_times`` where ``stage_times`` is ``;``-separated (may be empty),
+and optionally ``priority`` (an integer from -1000 to 1000; ``simulate --priority-preemption``).
 """
 
 from __future__ import annotations
@@ -188,7 +189,8 @@ def _native_fast(path: str) -> Optional[list[JobSpec]]:
         if not all(c in header for c in _NATIVE):
             return None
         pick = itemgetter(*(header.index(c) for c in _NATIVE))
-        model, user, stages = (header.index(c) if c in header else -1 for c in ("model", "user", "stage_times"))
+        model, user, stages, prio = (header.index(c) if c in header else -1
+                                     for c in ("model", "user", "stage_times", "priority"))
         width = len(header)
         try:
             for row in reader:
@@ -206,7 +208,7 @@ def _native_fast(path: str) -> Optional[list[JobSpec]]:
                 if st and not all(0 <= x <= _HIGH for x in st):
                     return None
                 out.append(JobSpec(job, gpus, submit, its, it, row[model] if model >= 0 else "", st,
-                                   row[user] if user >= 0 else ""))
+                                   row[user] if user >= 0 else "", priority=int(row[prio]) if prio >= 0 else 0))
         except (ValueError, ConfigError):
             return None
     return sorted(out, key=_ARRIVAL)
@@ -220,7 +222,7 @@ def _native_checked(path: str) -> list[JobSpec]:
         out.append(_check(path, ln, lambda: JobSpec(
             _num(path, ln, r, "job_id", int), _num(path, ln, r, "num_gpu", int), _num(path, ln, r, "submit_time"),
             _num(path, ln, r, "iterations"), _num(path, ln, r, "iteration_time"), r.get("model", ""), stages,
-            r.get("user", ""))))
+            r.get("user", ""), priority=_num(path, ln, r, "priority", int) if r.get("priority") else 0)))
     return sorted(out, key=_ARRIVAL)
 
 

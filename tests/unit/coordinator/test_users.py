@@ -150,7 +150,7 @@ def test_trace_export_replays_in_the_simulator(tmp_path):
     w = World(tmp_path, policy="srtf", nodes=1, slots=2)
     a = w.submit(1, user="alice", steps=50)
     w.clock.advance(3)
-    b = w.submit(1, user="bob", steps=20)
+    b = w.submit(1, user="bob", steps=20, priority=3)
     c = w.submit(2, user="bob")  # never runs here: no step time
     w.s.tick()
     w.run_all()
@@ -163,6 +163,7 @@ def test_trace_export_replays_in_the_simulator(tmp_path):
     got = [(j.job_id, j.num_gpu, j.submit_time, j.iterations, round(j.iteration_time, 6), j.model, j.user)
            for j in jobs]
     assert got == [(0, 1, 0.0, 50.0, 0.5, "train", "alice"), (1, 1, 3.0, 20.0, 0.25, "train", "bob")]
+    assert [j.priority for j in jobs] == [0, 3]
     path = write_native(jobs, str(tmp_path / "live.csv"))
     (r,) = simulate(SimConfig(path, "n1g2", ["srtf"]), progress=False)
     assert sorted((x.job_id, round(x.duration, 3), x.user) for x in r.jobs) == [(0, 25.0, "alice"), (1, 5.0, "bob")]

@@ -153,3 +153,30 @@ def test_tickets_and_policy_memory_reach_every_tier():
     assert fresh.export_state() == state
     with pytest.raises(KeyError):  # state saved without tiers: the coordinator relearns
         fresh.import_state(create("tiresias-l").export_state(), jobs)
+
+
+def test_simulate_priority_preemption_from_a_native_trace(tmp_path):
+    import subprocess
+    import sys
+
+    from elastictrain.sim.run import SimConfig, simulate
+    from elastictrain.sim.synth import synthesize, write_native
+
+    jobs = [JobSpec(j.job_id, j.num_gpu, j.submit_time, j.iterations, j.iteration_time, j.model, j.stage_times, j.user,
+                    priority=5 if j.job_id % 4 == 0 else 0) for j in synthesize(200, seed=4, gpus=16, load=1.2)]
+    path = write_native(jobs, str(tmp_path / "p.csv"))
+
+    def high_jct(tiered):
+        (r,) = simulate(SimConfig(path, "n2g8", ["srtf"], priority_preemption=tiered), progress=False)
+        js = [j for j in r.jobs if j.priority == 5]
+        assert len(js) == 50
+        return sum(j.jct for j in js) / len(js)
+
+    assert high_jct(True) < 0.8 * high_jct(False)
+    out = subprocess.run([sys.executable, "-m", "elastictrain", "simulate", "--trace", path, "--cluster", "n2g8",
+                          "--policy", "srtf,tiresias-l", "--priority-preemption", "--no-progress"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    for policy in ("srtf", "tiresias-l"):
+        for p, n in ((5, 50), (0, 150)):
+            assert f"{policy}: priority {p}: {n} jobs, average JCT" in out.stdout, out.stdout

@@ -2,6 +2,7 @@ import os
 
 import pytest
 
+from elastictrain.model import JobSpec
 from elastictrain.sim.cluster import load_cluster
 from elastictrain.sim.traces import TraceError, load_trace
 
@@ -54,6 +55,18 @@ def test_native_format(tmp_path):
     assert (j.user, j.stage_times, j.duration) == ("alice", (0.1, 0.4), 5.0)
 
 
+def test_native_priorities_round_trip(tmp_path):
+    from elastictrain.sim.synth import synthesize, write_native
+    from elastictrain.sim.traces import _native_checked, _native_fast
+
+    jobs = [JobSpec(j.job_id, j.num_gpu, j.submit_time, j.iterations, j.iteration_time, j.model, j.stage_times, j.user,
+                    priority=j.job_id % 3 - 1) for j in synthesize(50, seed=3, gpus=16)]
+    p = write_native(jobs, str(tmp_path / "p.csv"))
+    assert load_trace(p) == _native_checked(p) == _native_fast(p) == jobs
+    plain = write_native(synthesize(5, seed=3, gpus=16), str(tmp_path / "q.csv"))
+    assert "priority" not in open(plain).readline()  # (the column only where a job has one)
+
+
 def test_native_fast_reading_equals_the_checked_one(tmp_path):
     from elastictrain.sim.synth import synthesize, write_native
     from elastictrain.sim.traces import _native_checked, _native_fast
@@ -89,6 +102,8 @@ NATIVE = "job_id,num_gpu,submit_time,iterations,iteration_time,model,user,stage_
     (NATIVE + "1,2,5,10,0.5,bert,alice,nan", ["'stage_times'", "finite"]),
     (NATIVE + "1,2,5,0,0.5,bert,alice,", ["'iterations'", "> 0"]),
     (NATIVE + "1,2,5,10", ["'iteration_time'", "missing"]),
+    (NATIVE[:-1] + ",priority\n1,2,5,10,0.5,bert,alice,,high", ["'priority'", "'high'"]),
+    (NATIVE[:-1] + ",priority\n1,2,5,10,0.5,bert,alice,,2000", ["priority must be an integer from -1000 to 1000"]),
 ])
 def test_bad_rows_name_file_line_column_value(tmp_path, text, words):
     p = tmp_path / "x.csv"

@@ -368,17 +368,18 @@ def _status(args) -> int:
               ("queued", [j for j in st.jobs if j.status in ("queued", "preempted")])]
     ended = [j for j in st.jobs if j.status in _ENDED]
     groups.append(("ended", ended if args.all else ended[-10:]))
+    prio = any(j.priority for j in st.jobs)  # (a column only where some job has a priority)
     for title, jobs in groups:
         if not jobs:
             continue
         print()
-        rows = [("id", "name", "user", "state", "gpus", "attained GPU-s", "waited s", "step", "placement", "policy",
-                 "reason")]
+        rows = [("id", "name", "user", *("prio",) * prio, "state", "gpus", "attained GPU-s", "waited s", "step",
+                 "placement", "policy", "reason")]
         for j in jobs:
             state = j.status + (" (stopping)" if j.stopping else "")
             waited = (j.start_time or now) - j.submit_time
-            rows.append((j.id, j.name, j.user, state, _gpus(j), f"{j.attained_gpu:.1f}", f"{waited:.1f}",
-                         f"{j.step}" + (f"/{j.steps}" if j.steps else ""), _where(j) or "-",
+            rows.append((j.id, j.name, j.user, *(str(j.priority),) * prio, state, _gpus(j), f"{j.attained_gpu:.1f}",
+                         f"{waited:.1f}", f"{j.step}" + (f"/{j.steps}" if j.steps else ""), _where(j) or "-",
                          " ".join(f"{k}={v}" for k, v in j.info.items()) or "-", _short(j.reason) or "-"))
         print(f"{title}:")
         print(table(rows, right_align=False))
@@ -535,7 +536,8 @@ def _job_status(client, job: str, as_json: bool) -> int:
                                    "shares": rlist.shares if rlist is not None else None}).decode())
         return 0
     if info is not None:
-        print(f"job {info.id} ({info.name}) of {info.user}: {info.status}" + (" (stopping)" if info.stopping else ""))
+        print(f"job {info.id} ({info.name}) of {info.user}: {info.status}" + (" (stopping)" if info.stopping else "")
+              + (f"; priority {info.priority}" if info.priority else ""))
         print(f"  command: {shlex.join(info.command)}  (in {info.workdir})")
         now = f" (this run: {info.workers})" if info.min_gpus != info.gpus and info.workers else ""
         print(f"  workers: {_gpus(info)}{now}; placement: {_where(info) or '-'}; run {info.run}; preemptions "

@@ -26,6 +26,9 @@ def test_a_higher_priority_job_takes_the_slots_and_the_lower_one_resumes_after_i
         c.wait(lambda st: any(j.id == high and j.status == "running" for j in st.jobs), 120, "the high job running")
         why = c.cli("status", low).stdout
         assert "jobs of a priority above its 0 hold 2 (--priority-preemption)" in why, why
+        assert f"job {high} (high) of default: running; priority 10" in c.cli("status", high).stdout
+        table = c.cli("status").stdout
+        assert "prio" in table.split("running:")[1].splitlines()[1], table
         assert c.client.cluster_job(low).status == "preempted"
         c.finish(high, 240)
         c.finish(low, 240)

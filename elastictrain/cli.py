@@ -203,6 +203,9 @@ def get_parser() -> argparse.ArgumentParser:
     sy.add_argument("--gpus", type=int, default=64, help="the cluster's GPUs the load is relative to (default 64)")
     sy.add_argument("--load", type=float, default=0.9, help="offered GPU-seconds per second / GPUs (default 0.9)")
     sy.add_argument("--users", type=int, default=8, help="users the jobs are spread over (fair-share policies)")
+    sy.add_argument("--priorities", type=_int_list, default=(), metavar="P,P,...",
+                    help="each job draws one of these priorities (repeat one to weigh it: 0,0,0,5 gives a quarter "
+                    "of the jobs priority 5), for simulate --priority-preemption")
     ex = tsub.add_parser("export", help="a live cluster's jobs as a trace the simulator replays (submit times, "
                          "GPUs, steps, measured seconds per step, users)")
     ex.add_argument("--coordinator", default=os.environ.get("ET_COORDINATOR", "http://127.0.0.1:7707"),
@@ -213,6 +216,14 @@ def get_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("version", help="print the version")
     return p
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"give whole numbers separated by commas, e.g. 0,0,0,5; not {text!r}") \
+            from None
 
 
 def _policy_options(p: argparse.ArgumentParser) -> None:
@@ -376,7 +387,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "trace":
             from .sim.synth import synthesize, write_native
 
-            jobs = synthesize(args.jobs, args.seed, args.gpus, args.load, args.users)
+            jobs = synthesize(args.jobs, args.seed, args.gpus, args.load, args.users, priorities=args.priorities)
             print(f"wrote {write_native(jobs, args.out)}: {len(jobs)} jobs over {jobs[-1].submit_time / 3600:.1f} h, "
                   f"offered load {args.load:g} x {args.gpus} GPUs")
         elif args.command == "version":

@@ -7,7 +7,9 @@ GPU counts (1 to 32, mostly 1, 4 and 8), the durations (heavy-tailed: median abo
 99th percentile about a month) and each job's model and stage profile are Philly's, jointly,
 as those traces have them. Arrivals are a Poisson process whose rate makes the offered load
 (GPU-seconds asked per second) ``load`` times the cluster's ``gpus``; job sizes are capped at
-``gpus``; users are assigned round-robin over ``users`` names.
+``gpus``; users are assigned round-robin over ``users`` names. ``priorities`` (optional): each
+job draws one of these uniformly, from a generator of its own, so the rest of the trace is the
+same with or without them (``simulate --priority-preemption``).
 
 The output is the native trace format (seconds; ``stage_times`` ``;``-separated), gzipped when
 the file name ends in ``.gz``. The same seed always gives the same trace.
@@ -32,7 +34,7 @@ SOURCES = tuple(os.path.join(SHIPPED, "muri", f"trace{i}.csv.gz") for i in (1, 3
 
 
 def synthesize(jobs: int, seed: int = 0, gpus: int = 64, load: float = 0.9, users: int = 8,
-               sources: Optional[tuple[str, ...]] = None) -> list[JobSpec]:
+               sources: Optional[tuple[str, ...]] = None, priorities: tuple[int, ...] = ()) -> list[JobSpec]:
     """``jobs`` jobs resampled from the Philly-derived traces (see the module docstring).
 
     Raises:
@@ -43,16 +45,20 @@ def synthesize(jobs: int, seed: int = 0, gpus: int = 64, load: float = 0.9, user
     if not 1 <= gpus <= 1_000_000 or not 0.01 <= load <= 100 or not 1 <= users <= 100_000:
         raise ConfigError(f"--gpus must be in [1, 1000000], --load in [0.01, 100] and --users in [1, 100000]; got "
                           f"{gpus}, {load}, {users}")
+    if not all(isinstance(p, int) and -1000 <= p <= 1000 for p in priorities) or len(priorities) > 1000:
+        raise ConfigError(f"--priorities must be up to 1000 integers from -1000 to 1000, got {priorities!r}")
     pool = [j for path in (sources or SOURCES) for j in load_trace(path)]
     rng = random.Random(seed)
     picks = [pool[rng.randrange(len(pool))] for _ in range(jobs)]
     mean_demand = sum(min(p.num_gpu, gpus) * p.duration for p in picks) / jobs
     rate = load * gpus / mean_demand  # jobs per second
+    prio = random.Random(f"{seed}:priorities")
     t, out = 0.0, []
     for i, p in enumerate(picks):
         t += rng.expovariate(rate)
         out.append(JobSpec(i, min(p.num_gpu, gpus), round(t, 3), p.iterations, p.iteration_time, p.model,
-                           p.stage_times, f"user{i % users}"))
+                           p.stage_times, f"user{i % users}",
+                           priority=priorities[prio.randrange(len(priorities))] if priorities else 0))
     return out
 
 

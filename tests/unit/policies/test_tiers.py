@@ -162,21 +162,23 @@ def test_simulate_priority_preemption_from_a_native_trace(tmp_path):
     from elastictrain.sim.run import SimConfig, simulate
     from elastictrain.sim.synth import synthesize, write_native
 
-    jobs = [JobSpec(j.job_id, j.num_gpu, j.submit_time, j.iterations, j.iteration_time, j.model, j.stage_times, j.user,
-                    priority=5 if j.job_id % 4 == 0 else 0) for j in synthesize(200, seed=4, gpus=16, load=1.2)]
+    jobs = synthesize(200, seed=4, gpus=16, load=1.2, priorities=(0, 0, 0, 5))
+    plain = synthesize(200, seed=4, gpus=16, load=1.2)  # the same trace but for the priorities
+    assert [(j.submit_time, j.num_gpu, j.duration) for j in jobs] == [(j.submit_time, j.num_gpu, j.duration) for j in plain]
     path = write_native(jobs, str(tmp_path / "p.csv"))
 
-    def high_jct(tiered):
+    def high(tiered):  # the priority-5 jobs' average JCT and queueing delay
         (r,) = simulate(SimConfig(path, "n2g8", ["srtf"], priority_preemption=tiered), progress=False)
         js = [j for j in r.jobs if j.priority == 5]
-        assert len(js) == 50
-        return sum(j.jct for j in js) / len(js)
+        assert len(js) == 49
+        return sum(j.jct for j in js) / len(js), sum(j.queueing_delay for j in js) / len(js)
 
-    assert high_jct(True) < 0.8 * high_jct(False)
+    (jct, queued), (jct0, queued0) = high(True), high(False)
+    assert jct < 0.9 * jct0 and queued < 0.1 * queued0, (jct, jct0, queued, queued0)
     out = subprocess.run([sys.executable, "-m", "elastictrain", "simulate", "--trace", path, "--cluster", "n2g8",
                           "--policy", "srtf,tiresias-l", "--priority-preemption", "--no-progress"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     for policy in ("srtf", "tiresias-l"):
-        for p, n in ((5, 50), (0, 150)):
+        for p, n in ((5, 49), (0, 151)):
             assert f"{policy}: priority {p}: {n} jobs, average JCT" in out.stdout, out.stdout

@@ -164,7 +164,8 @@ def test_simulate_priority_preemption_from_a_native_trace(tmp_path):
 
     jobs = synthesize(200, seed=4, gpus=16, load=1.2, priorities=(0, 0, 0, 5))
     plain = synthesize(200, seed=4, gpus=16, load=1.2)  # the same trace but for the priorities
-    assert [(j.submit_time, j.num_gpu, j.duration) for j in jobs] == [(j.submit_time, j.num_gpu, j.duration) for j in plain]
+    shape = [(j.submit_time, j.num_gpu, j.duration) for j in jobs]
+    assert shape == [(j.submit_time, j.num_gpu, j.duration) for j in plain]
     path = write_native(jobs, str(tmp_path / "p.csv"))
 
     def high(tiered):  # the priority-5 jobs' average JCT and queueing delay

@@ -152,13 +152,14 @@ async function clusterView() {
   const waiting = c.jobs.filter((q) => q.status === "queued" || q.status === "preempted");
   const ended = c.jobs.filter((q) => ENDED.includes(q.status)).slice(-30);
   const prog = (q) => q.step + (q.steps ? "/" + q.steps : "");
+  const who = (q) => q.user + (q.priority ? " (priority " + q.priority + ")" : "");
   let qh = "<h3>Running</h3>" + (running.length ? table(["job", "name", "user", "gpus", "placement", "group", "step",
-      "s/step", "restarts"], running.map((q) => [q.id, q.name, q.user, q.workers || q.gpus, where(q),
+      "s/step", "restarts"], running.map((q) => [q.id, q.name, who(q), q.workers || q.gpus, where(q),
       q.info.group || "-", prog(q), q.info.group_iteration_time ||
         (q.iteration_time == null ? "-" : q.iteration_time.toFixed(3)),
       restarts(q)]), true, running.map((q) => q.id)) : '<span class="muted">none</span>');
   qh += "<h3>Queue</h3>" + (waiting.length ? table(["job", "name", "user", "status", "gpus", "attained GPU-s", "why"],
-      waiting.map((q) => [q.id, q.name, q.user, q.status, q.gpus, (q.attained_gpu || 0).toFixed(1), q.reason || "-"]),
+      waiting.map((q) => [q.id, q.name, who(q), q.status, q.gpus, (q.attained_gpu || 0).toFixed(1), q.reason || "-"]),
       true, waiting.map((q) => q.id)) : '<span class="muted">empty</span>');
   qh += "<h3>Ended</h3>" + (ended.length ? table(["job", "name", "user", "status", "JCT s", "reason"],
       ended.map((q) => [q.id, q.name, q.user, q.status, q.end_time ? (q.end_time - q.submit_time).toFixed(1) : "-",

@@ -37,7 +37,7 @@ def test_the_status_page_in_headless_chromium(tmp_path):
                     "--out", os.path.join(c.tmp, f"{name}.json")]
             given = {"load": stages[0] / 1000, "preprocess": stages[1] / 1000, "compute": stages[2] / 1000}
             ids.append(c.client.submit(JobSubmit(args, c.tmp, name=name, steps=400, env={"OMP_NUM_THREADS": "1"},
-                                                 stage_times=given)).id)
+                                                 stage_times=given, priority=int(name == "cpu"))).id)
             time.sleep(0.5)
         c.client.set_quota("default", gpus=8)  # the users table shows it, and what the jobs count
         c.wait(lambda st: any(j.info.get("group_iteration_time") for j in st.jobs) and
@@ -57,6 +57,7 @@ def test_the_status_page_in_headless_chromium(tmp_path):
         assert job.info["group"] in groups  # the group, measured against eq. 3
         queue = dom.split("<h2>Scheduled jobs</h2>")[1].split("<h2>Interleaving groups</h2>")[0]
         assert all(f"<td>{i}</td>" in queue for i in ids)
+        assert queue.count("<td>default (priority 1)</td>") == 1  # (no preemption by it here: admission order)
         page = dom.split('id="jobtitle"')[1]
         assert f"Job {job.id}" in page and "Stage profile" in page and "<rect" in page  # the bar chart
         assert "Step rate" in page and page.count("<polyline") >= 1

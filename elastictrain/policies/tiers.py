@@ -114,11 +114,8 @@ class PriorityTiers:
         groups: list = []
         notes: list = []
         wakeups = []
-        for p in sorted(set(tiers) | set(ended), reverse=True):
-            jobs = tiers.get(p, [])
-            if not jobs:  # a tier whose last jobs ended: its instance goes (a new one comes with a new job)
-                self._tiers.pop(p, None)
-                continue
+        for p in sorted(set(tiers) | (set(ended) & set(self._tiers)), reverse=True):
+            jobs = tiers.get(p, [])  # (none: its jobs ended, or are being stopped; it is told of the ends)
             below = [0] * len(avail)  # GPUs the lower tiers' running jobs hold
             for q, h in held.items():
                 if q < p:
@@ -155,8 +152,9 @@ class PriorityTiers:
             if d.wakeup is not None:
                 wakeups.append(d.wakeup)
         notes += self._preempted(s, run)
-        for p in [p for p in self._tiers if p not in tiers]:
-            del self._tiers[p]
+        known = set(self._tier_of.values())  # (jobs being stopped are known, not in the snapshot)
+        for p in [p for p in self._tiers if p not in known]:
+            del self._tiers[p]  # every job of its priority ended: a new one starts a new instance
         return Decision(run, min(wakeups, default=None), tuple(groups), slowdown, workers, tuple(notes), limits)
 
     @staticmethod

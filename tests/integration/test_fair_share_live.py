@@ -117,3 +117,12 @@ def test_gandiva_fair_moves_a_lost_nodes_job_to_the_node_left(tmp_path):
             r = c.result(name)
             assert r["min"] == r["max"] == 1, f"{name}: every sample must be trained on once: {r}"
         assert not [e for e in c.events() if e.kind == "policy_error"], c.tail()
+        # the run, node loss included, as a trace and the command that replays it
+        out = et(c, "trace", "export", "--coordinator", c.client.url, "--out", str(tmp_path / "live.csv"))
+        replay = next(line for line in out.splitlines() if line.startswith("replay: "))
+        n2 = next(n.index for n in c.client.cluster_status().nodes if n.name == "n2")
+        assert f" --cluster n2g1 --outage {n2}:" in replay and replay.endswith(":inf"), replay
+        sim = subprocess.run([sys.executable, "-m", "elastictrain", *replay[len("replay: elastictrain "):].split(),
+                              "--policy", "gandiva-fair", "--quantum", "5", "--restart-cost", "2", "--no-progress"],
+                             capture_output=True, text=True, timeout=120)
+        assert sim.returncode == 0 and "gandiva-fair: 1 jobs preempted by node outages" in sim.stdout, sim.stderr

@@ -167,3 +167,45 @@ def test_trace_export_replays_in_the_simulator(tmp_path):
     path = write_native(jobs, str(tmp_path / "live.csv"))
     (r,) = simulate(SimConfig(path, "n1g2", ["srtf"]), progress=False)
     assert sorted((x.job_id, round(x.duration, 3), x.user) for x in r.jobs) == [(0, 25.0, "alice"), (1, 5.0, "bob")]
+
+
+def test_trace_export_carries_the_nodes_lost_and_the_cluster(tmp_path):
+    """Node outages from the event log as simulate's --outage (seconds after the first
+    submission), the cluster as --cluster; a node that joins late is out until it does."""
+    import math
+
+    from elastictrain.sim.export import cluster_form, first_submit, jobs_to_trace, outages_from_events
+    from elastictrain.sim.run import SimConfig, simulate
+    from elastictrain.sim.synth import write_native
+    from elastictrain.wire import NodeLeave, NodeRegister, StepReport, TaskState
+
+    w = World(tmp_path, policy="fifo", nodes=2, slots=2, node_timeout=5.0)
+    a = w.submit(2, steps=40)  # t0 = 1000
+    w.s.tick()
+    w.run_all()
+    for i in range(1, 7):
+        w.clock.advance(0.5)
+        w.c.step(a, StepReport(0, i))
+        w.poll("n1", [TaskState(a, 1, "running")])
+    w.clock.advance(3)
+    w.poll("n1", [TaskState(a, 1, "running")])
+    w.s.tick()  # n2 silent for 6 s: lost at 1006
+    w.clock.advance(14)
+    w.poll("n1", [TaskState(a, 1, "running")])
+    w.register("n2", "inst2-new")  # back at 1020
+    w.clock.advance(5)
+    w.s.node_register("n3", NodeRegister(2, "inst3", "slot", "cpu", "h"))  # joins at 1025: out from 0
+    w.clock.advance(5)
+    w.s.node_leave("n1", NodeLeave(w.inst["n1"]))  # leaves at 1030, for good
+    records = w.s.jobs().jobs
+    events = w.s.events.list(0).events
+    nodes = w.s.status().nodes
+    t0 = first_submit(records)
+    assert t0 == 1000.0
+    got = outages_from_events(events, nodes, t0)
+    assert got == [(0, 30.0, math.inf), (1, 6.0, 20.0), (2, 0.0, 25.0)], got
+    assert cluster_form(nodes) == "n3g2"
+    jobs, _ = jobs_to_trace(records)
+    path = write_native(jobs, str(tmp_path / "live.csv"))
+    (r,) = simulate(SimConfig(path, cluster_form(nodes), ["fifo"], outages=tuple(got)), progress=False)
+    assert len(r.jobs) == 1

@@ -754,8 +754,8 @@ class ClusterScheduler:
                 "it)") if cordoned else ""
         policy = self.cfg.policy
         if sum(free) < need:
-            above = sum(r.workers or r.gpus for r in self.records.values() if r.status == "running"
-                        and r.priority > rec.priority) if self.cfg.priority_preemption else 0
+            above = sum(e.num_gpu for e in self.table.running.values()
+                        if e.priority > rec.priority) if self.cfg.priority_preemption else 0
             return (f"waiting for {need} {unit}: {sum(free)} of {total} free{hint}; " + (
                 f"jobs of a priority above its {rec.priority} hold {above} (--priority-preemption), and " if above
                 else "") + f"policy {policy} runs other jobs first")

@@ -15,6 +15,7 @@ import pytest
 
 from elastictrain.launcher.local_cluster import LocalCluster as Cluster
 from elastictrain.policies.api import create
+from elastictrain.policies.tiers import PriorityTiers
 from elastictrain.sim.cluster import load_cluster
 from elastictrain.sim.engine import Simulator
 from elastictrain.sim.parity import compare, live_decisions, normalize, sim_decisions
@@ -47,22 +48,23 @@ def restart_cost(events, first: bool = False) -> float:
     return max(gaps) if first else statistics.median(gaps)
 
 
-def replay(c, policy, cluster, options, events, protect_startup=True, first_start_cost=False):
+def replay(c, policy, cluster, options, events, protect_startup=True, first_start_cost=False, tiers=False):
     trace = os.path.join(c.tmp, "live.csv")
     out = subprocess.run([sys.executable, "-m", "elastictrain", "trace", "export", "--out", trace], env=c.env(),
                          cwd=c.tmp, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     log: list = []
     cost = restart_cost(events, first_start_cost)
-    Simulator(load_trace(trace), load_cluster(cluster), create(policy, **options), restart_cost=cost,
+    chosen = PriorityTiers(lambda: create(policy, **options)) if tiers else create(policy, **options)
+    Simulator(load_trace(trace), load_cluster(cluster), chosen, restart_cost=cost,
               decisions=log, protect_startup=protect_startup).run()
     return sim_decisions(log), cost
 
 
-def check(c, policy, cluster, options, protect_startup=True, first_start_cost=False):
+def check(c, policy, cluster, options, protect_startup=True, first_start_cost=False, tiers=False):
     events = c.events()
     live = live_decisions(events, c.client.cluster_jobs().jobs)
-    sim, cost = replay(c, policy, cluster, options, events, protect_startup, first_start_cost)
+    sim, cost = replay(c, policy, cluster, options, events, protect_startup, first_start_cost, tiers)
     diverged = compare(live, sim, TOLERANCE)
     shown = "\n".join(f"  live {a!s:<48} sim {b!s}" for a, b in zip(
         normalize(live, TOLERANCE) + [""] * 40, normalize(sim, TOLERANCE) + [""] * 40) if a or b)
@@ -77,7 +79,7 @@ def submit_muri(c, name, steps, stages, **kw):
     given = {"load": stages[0] / 1000, "preprocess": stages[1] / 1000, "compute": stages[2] / 1000}
     return c.client.submit(JobSubmit(args, c.tmp, name=name, gpus=kw.get("gpus", 1), steps=steps, grace=20.0,
                                      env={"OMP_NUM_THREADS": "1"}, stage_times=given,
-                                     user=kw.get("user", "default"))).id
+                                     user=kw.get("user", "default"), priority=kw.get("priority", 0))).id
 
 
 def test_tiresias_l_live_and_simulated_make_the_same_decisions(tmp_path):
@@ -89,6 +91,18 @@ def test_tiresias_l_live_and_simulated_make_the_same_decisions(tmp_path):
         c.wait_all(3, timeout=300)
         live = check(c, "tiresias-l", "n1g2", {"thresholds": (12.0,)})
         assert [s.kind for s in live].count("preempt") >= 1  # the workload exercises a preemption
+
+
+def test_priority_tiers_live_and_simulated_make_the_same_decisions(tmp_path):
+    # srtf alone would let the long low job run on (the high one is longer still): priority preempts it
+    with Cluster(tmp_path, "srtf", "--priority-preemption", nodes=1, slots=2) as c:
+        submit_muri(c, "low", 300, (20, 0, 20), gpus=2)
+        time.sleep(6)
+        submit_muri(c, "high", 400, (20, 0, 20), gpus=2, priority=5)
+        submit_muri(c, "small", 60, (20, 0, 20), priority=0)
+        c.wait_all(3, timeout=300)
+        live = check(c, "srtf", "n1g2", {}, tiers=True)
+        assert [(s.kind, s.job) for s in live if s.kind == "preempt"], live
 
 
 def test_muri_s_live_and_simulated_make_the_same_decisions(tmp_path):

@@ -37,21 +37,22 @@ def test_a_higher_priority_job_preempts_a_lower_one_which_resumes_after_it(name)
         assert plain[2].end_time > 2010.0  # the policy alone makes it wait, or share
 
 
+def with_priorities(jobs, seed, levels=(-1, 0, 0, 3)):
+    rng = random.Random(seed)
+    return [JobSpec(j.job_id, j.num_gpu, j.submit_time, j.iterations, j.iteration_time, j.model, j.stage_times,
+                    priority=rng.choice(levels)) for j in jobs]
+
+
 @pytest.mark.parametrize("name", ["yarn-cs", "srtf", "tiresias-l", "gandiva-ts", "gandiva-fair", "muri-l"])
-def test_with_one_tier_the_policy_decides_alone_bit_for_bit(name):
-    jobs = random_trace(3, n=60)
+@pytest.mark.parametrize("level", [0, 7])
+def test_with_one_tier_the_policy_decides_alone_bit_for_bit(name, level):
+    jobs = with_priorities(random_trace(3, n=60), 0, levels=(level,))
     cluster = ClusterSpec(2, 2, 4)
     a = Simulator(jobs, cluster, tiers(name), restart_cost=5.0).run()
     b = Simulator(jobs, cluster, create(name, **OPTIONS.get(name, {})), restart_cost=5.0).run()
     key = [(r.job_id, r.start_time, r.end_time, r.preemptions) for r in sorted(a.jobs, key=lambda r: r.job_id)]
     assert key == [(r.job_id, r.start_time, r.end_time, r.preemptions) for r in sorted(b.jobs, key=lambda r: r.job_id)]
     assert a.events == b.events
-
-
-def with_priorities(jobs, seed, levels=(-1, 0, 0, 3)):
-    rng = random.Random(seed)
-    return [JobSpec(j.job_id, j.num_gpu, j.submit_time, j.iterations, j.iteration_time, j.model, j.stage_times,
-                    priority=rng.choice(levels)) for j in jobs]
 
 
 @pytest.mark.parametrize("name", POLICIES)

@@ -25,7 +25,9 @@ of its placement (``JobSpec.speeds``; a gang spanning types runs at the slowest 
 ``start`` the jobs with GPUs on it are preempted (their progress kept, as from a checkpoint; the
 restart cost is paid when they start again) and the node offers 0 GPUs, as a live coordinator
 shows a lost node, until ``end``. With ``checkpoint_every`` (seconds of training between a run's
-checkpoints), such a job loses the work since its last checkpoint, as a live one does.
+checkpoints), such a job loses the work since its last checkpoint, as a live one does. A job
+bigger than what the nodes lost for good leave can never run again: it is set aside
+(``extra["rejected"]``, with the reason), whether it waits then or arrives later.
 ``migration_cost``: seconds a running job loses when a decision moves it to another placement
 (Gandiva-fair's migration). ``window``: also record, per user and window of that many seconds,
 the iterations done (also weighted by GPU count: data-parallel minibatches) and the GPU-seconds
@@ -197,6 +199,9 @@ class Simulator:
         oi, t_out = 0, changes[0][0] if changes else inf
         full = cluster.capacities
         caps, outage_preemptions, lost_work = list(full), 0, 0.0
+        forever = {node for node, _, end in self.outages if end == inf}
+        gone: set = set()  # nodes lost for good, so far
+        rejected, room = list(self.rejected), inf  # room: the largest gang that can still ever run
         every_ckpt = self.checkpoint_every
         if changes and every_ckpt:
             backend.runs = {}
@@ -209,11 +214,10 @@ class Simulator:
             if until is not None and t > until:
                 t = until
             if t == inf:
-                gone = [str(node) for node, _, end in self.outages if end == inf]
                 raise ConfigError(f"simulation stalled at t={now:.0f} s with {len(table)} waiting job(s) that "
                                   f"the policy {self.policy.name} never starts" + (
-                                      f" (node(s) {', '.join(gone)} lost for good: {sum(caps)} GPUs left, and "
-                                      f"these jobs need up to {max(e.num_gpu for e in table.entries())})"
+                                      f" (node(s) {', '.join(map(str, sorted(gone)))} lost for good: {sum(caps)} "
+                                      f"GPUs left, and these jobs need up to {max(e.num_gpu for e in table.entries())})"
                                       if gone else ""))
             # ---- advance running jobs to t
             finished = advance(now, t)  # (it also accrues the running jobs' service)
@@ -241,6 +245,8 @@ class Simulator:
                     caps[node] = 0 if down else full[node]
                     if not down:
                         continue
+                    if node in forever:
+                        gone.add(node)
                     for e in [e for e in running.values() if any(m == node for m, _ in e.placement)]:
                         if every_ckpt:
                             lost_work += self._lose_since_checkpoint(e, now - backend.runs.get(e.key, now))
@@ -250,10 +256,20 @@ class Simulator:
                             log.append((now, "preempt", e.key, ()))
                 t_out = changes[oi][0] if oi < len(changes) else inf
                 backend.set_capacities(tuple(caps))
+                if gone:  # a job too big for what is left can never run: set aside, with the reason
+                    room, why = self._room(gone)
+                    for e in [e for e in table.entries() if e.num_gpu > room and not e.running]:
+                        table.end(e.key, JobStatus.CANCELLED, now)
+                        backend.forget(e.key)
+                        rejected.append((e.key, f"needs {e.num_gpu} GPUs but {why}"))
             arrivals = idx
             while idx < n and specs[idx].submit_time <= now:
-                table.add(self._entry(specs[idx]))
+                spec = specs[idx]
                 idx += 1
+                if spec.num_gpu > room:
+                    rejected.append((spec.job_id, f"needs {spec.num_gpu} GPUs but {self._room(gone)[1]}"))
+                    continue
+                table.add(self._entry(spec))
             if finished or idx > arrivals or backend.worked or not running:
                 idle = 0
             else:
@@ -310,9 +326,24 @@ class Simulator:
                          time.perf_counter() - t_wall, {"service_by_user": service,
                                                          "unfinished": len(table), "migrations": backend.migrations,
                                                          "timeline": [timeline[k] for k in sorted(timeline)],
-                                                         "rejected": list(self.rejected),
+                                                         "rejected": rejected,
                                                          "outage_preemptions": outage_preemptions,
                                                          "outage_lost_seconds": lost_work})
+
+    def _room(self, gone: set) -> tuple:
+        """The largest gang the cluster can still run with nodes ``gone`` lost for good (on a policy
+        that runs a gang on one GPU type: the largest type's GPUs left), and why, in words."""
+        cluster = self.cluster
+        types = cluster.node_types if getattr(self.policy, "single_type", False) and cluster.node_types else \
+            ("",) * cluster.nodes
+        left: dict = {}
+        for node, (t, g) in enumerate(zip(types, cluster.capacities)):
+            if node not in gone:
+                left[t] = left.get(t, 0) + g
+        room = max(left.values(), default=0)
+        lost = ", ".join(map(str, sorted(gone)))
+        return room, (f"node(s) {lost} are lost for good and the nodes left have {room}"
+                      + (" of one GPU type" if types[0] else ""))
 
     def _lose_since_checkpoint(self, e: Entry, trained: float) -> float:
         """A job lost with its node goes back to its last checkpoint (one every ``checkpoint_every``

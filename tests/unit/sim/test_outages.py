@@ -48,12 +48,27 @@ def test_a_lost_node_runs_nothing_until_it_is_back_and_its_jobs_are_preempted(na
     assert sum(j.jct for j in free.jobs) < sum(j.jct for j in r.jobs)
 
 
-def test_a_node_lost_for_good_and_outages_checked():
+def test_a_node_lost_for_good_and_outages_checked(tmp_path):
+    from elastictrain.sim.synth import write_native
+
     cluster = ClusterSpec(1, 2, 4)
     r = Simulator(jobs(8), cluster, create("srtf"), outages=[(0, 0.0, math.inf)]).run()
     assert len(r.jobs) == 8  # every job fits on the node left
-    with pytest.raises(ConfigError, match=r"lost for good: 4 GPUs left, and these jobs need up to 8"):
-        Simulator([JobSpec(0, 8, 10.0, 100, 1.0)], cluster, create("srtf"), outages=[(0, 5.0, math.inf)]).run()
+    # jobs too big for what is left are set aside with the reason, the rest goes on: one that ran on
+    # the node (preempted), one waiting then, one arriving later; the others finish
+    big = [JobSpec(0, 8, 0.0, 100, 1.0), JobSpec(1, 8, 1.0, 100, 1.0), JobSpec(2, 8, 10.0, 100, 1.0),
+           JobSpec(3, 2, 2.0, 100, 1.0), JobSpec(4, 4, 12.0, 100, 1.0)]
+    r = Simulator(big, cluster, create("srtf"), outages=[(0, 5.0, math.inf)]).run()
+    assert sorted(j.job_id for j in r.jobs) == [3, 4] and r.extra["outage_preemptions"] == 1
+    assert [(k, why) for k, why in r.extra["rejected"]] == [
+        (0, "needs 8 GPUs but node(s) 0 are lost for good and the nodes left have 4"),
+        (1, "needs 8 GPUs but node(s) 0 are lost for good and the nodes left have 4"),
+        (2, "needs 8 GPUs but node(s) 0 are lost for good and the nodes left have 4")]
+    out = subprocess.run([sys.executable, "-m", "elastictrain", "simulate", "--trace", write_native(big, str(tmp_path / "t.csv")),
+                          "--cluster", "n2g4", "--policy", "srtf", "--outage", "0:5:inf", "--no-progress"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "srtf: job 2 never runs: needs 8 GPUs but node(s) 0 are lost for good" \
+        in out.stderr, out.stderr
     for outages, says in (([(2, 0.0, 1.0)], "node index from 0 to 1"), ([(0, 5.0, 5.0)], "0 <= start < end"),
                           ([(0, -1.0, 5.0)], "0 <= start < end"), ([(0, 0.0, 10.0), (0, 5.0, 20.0)], "overlap"),
                           ([(0, "x", 1.0)], "give \\(node, start, end\\)"), ([(True, 0.0, 1.0)], "node index")):

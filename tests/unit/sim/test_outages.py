@@ -64,8 +64,9 @@ def test_a_node_lost_for_good_and_outages_checked(tmp_path):
         (0, "needs 8 GPUs but node(s) 0 are lost for good and the nodes left have 4"),
         (1, "needs 8 GPUs but node(s) 0 are lost for good and the nodes left have 4"),
         (2, "needs 8 GPUs but node(s) 0 are lost for good and the nodes left have 4")]
-    out = subprocess.run([sys.executable, "-m", "elastictrain", "simulate", "--trace", write_native(big, str(tmp_path / "t.csv")),
-                          "--cluster", "n2g4", "--policy", "srtf", "--outage", "0:5:inf", "--no-progress"],
+    trace = write_native(big, str(tmp_path / "t.csv"))
+    out = subprocess.run([sys.executable, "-m", "elastictrain", "simulate", "--trace", trace, "--cluster", "n2g4",
+                          "--policy", "srtf", "--outage", "0:5:inf", "--no-progress"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "srtf: job 2 never runs: needs 8 GPUs but node(s) 0 are lost for good" \
         in out.stderr, out.stderr

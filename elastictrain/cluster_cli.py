@@ -63,8 +63,9 @@ def add_commands(sub) -> None:
                    help="admin only: submit for this user (its fair share, its UNIX account); a user's credential "
                    "is always its own user [ET_USER]")
     s.add_argument("--priority", type=int, default=0,
-                   help="-1000..1000: orders the user's own jobs for admission under a quota; on a coordinator run "
-                   "with --priority-preemption, a higher priority also takes GPUs from lower ones (above 0: admin only)")
+                   help="-1000..1000: orders the user's own jobs for admission under a quota; on a coordinator "
+                   "run with --priority-preemption, a higher priority also takes GPUs from lower ones (above 0: "
+                   "admin only)")
     s.add_argument("--workdir", default=os.getcwd(), help="where the script runs on every node (default: here)")
     s.add_argument("--steps", type=int, default=None, help="training steps in all (lets SRTF-like policies know the "
                    "remaining work)")

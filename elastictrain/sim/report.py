@@ -75,8 +75,8 @@ def by_priority(results: Sequence[SimResult]) -> list[str]:
             continue
         for p in prios:
             js = [j for j in r.jobs if j.priority == p]
-            lines.append(f"{r.policy}: priority {p}: {len(js)} jobs, average JCT {sum(j.jct for j in js) / len(js):.0f} s, "
-                         f"queueing {sum(j.queueing_delay for j in js) / len(js):.0f} s, "
+            jct, queued = sum(j.jct for j in js) / len(js), sum(j.queueing_delay for j in js) / len(js)
+            lines.append(f"{r.policy}: priority {p}: {len(js)} jobs, average JCT {jct:.0f} s, queueing {queued:.0f} s, "
                          f"{sum(j.preemptions for j in js)} preemptions")
     return lines
 

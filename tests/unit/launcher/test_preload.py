@@ -26,6 +26,7 @@ model = DDP(torch.nn.Linear(8, 8))
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 loss = model(torch.randn(4, 8)).sum()
 opt.zero_grad(); loss.backward(); opt.step()
+del model, opt, loss  # (destroying the group first, torch aborted at exit once in many runs)
 dist.destroy_process_group()
 """
 

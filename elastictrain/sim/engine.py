@@ -201,7 +201,7 @@ class Simulator:
         caps, outage_preemptions, lost_work = list(full), 0, 0.0
         forever = {node for node, _, end in self.outages if end == inf}
         gone: set = set()  # nodes lost for good, so far
-        rejected, room = list(self.rejected), inf  # room: the largest gang that can still ever run
+        rejected, room, why = list(self.rejected), inf, ""  # room: the largest gang that can still ever run
         every_ckpt = self.checkpoint_every
         if changes and every_ckpt:
             backend.runs = {}
@@ -267,7 +267,7 @@ class Simulator:
                 spec = specs[idx]
                 idx += 1
                 if spec.num_gpu > room:
-                    rejected.append((spec.job_id, f"needs {spec.num_gpu} GPUs but {self._room(gone)[1]}"))
+                    rejected.append((spec.job_id, f"needs {spec.num_gpu} GPUs but {why}"))
                     continue
                 table.add(self._entry(spec))
             if finished or idx > arrivals or backend.worked or not running:

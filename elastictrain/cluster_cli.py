@@ -183,6 +183,19 @@ def add_commands(sub) -> None:
         _connection(h)
         h.add_argument("job", help=f"a job id, or a job array's (every {'waiting' if verb == 'hold' else 'held'} task)")
 
+    up = sub.add_parser("update", help="change a job's priority or time limit, waiting or running (scontrol update)",
+                        description="Change a job's priority or time limit (Slurm's scontrol update). A user may "
+                        "lower its own job's time limit, and set its priority as at submission; on a coordinator run "
+                        "with --priority-preemption, to at most 0 or below its current one. Only the admin may raise "
+                        "a time limit, or a priority beyond that. There, a raised job may preempt lower ones at once, "
+                        "and a lowered one may be preempted.")
+    _connection(up)
+    up.add_argument("job", help="a job id, or a job array's (every task not ended)")
+    up.add_argument("--priority", type=int, default=None, metavar="N", help="-1000..1000 (see submit --priority)")
+    up.add_argument("-t", "--time", type=_time_or_unlimited, default=None, metavar="LIMIT",
+                    help="the most time it may hold GPUs in all its runs, in Slurm's format (see submit --time), "
+                    "or UNLIMITED (admin); below what it has held, its run stops now as TIMEOUT")
+
     lg = sub.add_parser("logs", help="a job's output: every rank, as etrun --tee prints it")
     _connection(lg)
     lg.add_argument("job")
@@ -215,7 +228,7 @@ def _client(args, timeout: float = 10.0):
 
 def run_command(args) -> int:
     return {"node": _node, "submit": _submit, "status": _status, "cancel": _cancel, "hold": _hold, "release": _hold,
-            "logs": _logs,
+            "update": _update, "logs": _logs,
             "events": _events, "users": _users, "nodes": _nodes, "history": _history}[args.command](args)
 
 
@@ -746,6 +759,37 @@ def _cancel(args) -> int:
         return 0
     print(f"job {info.id} cancelled")
     return 0
+
+
+def _update(args) -> int:
+    from .errors import ConfigError, ConflictError, NotFoundError
+    from .wire import JobUpdate
+
+    if args.priority is None and args.time is None:
+        raise ConfigError("update: nothing to change; give --priority N or --time LIMIT")
+    client = _client(args)
+    req = JobUpdate(priority=args.priority, time_limit=args.time)
+    try:
+        infos = [client.update_job(args.job, req)]
+    except NotFoundError:  # a job array's id: each of its tasks not ended (as scontrol update on an array)
+        tasks = [j for j in _array_tasks(client, args.job) if j.status not in ("finished", "failed", "cancelled")]
+        if not tasks:
+            raise
+        infos = []
+        for j in tasks:
+            try:
+                infos.append(client.update_job(j.id, req))
+            except ConflictError:  # it ended meanwhile
+                continue
+    for info in infos:
+        limit = info.info.get("time_limit", "none")
+        print(f"job {info.id} updated: priority {info.priority}, time limit {limit} ({info.status})")
+    return 0
+
+
+def _time_or_unlimited(text: str) -> float:
+    """``--time`` of ``update``: Slurm's format, or UNLIMITED / INFINITE (0: no limit)."""
+    return 0.0 if text.strip().lower() in ("unlimited", "infinite") else slurm_time(text)
 
 
 def slurm_time(text: str) -> float:

@@ -511,6 +511,16 @@ class JobSubmit(_Msg, omit_defaults=True):
     time_limit: Optional[Annotated[float, msgspec.Meta(gt=0.0, le=366 * 86_400.0)]] = None
 
 
+class JobUpdate(_Msg, omit_defaults=True):
+    """Change a scheduled job (``elastictrain update``, Slurm's ``scontrol update``): what is
+    given changes, the rest stays. A user may lower its own job's priority and time limit; only
+    the admin may raise them (see ``ClusterScheduler.update``)."""
+
+    priority: Optional[Annotated[int, msgspec.Meta(ge=-1000, le=1000)]] = None
+    #: seconds it may hold GPUs in all its runs (as ``JobSubmit.time_limit``); 0 lifts the limit
+    time_limit: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=366 * 86_400.0)]] = None
+
+
 class NodeSlots(_Msg):
     node: str
     slots: int

@@ -32,15 +32,15 @@ from typing import Optional
 
 import msgspec
 
-from ..errors import ConfigError, ConflictError, ForbiddenError, NotFoundError, PolicyError
+from ..errors import BadRequestError, ConfigError, ConflictError, ForbiddenError, NotFoundError, PolicyError
 from ..model import check_name
 from ..policies.api import EMPTY, create, options_of
 from ..policies.tiers import PriorityTiers
 from ..runtime.stages import STAGES
 from ..scheduling import Entry, JobStatus, JobTable, Scheduler
 from ..wire import (
-    ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, GroupMember, JobSubmit, LogList, MemberResult, NodeCordon,
-    NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks, Series, StepInfo, StepReport, Task, UserInfo,
+    ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, GroupMember, JobSubmit, JobUpdate, LogList, MemberResult,
+    NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks, Series, StepInfo, StepReport, Task, UserInfo,
     UserList, UserQuota, UserTickets,
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
@@ -677,6 +677,48 @@ class ClusterScheduler:
         self.wake()
         return self.info(rec)
 
+    def update(self, job: str, req: JobUpdate, who: Identity = ADMIN) -> ClusterJobInfo:
+        """Change a job's priority or time limit (Slurm's ``scontrol update``), waiting or running.
+
+        As Slurm's, a user may only lower a time limit (none counts as the highest); a priority it may
+        set as at submission: with ``--priority-preemption``, to 0 or below, or below its current one.
+        The admin may set any. A new priority takes effect at once: admission order, and with
+        ``--priority-preemption`` the job's tier (raised, it may preempt lower jobs; lowered, it may be
+        preempted). A time limit below what the job has held ends its run at the next round (TIMEOUT)."""
+        if req.priority is None and req.time_limit is None:
+            raise BadRequestError("nothing to change: give a priority (--priority N) or a time limit (--time LIMIT)")
+        rec = self._rec(job)
+        if rec.status in _ENDED_NAMES:
+            raise ConflictError(f"job {job} already {rec.status}; nothing to update")
+        p, limit = req.priority, req.time_limit
+        if who.role != "admin":
+            if p is not None and p > max(rec.priority, 0 if self.cfg.priority_preemption else 1000):
+                raise ForbiddenError(f"priority {p}: a user may lower its job's priority (now {rec.priority}) or set "
+                                     "it at 0 or below; only the admin may raise it above that (this coordinator "
+                                     "preempts by priority: --priority-preemption)")
+            if limit is not None and rec.time_limit and not 0 < limit <= rec.time_limit:
+                raise ForbiddenError(f"time limit {_limit_text(limit)}: a user may only lower its job's time limit "
+                                     f"(now {rec.time_limit:.0f} s), as in Slurm; ask an admin to raise it")
+        changed = {}
+        if p is not None and p != rec.priority:
+            changed["priority"] = f"{rec.priority} -> {p}"
+            rec.priority = p
+            e = self.table.get(job)
+            if e is not None:
+                e.priority = p
+                self.table.touch(job)  # (its policy view: with tiers it moves to the tier of p)
+        if limit is not None and limit != rec.time_limit:
+            changed["time_limit"] = f"{_limit_text(rec.time_limit)} -> {_limit_text(limit)}"
+            rec.time_limit = limit
+        if changed:
+            self._emit("update", job, "", by=who.name, **changed)
+            self._dirty.add(job)
+            if self.admission.waiting:
+                self.admission.admit()
+            self._flush()
+            self.wake()
+        return self.info(rec)
+
     def _rec(self, job: str) -> JobRecord:
         rec = self.records.get(job)
         if rec is None:
@@ -1022,6 +1064,10 @@ class ClusterScheduler:
 
 
 _MEMBER_LINE = re.compile(rb"^(?:\[[^\]\n]{0,64}\]:)?\[([A-Za-z0-9][A-Za-z0-9._-]{0,127})\] ")
+
+
+def _limit_text(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds else "none"
 
 
 def _held(e: Entry, now: float) -> float:

@@ -25,8 +25,8 @@ from ..model import DatasetSpec
 from ..wire import (
     AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterJobInfo, ClusterJobList, ClusterStatus, CommitList,
     CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health, JobCreate,
-    JobInfo, JobList, JobSubmit, LeaseReply, LeaseRequest, LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave,
-    NodePoll, NodeRegister, NodeTasks,
+    JobInfo, JobList, JobSubmit, JobUpdate, LeaseReply, LeaseRequest, LogList, MemberResult, NodeCordon, NodeInfo,
+    NodeLeave, NodePoll, NodeRegister, NodeTasks,
     ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
     ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserQuota, UserTickets,
     Version,
@@ -313,6 +313,10 @@ class CoordinatorClient:
 
     def release_job(self, job: str) -> ClusterJobInfo:
         return self._call("POST", f"/v1/cluster/jobs/{job}/release", ClusterJobInfo)
+
+    def update_job(self, job: str, req: JobUpdate) -> ClusterJobInfo:
+        """Change a scheduled job's priority or time limit (``scontrol update``)."""
+        return self._call("POST", f"/v1/cluster/jobs/{job}/update", ClusterJobInfo, req)
 
     def member_result(self, job: str, result: MemberResult) -> ClusterJobInfo:
         """A grouped job's own outcome (its group goes on)."""

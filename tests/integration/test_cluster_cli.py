@@ -143,7 +143,8 @@ def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
 def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
     """Slurm's --dependency, --hold, --array and --time habits: `submit --after JOB`, `submit
     --hold`, `release`, `submit --array 0-2%1` (each task sees its index), `hold`, `release` and
-    `cancel` of a whole array, a job stopped at its `--time` limit."""
+    `cancel` of a whole array, a job stopped at its `--time` limit, `update` (scontrol update) of a
+    running job's time limit and of an array's priority."""
     c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
     try:
         with open(os.path.join(c.tmp, "nap.py"), "w") as f:
@@ -178,6 +179,18 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
                                                                                       st.nodes), 60, "the timeout")
         assert re.match(r"TIMEOUT: it held its GPUs [23] s, its --time limit is 2 s", c.client.cluster_job(slow).reason)
         assert c.cli("submit", "--time", "soon", "--", "long.py", check=False).returncode == 2
+        # scontrol update: a running job's time limit lowered below what it has held stops it now
+        upd = c.cli("submit", "--time", "10:00", "--", "long.py").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(upd) == "running", 60, "the job to run")
+        out = c.cli("update", upd, "--time", "0:01", "--priority", "3").stdout
+        assert out.startswith(f"job {upd} updated: priority 3, time limit 1 s ("), out
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(upd) == "failed" and all(n.used == 0 for n in
+                                                                                     st.nodes), 60, "the timeout")
+        assert "its --time limit is 1 s" in c.client.cluster_job(upd).reason
+        empty = c.cli("update", upd, check=False)
+        assert empty.returncode == 2 and "nothing to change; give --priority N or --time LIMIT" in empty.stderr
+        big = c.cli("update", upd, "--priority", "5000", check=False)
+        assert big.returncode == 2 and "priority" in big.stderr and "1000" in big.stderr, big.stderr
         gate = c.cli("submit", "--hold", "--", "nap.py").stdout.strip()
         waiting = c.cli("submit", "--after", gate, "--array", "0-1", "--", "task.py").stdout.split()
         base = waiting[0].split("_")[0]
@@ -186,6 +199,8 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
         assert all("on hold" in c.client.cluster_job(t).reason for t in waiting)
         out = c.cli("release", base).stdout
         assert [line.split(":")[0] for line in out.splitlines()] == [f"job {t} released" for t in waiting], out
+        out = c.cli("update", base, "--priority", "-2").stdout  # an array's every task not ended
+        assert out.splitlines() == [f"job {t} updated: priority -2, time limit none (queued)" for t in waiting], out
         again = c.cli("release", base, check=False)
         assert again.returncode != 0 and f"job array {base}: no task of its 2 is on hold" in again.stderr
         out = c.cli("cancel", base).stdout

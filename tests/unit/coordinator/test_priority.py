@@ -8,8 +8,8 @@ from elastictrain.coordinator.access import Identity
 from elastictrain.coordinator.app import Coordinator
 from elastictrain.coordinator.scheduler import ClusterConfig
 from elastictrain.coordinator.store import open_store
-from elastictrain.errors import ForbiddenError
-from elastictrain.wire import JobSubmit
+from elastictrain.errors import BadRequestError, ConflictError, ForbiddenError, NotFoundError
+from elastictrain.wire import JobSubmit, JobUpdate
 
 from .test_cluster_scheduler import World
 
@@ -84,3 +84,95 @@ def test_a_restarted_coordinator_keeps_each_tiers_policy_memory(tmp_path):
     w.restart()
     assert w.s.policy.export_state() == before
     assert w.status(b) == "running" and w.status(a) == "queued"
+
+
+# ---------------------------------------------------------------- elastictrain update (scontrol update)
+def test_raising_a_waiting_jobs_priority_preempts_the_lower_one_at_once(tmp_path):
+    w = TierWorld(tmp_path, policy="fifo", nodes=1, slots=2)
+    low = w.submit(2)
+    w.s.tick()
+    w.run_all()
+    w.clock.advance(5)
+    other = w.submit(2)
+    w.s.tick()
+    assert w.status(other) == "queued" and not w.s.job(low).stopping  # fifo: it waits its turn
+    info = w.s.update(other, JobUpdate(priority=10))
+    assert info.priority == 10
+    w.s.tick()
+    assert w.s.job(low).stopping  # the raised job takes the GPUs: the lower one checkpoints
+    ev = [e for e in w.s.events.list(0).events if e.kind == "update"]
+    assert [(e.job, e.detail["priority"], e.detail["by"]) for e in ev] == [(other, "0 -> 10", "admin")]
+    w.exit(low, 75)
+    w.s.tick()
+    assert w.run_all() == {"n1": [(other, 1, (0, 1))]}
+
+
+def test_lowering_a_running_jobs_priority_lets_a_waiting_one_preempt_it(tmp_path):
+    w = TierWorld(tmp_path, policy="fifo", nodes=1, slots=2)
+    first = w.submit(2, priority=5)
+    w.s.tick()
+    w.run_all()
+    second = w.submit(2, priority=5)
+    w.s.tick()
+    assert w.status(second) == "queued" and not w.s.job(first).stopping
+    w.s.update(first, JobUpdate(priority=-1))  # its owner yields (a user may lower)
+    w.s.tick()
+    assert w.s.job(first).stopping
+    w.exit(first, 75)
+    w.s.tick()
+    assert w.run_all() == {"n1": [(second, 1, (0, 1))]} and w.s.job(first).priority == -1
+
+
+def test_who_may_change_what(tmp_path):
+    w = TierWorld(tmp_path, policy="fifo", nodes=1, slots=2)
+    w.c.creds.add_user("alice", "alice", False)
+    alice = Identity("user", "alice")
+    job = w.s.submit(JobSubmit(["train.py"], str(tmp_path), gpus=1, priority=0, time_limit=600.0), alice).id
+    with pytest.raises(ForbiddenError, match=r"a user may lower its job's priority \(now 0\) or set it at 0 or below"):
+        w.s.update(job, JobUpdate(priority=1), alice)
+    with pytest.raises(ForbiddenError, match=r"may only lower its job's time limit \(now 600 s\)"):
+        w.s.update(job, JobUpdate(time_limit=900.0), alice)
+    with pytest.raises(ForbiddenError, match="time limit none"):  # lifting the limit is raising it
+        w.s.update(job, JobUpdate(time_limit=0.0), alice)
+    assert w.s.job(job).priority == 0 and w.s.job(job).info["time_limit"].startswith("600 s")
+    w.s.update(job, JobUpdate(priority=-3, time_limit=300.0), alice)  # lowering both: allowed
+    assert w.s.job(job).priority == -3 and w.s.job(job).info["time_limit"].startswith("300 s")
+    w.s.update(job, JobUpdate(priority=0), alice)  # back up to 0: a user may submit at 0
+    w.s.update(job, JobUpdate(priority=50, time_limit=0.0))  # the admin may raise both, and lift the limit
+    assert w.s.job(job).priority == 50 and "time_limit" not in w.s.job(job).info
+    w.s.update(job, JobUpdate(priority=20), alice)  # the owner may lower the admin's 50
+    with pytest.raises(ForbiddenError):
+        w.s.update(job, JobUpdate(priority=30), alice)
+    with pytest.raises(BadRequestError, match=r"nothing to change: give a priority \(--priority N\)"):
+        w.s.update(job, JobUpdate())
+    ev = [e.detail for e in w.s.events.list(0).events if e.kind == "update"]
+    assert [d.get("priority") for d in ev] == ["0 -> -3", "-3 -> 0", "0 -> 50", "50 -> 20"]
+    assert ev[0]["time_limit"] == "600 s -> 300 s" and ev[2]["time_limit"] == "300 s -> none"
+
+
+def test_without_the_flag_a_user_sets_any_priority(tmp_path):
+    w = TierWorld(tmp_path, preempt=False, policy="fifo", nodes=1, slots=2)
+    w.c.creds.add_user("bob", "bob", False)
+    bob = Identity("user", "bob")
+    job = w.s.submit(JobSubmit(["train.py"], str(tmp_path), gpus=1), bob).id
+    assert w.s.update(job, JobUpdate(priority=7), bob).priority == 7  # it orders bob's own admission only
+
+
+def test_a_lowered_time_limit_ends_the_run_and_an_update_survives_a_restart(tmp_path):
+    w = TierWorld(tmp_path, policy="fifo", nodes=1, slots=2)
+    job = w.submit(1)
+    w.s.tick()
+    w.run_all()
+    w.clock.advance(100)
+    w.s.update(job, JobUpdate(priority=4))
+    w.s._flush(everything=True)
+    w.restart()
+    assert w.s.job(job).priority == 4 and w.s.table.get(job).priority == 4
+    w.s.update(job, JobUpdate(time_limit=60.0))  # below the 100 s it has held
+    w.s.tick()
+    info = w.s.job(job)
+    assert info.status == "failed" and "TIMEOUT" in info.reason
+    with pytest.raises(ConflictError, match="already failed; nothing to update"):
+        w.s.update(job, JobUpdate(priority=1))
+    with pytest.raises(NotFoundError):
+        w.s.update("nope", JobUpdate(priority=1))

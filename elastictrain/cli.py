@@ -226,11 +226,27 @@ def _int_list(text: str) -> tuple[int, ...]:
             from None
 
 
+def _exempt_seconds(text: str) -> float:
+    from .scheduling.loop import MAX_MIN_RUN
+
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0.0 <= v <= MAX_MIN_RUN:
+        raise argparse.ArgumentTypeError(f"--preempt-exempt {text!r}: give seconds from 0 (off) to {MAX_MIN_RUN:.0f}")
+    return v
+
+
 def _policy_options(p: argparse.ArgumentParser) -> None:
     """The policies' options, shared by ``simulate`` and ``coordinator --policy``."""
     p.add_argument("--preempt-starting", action="store_true",
                    help="let a decision preempt a job before its run's first training step (by default it runs on "
                    "until it has trained one, and the start that wanted its GPUs waits)")
+    p.add_argument("--preempt-exempt", type=_exempt_seconds, default=0.0, metavar="SECONDS",
+                   help="Slurm's PreemptExemptTime: a run is not preempted until it has run this long (0, the "
+                   "default: off); what wants its GPUs waits, whatever the policy or priority. Fewer restarts, "
+                   "slower response")
     p.add_argument("--placement", default=None, help="count, consolidated, spread or skew (policy default)")
     p.add_argument("--thresholds", default=None, help="Tiresias queue limits in GPU-seconds, e.g. 3250,7200")
     p.add_argument("--promote-knob", type=float, default=None, help="Tiresias PROMOTEKNOB (0: off)")
@@ -362,8 +378,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 check_registered(args.policy)
                 cluster = ClusterConfig(args.policy, _policy_values(args), args.interval, args.node_timeout,
                                         job_env_allow=tuple(_env_patterns(args.job_env_allow)),
-                                        protect_startup=not args.preempt_starting, quota_gpus=args.quota_gpus,
-                                        quota_jobs=args.quota_jobs, priority_preemption=args.priority_preemption)
+                                        protect_startup=not args.preempt_starting, min_run=args.preempt_exempt,
+                                        quota_gpus=args.quota_gpus, quota_jobs=args.quota_jobs,
+                                        priority_preemption=args.priority_preemption)
             engine = _engine_config(args)
             serve(ServerConfig(engine=engine, host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                lease=args.lease, advertise_url=args.advertise_url,
@@ -487,8 +504,9 @@ def _simulate(args) -> None:
     opts = _policy_values(args)
     cfg = SimConfig(args.trace, args.cluster, [p for p in args.policy.split(",") if p], args.preset, args.format,
                     args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost,
-                    protect_startup=not args.preempt_starting, outages=_outages(args.outage),
-                    checkpoint_every=args.checkpoint_every, priority_preemption=args.priority_preemption)
+                    protect_startup=not args.preempt_starting, min_run=args.preempt_exempt,
+                    outages=_outages(args.outage), checkpoint_every=args.checkpoint_every,
+                    priority_preemption=args.priority_preemption)
     results = simulate(cfg, progress=not args.no_progress, parallel=args.parallel)
     for r in results:
         for jid, why in r.extra.get("rejected", ())[:5]:

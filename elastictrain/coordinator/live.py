@@ -111,6 +111,7 @@ class JobRecord(msgspec.Struct):
     array: str = ""  # the array it is a task of (its id: the array's, "_", its index)
     array_limit: int = 0  # tasks of its array admitted at once, at most (0: no limit)
     time_limit: float = 0.0  # seconds it may hold GPUs in all its runs (0: no limit)
+    run_at: float = 0.0  # when its current (or last) run was started (--preempt-exempt counts from it)
 
     @property
     def grouped(self) -> bool:

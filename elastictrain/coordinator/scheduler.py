@@ -84,6 +84,8 @@ class ClusterConfig:
     job_env_allow: tuple = ()
     #: never preempt a job before its run's first training step (Scheduler.protect_startup)
     protect_startup: bool = True
+    #: seconds a run is not preempted for after its start (Scheduler.min_run; Slurm's PreemptExemptTime)
+    min_run: float = 0.0
     #: every user's quota unless it has its own (quotas.py): GPUs and jobs its admitted jobs may hold (0: no limit)
     quota_gpus: int = 0
     quota_jobs: int = 0
@@ -153,7 +155,8 @@ class ClusterScheduler:
                                                   rec.restarts)
         self.backend.recover()
         self.sched = Scheduler(self.policy, self.table, self.backend, self.clock, strict=False,
-                               on_error=self._policy_error, protect_startup=cfg.protect_startup)
+                               on_error=self._policy_error, protect_startup=cfg.protect_startup,
+                               min_run=cfg.min_run)
         previous = loaded.meta.get("policy")
         state = loaded.meta.get("policy_state")
         if previous == cfg.policy and state and hasattr(self.policy, "import_state"):
@@ -187,6 +190,7 @@ class ClusterScheduler:
             rec.preemptions
         e.placement, e.held, e.group = tuple(map(tuple, rec.placement)), tuple(map(tuple, rec.held)), tuple(rec.group)
         e.running = rec.status == "running" and not rec.stopping
+        e.run_at = rec.run_at
         e.stopping = rec.stopping
         e.data["job"] = rec
         self._measure(rec, e)
@@ -200,6 +204,7 @@ class ClusterScheduler:
             rec.pending, rec.pending_since, rec.start_time = e.pending, e.pending_since, e.start_time
             rec.preemptions, rec.stopping, rec.workers = e.preemptions, e.stopping, e.num_gpu
             rec.placement, rec.held, rec.group = list(e.placement), list(e.held), list(e.group)
+            rec.run_at = e.run_at
 
     def _flush(self, everything: bool = False) -> None:
         """Write every changed record, node, event and log chunk in one transaction."""
@@ -719,6 +724,14 @@ class ClusterScheduler:
             self.wake()
         return self.info(rec)
 
+    def _held_back_why(self, kept: str) -> str:
+        """Why a start waits for running job ``kept`` (Scheduler.held_back), as "until ..." ends."""
+        until = self.sched.kept_until.get(kept)
+        if until is None:
+            return f"job {kept} has trained its first step (a job is not preempted before it trains)"
+        return (f"job {kept} has run {self.cfg.min_run:.0f} s, in {max(0.0, until - self.clock.now()):.0f} s (a run "
+                "is not preempted before: --preempt-exempt)")
+
     def _rec(self, job: str) -> JobRecord:
         rec = self.records.get(job)
         if rec is None:
@@ -765,8 +778,7 @@ class ClusterScheduler:
         elif not reason and rec.id in self.sched.deferred:
             reason = "placed; waiting for GPUs that stopping jobs still hold"
         elif not reason and rec.id in self.sched.held_back:
-            reason = (f"placed; waiting until job {self.sched.held_back[rec.id]} has trained its first step (a job "
-                      "is not preempted before it trains)")
+            reason = f"placed; waiting until {self._held_back_why(self.sched.held_back[rec.id])}"
         elif not reason and rec.id in self.admission.waiting:
             reason = self.admission.why(rec)
         elif not reason and rec.status in ("queued", "preempted"):
@@ -1014,9 +1026,8 @@ class ClusterScheduler:
                 self._emit("deferred", key, "", why="its GPUs are still held by stopping jobs")
             for key, why in self.sched.refused.items():
                 self._emit("deferred", key, "", why=why)
-            for key, starting in self.sched.held_back.items():
-                self._emit("deferred", key, "", why=f"its GPUs go to it once job {starting} has trained its first "
-                           "step (a job is not preempted before it trains)")
+            for key, kept in self.sched.held_back.items():
+                self._emit("deferred", key, "", why=f"its GPUs go to it once {self._held_back_why(kept)}")
             for key, detail in self.sched.notes:
                 self._emit("plan", str(key), "", policy=self.cfg.policy, **detail)
             self.sched.notes = ()

@@ -14,6 +14,11 @@ that leaves it out keeps it where it is, and the starts that would have needed i
 for a later decision (``Scheduler.held_back``). Preempting it would throw its start-up away,
 and a policy deciding every few seconds would otherwise churn a job that never trains. Moves of
 running jobs are never undone for it, nor are interleaving groups (the decision then stands).
+
+**A minimum run before preemption** (``min_run`` seconds, 0 by default: Slurm's
+``PreemptExemptTime``). A run started less than ``min_run`` seconds ago is kept the same way,
+whatever the policy or priority that wants its GPUs; the scheduler wakes when the earliest kept
+run's time is up (``Scheduler.wakeup``), and decides again. ``kept_until`` says until when.
 """
 
 from __future__ import annotations
@@ -24,13 +29,15 @@ from typing import Callable, Optional
 import msgspec
 
 from ..clock import Clock
-from ..errors import PolicyError
+from ..errors import ConfigError, PolicyError
 from ..policies.api import ClusterSnapshot, Decision, Policy
 from .api import MIGRATE, PREEMPT, START, Action, Backend
 from .plan import plan
 from .table import JobTable
 
-__all__ = ["Scheduler"]
+__all__ = ["Scheduler", "MAX_MIN_RUN"]
+
+MAX_MIN_RUN = 30 * 86_400.0  # the longest minimum run before preemption (seconds)
 
 log = logging.getLogger(__name__)
 
@@ -42,13 +49,19 @@ class Scheduler:
         strict: re-raise policy failures instead of keeping the previous allocation.
         on_error: called with the PolicyError when a decision fails (e.g. to log an event).
         protect_startup: never preempt a job before its run's first training step (see above).
+        min_run: seconds a run is not preempted for after its start (see above; 0: off).
     """
 
     def __init__(self, policy: Policy, table: JobTable, backend: Backend, clock: Clock, *, strict: bool = False,
-                 on_error: Optional[Callable[[PolicyError], None]] = None, protect_startup: bool = True) -> None:
+                 on_error: Optional[Callable[[PolicyError], None]] = None, protect_startup: bool = True,
+                 min_run: float = 0.0) -> None:
+        if not 0.0 <= min_run <= MAX_MIN_RUN:
+            raise ConfigError(f"the minimum run before preemption must be 0 to {MAX_MIN_RUN:.0f} seconds (30 days), "
+                              f"not {min_run!r}")
         self.policy, self.table, self.backend, self.clock = policy, table, backend, clock
         self.strict, self.on_error = strict, on_error
-        self.protect_startup = protect_startup
+        self.protect_startup, self.min_run = protect_startup, float(min_run)
+        self.kept_until: dict = {}  # running jobs the last decision left out and min_run kept: key -> until when
         self.held_back: dict = {}  # starts of the last decision that wait for a starting job: key -> that job
         self.kept: set = set()  # starting jobs the last decision left out and protection kept running
         self.feed = table.subscribe()
@@ -73,8 +86,9 @@ class Scheduler:
                                   "not a Decision")
             self.held_back = {}
             self.kept = set()
-            if self.protect_startup and self.table.starting:
-                decision = self._protect(decision)
+            self.kept_until = {}
+            if (self.protect_startup and self.table.starting) or self.min_run:
+                decision = self._protect(decision, now)
             actions = plan(self.table, snap, decision, self.policy.name)
         except Exception as exc:  # a policy's failure costs one decision, not the loop
             err = exc if isinstance(exc, PolicyError) else PolicyError(
@@ -91,29 +105,31 @@ class Scheduler:
         self.feed.consumed()
         self.decisions += 1
         self.wakeup = decision.wakeup
+        if self.kept_until:  # decide again when the first kept run may be preempted
+            due = min(self.kept_until.values())
+            self.wakeup = due if self.wakeup is None else min(self.wakeup, due)
         self.notes = decision.notes
         self.limits = decision.limits
         self.act(actions, now)
         return actions
 
-    def _protect(self, d: Decision) -> Decision:
+    def _protect(self, d: Decision, now: float) -> Decision:
         """``d`` with every starting job it would preempt kept where it runs, and the starts that
         needed its GPUs held back (the latest placed first). A job it cannot keep that way (a
-        grouped one, or one whose GPUs a move takes) is preempted as decided."""
+        grouped one, or one whose GPUs a move takes) is preempted as decided. With ``min_run``,
+        then every run younger than that too (:meth:`_keep_young`)."""
         running, run = self.table.running, d.run
-        keep = [running[k] for k in self.table.starting if k in running and k not in run and not running[k].group]
-        if not keep:
+        keep = [running[k] for k in self.table.starting if k in running and k not in run and not running[k].group] \
+            if self.protect_startup else []
+        young = [e for k, e in running.items() if k not in run and not e.group and now - e.run_at < self.min_run] \
+            if self.min_run else []
+        if not keep and not young:
             return d
         caps = self.backend.shape().gpus_per_node
         run = dict(run)
         grouped = {k for g in d.groups for k in g}
         for e in sorted(keep, key=lambda e: e.seq):
-            used, total = [0] * len(caps), 0
-            for where in run.values():
-                for n, g in where:
-                    total += g
-                    if 0 <= n < len(used):
-                        used[n] += g
+            used, total = _usage(run, len(caps))
             need = e.placement
             if not need or any(n < 0 or n >= len(caps) for n, _ in need):
                 continue
@@ -138,11 +154,60 @@ class Scheduler:
                 self.kept.add(e.key)
                 for key in dropped:
                     self.held_back[key] = e.key
-        if len(run) == len(d.run) and not self.held_back:
+        workers = d.workers
+        if young:
+            run, workers = self._keep_young(run, young, grouped, caps, workers)
+        if len(run) == len(d.run) and not self.held_back and workers is d.workers:
             return d
-        workers = {k: v for k, v in d.workers.items() if k in run}
+        workers = {k: v for k, v in workers.items() if k in run}
         slowdown = {k: v for k, v in d.slowdown.items() if k in run}
         return msgspec.structs.replace(d, run=run, workers=workers, slowdown=slowdown)
+
+    def _keep_young(self, run: dict, young: list, grouped: set, caps: tuple, workers: dict) -> tuple[dict, dict]:
+        """``run`` with each run younger than ``min_run`` (oldest job first) kept where it runs: while
+        a node (or the cluster) is over capacity, the latest placed start there is held back, or the
+        latest move of a running job there is undone (it stays where it runs, at its size). A young run
+        that a group's GPUs, or nothing undone, would make room for is preempted as decided. Returns
+        the run and the worker counts (a move undone drops its resize)."""
+        running, limit, nodes = self.table.running, sum(caps), len(caps)
+        for e in sorted(young, key=lambda e: e.seq):
+            need = e.placement
+            if e.key in run or not need or any(n < 0 or n >= nodes for n, _ in need):
+                continue  # (kept for its start-up already)
+            trial, dropped, undone = dict(run), [], []
+            trial[e.key] = need
+            while trial is not None:
+                used, total = _usage(trial, nodes)
+                over = {n for n in range(nodes) if used[n] > caps[n]}
+                if not over and total <= limit:
+                    break
+                victim = None
+                for key in reversed(list(trial)):
+                    old = running.get(key)
+                    if key in self.kept or key == e.key or key in grouped or (old is not None and (
+                            old.group or trial[key] == old.placement)):
+                        continue  # kept, grouped, or where it runs
+                    if total > limit or any(n in over for n, _ in trial[key]):
+                        victim = key
+                        break
+                if victim is None:
+                    trial = None
+                elif victim in running:
+                    trial[victim] = running[victim].placement
+                    undone.append(victim)
+                else:
+                    del trial[victim]
+                    dropped.append(victim)
+            if trial is None:
+                continue
+            run = trial
+            self.kept.add(e.key)
+            self.kept_until[e.key] = e.run_at + self.min_run
+            for key in dropped:
+                self.held_back[key] = e.key
+            if undone:
+                workers = {k: v for k, v in workers.items() if k not in undone}
+        return run, workers
 
     def act(self, actions: list[Action], now: float) -> None:
         """Preemptions first, then moves, then starts.
@@ -245,6 +310,17 @@ class Scheduler:
                 if n >= 0:
                     free[n] -= g
         return free
+
+
+def _usage(run: dict, nodes: int) -> tuple[list, int]:
+    """GPUs ``run`` places on each node, and in all."""
+    used, total = [0] * nodes, 0
+    for where in run.values():
+        for n, g in where:
+            total += g
+            if 0 <= n < nodes:
+                used[n] += g
+    return used, total
 
 
 def _fits(need: tuple, size: int, used: list, total: int, caps: tuple, limit: int) -> bool:

@@ -43,7 +43,7 @@ class Entry:
                  "iteration_time", "iterations", "remaining_iterations", "attained", "attained_gpu", "running",
                  "stopping", "placement", "held", "start_time", "end_time", "pending_since", "pending",
                  "preemptions", "stage_times", "skew", "speeds", "restart_cost", "group", "status", "accrued_at",
-                 "seq", "slowdown", "rate", "rate_window", "peak_memory", "ready_at", "data")
+                 "seq", "slowdown", "rate", "rate_window", "peak_memory", "ready_at", "run_at", "data")
 
     def __init__(self, key, num_gpu: int, submit_time: float, *, model: str = "", iteration_time: float = 1.0,
                  iterations: float = 1.0, stage_times: tuple = (), user: str = "", skew: float = 0.0,
@@ -79,6 +79,7 @@ class Entry:
         self.rate, self.rate_window = 0.0, 0.0  # measured samples/s of the current run (live jobs)
         self.peak_memory = 0.0  # the largest resident memory a worker of it reported (live jobs)
         self.ready_at: Optional[float] = None  # while starting: when the backend expects its first step (None: unknown)
+        self.run_at = 0.0  # when its current (or last) run was started (Scheduler's min_run counts from it)
         self.data: dict = {}  # the backend's own per-job state
 
     def view(self, starting: bool = False) -> JobView:
@@ -164,7 +165,7 @@ class JobTable:
         e.pending += now - e.pending_since
         if e.start_time is None:
             e.start_time = now
-        e.accrued_at = now
+        e.accrued_at = e.run_at = now
         e.status = _RUNNING
         self.running[key] = e
         if self.track_startup:

@@ -123,7 +123,7 @@ class Simulator:
                  progress: Optional[Callable[[int, float], None]] = None, migration_cost: float = 0.0,
                  window: Optional[float] = None, decisions: Optional[list] = None,
                  protect_startup: bool = True, outages: Sequence[tuple] = (),
-                 checkpoint_every: Optional[float] = None) -> None:
+                 checkpoint_every: Optional[float] = None, min_run: float = 0.0) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
@@ -155,7 +155,7 @@ class Simulator:
         if checkpoint_every is not None and not (checkpoint_every > 0 and math.isfinite(checkpoint_every)):
             raise ConfigError(f"checkpoint_every must be a number of seconds > 0, got {checkpoint_every!r}")
         self.checkpoint_every = checkpoint_every
-        self.protect_startup = protect_startup
+        self.protect_startup, self.min_run = protect_startup, min_run
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
         elif callable(restart_cost):
@@ -182,7 +182,8 @@ class Simulator:
         backend = SimBackend(shape, table, clock, every=self.charge == "every_event",
                              spread_slowdown=self.spread_slowdown, skew_sensitive=self.skew_sensitive,
                              migration_cost=self.migration_cost, window=self.window)
-        sched = Scheduler(self.policy, table, backend, clock, strict=True, protect_startup=self.protect_startup)
+        sched = Scheduler(self.policy, table, backend, clock, strict=True, protect_startup=self.protect_startup,
+                          min_run=self.min_run)
         first_step_events = getattr(self.policy, "first_step_events", True)
         done: list[JobRecord] = []
         util: list[tuple[float, int]] = []

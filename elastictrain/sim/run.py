@@ -39,6 +39,7 @@ class SimConfig:
     spread_slowdown: float = 1.0
     migration_cost: float = 0.0
     protect_startup: bool = True  # a job is not preempted before its first step (its restart cost paid)
+    min_run: float = 0.0  # seconds a run is not preempted for after its start (Slurm's PreemptExemptTime)
     outages: tuple = ()  # (node, start, end): a node lost from start to end seconds (Simulator's outages)
     checkpoint_every: Optional[float] = None  # seconds of training between checkpoints (work an outage loses)
     priority_preemption: bool = False  # each policy once per job priority, highest first (policies/tiers.py)
@@ -101,7 +102,7 @@ def _run_one(name, opts, jobs, cluster, cfg: SimConfig, engine: dict, tick=None)
         policy = create(name, only_known=True, **opts)  # each policy takes the options it knows
     return Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick, spread_slowdown=cfg.spread_slowdown,
                      migration_cost=cfg.migration_cost, protect_startup=cfg.protect_startup, outages=cfg.outages,
-                     checkpoint_every=cfg.checkpoint_every, **engine).run()
+                     checkpoint_every=cfg.checkpoint_every, min_run=cfg.min_run, **engine).run()
 
 
 def _run_parallel(cfg, opts, jobs, cluster, engine, parallel: int, bars) -> list[SimResult]:

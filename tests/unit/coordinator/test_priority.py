@@ -15,14 +15,15 @@ from .test_cluster_scheduler import World
 
 
 class TierWorld(World):
-    def __init__(self, tmp, preempt=True, **kw):
-        self.preempt = preempt
+    def __init__(self, tmp, preempt=True, min_run=0.0, **kw):
+        self.preempt, self.min_run = preempt, min_run
         super().__init__(tmp, **kw)
 
     def open(self):
         self.c = Coordinator(open_store(str(self.tmp / "db")), self.clock,
                              ClusterConfig(self.policy, dict(self.options), interval=1.0,
-                                           node_timeout=self.node_timeout, priority_preemption=self.preempt))
+                                           node_timeout=self.node_timeout, priority_preemption=self.preempt,
+                                           min_run=self.min_run))
         self.s = self.c.cluster
 
 
@@ -176,3 +177,28 @@ def test_a_lowered_time_limit_ends_the_run_and_an_update_survives_a_restart(tmp_
         w.s.update(job, JobUpdate(priority=1))
     with pytest.raises(NotFoundError):
         w.s.update("nope", JobUpdate(priority=1))
+
+
+# ---------------------------------------------------------------- coordinator --preempt-exempt (PreemptExemptTime)
+def test_a_higher_priority_waits_until_the_lower_run_is_exempt_no_more_across_a_restart(tmp_path):
+    w = TierWorld(tmp_path, policy="fifo", nodes=1, slots=2, min_run=60.0)
+    low = w.submit(2)
+    w.s.tick()
+    w.run_all()
+    w.clock.advance(10)
+    high = w.submit(2, priority=10)
+    w.s.tick()
+    assert not w.s.job(low).stopping and w.status(high) == "queued"
+    assert w.s.job(high).reason == (f"placed; waiting until job {low} has run 60 s, in 50 s (a run is not preempted "
+                                    "before: --preempt-exempt)")
+    ev = [e for e in w.s.events.list(0).events if e.kind == "deferred" and e.job == high]
+    assert ev and "--preempt-exempt" in ev[-1].detail["why"]
+    w.s._flush(everything=True)
+    w.restart()  # the run's start is kept: the exemption still ends at 60 s, not 60 s after the restart
+    assert w.s.table.get(low).run_at == 1000.0  # (the world's clock starts at 1000)
+    w.clock.advance(30)
+    w.s.tick()
+    assert not w.s.job(low).stopping and w.s.sched.wakeup == w.s.table.get(low).run_at + 60.0
+    w.clock.advance(20)  # the low run is 60 s old
+    w.s.tick()
+    assert w.s.job(low).stopping

@@ -428,3 +428,53 @@ def test_the_simulator_decides_again_when_a_start_it_held_back_may_go():
     Simulator(jobs, load_cluster("n1g1"), create("srtf"), restart_cost=30.0, decisions=log).run()
     assert [(t, k, j) for t, k, j, _ in log][:4] == [(0.0, "start", 0), (30.0, "preempt", 0), (30.0, "start", 1),
                                                      (70.0, "finish", 1)], log
+
+
+def test_a_run_younger_than_min_run_is_kept_and_the_scheduler_wakes_when_it_may_go():
+    table, clock, backend, policy, _ = _setup(gpus=(4,), instant=True)
+    sched = Scheduler(policy, table, backend, clock, min_run=60.0)
+    for k in ("a", "b"):
+        table.add(Entry(k, 4, 0.0))
+    policy.run = {"a": ((0, 4),)}
+    sched.tick()
+    table.began("a", 5.0)  # trained: start-up protection is over, min_run is not (it counts from the start)
+    clock.advance(20)
+    policy.run = {"b": ((0, 4),)}
+    assert sched.tick() == [] and sched.held_back == {"b": "a"} and sched.kept_until == {"a": 60.0}
+    assert sched.wakeup == 60.0 and table.get("a").running
+    clock.advance(40)  # t = 60: a has run 60 s
+    assert [a.kind for a in sched.tick()] == [ActionKind.PREEMPT, ActionKind.START] and sched.kept_until == {}
+    assert table.get("b").run_at == 60.0
+    clock.advance(1)
+    table.began("b", 61.0)
+    policy.run = {"a": ((0, 4),)}  # b's run is 1 s old: kept, with a wake-up
+    assert sched.tick() == [] and sched.wakeup == 120.0
+    with pytest.raises(ConfigError, match="minimum run before preemption must be 0 to"):
+        Scheduler(policy, table, backend, clock, min_run=-1.0)
+
+
+def test_the_simulator_never_preempts_a_run_younger_than_min_run():
+    # gandiva-ts slices every 100 s: with a 250 s minimum run, no job is preempted sooner than that
+    # after its start, the simulation still ends, and it preempts less than without the minimum
+    from elastictrain.model import JobSpec
+    from elastictrain.sim.cluster import load_cluster
+    from elastictrain.sim.engine import Simulator
+
+    rng = random.Random(5)
+    jobs = [JobSpec(i, rng.choice((1, 2, 4)), float(rng.randrange(0, 2000)), float(rng.randrange(50, 3000)), 1.0,
+                    "m") for i in range(40)]
+    jobs.sort(key=lambda j: j.submit_time)
+    counts = []
+    for min_run in (0.0, 250.0):
+        log: list = []
+        res = Simulator(jobs, load_cluster("n2g4"), create("gandiva-ts", quantum=100.0), restart_cost=10.0,
+                        decisions=log, min_run=min_run).run()
+        assert len(res.jobs) == 40
+        started: dict = {}
+        for t, kind, job, _ in log:
+            if kind == "start":
+                started[job] = t
+            elif kind == "preempt":
+                assert t - started[job] >= min_run, (job, started[job], t)
+        counts.append(sum(r.preemptions for r in res.jobs))
+    assert counts[1] < counts[0], counts

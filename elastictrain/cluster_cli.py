@@ -128,14 +128,18 @@ def add_commands(sub) -> None:
     uset.add_argument("name")
     uset.add_argument("--tickets", type=float, required=True, help="a number > 0; users not set have the default")
     uquota = usub.add_parser("quota", help="(admin) a user's quota: the most GPUs and jobs its admitted jobs may hold "
-                             "(more wait to be admitted)")
+                             "(more wait to be admitted), and the highest priority it may submit at")
     uquota.add_argument("name")
     uquota.add_argument("--gpus", type=int, default=None, help="GPUs, counting each admitted job at its --gpus "
                         "(left out: no limit)")
     uquota.add_argument("--jobs", type=int, default=None, help="jobs admitted at once (left out: no limit)")
     uquota.add_argument("--default", action="store_true",
-                        help="drop the user's own quota: the coordinator's --quota-gpus/--quota-jobs apply again")
+                        help="drop the user's own quota and highest priority: the coordinator's --quota-gpus/"
+                        "--quota-jobs apply again, and priorities up to 0")
     uquota.add_argument("--unlimited", action="store_true", help="no limit for this user, whatever the default")
+    uquota.add_argument("--max-priority", type=int, default=None, metavar="N",
+                        help="with --priority-preemption: the user may give its jobs priorities up to N (0..1000; "
+                        "default 0), as a Slurm association's allowed QOS. It leaves the limits as they are")
     ulist = usub.add_parser("list", help="every user's tickets, entitlement and share (as status --users)")
     ulist.add_argument("--window", type=float, default=600.0, help="seconds the shares cover (default 600)")
     ulist.add_argument("--json", action="store_true", help="machine-readable output")
@@ -465,11 +469,16 @@ def _users(args) -> int:
         return 0
     if args.users_command == "quota":  # the coordinator checks the name and the numbers (a 400 with the reason)
         given = args.gpus is not None or args.jobs is not None
-        if given + args.default + args.unlimited != 1:
-            print("elastictrain users quota: give --gpus N and/or --jobs N, or --unlimited, or --default",
-                  file=sys.stderr)
+        prio = args.max_priority is not None
+        if given + args.default + args.unlimited > 1 or not (given or args.default or args.unlimited or prio) \
+                or (args.default and prio):
+            print("elastictrain users quota: give --gpus N and/or --jobs N, or --unlimited, and/or --max-priority N; "
+                  "or --default alone", file=sys.stderr)
             return 2
-        ul = client.set_quota(args.name, args.gpus, args.jobs, args.default)
+        if given or args.default or args.unlimited:
+            ul = client.set_quota(args.name, args.gpus, args.jobs, args.default)
+        if prio:  # (apart: alone, it leaves the limits as they are)
+            ul = client.set_quota(args.name, max_priority=args.max_priority)
         mine = next((u for u in ul.users if u.user == args.name), None)
         if mine is not None:
             print(f"user {args.name}: quota {_quota_text(mine)}")
@@ -493,7 +502,7 @@ def _user_table(client, window: float, as_json: bool) -> int:
         ratio = f"{u.share / u.entitled:.2f}" if u.entitled > 0 else "-"
         rows.append((u.user, f"{u.tickets:g}" + ("" if u.set else " (default)"), f"{u.entitled:.1%}",
                      f"{u.share:.1%}", ratio, f"{u.gpu_seconds:.1f}", str(u.running_gpus), str(u.jobs)))
-    if any(u.quota_gpus is not None or u.quota_jobs is not None for u in ul.users):
+    if any(u.quota_gpus is not None or u.quota_jobs is not None or u.max_priority for u in ul.users):
         rows = [r + q for r, q in zip(rows, [("quota", "admitted GPUs", "waiting for quota")] + [
             (_quota_text(u), str(u.admitted_gpus), str(u.waiting_for_quota)) for u in ul.users])]
     print(table(rows, right_align=False))
@@ -503,7 +512,8 @@ def _user_table(client, window: float, as_json: bool) -> int:
 def _quota_text(u) -> str:
     from .coordinator.quotas import Quota
 
-    return Quota(u.quota_gpus, u.quota_jobs).text() + ("" if u.quota_own else " (default)")
+    return Quota(u.quota_gpus, u.quota_jobs).text() + ("" if u.quota_own else " (default)") + (
+        f"; priority up to {u.max_priority}" if u.max_priority else "")
 
 
 def _job_list(client, as_json: bool) -> int:

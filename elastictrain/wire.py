@@ -767,12 +767,15 @@ class UserTickets(_Msg):
 
 class UserQuota(_Msg, omit_defaults=True):
     """(admin) A user's own quota: the most GPUs (counting each admitted job at its ``--gpus``) and
-    jobs its admitted jobs may hold; a number left out is no limit. ``default``: drop the user's
+    jobs its admitted jobs may hold (a number left out is no limit), and the highest priority it may
+    submit at. ``default``: drop the user's
     own quota (the coordinator's ``--quota-gpus``/``--quota-jobs`` apply again)."""
 
     gpus: Optional[Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]] = None
     jobs: Optional[Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]] = None
     default: bool = False
+    #: the highest priority the user may give its jobs under ``--priority-preemption`` (None: 0)
+    max_priority: Optional[Annotated[int, msgspec.Meta(ge=0, le=1000)]] = None
 
 
 class UserInfo(_Msg, omit_defaults=True):
@@ -791,6 +794,8 @@ class UserInfo(_Msg, omit_defaults=True):
     quota_gpus: Optional[int] = None
     quota_jobs: Optional[int] = None
     quota_own: bool = False
+    #: the highest priority it may give its jobs under --priority-preemption (its quota's; 0 if none)
+    max_priority: int = 0
     #: GPUs its admitted jobs count against the quota, and its jobs waiting for the quota
     admitted_gpus: int = 0
     waiting_for_quota: int = 0

@@ -13,6 +13,11 @@ the admitted total is under it.
 ``elastictrain users quota NAME --gpus N --jobs M`` sets a user's own quota (it replaces the
 coordinator's default, ``--quota-gpus``/``--quota-jobs``, as a whole: a number left out is no
 limit); ``--default`` drops it. Quotas are kept in the database.
+
+``users quota NAME --max-priority N`` lets the user give its jobs priorities up to N on a
+coordinator that preempts by priority (as a Slurm association's allowed QOS; without it a user
+may go up to 0 only, and only the admin above). It is kept apart from the limits: setting one
+leaves the other as it was; ``--default`` drops both.
 """
 
 from __future__ import annotations
@@ -24,9 +29,11 @@ from typing import Iterable, Optional
 from ..errors import ConfigError
 from ..model import check_name
 
-__all__ = ["Quota", "QuotaBook", "META_KEY", "MAX_QUOTA"]
+__all__ = ["Quota", "QuotaBook", "META_KEY", "CAPS_KEY", "MAX_QUOTA", "MAX_PRIORITY"]
 
 META_KEY = "user_quotas"
+CAPS_KEY = "user_max_priorities"
+MAX_PRIORITY = 1000  # (JobSubmit.priority's range)
 MAX_QUOTA = 1_000_000
 MAX_USERS = 100_000
 
@@ -69,6 +76,35 @@ class QuotaBook:
                 self.own[str(user)] = Quota(q.get("gpus"), q.get("jobs"))
         except (ValueError, TypeError, AttributeError, ConfigError):
             self.own = {}  # unreadable: every user has the default (logged by nobody: it was written by us)
+        self.caps: dict[str, int] = {}  # user -> the highest priority it may give its jobs (above 0)
+        try:
+            for user, p in json.loads(meta.get(CAPS_KEY) or "{}").items():
+                if type(p) is int and 0 < p <= MAX_PRIORITY:
+                    self.caps[str(user)] = p
+        except (ValueError, TypeError, AttributeError):
+            self.caps = {}
+
+    def max_priority(self, user: str) -> int:
+        """The highest priority ``user`` may give a job under ``--priority-preemption``."""
+        return self.caps.get(user, 0)
+
+    def set_cap(self, user: str, priority: Optional[int]) -> str:
+        """``user`` may give its jobs priorities up to ``priority`` (0 or None: up to 0, as everyone);
+        returns the JSON to store.
+
+        Raises:
+            ConfigError: a bad name or number, or too many users.
+        """
+        check_name("user", user)
+        if priority is not None and (type(priority) is not int or not 0 <= priority <= MAX_PRIORITY):
+            raise ConfigError(f"--max-priority must be a whole number in [0, {MAX_PRIORITY}], got {priority!r}")
+        if not priority:
+            self.caps.pop(user, None)
+        else:
+            if user not in self.caps and len(self.caps) >= MAX_USERS:
+                raise ConfigError(f"at most {MAX_USERS} users can have a highest priority of their own")
+            self.caps[user] = priority
+        return json.dumps(self.caps, sort_keys=True)
 
     def of(self, user: str) -> Quota:
         return self.own.get(user, self.default)

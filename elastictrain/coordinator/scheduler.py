@@ -51,6 +51,7 @@ from .nodes import Exit, NodeBook, TaskRec
 from .admission import Admission
 from .arrays import parse_array
 from .quotas import MAX_QUOTA, Quota, QuotaBook
+from .quotas import CAPS_KEY as CAPS_META
 from .quotas import META_KEY as QUOTAS_META
 from .store import LoadedState
 from .users import META_KEY as USERS_META
@@ -571,10 +572,12 @@ class ClusterScheduler:
         acct = self.c.creds.accounts.get(user)
         if who.role == "user" and acct is None:
             raise ForbiddenError(f"user {user} has no account (it was revoked); ask an admin")
-        if who.role == "user" and req.priority > 0 and self.cfg.priority_preemption:
+        cap = self.quotas.max_priority(user)
+        if who.role == "user" and req.priority > cap and self.cfg.priority_preemption:
             raise ForbiddenError(f"priority {req.priority}: this coordinator preempts by priority "
-                                 "(--priority-preemption), so only the admin may submit above priority 0; submit at 0 "
-                                 "or below (a lower priority yields to others), or ask an admin")
+                                 f"(--priority-preemption), and user {user} may submit up to priority {cap}; submit at "
+                                 f"{cap} or below (a lower priority yields to others), or ask an admin (who may submit "
+                                 f"higher, or raise yours: `elastictrain users quota {user} --max-priority N`)")
         run_as, allow_root = (acct.unix_user, acct.allow_root) if acct is not None else ("", True)
         check_job_command(list(req.command), req.module)
         check_job_env(dict(req.env), DEFAULT_ENV_ALLOW + tuple(self.cfg.job_env_allow))
@@ -686,7 +689,8 @@ class ClusterScheduler:
         """Change a job's priority or time limit (Slurm's ``scontrol update``), waiting or running.
 
         As Slurm's, a user may only lower a time limit (none counts as the highest); a priority it may
-        set as at submission: with ``--priority-preemption``, to 0 or below, or below its current one.
+        set as at submission: with ``--priority-preemption``, up to its highest (0 unless its quota says
+        more: ``users quota --max-priority``), or below its current one.
         The admin may set any. A new priority takes effect at once: admission order, and with
         ``--priority-preemption`` the job's tier (raised, it may preempt lower jobs; lowered, it may be
         preempted). A time limit below what the job has held ends its run at the next round (TIMEOUT)."""
@@ -697,10 +701,11 @@ class ClusterScheduler:
             raise ConflictError(f"job {job} already {rec.status}; nothing to update")
         p, limit = req.priority, req.time_limit
         if who.role != "admin":
-            if p is not None and p > max(rec.priority, 0 if self.cfg.priority_preemption else 1000):
+            cap = self.quotas.max_priority(rec.user)
+            if p is not None and p > max(rec.priority, cap if self.cfg.priority_preemption else 1000):
                 raise ForbiddenError(f"priority {p}: a user may lower its job's priority (now {rec.priority}) or set "
-                                     "it at 0 or below; only the admin may raise it above that (this coordinator "
-                                     "preempts by priority: --priority-preemption)")
+                                     f"it at {cap} or below (user {rec.user}'s highest); only the admin may raise it "
+                                     "above that (this coordinator preempts by priority: --priority-preemption)")
             if limit is not None and rec.time_limit and not 0 < limit <= rec.time_limit:
                 raise ForbiddenError(f"time limit {_limit_text(limit)}: a user may only lower its job's time limit "
                                      f"(now {rec.time_limit:.0f} s), as in Slurm; ask an admin to raise it")
@@ -851,14 +856,23 @@ class ClusterScheduler:
 
     def set_quota(self, user: str, req: UserQuota) -> UserList:
         """(admin) ``user``'s own quota, or back to the default (``req.default``)."""
-        if req.default and (req.gpus is not None or req.jobs is not None):
-            raise ConfigError("give --default alone (it drops the user's own quota), or --gpus/--jobs to set one")
-        stored = self.quotas.set(user, None if req.default else Quota(req.gpus, req.jobs))
+        if req.default and (req.gpus is not None or req.jobs is not None or req.max_priority is not None):
+            raise ConfigError("give --default alone (it drops the user's own quota and highest priority), or "
+                              "--gpus/--jobs/--max-priority to set one")
+        stored = caps = None
+        if req.default or req.gpus is not None or req.jobs is not None or req.max_priority is None:
+            stored = self.quotas.set(user, None if req.default else Quota(req.gpus, req.jobs))
+        if req.default or req.max_priority is not None:  # (the highest priority alone leaves the limits)
+            caps = self.quotas.set_cap(user, req.max_priority)
         q = self.quotas.of(user)
         self._emit("quota", "", "", user=user, gpus=q.gpus if q.gpus is not None else "-",
-                   jobs=q.jobs if q.jobs is not None else "-", own=user in self.quotas.own)
+                   jobs=q.jobs if q.jobs is not None else "-", own=user in self.quotas.own,
+                   max_priority=self.quotas.max_priority(user))
         with self.store.transaction() as tx:
-            tx.put_meta(QUOTAS_META, stored)
+            if stored is not None:
+                tx.put_meta(QUOTAS_META, stored)
+            if caps is not None:
+                tx.put_meta(CAPS_META, caps)
             self.events.write(tx)
         self.admission.admit()
         self._flush()
@@ -875,7 +889,7 @@ class ClusterScheduler:
             running[e.user] = running.get(e.user, 0) + e.num_gpu
         self.table.accrue(self.clock.now())
         out = self.users.report(self.clock.now(), window, self._usage, active, running)
-        if not (self.quotas.own or self.quotas.default.limited):
+        if not (self.quotas.own or self.quotas.default.limited or self.quotas.caps):
             return out
         used = self.admission.usage()
         queued: dict[str, int] = {}
@@ -883,8 +897,10 @@ class ClusterScheduler:
             queued[rec.user] = queued.get(rec.user, 0) + 1
         listed = {u.user for u in out.users}
         rows = list(out.users) + [UserInfo(u, self.users.tickets.get(u, self.users.default), u in self.users.tickets,
-                                           0.0, 0.0, 0.0, 0, 0) for u in sorted(set(self.quotas.own) - listed)]
+                                           0.0, 0.0, 0.0, 0, 0)
+                                  for u in sorted((set(self.quotas.own) | set(self.quotas.caps)) - listed)]
         rows = [msgspec.structs.replace(u, quota_gpus=q.gpus, quota_jobs=q.jobs, quota_own=u.user in self.quotas.own,
+                                        max_priority=self.quotas.max_priority(u.user),
                                         admitted_gpus=used.get(u.user, (0, 0))[0],
                                         waiting_for_quota=queued.get(u.user, 0))
                 for u in rows for q in (self.quotas.of(u.user),)]

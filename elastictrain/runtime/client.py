@@ -333,10 +333,12 @@ class CoordinatorClient:
         return self._call("POST", f"/v1/cluster/users/{user}", UserList, UserTickets(tickets))
 
     def set_quota(self, user: str, gpus: Optional[int] = None, jobs: Optional[int] = None,
-                  default: bool = False) -> UserList:
+                  default: bool = False, max_priority: Optional[int] = None) -> UserList:
         """(admin) ``user``'s own quota: the most GPUs and jobs its admitted jobs may hold (None: no
-        limit); ``default``: drop it (the coordinator's default quota applies again)."""
-        return self._call("POST", f"/v1/cluster/users/{user}/quota", UserList, UserQuota(gpus, jobs, default))
+        limit); ``default``: drop it (the coordinator's default quota applies again). ``max_priority``
+        alone: only the highest priority it may submit at (the limits stay)."""
+        return self._call("POST", f"/v1/cluster/users/{user}/quota", UserList,
+                          UserQuota(gpus, jobs, default, max_priority))
 
     def users(self, window: float = 600.0) -> UserList:
         return self._call("GET", f"/v1/cluster/users?window={float(window)!r}", UserList)

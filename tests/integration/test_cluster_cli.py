@@ -133,7 +133,13 @@ def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
         bad = c.cli("users", "quota", "alice", "--gpus", "0", check=False)
         assert bad.returncode == 2 and "gpus" in bad.stderr, bad.stderr
         vague = c.cli("users", "quota", "alice", check=False)  # which one is meant: said, not guessed
-        assert vague.returncode == 2 and "--unlimited, or --default" in vague.stderr, vague.stderr
+        assert vague.returncode == 2 and "or --unlimited, and/or --max-priority N; or --default alone" in vague.stderr
+        out = c.cli("users", "quota", "alice", "--max-priority", "3").stdout  # the limits stay
+        assert "user alice: quota 1 GPUs; priority up to 3" in out, out
+        both = c.cli("users", "quota", "alice", "--default", "--max-priority", "3", check=False)
+        assert both.returncode == 2, both.stderr
+        high = c.cli("users", "quota", "alice", "--max-priority", "1001", check=False)
+        assert high.returncode == 2 and "max_priority" in high.stderr, high.stderr
         big = c.cli("submit", "--user", "alice", "--gpus", "2", "--", "nap.py", check=False)
         assert big.returncode == 2 and "lower --gpus to 1 or less" in big.stderr, big.stderr
     finally:

@@ -9,7 +9,7 @@ from elastictrain.coordinator.app import Coordinator
 from elastictrain.coordinator.scheduler import ClusterConfig
 from elastictrain.coordinator.store import open_store
 from elastictrain.errors import BadRequestError, ConflictError, ForbiddenError, NotFoundError
-from elastictrain.wire import JobSubmit, JobUpdate
+from elastictrain.wire import JobSubmit, JobUpdate, UserQuota
 
 from .test_cluster_scheduler import World
 
@@ -61,15 +61,37 @@ def test_without_the_flag_priority_does_not_preempt(tmp_path):
     assert not w.s.job(low).stopping and w.status(high) == "queued"
 
 
-def test_only_the_admin_submits_above_priority_0(tmp_path):
+def test_only_the_admin_submits_above_priority_0_unless_a_quota_allows_more(tmp_path):
     w = TierWorld(tmp_path, policy="fifo", nodes=1, slots=2)
     w.c.creds.add_user("alice", "alice", False)
     alice = Identity("user", "alice")
     req = JobSubmit(["train.py"], str(tmp_path), gpus=1, priority=1)
-    with pytest.raises(ForbiddenError, match=r"only the admin may submit above priority 0; submit at 0 or below"):
+    with pytest.raises(ForbiddenError, match=r"user alice may submit up to priority 0; submit at 0 or below .*"
+                                             r"`elastictrain users quota alice --max-priority N`"):
         w.s.submit(req, alice)
     assert w.s.submit(JobSubmit(["train.py"], str(tmp_path), gpus=1, priority=-5), alice).user == "alice"
     assert w.s.submit(req).id  # the admin may
+    # a Slurm association's allowed QOS: the admin lets alice go up to 5; her limits stay as they were
+    w.s.set_quota("alice", UserQuota(gpus=4))
+    ul = w.s.set_quota("alice", UserQuota(max_priority=5))
+    assert [(u.max_priority, u.quota_gpus) for u in ul.users if u.user == "alice"] == [(5, 4)]
+    ul = w.s.set_quota("alice", UserQuota(gpus=6))  # and new limits leave her highest priority
+    assert [(u.max_priority, u.quota_gpus) for u in ul.users if u.user == "alice"] == [(5, 6)]
+    job = w.s.submit(JobSubmit(["train.py"], str(tmp_path), gpus=1, priority=5), alice).id
+    with pytest.raises(ForbiddenError, match="may submit up to priority 5"):
+        w.s.submit(JobSubmit(["train.py"], str(tmp_path), gpus=1, priority=6), alice)
+    w.s.update(job, JobUpdate(priority=2), alice)
+    w.s.update(job, JobUpdate(priority=5), alice)  # back up to its highest
+    with pytest.raises(ForbiddenError, match=r"set it at 5 or below \(user alice's highest\)"):
+        w.s.update(job, JobUpdate(priority=6), alice)
+    w.restart()  # kept in the database
+    assert w.s.quotas.max_priority("alice") == 5 and w.s.quotas.max_priority("bob") == 0
+    w.s.set_quota("alice", UserQuota(default=True))
+    with pytest.raises(ForbiddenError, match="may submit up to priority 0"):
+        w.s.submit(JobSubmit(["train.py"], str(tmp_path), gpus=1, priority=1), alice)
+    assert w.s.quotas.of("alice").gpus is None  # --default drops both
+    ev = [e.detail for e in w.s.events.list(0).events if e.kind == "quota"]
+    assert [d["max_priority"] for d in ev] == [0, 5, 5, 0]
 
 
 def test_a_restarted_coordinator_keeps_each_tiers_policy_memory(tmp_path):

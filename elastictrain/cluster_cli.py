@@ -65,7 +65,7 @@ def add_commands(sub) -> None:
     s.add_argument("--priority", type=int, default=0,
                    help="-1000..1000: orders the user's own jobs for admission under a quota; on a coordinator "
                    "run with --priority-preemption, a higher priority also takes GPUs from lower ones (above 0: "
-                   "admin only)")
+                   "admin only, unless `users quota NAME --max-priority N` lets the user)")
     s.add_argument("--workdir", default=os.getcwd(), help="where the script runs on every node (default: here)")
     s.add_argument("--steps", type=int, default=None, help="training steps in all (lets SRTF-like policies know the "
                    "remaining work)")
@@ -190,9 +190,10 @@ def add_commands(sub) -> None:
     up = sub.add_parser("update", help="change a job's priority or time limit, waiting or running (scontrol update)",
                         description="Change a job's priority or time limit (Slurm's scontrol update). A user may "
                         "lower its own job's time limit, and set its priority as at submission; on a coordinator run "
-                        "with --priority-preemption, to at most 0 or below its current one. Only the admin may raise "
-                        "a time limit, or a priority beyond that. There, a raised job may preempt lower ones at once, "
-                        "and a lowered one may be preempted.")
+                        "with --priority-preemption, to at most its highest (0 unless `users quota --max-priority` "
+                        "says more) or below its current one. Only the admin may raise a time limit, or a priority "
+                        "beyond that. There, a raised job may preempt lower ones at once, and a lowered one may be "
+                        "preempted.")
     _connection(up)
     up.add_argument("job", help="a job id, or a job array's (every task not ended)")
     up.add_argument("--priority", type=int, default=None, metavar="N", help="-1000..1000 (see submit --priority)")

@@ -181,13 +181,15 @@ class Policy(Protocol):
     def decide(self, snapshot: ClusterSnapshot) -> Decision: ...
 
 
-def nothing_changed(s: ClusterSnapshot, ran) -> bool:
-    """Nothing arrived or ended since the policy's last snapshot, and exactly the jobs of its last
-    decision (``ran``: their keys) run: the decision was carried out as made and nothing the
-    snapshot reports has changed since (a decision point such as a run's first step or a periodic
-    round). A job that failed, lost its node or was kept running against the decision breaks it."""
+def nothing_changed(s: ClusterSnapshot, ran, gpus: tuple) -> bool:
+    """Nothing arrived or ended since the policy's last snapshot, exactly the jobs of its last
+    decision (``ran``: their keys) run, and the nodes offer the GPUs they did then (``gpus``: its
+    ``gpus_per_node``): the decision was carried out as made and nothing the snapshot reports has
+    changed since (a decision point such as a run's first step or a periodic round). A job that
+    failed, lost its node or was kept running against the decision breaks it, and so does a node
+    lost, back, joined or cordoned."""
     return not s.arrived and not s.ended and bool(s.running) and len(s.running) == len(ran) \
-        and all(j.job_id in ran for j in s.running)
+        and s.gpus_per_node == gpus and all(j.job_id in ran for j in s.running)
 
 
 _REGISTRY: dict[str, Callable[..., Policy]] = {}

@@ -167,7 +167,7 @@ class Muri:
                     rank[j.job_id] = self._next
                     self._next += 1
         last = self._last
-        if last is not None and nothing_changed(s, last.run) and s.gpus_per_node == last.gpus_per_node \
+        if last is not None and nothing_changed(s, last.run, last.gpus_per_node) \
                 and all(last.profiles.get(j.job_id) == j.stage_times for j in s.jobs):
             return self._hold(s, last)
         held = self._finishing(s)

@@ -22,7 +22,7 @@ from typing import Optional
 
 from ..errors import ConfigError
 
-__all__ = ["Placer", "make_placer", "PLACEMENTS"]
+__all__ = ["Placer", "make_placer", "PLACEMENTS", "best_node", "any_node"]
 
 PLACEMENTS = ("count", "consolidated", "spread", "skew")
 
@@ -226,3 +226,38 @@ def make_placer(snapshot, mode: str, packlimit: float = 0.5, sticky: bool = Fals
     return Placer(snapshot.gpus_per_node, snapshot.nodes_per_switch, mode, packlimit, sticky,
                   snapshot.running if sticky else ())
 
+
+
+# ---------------------------------------------------------------------------- "any node" resolution
+def best_node(size: int, free: list, avoid: Optional[list] = None, gtype=None, types: tuple = ()) -> int:
+    """The node with ``size`` free GPUs (not counting those ``avoid`` lists per node) that has the
+    fewest, then the lowest node; of GPU type ``gtype`` where given (``types``: each node's). -1:
+    none has."""
+    best, room = -1, 0
+    for n, a in enumerate(free):
+        f = a - avoid[n] if avoid is not None else a
+        if f >= size and (gtype is None or types[n] == gtype) and (best < 0 or f < room):
+            best, room = n, f
+    return best
+
+
+def any_node(size: int, free: list, avoid: Optional[list] = None) -> Optional[tuple]:
+    """Where a gang placed "on any node" goes: the best-fitting node without ``avoid``'s GPUs (GPUs
+    a start there would wait for, or take from someone), else the best-fitting node, else spread
+    over the nodes with the most free GPUs first; None if the free GPUs do not add up. (``free``
+    is not changed.) Shared by the mechanism core's plan and the priority tiers."""
+    n = best_node(size, free, avoid) if avoid is not None else -1
+    if n < 0:
+        n = best_node(size, free)
+    if n >= 0:
+        return ((n, size),)
+    if sum(free) < size:
+        return None
+    take, left = [], size
+    for n in sorted((m for m in range(len(free)) if free[m] > 0), key=lambda m: (-free[m], m)):
+        g = min(left, free[n])
+        take.append((n, g))
+        left -= g
+        if not left:
+            break
+    return tuple(take)

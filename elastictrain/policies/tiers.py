@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from .api import ClusterSnapshot, Decision, Policy
+from .placement import any_node, best_node
 
 __all__ = ["PriorityTiers"]
 
@@ -186,14 +187,16 @@ class PriorityTiers:
             if mine and mine[0][0] >= 0 and sum(g for _, g in mine) == size and all(avail[n] >= g for n, g in mine):
                 where = mine
             else:
-                where = _best_fit(size, avail, below) or _best_fit(size, avail) or _spread(size, avail)
+                where = any_node(size, avail, below)
         elif len(where) == 1:
             n, g = where[0]
             fits = 0 <= n < len(avail) and avail[n] >= g
             if not fits or (tuple(where) != mine and avail[n] - below[n] < g):
                 gtype = types[n] if types and 0 <= n < len(types) else None
-                where = _best_fit(g, avail, below, gtype, types) or (
-                    where if fits else _best_fit(g, avail, None, gtype, types))
+                m = best_node(g, avail, below, gtype, types)
+                if m < 0 and not fits:
+                    m = best_node(g, avail, None, gtype, types)
+                where = ((m, g),) if m >= 0 else where if fits else None
         elif not all(0 <= n < len(avail) and avail[n] >= g for n, g in where):
             return None
         if where is None:
@@ -205,30 +208,3 @@ class PriorityTiers:
 
 def _stays(view, where) -> bool:
     return view is not None and view.running and tuple(view.placement) == tuple(where)
-
-
-def _best_fit(size: int, avail: list, below: Optional[list] = None, gtype=None, types: tuple = ()) -> Optional[tuple]:
-    """One node with ``size`` free GPUs (that no lower tier holds, with ``below``): the fewest
-    such GPUs, then the lowest node; of GPU type ``gtype`` where given."""
-    best, room = -1, 0
-    for n, a in enumerate(avail):
-        f = a - below[n] if below is not None else a
-        if f >= size and (gtype is None or types[n] == gtype) and (best < 0 or f < room):
-            best, room = n, f
-    return ((best, size),) if best >= 0 else None
-
-
-def _spread(size: int, avail: list) -> Optional[tuple]:
-    """``size`` GPUs over the nodes with the most free first, or None if they do not add up."""
-    if sum(avail) < size:
-        return None
-    take, left = [], size
-    for n in sorted(range(len(avail)), key=lambda m: (-avail[m], m)):
-        if avail[n] <= 0:
-            break
-        g = min(left, avail[n])
-        take.append((n, g))
-        left -= g
-        if not left:
-            break
-    return tuple(take)

@@ -33,7 +33,7 @@ class TimeSlice:
         self._caps: tuple = ()  # the GPUs each node offered to it
 
     def decide(self, s: ClusterSnapshot) -> Decision:
-        if s.now < self._next and nothing_changed(s, self._last) and s.gpus_per_node == self._caps:
+        if s.now < self._next and nothing_changed(s, self._last, self._caps):
             return Decision({j.job_id: j.placement for j in s.running}, self._next)  # mid-slice, as it was
         self._caps = s.gpus_per_node
         order = sorted(s.jobs, key=_ATTAINED)  # stable: ties keep arrival order

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from ..errors import PolicyError
 from ..policies.api import ClusterSnapshot, Decision
+from ..policies.placement import any_node
 from .api import MIGRATE, PREEMPT, REGROUP, RESIZE, START, Action
 from .table import JobTable
 
@@ -243,28 +244,10 @@ def _resolve(keys: list, run: dict, get, used: list[int], caps: tuple, held=None
                 continue
         todo.append((key, size))
     for key, size in todo:
-        best = -1
-        if held is not None:  # a node whose GPUs are free now, not only once a stop completes
-            for n in range(len(free)):
-                if free[n] - held[n] >= size and (best < 0 or free[n] - held[n] < free[best] - held[best]):
-                    best = n
-        if best < 0:
-            for n in range(len(free)):
-                if free[n] >= size and (best < 0 or free[n] < free[best]):
-                    best = n
-        if best >= 0:
-            free[best] -= size
-            out[key] = ((best, size),)
-            continue
-        take, left = [], size
-        for n in sorted((m for m in range(len(free)) if free[m] > 0), key=lambda m: (-free[m], m)):
-            k = min(left, free[n])
-            take.append((n, k))
-            free[n] -= k
-            left -= k
-            if left == 0:
-                break
-        if left:  # cannot happen after the total check above; refuse rather than over-place
+        where = any_node(size, free, held)
+        if where is None:  # cannot happen after the total check above; refuse rather than over-place
             raise PolicyError(f"job {key!r}: {size} GPUs do not fit in the free GPUs {free}")
-        out[key] = tuple(take)
+        for n, g in where:
+            free[n] -= g
+        out[key] = where
     return out

@@ -13,6 +13,7 @@ import shlex
 import socket
 import sys
 import time
+from typing import Optional
 
 import msgspec
 
@@ -117,6 +118,9 @@ def add_commands(sub) -> None:
     st.add_argument("--job", dest="job_opt", default=None, help="show one job")
     st.add_argument("--json", action="store_true", help="machine-readable output")
     st.add_argument("--all", action="store_true", help="list every finished job, not the last 10")
+    st.add_argument("--start", action="store_true",
+                    help="when each job is expected to start and end (squeue --start): the coordinator simulates its "
+                    "policy from the cluster as it is now (no new submissions, the work left it knows or assumes)")
     st.add_argument("--users", action="store_true",
                     help="each user's share of the GPU-seconds used over --window against its tickets' entitlement")
     st.add_argument("--window", type=float, default=600.0, help="seconds the --users shares cover (default 600)")
@@ -359,6 +363,8 @@ def _status(args) -> int:
     job = args.job_opt or args.job
     if args.users:
         return _user_table(client, args.window, args.json)
+    if args.start:
+        return _forecast(client, job, args.json)
     if job:
         return _job_status(client, job, args.json)
     try:
@@ -402,6 +408,31 @@ def _status(args) -> int:
                          " ".join(f"{k}={v}" for k, v in j.info.items()) or "-", _short(j.reason) or "-"))
         print(f"{title}:")
         print(table(rows, right_align=False))
+    return 0
+
+
+def _forecast(client, job: Optional[str], as_json: bool) -> int:
+    from .sim.forecast import when
+
+    f = client.cluster_forecast()
+    jobs = [j for j in f.jobs if job is None or j.id == job]
+    if job is not None and not jobs:
+        raise NotFoundError(f"no job {job!r} waits or runs; `elastictrain status` lists them")
+    if as_json:
+        print(msgspec.json.encode(msgspec.structs.replace(f, jobs=jobs)).decode())
+        return 0
+    print(f"forecast: policy {f.policy} simulated from now, with no new submissions ({f.wall:.2f} s); it covers "
+          + ("every job to its end" if f.complete else f"the next {when(f.until - f.now)[3:] or '0s'} only"))
+    rows = [("id", "name", "user", "state", "gpus", "start", "end", "assumes")]
+    for j in jobs:
+        start = "running" if j.status == "running" else when(None if j.start is None else j.start - f.now)
+        end = when(None if j.end is None else j.end - f.now)
+        rows.append((j.id, j.name, j.user, j.status, str(j.gpus), start if not j.why else "-", end,
+                     "; ".join(j.assumed) or "-"))
+    print(table(rows, right_align=False))
+    for j in jobs:
+        if j.why:
+            print(f"  job {j.id}: {j.why}")
     return 0
 
 

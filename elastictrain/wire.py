@@ -521,6 +521,33 @@ class JobUpdate(_Msg, omit_defaults=True):
     time_limit: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=366 * 86_400.0)]] = None
 
 
+class ForecastInfo(_Msg, omit_defaults=True):
+    """One job's expected start and end (times on the coordinator's clock; None: not within the
+    forecast, or it cannot run, ``why``)."""
+
+    id: str
+    name: str
+    user: str
+    status: str
+    gpus: int
+    start: Optional[float] = None
+    end: Optional[float] = None
+    why: str = ""
+    assumed: list[str] = []  # what the coordinator assumes of it (a step time, the work left)
+
+
+class ClusterForecast(_Msg):
+    """``GET /v1/cluster/forecast`` (``elastictrain status --start``, Slurm's ``squeue --start``):
+    the policy simulated from the cluster as it is now until ``until`` (sim/forecast.py)."""
+
+    policy: str
+    now: float
+    until: float
+    complete: bool  # every job ends within it
+    wall: float  # seconds it took
+    jobs: list[ForecastInfo]
+
+
 class NodeSlots(_Msg):
     node: str
     slots: int

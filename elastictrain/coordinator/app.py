@@ -282,6 +282,7 @@ class CoordinatorApp:
             "/v1/cluster/arrays": {"POST": R("POST", JobSubmit, lambda w, b: self._view(w, sched().submit_array(b, w)),
                                              who=True)},
             "/v1/cluster/events": {"GET": R("GET", None, self._events, query=True, who=True)},
+            "/v1/cluster/forecast": {"GET": R("GET", None, lambda: sched().forecast())},
             "/v1/cluster/utilization": {"GET": R("GET", None, lambda: sched().utilization())},
             "/v1/cluster/users": {"GET": R("GET", None, self._users, query=True)},
             "/v1/admin/accounts": {"GET": R("GET", None, self._accounts)},

@@ -36,10 +36,11 @@ from ..errors import BadRequestError, ConfigError, ConflictError, ForbiddenError
 from ..model import check_name
 from ..policies.api import EMPTY, create, options_of
 from ..policies.tiers import PriorityTiers
+from ..sim.forecast import ForecastJob, forecast
 from ..runtime.stages import STAGES
 from ..scheduling import Entry, JobStatus, JobTable, Scheduler
 from ..wire import (
-    ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, GroupMember, JobSubmit, JobUpdate, LogList, MemberResult,
+    ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus, ForecastInfo, EventList, GroupMember, JobSubmit, JobUpdate, LogList, MemberResult,
     NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks, Series, StepInfo, StepReport, Task, UserInfo,
     UserList, UserQuota, UserTickets,
 )
@@ -64,6 +65,7 @@ _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(JobRecord)
 ASSUMED_ITERATION_TIME = 1.0  # seconds per step until a job reports two steps
 ASSUMED_REMAINING = 3600.0  # seconds of work left when a job gives neither --steps nor --epochs
+FORECAST_BUDGET = 2.0  # seconds of wall time a forecast (status --start) may simulate for
 UTIL_POINTS, UTIL_EVERY = 1800, 2.0  # the utilization chart: an hour at one point per 2 s
 STEP_POINTS, STEP_JOBS = 600, 2000  # step history points per job, jobs kept
 EXTRAPOLATE_MIN = 30.0  # seconds a run's progress is carried past its last step report, at least
@@ -107,13 +109,7 @@ class ClusterScheduler:
     def __init__(self, coordinator, loaded: LoadedState, cfg: ClusterConfig) -> None:
         self.c, self.cfg = coordinator, cfg
         self.store, self.clock = coordinator.store, coordinator.clock
-        opts = {k: v for k, v in cfg.options.items() if v is not None}
-        if "sticky" in (options_of(cfg.policy) or ()):
-            opts["sticky"] = True  # a move is a restart here: keep running jobs where they are
-        if cfg.priority_preemption:  # one instance of the policy per priority tier
-            self.policy = PriorityTiers(lambda: create(cfg.policy, only_known=True, **opts))
-        else:
-            self.policy = create(cfg.policy, only_known=True, **opts)
+        self.policy = self._make_policy()
         self.users = UserBook(loaded.meta, self.policy)
         self.quotas = QuotaBook(loaded.meta, Quota(cfg.quota_gpus or None, cfg.quota_jobs or None))
         self.admission = Admission(self)  # who enters the job table, and when (admission.py)
@@ -180,6 +176,63 @@ class ClusterScheduler:
         with self.store.transaction() as tx:
             tx.put_meta("policy", cfg.policy)
             self.events.write(tx)
+
+    def _make_policy(self):
+        """A fresh instance of the configured policy (with tiers under --priority-preemption)."""
+        cfg = self.cfg
+        opts = {k: v for k, v in cfg.options.items() if v is not None}
+        if "sticky" in (options_of(cfg.policy) or ()):
+            opts["sticky"] = True  # a move is a restart here: keep running jobs where they are
+        if cfg.priority_preemption:  # one instance of the policy per priority tier
+            return PriorityTiers(lambda: create(cfg.policy, only_known=True, **opts))
+        return create(cfg.policy, only_known=True, **opts)
+
+    async def forecast(self) -> ClusterForecast:
+        """When each admitted job is expected to start and end (``squeue --start``): the policy,
+        simulated from the cluster as it is (sim/forecast.py), in a worker thread."""
+        now = self.clock.now()
+        self.table.accrue(now)
+        for e in self.table.running.values():
+            self._measure(e.data["job"], e)
+        jobs = [ForecastJob(e.key, e.num_gpu, e.submit_time, e.iteration_time, e.iterations, e.remaining_iterations,
+                            e.user, e.priority, e.model, tuple(e.stage_times), tuple(e.speeds.items()),
+                            e.attained, e.attained_gpu, e.preemptions, e.restart_cost,
+                            tuple(e.placement) if e.running else ())
+                for e in self.table.entries() if not e.stopping]
+        policy = self._make_policy()
+        if hasattr(policy, "set_tickets") and self.users.tickets:
+            policy.set_tickets(dict(self.users.tickets))
+        state = getattr(self.policy, "export_state", None)
+        if state is not None and hasattr(policy, "import_state"):
+            views = [e.view(e.key in self.table.starting) for e in self.table.entries()]
+            policy.import_state(json.loads(json.dumps(state())), views)
+        shape = self.backend.shape()
+        f = await asyncio.to_thread(forecast, policy, jobs, shape.gpus_per_node, shape.node_types,
+                                    budget=FORECAST_BUDGET, min_run=self.cfg.min_run)
+        out = []
+        for rec in self.records.values():
+            if rec.status in _ENDED_NAMES:
+                continue
+            start, end = f.start.get(rec.id), f.end.get(rec.id)
+            why = f.never.get(rec.id, "")
+            if rec.id in self.admission.waiting:
+                why = f"not admitted: {self.admission.why(rec)}"
+            elif self.table.get(rec.id) is not None and self.table.get(rec.id).stopping:
+                why = "stopping: placed again once its workers have exited"
+            out.append(ForecastInfo(rec.id, rec.name, rec.user, rec.status, rec.gpus,
+                                    None if start is None else now + start, None if end is None else now + end,
+                                    why, self._forecast_assumes(rec)))
+        return ClusterForecast(self.cfg.policy, now, now + f.reached, f.complete, round(f.wall, 3), out)
+
+    def _forecast_assumes(self, rec: JobRecord) -> list[str]:
+        """What a forecast assumes of ``rec`` (what it did not measure or was not told)."""
+        out = []
+        if rec.iteration_time is None:
+            out.append(f"{ASSUMED_ITERATION_TIME:g} s per step (not measured yet)")
+        if self._total_steps(rec) is None:
+            out.append("the rest of its --time as its work left" if rec.time_limit else
+                       f"{ASSUMED_REMAINING:g} s of work left (no --steps or --epochs)")
+        return out
 
     # ------------------------------------------------------------------ records and entries
     def _entry(self, rec: JobRecord) -> Entry:

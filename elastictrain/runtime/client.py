@@ -23,10 +23,10 @@ import requests
 from ..errors import ConfigError, CoordinatorUnavailableError, InterruptedCallError, error_from_status
 from ..model import DatasetSpec
 from ..wire import (
-    AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterJobInfo, ClusterJobList, ClusterStatus, CommitList,
-    CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health, JobCreate,
-    JobInfo, JobList, JobSubmit, JobUpdate, LeaseReply, LeaseRequest, LogList, MemberResult, NodeCordon, NodeInfo,
-    NodeLeave, NodePoll, NodeRegister, NodeTasks,
+    AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus,
+    CommitList, CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health,
+    JobCreate, JobInfo, JobList, JobSubmit, JobUpdate, LeaseReply, LeaseRequest, LogList, MemberResult, NodeCordon,
+    NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks,
     ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
     ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserQuota, UserTickets,
     Version,
@@ -313,6 +313,10 @@ class CoordinatorClient:
 
     def release_job(self, job: str) -> ClusterJobInfo:
         return self._call("POST", f"/v1/cluster/jobs/{job}/release", ClusterJobInfo)
+
+    def cluster_forecast(self) -> ClusterForecast:
+        """When each job is expected to start and end (``squeue --start``)."""
+        return self._call("GET", "/v1/cluster/forecast", ClusterForecast)
 
     def update_job(self, job: str, req: JobUpdate) -> ClusterJobInfo:
         """Change a scheduled job's priority or time limit (``scontrol update``)."""

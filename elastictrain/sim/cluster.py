@@ -17,7 +17,8 @@ __all__ = ["ClusterSpec", "load_cluster", "heterogeneous_cluster"]
 class ClusterSpec:
     """``switches x nodes_per_switch`` nodes of ``gpus_per_node`` GPUs; or, for a heterogeneous
     cluster, ``node_types``/``node_gpus`` give each node's GPU type and count (then
-    ``gpus_per_node`` is the largest count)."""
+    ``gpus_per_node`` is the largest count; a node may offer 0 GPUs, as a live one down or drained
+    does to a forecast, sim/forecast.py)."""
 
     switches: int
     nodes_per_switch: int
@@ -29,8 +30,8 @@ class ClusterSpec:
         if min(self.switches, self.nodes_per_switch, self.gpus_per_node) < 1:
             raise ConfigError(f"cluster spec {self}: every count must be >= 1")
         if self.node_types and (len(self.node_types) != self.nodes or len(self.node_gpus) != self.nodes
-                                or min(self.node_gpus) < 1):
-            raise ConfigError(f"cluster spec: need one GPU type and a count >= 1 for each of {self.nodes} nodes")
+                                or min(self.node_gpus) < 0):
+            raise ConfigError(f"cluster spec: need one GPU type and a count >= 0 for each of {self.nodes} nodes")
 
     @property
     def nodes(self) -> int:
@@ -57,6 +58,8 @@ def heterogeneous_cluster(parts: dict) -> ClusterSpec:
     """``{"v100": (nodes, gpus_per_node), ...}`` as one switch of typed nodes, in the given order."""
     types, gpus = [], []
     for t, (n, g) in parts.items():
+        if g < 1:
+            raise ConfigError(f"GPU type {t}: its nodes need 1 GPU or more each, not {g}")
         types += [t] * n
         gpus += [g] * n
     if not types:

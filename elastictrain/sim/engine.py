@@ -46,7 +46,7 @@ from ..clock import ManualClock
 from ..errors import ConfigError
 from ..model import JobSpec
 from ..policies.api import EMPTY, Policy
-from ..scheduling import ClusterShape, Entry, JobStatus, JobTable, Scheduler
+from ..scheduling import Action, ActionKind, ClusterShape, Entry, JobStatus, JobTable, Scheduler
 from .backend import SimBackend
 from .cluster import ClusterSpec
 from .traces import SKEW
@@ -123,7 +123,8 @@ class Simulator:
                  progress: Optional[Callable[[int, float], None]] = None, migration_cost: float = 0.0,
                  window: Optional[float] = None, decisions: Optional[list] = None,
                  protect_startup: bool = True, outages: Sequence[tuple] = (),
-                 checkpoint_every: Optional[float] = None, min_run: float = 0.0) -> None:
+                 checkpoint_every: Optional[float] = None, min_run: float = 0.0,
+                 prior: Optional[dict] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
@@ -156,6 +157,9 @@ class Simulator:
             raise ConfigError(f"checkpoint_every must be a number of seconds > 0, got {checkpoint_every!r}")
         self.checkpoint_every = checkpoint_every
         self.protect_startup, self.min_run = protect_startup, min_run
+        # job id -> its state when the simulation starts (a forecast from a live cluster, sim/forecast.py):
+        # attained, attained_gpu, preemptions, remaining (iterations), restart_cost, placement (running)
+        self.prior = prior or {}
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
         elif callable(restart_cost):
@@ -270,7 +274,9 @@ class Simulator:
                 if spec.num_gpu > room:
                     rejected.append((spec.job_id, f"needs {spec.num_gpu} GPUs but {why}"))
                     continue
-                table.add(self._entry(spec))
+                e = table.add(self._entry(spec))
+                if spec.job_id in self.prior:
+                    self._resume(e, self.prior[spec.job_id], table, backend, now)
             if finished or idx > arrivals or backend.worked or not running:
                 idle = 0
             else:
@@ -345,6 +351,22 @@ class Simulator:
         lost = ", ".join(map(str, sorted(gone)))
         return room, (f"node(s) {lost} are lost for good and the nodes left have {room}"
                       + (" of one GPU type" if types[0] else ""))
+
+    @staticmethod
+    def _resume(e: Entry, p: dict, table: JobTable, backend: SimBackend, now: float) -> None:
+        """A job arrives as it is elsewhere (``prior``): its service, progress and restart cost, and
+        running where it runs (past its start-up) if it has a placement."""
+        e.attained, e.attained_gpu = p.get("attained", 0.0), p.get("attained_gpu", 0.0)
+        e.preemptions = p.get("preemptions", 0)
+        e.remaining_iterations = p.get("remaining", e.remaining_iterations)
+        e.restart_cost = p.get("restart_cost", e.restart_cost)
+        where = p.get("placement")
+        if where:
+            table.start(e.key, tuple(where), (), now)
+            backend.start(e, Action(ActionKind.START, e.key, tuple(where), (), e.num_gpu))
+            backend.owed[e.key] = 0.0
+            e.ready_at = None
+            table.began(e.key, now)
 
     def _lose_since_checkpoint(self, e: Entry, trained: float) -> float:
         """A job lost with its node goes back to its last checkpoint (one every ``checkpoint_every``

@@ -24,7 +24,7 @@ def cluster(tmp_path):
     c.stop()
 
 
-def test_submit_status_logs_cancel_and_a_failure_with_its_root_cause(cluster):
+def test_submit_status_forecast_logs_cancel_and_a_failure_with_its_root_cause(cluster):
     c = cluster
     bad = os.path.join(c.tmp, "bad.py")
     with open(bad, "w") as f:
@@ -47,6 +47,13 @@ def test_submit_status_logs_cancel_and_a_failure_with_its_root_cause(cluster):
     assert "finished" in one and "dataset" in one and "step 30/30" in one, one
     data = json.loads(c.cli("status", "--json").stdout)
     assert {j["id"]: j["status"] for j in data["jobs"]}[ok] == "finished" and data["nodes"][0]["slots"] == 2
+    # squeue --start: the coordinator simulates its policy from now on
+    fc = c.cli("status", "--start").stdout
+    assert fc.startswith("forecast: policy fifo simulated from now"), fc
+    row = next(line.split() for line in fc.splitlines() if line.startswith(f"{long} "))
+    assert row[1:6] == ["long", "default", "running", "1", "running"] and row[6].startswith("in"), fc
+    data = json.loads(c.cli("status", "--start", "--json", long).stdout)
+    assert [j["id"] for j in data["jobs"]] == [long] and data["jobs"][0]["end"] > data["now"], data
     logs = c.cli("logs", ok).stdout
     assert "[default0]:[train] done: 30 steps" in logs, logs[-2000:]
     assert c.cli("cancel", long).stdout.strip() == f"job {long} cancelled"

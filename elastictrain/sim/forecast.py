@@ -1,0 +1,130 @@
+"""When each job will start and end: the live policy, simulated from the cluster as it is now.
+
+Slurm's ``squeue --start`` for ``elastictrain status --start``. The coordinator hands over what
+its own policy decides on: every admitted job with its GPUs, service, progress, measured (or
+assumed) step time and work left, the running ones where they run; the nodes as they are (a node
+down or drained offers nothing); and a fresh instance of its policy carrying the running one's
+memory (``export_state``) and the users' tickets. The simulator's engine runs that policy from
+now on, with no new arrivals, until every job ended, ``horizon`` seconds passed or ``budget``
+seconds of wall time were spent; each job's first start and its end are read off the decisions.
+
+It is a forecast, not a promise: jobs submitted later, failures, a job's real work left (where it
+gave no ``--steps``/``--epochs``, the coordinator assumes, and says so) and measured speeds that
+change all move it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..model import JobSpec
+from ..policies.api import Policy
+from .cluster import ClusterSpec
+from .engine import Simulator
+
+__all__ = ["ForecastJob", "Forecast", "forecast"]
+
+
+@dataclass(frozen=True)
+class ForecastJob:
+    """One job as the live table has it (times on the coordinator's clock)."""
+
+    key: str
+    gpus: int
+    submit_time: float
+    iteration_time: float  # seconds per step at full speed
+    iterations: float  # steps in all
+    remaining: float  # steps left
+    user: str = ""
+    priority: int = 0
+    model: str = ""
+    stage_times: tuple = ()
+    speeds: tuple = ()
+    attained: float = 0.0
+    attained_gpu: float = 0.0
+    preemptions: int = 0
+    restart_cost: float = 0.0
+    placement: tuple = ()  # where it runs now (empty: it waits)
+
+
+@dataclass
+class Forecast:
+    start: dict = field(default_factory=dict)  # key -> seconds from now to its first start (0: runs now)
+    end: dict = field(default_factory=dict)  # key -> seconds from now to its end
+    never: dict = field(default_factory=dict)  # key -> why it cannot run on the nodes up now
+    reached: float = 0.0  # seconds from now the simulation covered
+    complete: bool = False  # every job ended within it
+    wall: float = 0.0
+
+
+class _OutOfTime(Exception):
+    pass
+
+
+def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node_types: tuple = (), *,
+             horizon: float = 30 * 86_400.0, budget: float = 2.0, min_run: float = 0.0) -> Forecast:
+    """Run ``policy`` on ``jobs`` over nodes offering ``gpus_per_node`` (0: down or drained) from
+    now; see the module docstring."""
+    t0 = time.perf_counter()
+    out = Forecast()
+    nodes = len(gpus_per_node)
+    if not jobs:
+        out.complete = True
+        return out
+    if not nodes or not any(gpus_per_node):
+        for j in jobs:
+            out.never[j.key] = "no node offers GPUs now"
+        return out
+    # (a node down or drained offers 0 GPUs, as it does to the live policy)
+    cluster = ClusterSpec(1, nodes, max(gpus_per_node), tuple(node_types), tuple(gpus_per_node))
+    specs, prior, keys = [], {}, []
+    for i, j in enumerate(jobs):  # (in the table's order: arrival order is what FIFO-like policies keep)
+        specs.append(JobSpec(i, j.gpus, 0.0, max(j.iterations, j.remaining, 1e-9), max(j.iteration_time, 1e-9),
+                             j.model, tuple(j.stage_times), j.user, tuple(j.speeds), j.priority))
+        prior[i] = {"attained": j.attained, "attained_gpu": j.attained_gpu, "preemptions": j.preemptions,
+                    "remaining": max(j.remaining, 1e-9), "restart_cost": j.restart_cost,
+                    "placement": tuple(j.placement)}
+        keys.append(j.key)
+    log: list = []
+
+    def tick(_done: int, now: float) -> None:
+        if time.perf_counter() - t0 > budget:
+            raise _OutOfTime(now)
+
+    sim = Simulator(specs, cluster, policy, decisions=log, until=horizon, progress=tick, prior=prior,
+                    min_run=min_run)
+    try:
+        res = sim.run()
+        out.reached, out.complete = res.makespan, not res.extra["unfinished"]
+        for job_id, why in res.extra["rejected"]:
+            out.never[keys[job_id]] = why
+    except _OutOfTime as stop:
+        out.reached = stop.args[0]
+    for j in jobs:
+        if j.placement:
+            out.start[j.key] = 0.0
+    for t, kind, job_id, _ in log:
+        key = keys[job_id]
+        if kind == "start" and key not in out.start:
+            out.start[key] = t
+        elif kind == "finish":
+            out.end[key] = t
+    out.wall = time.perf_counter() - t0
+    return out
+
+
+def when(seconds: Optional[float]) -> str:
+    """``in 1h 20m``-style text for a time from now."""
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return "now"
+    s = int(round(seconds))
+    d, s = divmod(s, 86_400)
+    h, s = divmod(s, 3600)
+    m, s = divmod(s, 60)
+    parts = [f"{d}d" if d else "", f"{h}h" if h else "", f"{m}m" if m and not d else "",
+             f"{s}s" if s and not (d or h) else ""]
+    return "in " + " ".join(p for p in parts if p)

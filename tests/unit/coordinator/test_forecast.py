@@ -1,0 +1,68 @@
+"""``elastictrain status --start`` (Slurm's ``squeue --start``): the coordinator simulates its own
+policy from the cluster as it is, and says when each job is expected to start and end."""
+
+import asyncio
+
+import pytest
+
+from elastictrain.sim.forecast import ForecastJob, forecast, when
+from elastictrain.policies import create
+from elastictrain.wire import JobSubmit, StepReport
+
+from .test_priority import TierWorld
+
+
+def _steps(w, job, every, n):
+    """``job`` reports ``n`` steps, one every ``every`` seconds (its step time is measured)."""
+    for _ in range(n):
+        w.clock.advance(every)
+        w.c.step(job, StepReport(0, w.s.job(job).step + 1))
+
+
+def test_fifo_a_waiting_job_starts_when_the_running_one_ends(tmp_path):
+    w = TierWorld(tmp_path, preempt=False, policy="fifo", nodes=1, slots=2)
+    a = w.submit(2, steps=100)
+    w.s.tick()
+    w.run_all()
+    _steps(w, a, 2.0, 20)  # 2 s a step, 20 of its 100 done
+    b = w.submit(2, steps=30)
+    c = w.submit(1)  # no --steps: an hour of work is assumed, and said
+    w.s.tick()
+    f = asyncio.run(w.s.forecast())
+    got = {j.id: j for j in f.jobs}
+    assert f.complete and f.policy == "fifo" and 0 <= f.wall < 2.0
+    assert got[a].start is None or got[a].status == "running"
+    assert got[a].end - f.now == pytest.approx(80 * 2.0, abs=3.0)  # its 80 steps left at 2 s
+    assert got[b].start == pytest.approx(got[a].end, abs=1e-6)  # fifo: b next, once a's GPUs are free
+    assert got[b].end - got[b].start == pytest.approx(30 * 1.0, abs=1.0)  # not measured: 1 s a step, assumed
+    assert got[b].assumed == ["1 s per step (not measured yet)"]
+    assert got[c].start == pytest.approx(got[b].end, abs=1e-6) and got[c].end - got[c].start == pytest.approx(3600, 1)
+    assert "3600 s of work left (no --steps or --epochs)" in got[c].assumed
+    assert w.status(b) == "queued" and w.s.table.get(a).running  # the forecast changed nothing live
+
+
+def test_priority_tiers_and_a_held_job(tmp_path):
+    w = TierWorld(tmp_path, policy="srtf", nodes=1, slots=2)
+    low = w.submit(2, steps=1000)
+    w.s.tick()
+    w.run_all()
+    _steps(w, low, 1.0, 5)
+    held = w.s.submit(JobSubmit(["train.py"], str(tmp_path), gpus=1, steps=10, hold=True)).id
+    high = w.submit(2, steps=50, priority=5)  # preempts low at the next decision
+    f = asyncio.run(w.s.forecast())
+    got = {j.id: j for j in f.jobs}
+    assert got[high].start - f.now == pytest.approx(0.0, abs=1.0)
+    assert got[low].end > got[high].end  # low resumes after high (and pays its restart)
+    assert got[held].start is None and got[held].why.startswith("not admitted: on hold")
+
+
+def test_the_simulation_is_bounded_and_says_what_it_covers():
+    jobs = [ForecastJob(f"j{i}", 1, 0.0, 1.0, 1e6, 1e6) for i in range(4)]
+    f = forecast(create("gandiva-ts", quantum=1.0), jobs, (1,), budget=0.2)  # a slice a second: many events
+    assert not f.complete and 0 < f.reached < 4e6 and f.wall < 1.5
+    assert set(f.start) == {"j0", "j1", "j2", "j3"} and not f.end  # they all had a turn; none has ended
+    f = forecast(create("fifo"), jobs, (0, 0))  # every node down
+    assert f.never == {f"j{i}": "no node offers GPUs now" for i in range(4)}
+    big = forecast(create("fifo"), [ForecastJob("big", 4, 0.0, 1.0, 10, 10)], (2, 0))  # a node drained
+    assert big.never == {"big": "needs 4 GPUs but the cluster has 2 GPUs"}
+    assert when(None) == "-" and when(0.2) == "now" and when(4000) == "in 1h 6m" and when(90000) == "in 1d 1h"

@@ -39,6 +39,10 @@ def test_fifo_a_waiting_job_starts_when_the_running_one_ends(tmp_path):
     assert got[c].start == pytest.approx(got[b].end, abs=1e-6) and got[c].end - got[c].start == pytest.approx(3600, 1)
     assert "3600 s of work left (no --steps or --epochs)" in got[c].assumed
     assert w.status(b) == "queued" and w.s.table.get(a).running  # the forecast changed nothing live
+    assert asyncio.run(w.s.forecast()) is f  # asked again within 5 s: the same answer, not another simulation
+    w.clock.advance(6)
+    again = asyncio.run(w.s.forecast())
+    assert again is not f and again.now == f.now + 6
 
 
 def test_priority_tiers_and_a_held_job(tmp_path):

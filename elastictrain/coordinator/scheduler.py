@@ -210,7 +210,7 @@ class ClusterScheduler:
         jobs = [ForecastJob(e.key, e.num_gpu, e.submit_time, e.iteration_time, e.iterations, e.remaining_iterations,
                             e.user, e.priority, e.model, tuple(e.stage_times), tuple(e.speeds.items()),
                             e.attained, e.attained_gpu, e.preemptions, e.restart_cost,
-                            tuple(e.placement) if e.running else ())
+                            tuple(e.placement) if e.running else (), max(0.0, now - e.run_at))
                 for e in self.table.entries() if not e.stopping]
         policy = self._make_policy()
         if hasattr(policy, "set_tickets") and self.users.tickets:

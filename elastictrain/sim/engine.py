@@ -158,7 +158,8 @@ class Simulator:
         self.checkpoint_every = checkpoint_every
         self.protect_startup, self.min_run = protect_startup, min_run
         # job id -> its state when the simulation starts (a forecast from a live cluster, sim/forecast.py):
-        # attained, attained_gpu, preemptions, remaining (iterations), restart_cost, placement (running)
+        # attained, attained_gpu, preemptions, remaining (iterations), restart_cost, placement (running), and
+        # run_age (seconds its run has run: what min_run counts)
         self.prior = prior or {}
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
@@ -367,6 +368,7 @@ class Simulator:
             backend.owed[e.key] = 0.0
             e.ready_at = None
             table.began(e.key, now)
+            e.run_at = now - p.get("run_age", 0.0)
 
     def _lose_since_checkpoint(self, e: Entry, trained: float) -> float:
         """A job lost with its node goes back to its last checkpoint (one every ``checkpoint_every``

@@ -47,6 +47,7 @@ class ForecastJob:
     preemptions: int = 0
     restart_cost: float = 0.0
     placement: tuple = ()  # where it runs now (empty: it waits)
+    run_age: float = 0.0  # seconds since its run started (what a minimum run before preemption counts)
 
 
 @dataclass
@@ -85,7 +86,7 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
                              j.model, tuple(j.stage_times), j.user, tuple(j.speeds), j.priority))
         prior[i] = {"attained": j.attained, "attained_gpu": j.attained_gpu, "preemptions": j.preemptions,
                     "remaining": max(j.remaining, 1e-9), "restart_cost": j.restart_cost,
-                    "placement": tuple(j.placement)}
+                    "placement": tuple(j.placement), "run_age": j.run_age}
         keys.append(j.key)
     log: list = []
 

@@ -60,6 +60,17 @@ def test_priority_tiers_and_a_held_job(tmp_path):
     assert got[held].start is None and got[held].why.startswith("not admitted: on hold")
 
 
+def test_a_minimum_run_counts_from_the_live_runs_start(tmp_path):
+    w = TierWorld(tmp_path, policy="fifo", nodes=1, slots=2, min_run=100.0)
+    low = w.submit(2, steps=1000)
+    w.s.tick()
+    w.run_all()
+    _steps(w, low, 1.0, 40)  # its run is 40 s old
+    high = w.submit(2, steps=10, priority=5)
+    got = {j.id: j for j in asyncio.run(w.s.forecast()).jobs}
+    assert got[high].start - w.clock.now() == pytest.approx(60.0, abs=1.0)  # when low's 100 s are up
+
+
 def test_the_simulation_is_bounded_and_says_what_it_covers():
     jobs = [ForecastJob(f"j{i}", 1, 0.0, 1.0, 1e6, 1e6) for i in range(4)]
     f = forecast(create("gandiva-ts", quantum=1.0), jobs, (1,), budget=0.2)  # a slice a second: many events

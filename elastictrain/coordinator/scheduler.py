@@ -66,7 +66,7 @@ _DEC = msgspec.msgpack.Decoder(JobRecord)
 ASSUMED_ITERATION_TIME = 1.0  # seconds per step until a job reports two steps
 ASSUMED_REMAINING = 3600.0  # seconds of work left when a job gives neither --steps nor --epochs
 FORECAST_BUDGET = 2.0  # seconds of wall time a forecast (status --start) may simulate for
-FORECAST_TTL = 5.0  # seconds a forecast answers every request (one simulation at a time)
+FORECAST_TTL = 5.0  # seconds a forecast answers every request while nothing is decided (one simulation at a time)
 UTIL_POINTS, UTIL_EVERY = 1800, 2.0  # the utilization chart: an hour at one point per 2 s
 STEP_POINTS, STEP_JOBS = 600, 2000  # step history points per job, jobs kept
 EXTRAPOLATE_MIN = 30.0  # seconds a run's progress is carried past its last step report, at least
@@ -169,6 +169,7 @@ class ClusterScheduler:
         self._wake: Optional[asyncio.Event] = None
         self._next_timeout: Optional[float] = None
         self._forecast: Optional[asyncio.Future] = None  # the last forecast (status --start), or the one running
+        self._forecast_at = -1  # the scheduler's decisions when it was made
         self._last_persist = now
         self._next_round = now + cfg.interval
         self._next_prune = now + 30.0
@@ -192,14 +193,16 @@ class ClusterScheduler:
     async def forecast(self) -> ClusterForecast:
         """When each admitted job is expected to start and end (``squeue --start``): the policy,
         simulated from the cluster as it is (sim/forecast.py), in a worker thread. One runs at a
-        time, and its answer serves every request for ``FORECAST_TTL`` seconds (callers meanwhile
-        share it): a client asking in a loop costs one simulation per TTL, not one per request."""
-        cached = self._forecast
+        time, and its answer serves every request for ``FORECAST_TTL`` seconds while the scheduler
+        decides nothing new (callers meanwhile share it): a client asking in a loop costs one
+        simulation per TTL, not one per request."""
+        cached, decisions = self._forecast, self.sched.decisions
         if cached is not None and not cached.done():
             return await asyncio.shield(cached)
-        if cached is not None and cached.exception() is None and self.clock.now() - cached.result().now < FORECAST_TTL:
+        if cached is not None and cached.exception() is None and decisions == self._forecast_at \
+                and self.clock.now() - cached.result().now < FORECAST_TTL:
             return cached.result()
-        self._forecast = asyncio.ensure_future(self._simulate_forecast())
+        self._forecast, self._forecast_at = asyncio.ensure_future(self._simulate_forecast()), decisions
         return await asyncio.shield(self._forecast)
 
     async def _simulate_forecast(self) -> ClusterForecast:

@@ -86,6 +86,13 @@ function table(head, rows, onclick, ids) {
 }
 const mib = (b) => b == null ? "-" : (b / 1048576).toFixed(0) + " MiB";
 const clock = (t) => new Date(t * 1000).toISOString().slice(11, 19);
+const within = (s) => {  // "in 1h 6m" (sim/forecast.py's when())
+  if (s < 1) return "now";
+  let r = Math.round(s); const d = Math.floor(r / 86400); r %= 86400;
+  const h = Math.floor(r / 3600); r %= 3600; const m = Math.floor(r / 60), x = r % 60;
+  return "in " + [d ? d + "d" : "", h ? h + "h" : "", m && !d ? m + "m" : "", x && !(d || h) ? x + "s" : ""]
+    .filter((p) => p).join(" ");
+};
 function bars(labels, values, fmt) {
   const w = 300, bh = 16, max = Math.max(...values, 1e-12);
   let s = '<svg class="chart" role="img" width="' + (w + 190) + '" height="' + (labels.length * (bh + 4)) + '">';
@@ -158,8 +165,14 @@ async function clusterView() {
       q.info.group || "-", prog(q), q.info.group_iteration_time ||
         (q.iteration_time == null ? "-" : q.iteration_time.toFixed(3)),
       restarts(q)]), true, running.map((q) => q.id)) : '<span class="muted">none</span>');
-  qh += "<h3>Queue</h3>" + (waiting.length ? table(["job", "name", "user", "status", "gpus", "attained GPU-s", "why"],
-      waiting.map((q) => [q.id, q.name, who(q), q.status, q.gpus, (q.attained_gpu || 0).toFixed(1), q.reason || "-"]),
+  // when each waiting job is expected to start: the policy simulated from now (status --start; shared for 5 s)
+  const f = waiting.length ? await get("/v1/cluster/forecast").catch(() => null) : null;
+  const eta = {};
+  if (f) f.jobs.forEach((x) => { eta[x.id] = x.start != null ? within(x.start - f.now) : "-"; });
+  qh += "<h3>Queue</h3>" + (waiting.length ? table(["job", "name", "user", "status", "gpus", "attained GPU-s",
+      "expected start", "why"],
+      waiting.map((q) => [q.id, q.name, who(q), q.status, q.gpus, (q.attained_gpu || 0).toFixed(1), eta[q.id] || "-",
+                          q.reason || "-"]),
       true, waiting.map((q) => q.id)) : '<span class="muted">empty</span>');
   qh += "<h3>Ended</h3>" + (ended.length ? table(["job", "name", "user", "status", "JCT s", "reason"],
       ended.map((q) => [q.id, q.name, q.user, q.status, q.end_time ? (q.end_time - q.submit_time).toFixed(1) : "-",

@@ -3,6 +3,7 @@ page's script makes answers JSON to a browser-style request with the bearer toke
 
 import json
 import re
+import time
 import urllib.request
 
 
@@ -84,7 +85,7 @@ def test_the_page_shows_users_tickets_and_shares_in_cluster_mode(tmp_path):
     from elastictrain import CoordinatorClient
     from elastictrain.coordinator.process import CoordinatorProcess
     from elastictrain.coordinator.ui import APP_JS
-    from elastictrain.wire import JobSubmit
+    from elastictrain.wire import JobSubmit, NodeRegister
 
     node = shutil.which("node")
     if node is None:
@@ -98,6 +99,7 @@ def test_the_page_shows_users_tickets_and_shares_in_cluster_mode(tmp_path):
         c = CoordinatorClient(proc.url, proc.token, timeout=5.0, retry_for=10.0)
         c.set_user("alice", 3.0)
         ids = [c.submit(JobSubmit(["train.py"], str(tmp_path), user=user)).id for user in ("alice", "bob")]
+        # no node yet: the queue's expected start is unknown ("-"), and the job page says why it waits
         harness = os.path.join(os.path.dirname(__file__), "ui_harness.js")
         r = subprocess.run([node, harness, str(script), proc.url, proc.token, ids[0]], capture_output=True, text=True,
                            timeout=60)
@@ -111,6 +113,18 @@ def test_the_page_shows_users_tickets_and_shares_in_cluster_mode(tmp_path):
         # (which the page scrolls to its end) -- issue 32.6
         job = out["job"]
         assert "queued: no node is up to run it" in job and "restarts -" in job and '<pre id="logtail">' in job, job
+        assert "<th>expected start</th>" in out["queue"] and out["queue"].count("<td>-</td>") >= 2, out["queue"]
+        # a node of 1 slot: one job runs, and the other's expected start is the policy's (a quantum later)
+        c.node_register("n1", NodeRegister(1, "i1", "slot"))
+        for _ in range(50):
+            if sum(j.status == "running" for j in c.cluster_status().jobs) == 1:
+                break
+            time.sleep(0.1)
+        time.sleep(0.5)
+        r = subprocess.run([node, harness, str(script), proc.url, proc.token, ids[0]], capture_output=True, text=True,
+                           timeout=60)
+        queue = json.loads(r.stdout)["queue"]
+        assert re.search(r"<td>in (\d+s|1m)</td>", queue), queue  # gandiva-fair: its turn within a 60 s quantum
         c.close()
     finally:
         proc.stop()

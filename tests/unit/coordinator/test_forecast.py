@@ -43,6 +43,9 @@ def test_fifo_a_waiting_job_starts_when_the_running_one_ends(tmp_path):
     w.clock.advance(6)
     again = asyncio.run(w.s.forecast())
     assert again is not f and again.now == f.now + 6
+    w.clock.advance(1)
+    w.s.tick()  # a decision: the next request simulates again, whatever the time
+    assert asyncio.run(w.s.forecast()) is not again
 
 
 def test_priority_tiers_and_a_held_job(tmp_path):

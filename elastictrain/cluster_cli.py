@@ -103,6 +103,9 @@ def add_commands(sub) -> None:
                    help="run only once JOB finished (JOB:any: once it ended, however); repeatable, or JOB,JOB "
                    "(Slurm's --dependency=afterok / afterany). If JOB fails, this job is cancelled, saying why")
     s.add_argument("--hold", action="store_true", help="submit on hold: it runs after `elastictrain release JOB`")
+    s.add_argument("--begin", type=begin_time, default=None, metavar="TIME",
+                   help="do not start it before TIME (Slurm's --begin): now+90m, now+2h, now+1d, 16:00 (today, or "
+                   "tomorrow if past), 2026-11-28 or 2026-11-28T08:00 (local time)")
     s.add_argument("-t", "--time", type=slurm_time, default=None, metavar="LIMIT",
                    help="the most time it may hold GPUs in all its runs, in Slurm's format (MINUTES, MM:SS, "
                    "HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS); then it is stopped (it checkpoints) and fails as TIMEOUT. "
@@ -293,7 +296,8 @@ def _submit(args) -> int:
                                "profile_steps": args.profile_steps, "reprofile": args.reprofile,
                                "stage_times": _stage_file(args.profile) if args.profile else None,
                                "after": [a for item in args.after for a in item.split(",") if a],
-                               "hold": args.hold, "array": args.array, "time_limit": args.time},
+                               "hold": args.hold, "array": args.array, "time_limit": args.time,
+                               "begin": args.begin},
                               JobSubmit)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid job: {exc}") from None
@@ -854,6 +858,34 @@ def slurm_time(text: str) -> float:
     if not 0 < seconds <= 366 * 86_400:
         raise argparse.ArgumentTypeError(f"--time {text!r}: between 1 second and 366 days")
     return float(seconds)
+
+
+def begin_time(text: str, now: Optional[float] = None) -> float:
+    """``--begin``: the UNIX time from Slurm's forms: ``now+SPAN`` (90m, 2h, 1d, 30s), ``HH:MM[:SS]``
+    (today, or tomorrow if it has passed), ``YYYY-MM-DD`` or ``YYYY-MM-DDTHH:MM[:SS]`` (local time)."""
+    now = time.time() if now is None else now
+    t = text.strip()
+    if t.lower().startswith("now+"):
+        span = t[4:]
+        if span[:-1].replace(".", "", 1).isdigit() and span[-1:] in _SPAN:
+            return now + float(span[:-1]) * _SPAN[span[-1]]
+        if span.isdigit():  # Slurm's now+N is seconds
+            return now + float(span)
+    for fmt in ("%H:%M", "%H:%M:%S"):
+        try:
+            hms = time.strptime(t, fmt)
+        except ValueError:
+            continue
+        day = time.localtime(now)
+        at = time.mktime((day.tm_year, day.tm_mon, day.tm_mday, hms.tm_hour, hms.tm_min, hms.tm_sec, 0, 0, -1))
+        return at if at > now else at + 86_400.0
+    for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S"):
+        try:
+            return time.mktime(time.strptime(t, fmt))
+        except ValueError:
+            pass
+    raise argparse.ArgumentTypeError(f"--begin {text!r}: give now+SPAN (now+90m, now+2h, now+1d), a time of day "
+                                     "(16:00), a date (2026-11-28) or a date and time (2026-11-28T08:00)")
 
 
 def _array_tasks(client, job: str) -> list:

@@ -509,6 +509,8 @@ class JobSubmit(_Msg, omit_defaults=True):
     #: seconds it may hold GPUs in all its runs (Slurm's --time): then its run is stopped (its
     #: workers checkpoint) and it fails with reason TIMEOUT
     time_limit: Optional[Annotated[float, msgspec.Meta(gt=0.0, le=366 * 86_400.0)]] = None
+    #: the UNIX time it may start from (Slurm's --begin): until then it waits, not admitted
+    begin: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1e11)]] = None
 
 
 class JobUpdate(_Msg, omit_defaults=True):

@@ -2,7 +2,7 @@
 
 A job may be queued long before it may run. It stays outside the table (so no policy sees it,
 and nothing needs to change in the policies) while it is on hold (``submit --hold``,
-``elastictrain hold``), while a job it runs after has not ended as asked (``--after JOB`` waits
+``elastictrain hold``), before its begin time (``submit --begin``), while a job it runs after has not ended as asked (``--after JOB`` waits
 for a finish, ``JOB:any`` for any end; a job array's id stands for all its tasks), while its
 job array has ``%N`` tasks admitted, and while its user's admitted jobs leave no room in the
 user's quota (quotas.py). It is admitted in priority, then submission order, and the policy
@@ -12,6 +12,7 @@ cancelled here, saying why.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from ..errors import ConfigError
@@ -113,7 +114,7 @@ class Admission:
                 rec.reason = never
                 s.backend.cancel(rec)
                 s._dirty.add(rec.id)
-            elif not rec.hold and not left:
+            elif not rec.hold and not left and rec.begin <= now:
                 ready.append(rec)
         arrays = self.array_admitted() if any(r.array_limit for r in self.waiting.values()) else {}
         if any(r.array_limit for r in ready):  # an array's %N: at most N of its tasks admitted at once
@@ -146,6 +147,10 @@ class Admission:
         """Why a job not admitted waits (squeue's reason)."""
         if rec.hold:
             return f"on hold: `elastictrain release {rec.id}` lets it run"
+        now = self.s.clock.now()
+        if rec.begin > now:
+            when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(rec.begin))
+            return f"waiting for its begin time (--begin): {when}, in {rec.begin - now:.0f} s"
         left = self.waits_for(rec)[0]
         if left:
             what = "finish" if all(f"{j}:ok" in rec.after for j in left) else "end"

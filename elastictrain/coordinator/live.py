@@ -112,6 +112,7 @@ class JobRecord(msgspec.Struct):
     array_limit: int = 0  # tasks of its array admitted at once, at most (0: no limit)
     time_limit: float = 0.0  # seconds it may hold GPUs in all its runs (0: no limit)
     run_at: float = 0.0  # when its current (or last) run was started (--preempt-exempt counts from it)
+    begin: float = 0.0  # the time it may start from (--begin; 0: at once)
 
     @property
     def grouped(self) -> bool:

@@ -65,6 +65,7 @@ _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(JobRecord)
 ASSUMED_ITERATION_TIME = 1.0  # seconds per step until a job reports two steps
 ASSUMED_REMAINING = 3600.0  # seconds of work left when a job gives neither --steps nor --epochs
+MAX_BEGIN = 366 * 86_400.0  # how far ahead --begin may be (seconds)
 FORECAST_BUDGET = 2.0  # seconds of wall time a forecast (status --start) may simulate for
 FORECAST_TTL = 5.0  # seconds a forecast answers every request while nothing is decided (one simulation at a time)
 UTIL_POINTS, UTIL_EVERY = 1800, 2.0  # the utilization chart: an hour at one point per 2 s
@@ -660,6 +661,10 @@ class ClusterScheduler:
         if not os.path.isabs(req.workdir):
             raise ConfigError(f"workdir {req.workdir!r} must be an absolute path")
         after = self.admission.dependencies(req.after)
+        now = self.clock.now()
+        if req.begin is not None and req.begin > now + MAX_BEGIN:
+            raise ConfigError(f"--begin is {(req.begin - now) / 86_400:.0f} days from now; it may be at most 366 days "
+                              "ahead (give a nearer time, or submit later)")
         quota = self.quotas.of(user)
         if quota.gpus is not None and req.gpus > quota.gpus:
             raise ConfigError(f"the job asks for {req.gpus} GPUs (--gpus) but user {user}'s quota is {quota.gpus}: "
@@ -670,13 +675,14 @@ class ClusterScheduler:
         while str(self._seq) in taken or any(f"{self._seq}_{i}" in taken for i in tasks if i is not None):
             self._seq += 1
         base = str(self._seq)
-        now = self.clock.now()
         name = req.name or _default_name(req.command)
         by = {"by": who.name} if who.role != "user" and user != "default" else {}  # the admin acted for a user
         if after:
             by["after"] = ",".join(after)
         if req.hold:
             by["hold"] = True
+        if req.begin is not None and req.begin > now:
+            by["begin"] = round(req.begin, 3)
         out = []
         for i in tasks:
             job_id, env = base, dict(req.env)
@@ -689,7 +695,7 @@ class ClusterScheduler:
                             profile_steps=req.profile_steps, reprofile=req.reprofile, given_stages=given,
                             run_as=run_as, allow_root=allow_root, after=after, hold=req.hold,
                             array=base if i is not None else "", array_limit=limit,
-                            time_limit=req.time_limit or 0.0)
+                            time_limit=req.time_limit or 0.0, begin=req.begin if (req.begin or 0.0) > now else 0.0)
             self.records[job_id] = rec
             self.c.members.create_job(job_id, 1, 65536)
             rec.admitted = False
@@ -1140,6 +1146,9 @@ class ClusterScheduler:
                 due.append(self.sched.wakeup)
             if self._next_timeout is not None:
                 due.append(self._next_timeout)
+            begins = [r.begin for r in self.admission.waiting.values() if r.begin > now]
+            if begins:  # a job's --begin: admitted then
+                due.append(min(begins))
             timeout = max(0.0, min(due) - now)
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)

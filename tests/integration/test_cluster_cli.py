@@ -155,7 +155,7 @@ def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
 
 def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
     """Slurm's --dependency, --hold, --array and --time habits: `submit --after JOB`, `submit
-    --hold`, `release`, `submit --array 0-2%1` (each task sees its index), `hold`, `release` and
+    --hold`, `submit --begin`, `release`, `submit --array 0-2%1` (each task sees its index), `hold`, `release` and
     `cancel` of a whole array, a job stopped at its `--time` limit, `update` (scontrol update) of a
     running job's time limit and of an array's priority."""
     c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
@@ -166,9 +166,14 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
         train = c.cli("submit", "--name", "train", "--after", prep, "--", "nap.py").stdout.strip()
         assert "on hold" in c.cli("status", "--job", prep).stdout
         assert f"waiting for job {prep} to finish" in c.cli("status", "--job", train).stdout
+        soon = c.cli("submit", "--begin", "now+3s", "--", "nap.py").stdout.strip()  # Slurm's --begin
+        assert "waiting for its begin time (--begin)" in c.cli("status", "--job", soon).stdout
         assert c.cli("release", prep).stdout.startswith(f"job {prep} released")
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(train) == "finished", 60, "the pipeline to finish")
         assert c.client.cluster_job(prep).end_time <= c.client.cluster_job(train).start_time
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(soon) == "finished", 60, "the --begin job to run")
+        began = c.client.cluster_job(soon)
+        assert began.start_time >= began.submit_time + 2.9, (began.submit_time, began.start_time)
         late = c.cli("hold", train, check=False)
         assert late.returncode == 2 and "already finished" in late.stderr, late.stderr
         bad = c.cli("submit", "--after", "nope", "--", "nap.py", check=False)

@@ -124,3 +124,46 @@ def test_without_steps_a_time_limit_is_the_work_an_srtf_policy_assumes(tmp_path)
                and e.detail["input"] == "remaining"]
     assert assumed == ["the rest of its --time limit as its work left (no --steps or --epochs)"], assumed
     assert w.s.table.get(a).remaining_iterations == pytest.approx(600.0)
+
+
+def test_begin_keeps_a_job_out_until_its_time_and_survives_a_restart(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=2, node_timeout=1000.0)
+    t0 = w.clock.now()
+    later = _submit(w, begin=t0 + 100.0)
+    past = _submit(w, begin=t0 - 5.0)  # a time already past: at once
+    w.s.tick()
+    w.run_all()
+    assert w.status(past) == "running" and w.status(later) == "queued" and later not in w.s.table
+    assert w.s.job(later).reason.startswith("waiting for its begin time (--begin): ")
+    assert w.s.job(later).reason.endswith(", in 100 s")
+    submitted = next(e for e in w.s.events.list(0).events if e.kind == "submit" and e.job == later)
+    assert submitted.detail["begin"] == t0 + 100.0
+    w.s._flush(everything=True)
+    w.restart()
+    w.clock.advance(99)
+    w.s.tick()
+    assert later not in w.s.table
+    w.clock.advance(1)
+    w.s.tick()
+    w.run_all()
+    assert w.status(later) == "running" and "admitted" in _kinds(w, later)
+    with pytest.raises(ConfigError, match="at most 366 days ahead"):
+        _submit(w, begin=w.clock.now() + 400 * 86_400.0)
+
+
+def test_begin_times_as_slurm_writes_them():
+    import argparse
+    import time
+
+    from elastictrain.cluster_cli import begin_time
+
+    now = time.mktime((2026, 11, 27, 15, 30, 0, 0, 0, -1))  # 15:30 local
+    assert begin_time("now+90m", now) == now + 5400 and begin_time("now+2h", now) == now + 7200
+    assert begin_time("now+1d", now) == now + 86_400 and begin_time("now+30", now) == now + 30
+    assert begin_time("16:00", now) == now + 1800  # later today
+    assert begin_time("15:00", now) == now + 86_400 - 1800  # passed: tomorrow
+    assert begin_time("2026-11-28", now) == time.mktime((2026, 11, 28, 0, 0, 0, 0, 0, -1))
+    assert begin_time("2026-11-28T08:00", now) == time.mktime((2026, 11, 28, 8, 0, 0, 0, 0, -1))
+    for bad in ("tomorrow", "now+", "now+2w", "25:00", "2026-13-01"):
+        with pytest.raises(argparse.ArgumentTypeError, match="--begin"):
+            begin_time(bad, now)

@@ -36,13 +36,13 @@ from ..errors import BadRequestError, ConfigError, ConflictError, ForbiddenError
 from ..model import check_name
 from ..policies.api import EMPTY, create, options_of
 from ..policies.tiers import PriorityTiers
-from ..sim.forecast import ForecastJob, forecast
 from ..runtime.stages import STAGES
 from ..scheduling import Entry, JobStatus, JobTable, Scheduler
+from ..sim.forecast import ForecastJob, forecast
 from ..wire import (
-    ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus, ForecastInfo, EventList, GroupMember, JobSubmit, JobUpdate, LogList, MemberResult,
-    NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks, Series, StepInfo, StepReport, Task, UserInfo,
-    UserList, UserQuota, UserTickets,
+    ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, ForecastInfo, GroupMember, JobSubmit,
+    JobUpdate, LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks,
+    Series, StepInfo, StepReport, Task, UserInfo, UserList, UserQuota, UserTickets,
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
 from .events import EventLog, LogBook

@@ -156,14 +156,16 @@ class Scheduler:
                     self.held_back[key] = e.key
         workers = d.workers
         if young:
-            run, workers = self._keep_young(run, young, grouped, caps, workers)
+            followers = {k for g in d.groups for k in tuple(g)[1:]}  # (they share their leader's GPUs)
+            run, workers = self._keep_young(run, young, grouped, followers, caps, workers)
         if len(run) == len(d.run) and not self.held_back and workers is d.workers:
             return d
         workers = {k: v for k, v in workers.items() if k in run}
         slowdown = {k: v for k, v in d.slowdown.items() if k in run}
         return msgspec.structs.replace(d, run=run, workers=workers, slowdown=slowdown)
 
-    def _keep_young(self, run: dict, young: list, grouped: set, caps: tuple, workers: dict) -> tuple[dict, dict]:
+    def _keep_young(self, run: dict, young: list, grouped: set, followers: set, caps: tuple,
+                    workers: dict) -> tuple[dict, dict]:
         """``run`` with each run younger than ``min_run`` (oldest job first) kept where it runs: while
         a node (or the cluster) is over capacity, the latest placed start there is held back, or the
         latest move of a running job there is undone (it stays where it runs, at its size). A young run
@@ -177,7 +179,7 @@ class Scheduler:
             trial, dropped, undone = dict(run), [], []
             trial[e.key] = need
             while trial is not None:
-                used, total = _usage(trial, nodes)
+                used, total = _usage(trial, nodes, followers)
                 over = {n for n in range(nodes) if used[n] > caps[n]}
                 if not over and total <= limit:
                     break
@@ -312,10 +314,13 @@ class Scheduler:
         return free
 
 
-def _usage(run: dict, nodes: int) -> tuple[list, int]:
-    """GPUs ``run`` places on each node, and in all."""
+def _usage(run: dict, nodes: int, followers: frozenset = frozenset()) -> tuple[list, int]:
+    """GPUs ``run`` places on each node, and in all (``followers``' placements, a group's members
+    but its leader, are not counted: they share their leader's GPUs)."""
     used, total = [0] * nodes, 0
-    for where in run.values():
+    for key, where in run.items():
+        if key in followers:
+            continue
         for n, g in where:
             total += g
             if 0 <= n < nodes:

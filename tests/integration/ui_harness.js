@@ -14,6 +14,7 @@ const src = fs.readFileSync(script, "utf8").replace('let chosen = null;', `let c
 eval(src + "\n;globalThis.__refresh = refresh;");
 setTimeout(async () => {
   await globalThis.__refresh();
-  console.log(JSON.stringify({jobs: el("jobs").innerHTML, queue: el("queue").innerHTML, cluster: el("cluster").innerHTML || el("cluster").textContent,
+  console.log(JSON.stringify({jobs: el("jobs").innerHTML, queue: el("queue").innerHTML,
+                              cluster: el("cluster").innerHTML || el("cluster").textContent,
                               job: el("job").innerHTML, err: el("err").textContent}));
 }, 300);

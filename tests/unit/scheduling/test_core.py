@@ -478,3 +478,23 @@ def test_the_simulator_never_preempts_a_run_younger_than_min_run():
                 assert t - started[job] >= min_run, (job, started[job], t)
         counts.append(sum(r.preemptions for r in res.jobs))
     assert counts[1] < counts[0], counts
+
+
+def test_min_run_counts_an_interleaving_groups_gpus_once():
+    # a young run is kept beside a new group on the same node: the group's members share 2 GPUs
+    class Grouping(Fixed):
+        def decide(self, s):
+            return Decision(dict(self.run), groups=self.groups)
+
+    table, clock, backend, _, _ = _setup(gpus=(4,), instant=True)
+    policy = Grouping()
+    sched = Scheduler(policy, table, backend, clock, min_run=60.0)
+    for k in ("y", "a", "b"):
+        table.add(Entry(k, 2, 0.0))
+    policy.run, policy.groups = {"y": ((0, 2),)}, ()
+    sched.tick()
+    table.began("y", 1.0)
+    clock.advance(10)
+    policy.run, policy.groups = {"a": ((0, 2),), "b": ((0, 2),)}, (("a", "b"),)
+    kinds = sorted(a.kind.value for a in sched.tick())
+    assert kinds == ["start", "start"] and table.get("y").running and sched.kept_until == {"y": 60.0}

@@ -112,6 +112,10 @@ def get_parser() -> argparse.ArgumentParser:
                    "--gpus; more wait to be admitted); `elastictrain users quota NAME` sets a user's own (0: no limit)")
     c.add_argument("--quota-jobs", type=int, default=0, metavar="N",
                    help="with --policy: every user may have at most N jobs admitted at once (0: no limit)")
+    c.add_argument("--quota-borrow", action="store_true",
+                   help="with --policy and quotas: a job over its user's quota is admitted anyway, on the GPUs the "
+                   "jobs within their quotas leave, and preempted first when they need them (Kueue's borrowing); "
+                   "it counts against the quota once there is room")
     c.add_argument("--priority-preemption", action="store_true",
                    help="with --policy: jobs of a higher `submit --priority` take GPUs from lower ones (preempting "
                    "them; the policy decides within each priority); only the admin may submit above priority 0. "
@@ -380,7 +384,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                         job_env_allow=tuple(_env_patterns(args.job_env_allow)),
                                         protect_startup=not args.preempt_starting, min_run=args.preempt_exempt,
                                         quota_gpus=args.quota_gpus, quota_jobs=args.quota_jobs,
-                                        priority_preemption=args.priority_preemption)
+                                        priority_preemption=args.priority_preemption,
+                                        quota_borrow=args.quota_borrow)
             engine = _engine_config(args)
             serve(ServerConfig(engine=engine, host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                lease=args.lease, advertise_url=args.advertise_url,

@@ -34,6 +34,7 @@ class Admission:
         self.waiting: dict[str, JobRecord] = {}
         self.used: dict[str, list[int]] = {}  # user -> [GPUs, jobs] its admitted jobs count (the last admit())
         self.arrays: dict[str, int] = {}  # job array -> its tasks admitted (the last admit())
+        self.borrowers: set[str] = set()  # admitted over their users' quotas (--quota-borrow)
 
     def dependencies(self, after: list[str]) -> list[str]:
         """``--after`` as "JOB:ok"/"JOB:any", each a known scheduled job that can still satisfy it
@@ -85,6 +86,8 @@ class Admission:
         """Each user's admitted jobs (in the job table): [GPUs they count (their --gpus), jobs]."""
         used: dict[str, list[int]] = {}
         for e in self.s.table.entries():
+            if e.key in self.borrowers:
+                continue  # (over the quota: it does not count against it)
             u = used.setdefault(e.user, [0, 0])
             u[0] += e.max_gpu
             u[1] += 1
@@ -105,6 +108,8 @@ class Admission:
         wait for the quota)."""
         s, quotas = self.s, self.s.quotas
         used = self.usage() if quotas.own or quotas.default.limited else {}  # (no quota anywhere: nothing to count)
+        if self.borrowers:
+            self._within_quota(used)
         now = s.clock.now()
         ready = []
         for rec in list(self.waiting.values()):
@@ -126,6 +131,14 @@ class Admission:
                 kept.append(rec)
             ready = kept
         admitted = quotas.admit(ready, used) if ready else []
+        if s.cfg.quota_borrow and len(admitted) < len(ready):  # over the quota: admitted anyway, preempted first
+            within = {rec.id for rec in admitted}
+            for rec in ready:
+                rec.borrowing = rec.id not in within
+                if rec.borrowing:
+                    self.borrowers.add(rec.id)
+                    s._emit("borrow", rec.id, "", user=rec.user, quota=quotas.of(rec.user).text())
+            admitted = ready
         for rec in admitted:
             del self.waiting[rec.id]
             rec.admitted = True
@@ -139,6 +152,30 @@ class Admission:
         for rec in ready:  # free to run but for the quota: a job just submitted says so
             if rec.id in submitted and rec.id in self.waiting:
                 s._emit("quota_wait", rec.id, "", user=rec.user, why=quotas.why(rec, used))
+
+    def _within_quota(self, used: dict[str, list[int]]) -> None:
+        """Borrowing jobs whose user's quota has room now count against it (by priority, then
+        submission): they leave the borrowers' tier, and the policy sees their priority again."""
+        s = self.s
+        records = [s.records[k] for k in list(self.borrowers) if k in s.records]
+        for rec in sorted(records, key=lambda r: (-r.priority, r.seq)):
+            e = s.table.get(rec.id)
+            if e is None or not rec.borrowing:  # ended, or held (it is admitted afresh when released)
+                self.borrowers.discard(rec.id)
+                rec.borrowing = False
+                s._dirty.add(rec.id)
+                continue
+            u = used.setdefault(rec.user, [0, 0])
+            if s.quotas.of(rec.user).fits(u[0], u[1], rec.gpus):
+                u[0] += rec.gpus
+                u[1] += 1
+                self.borrowers.discard(rec.id)
+                rec.borrowing = False
+                e.priority = s.tier_of(rec)
+                s.table.touch(rec.id)
+                s._dirty.add(rec.id)
+                s._emit("within_quota", rec.id, "", user=rec.user)
+        self.borrowers &= {k for k in self.borrowers if k in s.records}
 
     def _array_full(self, rec: JobRecord) -> bool:
         return bool(rec.array_limit) and self.arrays.get(rec.array, 0) >= rec.array_limit

@@ -113,6 +113,7 @@ class JobRecord(msgspec.Struct):
     time_limit: float = 0.0  # seconds it may hold GPUs in all its runs (0: no limit)
     run_at: float = 0.0  # when its current (or last) run was started (--preempt-exempt counts from it)
     begin: float = 0.0  # the time it may start from (--begin; 0: at once)
+    borrowing: bool = False  # admitted over its user's quota (--quota-borrow): preempted first
 
     @property
     def grouped(self) -> bool:

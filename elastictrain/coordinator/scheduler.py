@@ -35,7 +35,7 @@ import msgspec
 from ..errors import BadRequestError, ConfigError, ConflictError, ForbiddenError, NotFoundError, PolicyError
 from ..model import check_name
 from ..policies.api import EMPTY, create, options_of
-from ..policies.tiers import PriorityTiers
+from ..policies.tiers import BORROW_TIER, PriorityTiers
 from ..runtime.stages import STAGES
 from ..scheduling import Entry, JobStatus, JobTable, Scheduler
 from ..sim.forecast import ForecastJob, forecast
@@ -96,6 +96,9 @@ class ClusterConfig:
     quota_jobs: int = 0
     #: jobs of a higher priority take GPUs from lower ones; the policy decides within each (policies/tiers.py)
     priority_preemption: bool = False
+    #: a job over its user's quota is admitted anyway, on GPUs nobody within a quota needs, and preempted
+    #: first (Kueue's borrowing; admission.py)
+    quota_borrow: bool = False
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval <= 3600:
@@ -149,6 +152,8 @@ class ClusterScheduler:
                 self.table.add(self._entry(rec))
                 if rec.status == "running" and rec.step_run != rec.run:  # its run has not trained yet
                     self.table.restarting(rec.id)
+                if rec.borrowing:
+                    self.admission.borrowers.add(rec.id)
                 if rec.run:  # agents of this run that (re)join after the restart form its round
                     coordinator.rendezvous.expect(rec.id, rec.run, rec.resume_reason if rec.run > 1 else "start",
                                                   rec.restarts)
@@ -181,13 +186,21 @@ class ClusterScheduler:
             tx.put_meta("policy", cfg.policy)
             self.events.write(tx)
 
+    def tier_of(self, rec: JobRecord) -> int:
+        """The priority the policy sees for ``rec``: its own; or, with --quota-borrow, BORROW_TIER while
+        it runs over its user's quota, and 0 otherwise unless priorities preempt."""
+        if rec.borrowing:
+            return BORROW_TIER
+        return rec.priority if self.cfg.priority_preemption or not self.cfg.quota_borrow else 0
+
     def _make_policy(self):
-        """A fresh instance of the configured policy (with tiers under --priority-preemption)."""
+        """A fresh instance of the configured policy (with tiers under --priority-preemption or
+        --quota-borrow)."""
         cfg = self.cfg
         opts = {k: v for k, v in cfg.options.items() if v is not None}
         if "sticky" in (options_of(cfg.policy) or ()):
             opts["sticky"] = True  # a move is a restart here: keep running jobs where they are
-        if cfg.priority_preemption:  # one instance of the policy per priority tier
+        if cfg.priority_preemption or cfg.quota_borrow:  # one instance of the policy per priority tier
             return PriorityTiers(lambda: create(cfg.policy, only_known=True, **opts))
         return create(cfg.policy, only_known=True, **opts)
 
@@ -254,7 +267,7 @@ class ClusterScheduler:
     # ------------------------------------------------------------------ records and entries
     def _entry(self, rec: JobRecord) -> Entry:
         e = Entry(rec.id, rec.workers or rec.gpus, rec.submit_time, model=rec.name, user=rec.user,
-                  min_gpu=rec.min_gpus, max_gpu=rec.gpus, priority=rec.priority)
+                  min_gpu=rec.min_gpus, max_gpu=rec.gpus, priority=self.tier_of(rec))
         e.status = JobStatus(rec.status)
         e.attained, e.attained_gpu, e.accrued_at = rec.attained, rec.attained_gpu, rec.accrued_at or rec.submit_time
         e.pending, e.pending_since, e.start_time, e.preemptions = rec.pending, rec.pending_since, rec.start_time, \
@@ -790,7 +803,7 @@ class ClusterScheduler:
             rec.priority = p
             e = self.table.get(job)
             if e is not None:
-                e.priority = p
+                e.priority = self.tier_of(rec)
                 self.table.touch(job)  # (its policy view: with tiers it moves to the tier of p)
         if limit is not None and limit != rec.time_limit:
             changed["time_limit"] = f"{_limit_text(rec.time_limit)} -> {_limit_text(limit)}"
@@ -840,6 +853,8 @@ class ClusterScheduler:
         info = {k: str(v) for k, v in (note(rec.id) if note is not None and e is not None else {}).items()}
         if e is not None and e.speeds:
             info["speeds"] = ",".join(f"{k}={v:.2f}" for k, v in e.speeds.items())
+        if rec.borrowing:
+            info["quota"] = "borrowing (over its user's quota: preempted first, --quota-borrow)"
         if rec.time_limit:
             used = _held(e, self.clock.now()) if e is not None else None
             info["time_limit"] = f"{rec.time_limit:.0f} s" + (f" ({used:.0f} s used)" if used is not None else "")
@@ -887,6 +902,11 @@ class ClusterScheduler:
         hint = (f" (cordoned, taking nothing new: {', '.join(cordoned)}; `elastictrain nodes uncordon NAME` lifts "
                 "it)") if cordoned else ""
         policy = self.cfg.policy
+        if rec.borrowing:
+            return (f"borrowing: over user {rec.user}'s quota ({self.quotas.of(rec.user).text()}), it runs only on "
+                    f"GPUs the jobs within their quotas leave ({sum(free)} of {total} {unit} free now{hint}), and is "
+                    "preempted first (--quota-borrow); it counts against the quota once the user's other jobs leave "
+                    "room")
         if sum(free) < need:
             above = sum(e.num_gpu for e in self.table.running.values()
                         if e.priority > rec.priority) if self.cfg.priority_preemption else 0
@@ -1109,7 +1129,7 @@ class ClusterScheduler:
         if not self._util or now - self._util[-1][0] >= UTIL_EVERY:
             used = sum(t.slots for n in self.nodes.by_index if n.state == "up" for t in n.tasks if t.alive)
             self._util.append((now, used, sum(n.slots for n in self.nodes.by_index if n.state == "up")))
-        if self.admission.waiting:  # jobs that ended since may have made room in their users' quotas
+        if self.admission.waiting or self.admission.borrowers:  # jobs that ended may have made room in quotas
             self.admission.admit()
         if len(self.table):
             self.sched.tick()

@@ -17,6 +17,10 @@ placements (``(-1, gpus)``) are resolved here, keeping a running job where it is
 With one tier (every job at the default priority 0, say) the policy decides alone, as without
 tiers. A job whose priority changes leaves its old tier's instance (it ended there) and joins
 the new one's (never seen: it arrived).
+
+``BORROW_TIER``, below every priority a job may be given, is where the coordinator puts jobs
+that run over their user's quota (``coordinator --quota-borrow``, Kueue's borrowing): they get
+only the GPUs every other job left, and are preempted first.
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from typing import Callable, Optional
 from .api import ClusterSnapshot, Decision, Policy
 from .placement import any_node, best_node
 
-__all__ = ["PriorityTiers"]
+__all__ = ["PriorityTiers", "BORROW_TIER"]
+
+BORROW_TIER = -1001  # below every priority a job may have (-1000..1000): jobs over their user's quota
 
 
 class PriorityTiers:
@@ -169,7 +175,11 @@ class PriorityTiers:
             nodes = {n for n, _ in j.placement}
             above = sorted({s.by_key[k].priority for k, where in run.items() if k in s.by_key
                             and s.by_key[k].priority > j.priority and any(n in nodes for n, _ in where)})
-            if above:
+            if above and j.priority == BORROW_TIER:
+                notes.append((j.job_id, {"decision": "preempt", "why": (
+                    "it ran on GPUs borrowed over its user's quota, and jobs within their quotas need them "
+                    "(--quota-borrow)")}))
+            elif above:
                 notes.append((j.job_id, {"decision": "preempt", "why": (
                     f"its GPUs went to jobs of priority {above[-1]}, above its {j.priority} (--priority-preemption)")}))
         return notes

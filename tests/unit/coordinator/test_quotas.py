@@ -15,15 +15,15 @@ from .test_cluster_scheduler import World
 
 
 class QuotaWorld(World):
-    def __init__(self, tmp, quota_gpus=0, quota_jobs=0, **kw):
-        self.quota = (quota_gpus, quota_jobs)
+    def __init__(self, tmp, quota_gpus=0, quota_jobs=0, borrow=False, **kw):
+        self.quota, self.borrow = (quota_gpus, quota_jobs), borrow
         super().__init__(tmp, **kw)
 
     def open(self):
         self.c = Coordinator(open_store(str(self.tmp / "db")), self.clock,
                              ClusterConfig(self.policy, dict(self.options), interval=1.0,
                                            node_timeout=self.node_timeout, quota_gpus=self.quota[0],
-                                           quota_jobs=self.quota[1]))
+                                           quota_jobs=self.quota[1], quota_borrow=self.borrow))
         self.s = self.c.cluster
 
     def submit(self, gpus=1, user="alice", **kw):
@@ -119,3 +119,50 @@ def test_the_admission_rule():
     assert QuotaBook({"user_quotas": "not json"}, Quota()).own == {}
     with pytest.raises(ConfigError, match="--quota-gpus must be in"):
         ClusterConfig("fifo", quota_gpus=-1)
+
+
+# ---------------------------------------------------------------- --quota-borrow (Kueue's borrowing)
+def _plans(w, job):
+    return [e.detail.get("why", "") for e in w.s.events.list(0).events if e.kind == "plan" and e.job == job]
+
+
+@pytest.mark.parametrize("policy", ["fifo", "tiresias-l"])
+def test_borrowed_gpus_run_over_the_quota_and_go_back_first(tmp_path, policy):
+    w = QuotaWorld(tmp_path, policy=policy, nodes=1, slots=4, quota_gpus=2, borrow=True)
+    mine = w.submit(2)
+    over = w.submit(2)  # over alice's 2 GPUs: borrowed, since nobody else wants the other 2
+    w.s.tick()
+    assert w.placed() == {mine, over}
+    assert w.s.job(over).info["quota"].startswith("borrowing") and "quota" not in w.s.job(mine).info
+    kinds = [e.kind for e in w.s.events.list(0).events if e.job == over]
+    assert "borrow" in kinds and "quota_wait" not in kinds
+    w.clock.advance(5)
+    bob = w.submit(2, user="bob")  # within bob's quota: the borrowed GPUs go back
+    w.s.tick()
+    assert w.s.job(over).stopping and not w.s.job(mine).stopping
+    assert "borrowed over its user's quota, and jobs within their quotas need them" in _plans(w, over)[-1]
+    w.exit(over, 75)
+    w.s.tick()
+    assert w.placed() == {mine, bob} and w.status(over) == "preempted"
+    assert w.s.job(over).reason.startswith("borrowing: over user alice's quota (2 GPUs)")
+    w.exit(mine, 0)  # alice's quota has room again: the borrower counts against it, and runs
+    w.s.tick()
+    assert "within_quota" in [e.kind for e in w.s.events.list(0).events if e.job == over]
+    assert "quota" not in w.s.job(over).info and w.placed() == {bob, over}
+
+
+def test_a_borrower_keeps_its_state_across_a_restart_and_without_the_flag_nothing_borrows(tmp_path):
+    w = QuotaWorld(tmp_path, policy="fifo", nodes=1, slots=4, quota_gpus=2, borrow=True)
+    w.submit(2)
+    over = w.submit(2)
+    w.s.tick()
+    w.run_all()
+    w.s._flush(everything=True)
+    w.restart()
+    assert w.s.records[over].borrowing and over in w.s.admission.borrowers
+    assert w.s.table.get(over).priority < -1000
+    plain = QuotaWorld(tmp_path / "plain", policy="fifo", nodes=1, slots=4, quota_gpus=2)
+    plain.submit(2)
+    waits = plain.submit(2)
+    plain.s.tick()
+    assert plain.status(waits) == "queued" and waits not in plain.s.table  # it waits for the quota

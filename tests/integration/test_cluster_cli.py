@@ -226,3 +226,22 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
         c.cli("cancel", gate)
     finally:
         c.stop()
+
+
+def test_quota_borrow_runs_a_job_over_its_quota_on_idle_slots(tmp_path):
+    """Kueue's borrowing: with `--quota-borrow` a job over its user's quota runs on slots nobody
+    within a quota wants, and `status` says it borrows."""
+    c = Cluster(tmp_path, "fifo", "--quota-gpus", "1", "--quota-borrow", nodes=1, slots=2).start()
+    try:
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+            f.write("import time\ntime.sleep(6.0)\n")  # (long enough for status to see both run)
+        a = c.cli("submit", "--user", "alice", "--", "nap.py").stdout.strip()
+        b = c.cli("submit", "--user", "alice", "--", "nap.py").stdout.strip()
+        c.wait(lambda st: all({j.id: j.status for j in st.jobs}.get(k) in ("running", "finished") for k in (a, b)),
+               60, "both of alice's jobs to run")
+        assert "borrowing" in c.cli("status", "--job", b).stdout
+        c.wait(lambda st: all({j.id: j.status for j in st.jobs}.get(k) == "finished" for k in (a, b)), 60, "the end")
+        kinds = [e.kind for e in c.client.events(0).events if e.job == b]
+        assert "borrow" in kinds and "quota_wait" not in kinds, kinds
+    finally:
+        c.stop()

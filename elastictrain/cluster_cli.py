@@ -415,6 +415,23 @@ def _status(args) -> int:
     return 0
 
 
+def _expected(client, job: str) -> str:
+    """One job's line of the forecast (``status --start``), for ``status JOB``."""
+    from .sim.forecast import when
+
+    try:
+        f = client.cluster_forecast()
+    except (ConflictError, NotFoundError):
+        return "no forecast (this coordinator runs no policy)"
+    j = next((x for x in f.jobs if x.id == job), None)
+    if j is None or j.why:
+        return f"no forecast: {j.why if j is not None else 'not in the job table'}"
+    start = "runs now" if j.status == "running" else f"starts {when(None if j.start is None else j.start - f.now)}"
+    end = f"ends {when(j.end - f.now)}" if j.end is not None else "does not end within the forecast"
+    assumed = f" (assuming {'; '.join(j.assumed)})" if j.assumed else ""
+    return f"{start}, {end}{assumed}; `status --start` for every job"
+
+
 def _forecast(client, job: Optional[str], as_json: bool) -> int:
     from .sim.forecast import when
 
@@ -610,6 +627,8 @@ def _job_status(client, job: str, as_json: bool) -> int:
             print("  policy: " + ", ".join(f"{k} {v}" for k, v in info.info.items()))
         if info.reason:
             print(f"  reason: {info.reason}")
+        if info.status in ("queued", "preempted", "running"):
+            print(f"  expected: {_expected(client, info.id)}")
     if rdzv is not None:
         live = (info is None or info.status == "running") and _live(rdzv)
         where = f"generation {rdzv.generation}, world size {rdzv.world_size}" if live else \

@@ -54,6 +54,7 @@ def test_submit_status_forecast_logs_cancel_and_a_failure_with_its_root_cause(cl
     assert row[1:6] == ["long", "default", "running", "1", "running"] and row[6].startswith("in"), fc
     data = json.loads(c.cli("status", "--start", "--json", long).stdout)
     assert [j["id"] for j in data["jobs"]] == [long] and data["jobs"][0]["end"] > data["now"], data
+    assert "  expected: runs now, ends in " in c.cli("status", long).stdout  # scontrol show job's StartTime
     logs = c.cli("logs", ok).stdout
     assert "[default0]:[train] done: 30 steps" in logs, logs[-2000:]
     assert c.cli("cancel", long).stdout.strip() == f"job {long} cancelled"

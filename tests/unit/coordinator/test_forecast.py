@@ -84,3 +84,30 @@ def test_the_simulation_is_bounded_and_says_what_it_covers():
     big = forecast(create("fifo"), [ForecastJob("big", 4, 0.0, 1.0, 10, 10)], (2, 0))  # a node drained
     assert big.never == {"big": "needs 4 GPUs but the cluster has 2 GPUs"}
     assert when(None) == "-" and when(0.2) == "now" and when(4000) == "in 1h 6m" and when(90000) == "in 1d 1h"
+
+
+@pytest.mark.parametrize("policy", ["autoscale", "fifo-be", "gandiva-fair", "gandiva-fair-global", "gandiva-ts",
+                                    "muri-l", "muri-s", "srsf", "tiresias-g", "yarn-cs"])
+@pytest.mark.parametrize("flags", [{}, {"priority_preemption": True, "quota_borrow": True, "min_run": 30.0}])
+def test_every_policy_forecasts(tmp_path, policy, flags):
+    from elastictrain.coordinator.app import Coordinator
+    from elastictrain.coordinator.scheduler import ClusterConfig
+    from elastictrain.coordinator.store import open_store
+
+    class World(TierWorld):
+        def open(self):
+            self.c = Coordinator(open_store(str(self.tmp / "db")), self.clock,
+                                 ClusterConfig(self.policy, dict(self.options), interval=1.0, **flags))
+            self.s = self.c.cluster
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[3]
+    opts = {"distribution": str(root / "traces" / "tiresias" / "yarn-gput1000.csv")} if policy == "tiresias-g" else {}
+    w = World(tmp_path, policy=policy, nodes=2, slots=2, **opts)
+    jobs = [w.s.submit(JobSubmit(["train.py"], str(tmp_path), gpus=g, steps=50, min_gpus=1 if g == 2 else None,
+                                 stage_times={"load": 0.01, "compute": 0.02})).id for g in (2, 1, 2, 1, 2)]
+    w.s.tick()
+    w.run_all()
+    _steps(w, jobs[0], 0.5, 4)
+    f = asyncio.run(w.s.forecast())
+    assert {j.id for j in f.jobs} == set(jobs) and f.wall < 3.0
+    assert all(j.start is not None or not f.complete or j.why for j in f.jobs), f

@@ -68,6 +68,7 @@ ASSUMED_REMAINING = 3600.0  # seconds of work left when a job gives neither --st
 MAX_BEGIN = 366 * 86_400.0  # how far ahead --begin may be (seconds)
 FORECAST_BUDGET = 2.0  # seconds of wall time a forecast (status --start) may simulate for
 FORECAST_TTL = 5.0  # seconds a forecast answers every request while nothing is decided (one simulation at a time)
+FORECAST_SLOW_TTL = 30.0  # the same for a forecast that took half its budget or more, decisions or not
 UTIL_POINTS, UTIL_EVERY = 1800, 2.0  # the utilization chart: an hour at one point per 2 s
 STEP_POINTS, STEP_JOBS = 600, 2000  # step history points per job, jobs kept
 EXTRAPOLATE_MIN = 30.0  # seconds a run's progress is carried past its last step report, at least
@@ -209,13 +210,18 @@ class ClusterScheduler:
         simulated from the cluster as it is (sim/forecast.py), in a worker thread. One runs at a
         time, and its answer serves every request for ``FORECAST_TTL`` seconds while the scheduler
         decides nothing new (callers meanwhile share it): a client asking in a loop costs one
-        simulation per TTL, not one per request."""
+        simulation per TTL, not one per request. A forecast that took half its wall-time budget or
+        more serves for ``FORECAST_SLOW_TTL`` seconds, decisions or not (the status page asks every
+        2 s while a job waits)."""
         cached, decisions = self._forecast, self.sched.decisions
         if cached is not None and not cached.done():
             return await asyncio.shield(cached)
-        if cached is not None and cached.exception() is None and decisions == self._forecast_at \
-                and self.clock.now() - cached.result().now < FORECAST_TTL:
-            return cached.result()
+        if cached is not None and cached.exception() is None:
+            last = cached.result()
+            ttl = FORECAST_SLOW_TTL if last.wall >= FORECAST_BUDGET / 2 else \
+                FORECAST_TTL if decisions == self._forecast_at else 0.0
+            if self.clock.now() - last.now < ttl:
+                return last
         self._forecast, self._forecast_at = asyncio.ensure_future(self._simulate_forecast()), decisions
         return await asyncio.shield(self._forecast)
 

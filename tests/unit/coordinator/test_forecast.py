@@ -48,6 +48,20 @@ def test_fifo_a_waiting_job_starts_when_the_running_one_ends(tmp_path):
     assert asyncio.run(w.s.forecast()) is not again
 
 
+def test_a_slow_forecast_is_shared_for_30_s(tmp_path, monkeypatch):
+    import elastictrain.coordinator.scheduler as scheduler
+
+    monkeypatch.setattr(scheduler, "FORECAST_BUDGET", 0.0)  # (every forecast then took "half its budget")
+    w = TierWorld(tmp_path, preempt=False, policy="fifo", nodes=1, slots=2)
+    w.submit(2, steps=10)
+    f = asyncio.run(w.s.forecast())
+    w.clock.advance(20)
+    w.s.tick()
+    assert asyncio.run(w.s.forecast()) is f  # a decision since, and still the same answer
+    w.clock.advance(11)
+    assert asyncio.run(w.s.forecast()) is not f
+
+
 def test_priority_tiers_and_a_held_job(tmp_path):
     w = TierWorld(tmp_path, policy="srtf", nodes=1, slots=2)
     low = w.submit(2, steps=1000)

@@ -99,9 +99,10 @@ def add_commands(sub) -> None:
                    help="--dry-run --backend kubernetes: the namespace [ET_K8S_NAMESPACE]")
     s.add_argument("--nodes", default=None, metavar="N1:G1,N2:G2",
                    help="--dry-run: the placement to show (default: one node, n1, with all the job's GPUs)")
-    s.add_argument("--after", action="append", default=[], metavar="JOB[:any]",
+    s.add_argument("--after", action="append", default=[], metavar="JOB[:any]|singleton",
                    help="run only once JOB finished (JOB:any: once it ended, however); repeatable, or JOB,JOB "
-                   "(Slurm's --dependency=afterok / afterany). If JOB fails, this job is cancelled, saying why")
+                   "(Slurm's --dependency=afterok / afterany). If JOB fails, this job is cancelled, saying why. "
+                   "singleton: once every earlier job of this --name and user ended (one at a time)")
     s.add_argument("--hold", action="store_true", help="submit on hold: it runs after `elastictrain release JOB`")
     s.add_argument("--begin", type=begin_time, default=None, metavar="TIME",
                    help="do not start it before TIME (Slurm's --begin): now+90m, now+2h, now+1d, 16:00 (today, or "

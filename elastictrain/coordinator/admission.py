@@ -46,6 +46,10 @@ class Admission:
         records = self.s.records
         out: list[str] = []
         for item in after:
+            if item == "singleton":  # Slurm's --dependency=singleton: one job of this name and user at a time
+                if item not in out:
+                    out.append(item)
+                continue
             job, _, kind = item.partition(":")
             check_name("job", job)
             kind = kind or "ok"
@@ -70,6 +74,10 @@ class Admission:
         """The jobs ``rec`` still waits for, and why it never can run ("" while it can)."""
         left = []
         for item in rec.after:
+            if item == "singleton":  # every earlier job of its name and user that has not ended
+                left += [k for k, r in self._alive() if r.seq < rec.seq and r.user == rec.user and r.name == rec.name
+                         and k not in left]
+                continue
             job, _, kind = item.partition(":")
             dep = self.s.records.get(job)
             status = dep.status if dep is not None else "cancelled"
@@ -81,6 +89,12 @@ class Admission:
                               "after an end of any kind")
             left.append(job)
         return left, ""
+
+    def _alive(self):
+        """(id, record) of every job not ended: admitted (in the job table) or waiting here."""
+        for e in self.s.table.entries():
+            yield e.key, e.data["job"]
+        yield from self.waiting.items()
 
     def usage(self) -> dict[str, list[int]]:
         """Each user's admitted jobs (in the job table): [GPUs they count (their --gpus), jobs]."""
@@ -191,7 +205,9 @@ class Admission:
         left = self.waits_for(rec)[0]
         if left:
             what = "finish" if all(f"{j}:ok" in rec.after for j in left) else "end"
-            return f"waiting for job{'s' if len(left) > 1 else ''} {', '.join(left)} to {what} (--after)"
+            single = f"; singleton: one job named {rec.name} of user {rec.user} at a time" \
+                if "singleton" in rec.after else ""
+            return f"waiting for job{'s' if len(left) > 1 else ''} {', '.join(left)} to {what} (--after{single})"
         if self._array_full(rec):
             return (f"waiting: array {rec.array} runs at most {rec.array_limit} tasks at once (--array ...%"
                     f"{rec.array_limit})")

@@ -167,3 +167,24 @@ def test_begin_times_as_slurm_writes_them():
     for bad in ("tomorrow", "now+", "now+2w", "25:00", "2026-13-01"):
         with pytest.raises(argparse.ArgumentTypeError, match="--begin"):
             begin_time(bad, now)
+
+
+def test_singleton_runs_one_job_of_a_name_and_user_at_a_time(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=4)
+    first = _submit(w, name="train", after=["singleton"])
+    second = _submit(w, name="train", after=["singleton"])
+    third = _submit(w, name="train", after=["singleton"])
+    other = _submit(w, name="eval", after=["singleton"])  # another name: not held by them
+    w.s.tick()
+    w.run_all()
+    assert [w.status(j) for j in (first, second, third, other)] == ["running", "queued", "queued", "running"]
+    assert w.s.job(third).reason == (f"waiting for jobs {first}, {second} to end (--after; singleton: one job named "
+                                     "train of user default at a time)")
+    w.exit(first, 1)  # it failed: singleton waits for an end of any kind
+    w.s.tick()
+    w.run_all()
+    assert [w.status(j) for j in (first, second, third)] == ["failed", "running", "queued"]
+    w.s.cancel(second)
+    w.s.tick()
+    w.run_all()
+    assert w.status(third) == "running"

@@ -246,3 +246,24 @@ def test_quota_borrow_runs_a_job_over_its_quota_on_idle_slots(tmp_path):
         assert "borrow" in kinds and "quota_wait" not in kinds, kinds
     finally:
         c.stop()
+
+
+def test_a_forecast_start_comes_true(tmp_path):
+    """`status --start` on real jobs: the queued job starts about when the forecast said (its wait
+    is the running job's steps left at its measured step time)."""
+    c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
+    try:
+        a = c.cli("submit", "--gpus", "2", "--steps", "60", "--", WORKER, "--epochs", "2", "--step-sleep", "0.15",
+                  "--ckpt-dir", "ck-a", "--out", "a.json").stdout.strip()
+        c.wait(lambda st: {j.id: j.step for j in st.jobs}.get(a, 0) >= 20, 120, "a to train 20 steps")
+        b = c.cli("submit", "--gpus", "2", "--steps", "10", "--", WORKER, "--ckpt-dir", "ck-b",
+                  "--out", "b.json").stdout.strip()
+        f = json.loads(c.cli("status", "--start", "--json", b).stdout)
+        predicted, asked = f["jobs"][0]["start"], f["now"]
+        assert predicted is not None and predicted > asked, f
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(b) in ("running", "finished"), 120, "b to start")
+        actual = c.client.cluster_job(b).start_time
+        print(f"forecast: asked at {asked:.2f}, start predicted in {predicted - asked:.2f} s, came in {actual - asked:.2f} s")
+        assert abs(actual - predicted) <= max(3.0, 0.3 * (predicted - asked)), (asked, predicted, actual)
+    finally:
+        c.stop()

@@ -455,6 +455,8 @@ def _forecast(client, job: Optional[str], as_json: bool) -> int:
     for j in jobs:
         if j.why:
             print(f"  job {j.id}: {j.why}")
+    if f.stopped:
+        print(f"  the simulation stopped early ({f.stopped}); the times above are what it got to")
     return 0
 
 

@@ -548,6 +548,7 @@ class ClusterForecast(_Msg):
     complete: bool  # every job ends within it
     wall: float  # seconds it took
     jobs: list[ForecastInfo]
+    stopped: str = ""  # why the simulation stopped early where it failed (what it got so far stands)
 
 
 class NodeSlots(_Msg):

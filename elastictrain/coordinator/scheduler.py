@@ -258,7 +258,9 @@ class ClusterScheduler:
             out.append(ForecastInfo(rec.id, rec.name, rec.user, rec.status, rec.gpus,
                                     None if start is None else now + start, None if end is None else now + end,
                                     why, self._forecast_assumes(rec)))
-        return ClusterForecast(self.cfg.policy, now, now + f.reached, f.complete, round(f.wall, 3), out)
+        if f.stopped:
+            log.warning("forecast: the simulation stopped early: %s", f.stopped)
+        return ClusterForecast(self.cfg.policy, now, now + f.reached, f.complete, round(f.wall, 3), out, f.stopped)
 
     def _forecast_assumes(self, rec: JobRecord) -> list[str]:
         """What a forecast assumes of ``rec`` (what it did not measure or was not told)."""
@@ -685,7 +687,7 @@ class ClusterScheduler:
             raise ConfigError(f"--begin is {(req.begin - now) / 86_400:.0f} days from now; it may be at most 366 days "
                               "ahead (give a nearer time, or submit later)")
         quota = self.quotas.of(user)
-        if quota.gpus is not None and req.gpus > quota.gpus:
+        if quota.gpus is not None and req.gpus > quota.gpus and not self.cfg.quota_borrow:
             raise ConfigError(f"the job asks for {req.gpus} GPUs (--gpus) but user {user}'s quota is {quota.gpus}: "
                               f"it could never be admitted; lower --gpus to {quota.gpus} or less, or ask an admin to "
                               f"raise the quota (`elastictrain users quota {user} --gpus {req.gpus}`)")

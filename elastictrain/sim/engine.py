@@ -159,7 +159,7 @@ class Simulator:
         self.protect_startup, self.min_run = protect_startup, min_run
         # job id -> its state when the simulation starts (a forecast from a live cluster, sim/forecast.py):
         # attained, attained_gpu, preemptions, remaining (iterations), restart_cost, placement (running), and
-        # run_age (seconds its run has run: what min_run counts)
+        # run_age (seconds its run has run: what min_run counts), priority (any int: the tier a policy sees)
         self.prior = prior or {}
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
@@ -361,6 +361,8 @@ class Simulator:
         e.preemptions = p.get("preemptions", 0)
         e.remaining_iterations = p.get("remaining", e.remaining_iterations)
         e.restart_cost = p.get("restart_cost", e.restart_cost)
+        e.priority = p.get("priority", e.priority)
+        table.touch(e.key)  # (its view was made as it arrived)
         where = p.get("placement")
         if where:
             table.start(e.key, tuple(where), (), now)

@@ -58,6 +58,7 @@ class Forecast:
     reached: float = 0.0  # seconds from now the simulation covered
     complete: bool = False  # every job ended within it
     wall: float = 0.0
+    stopped: str = ""  # why the simulation stopped early, if it failed (what it got so far stands)
 
 
 class _OutOfTime(Exception):
@@ -81,12 +82,19 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
     # (a node down or drained offers 0 GPUs, as it does to the live policy)
     cluster = ClusterSpec(1, nodes, max(gpus_per_node), tuple(node_types), tuple(gpus_per_node))
     specs, prior, keys = [], {}, []
+    free = list(gpus_per_node)
     for i, j in enumerate(jobs):  # (in the table's order: arrival order is what FIFO-like policies keep)
+        where = tuple(j.placement)
+        if where and all(0 <= n < nodes and free[n] >= g for n, g in where):
+            for n, g in where:
+                free[n] -= g
+        else:  # on a node gone, or sharing its GPUs (an interleaving group's member): placed afresh
+            where = ()
         specs.append(JobSpec(i, j.gpus, 0.0, max(j.iterations, j.remaining, 1e-9), max(j.iteration_time, 1e-9),
-                             j.model, tuple(j.stage_times), j.user, tuple(j.speeds), j.priority))
+                             j.model, tuple(j.stage_times), j.user, tuple(j.speeds)))
         prior[i] = {"attained": j.attained, "attained_gpu": j.attained_gpu, "preemptions": j.preemptions,
-                    "remaining": max(j.remaining, 1e-9), "restart_cost": j.restart_cost,
-                    "placement": tuple(j.placement), "run_age": j.run_age}
+                    "remaining": max(j.remaining, 1e-9), "restart_cost": j.restart_cost, "placement": where,
+                    "run_age": j.run_age, "priority": j.priority}
         keys.append(j.key)
     log: list = []
 
@@ -103,8 +111,11 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
             out.never[keys[job_id]] = why
     except _OutOfTime as stop:
         out.reached = stop.args[0]
-    for j in jobs:
-        if j.placement:
+    except Exception as exc:  # (a policy that fails, or a simulation that stalls: what it got so far)
+        out.reached = log[-1][0] if log else 0.0
+        out.stopped = f"{type(exc).__name__}: {exc}"[:500]
+    for i, j in enumerate(jobs):
+        if prior[i]["placement"]:
             out.start[j.key] = 0.0
     for t, kind, job_id, _ in log:
         key = keys[job_id]

@@ -125,3 +125,41 @@ def test_every_policy_forecasts(tmp_path, policy, flags):
     f = asyncio.run(w.s.forecast())
     assert {j.id for j in f.jobs} == set(jobs) and f.wall < 3.0
     assert all(j.start is not None or not f.complete or j.why for j in f.jobs), f
+
+
+def test_a_borrower_a_shared_placement_and_a_failing_policy_still_forecast():
+    from elastictrain.policies.api import Decision
+    from elastictrain.policies.tiers import BORROW_TIER, PriorityTiers
+
+    tiers = PriorityTiers(lambda: create("fifo"))
+    jobs = [ForecastJob("a", 2, 0.0, 1.0, 100, 50, placement=((0, 2),)),
+            ForecastJob("b", 2, 0.0, 1.0, 100, 50, placement=((0, 2),)),  # a group member: its GPUs are a's
+            ForecastJob("c", 2, 0.0, 1.0, 10, 10, priority=BORROW_TIER)]  # over its user's quota
+    f = forecast(tiers, jobs, (2, 2))  # b goes to the other node; c, below every priority, waits for GPUs
+    assert f.complete and not f.stopped and f.start == {"a": 0.0, "b": 0.0, "c": 50.0}
+    assert f.end == {"a": 50.0, "b": 50.0, "c": 60.0}
+
+    class Broken:
+        name = "broken"
+
+        def decide(self, s):
+            if s.now > 5:
+                raise RuntimeError("a bug in a user's policy")
+            return Decision({j.job_id: ((0, 1),) for j in s.jobs[:1]}, wakeup=10.0)
+
+    f = forecast(Broken(), [ForecastJob("x", 1, 0.0, 1.0, 100, 100), ForecastJob("y", 1, 0.0, 1.0, 5, 5)], (1,))
+    assert f.stopped.startswith("PolicyError: ") and "a bug in a user's policy" in f.stopped
+    assert f.start == {"x": 0.0} and not f.complete
+
+
+def test_borrowers_forecast_and_a_job_bigger_than_its_quota_may_borrow(tmp_path):
+    from .test_quotas import QuotaWorld
+
+    w = QuotaWorld(tmp_path, policy="fifo", nodes=1, slots=4, quota_gpus=2, borrow=True)
+    a = w.submit(2, steps=20)
+    big = w.submit(3, steps=20)  # more than alice's 2 GPUs: it can only ever borrow, so it may
+    w.s.tick()
+    w.run_all()
+    assert w.s.records[big].borrowing
+    got = {j.id: j for j in asyncio.run(w.s.forecast()).jobs}
+    assert got[big].start is not None and got[big].start >= got[a].end - 1e-6, got  # once a's GPUs are free

@@ -830,25 +830,16 @@ def _cancel(args) -> int:
 
 
 def _update(args) -> int:
-    from .errors import ConfigError, ConflictError, NotFoundError
+    from .errors import ConfigError
     from .wire import JobUpdate
 
     if args.priority is None and args.time is None:
         raise ConfigError("update: nothing to change; give --priority N or --time LIMIT")
     client = _client(args)
     req = JobUpdate(priority=args.priority, time_limit=args.time)
-    try:
-        infos = [client.update_job(args.job, req)]
-    except NotFoundError:  # a job array's id: each of its tasks not ended (as scontrol update on an array)
-        tasks = [j for j in _array_tasks(client, args.job) if j.status not in ("finished", "failed", "cancelled")]
-        if not tasks:
-            raise
-        infos = []
-        for j in tasks:
-            try:
-                infos.append(client.update_job(j.id, req))
-            except ConflictError:  # it ended meanwhile
-                continue
+    # a job array's id: each of its tasks not ended (as scontrol update on an array)
+    infos, _ = _each_task(client, args.job, lambda job: client.update_job(job, req),
+                          ("finished", "failed", "cancelled"), none_left_missing=True)
     for info in infos:
         limit = info.info.get("time_limit", "none")
         print(f"job {info.id} updated: priority {info.priority}, time limit {limit} ({info.status})")
@@ -916,29 +907,38 @@ def _array_tasks(client, job: str) -> list:
     return sorted(tasks, key=lambda j: int(j.id[len(job) + 1:]))
 
 
+def _each_task(client, job: str, act, skip: tuple, none_left_missing: bool = False) -> tuple[list, Optional[list]]:
+    """``act(job)``; where ``job`` is a job array's id, ``act`` on each of its tasks whose status is
+    not in ``skip`` (one that changed meanwhile, a 409, is passed over), as scontrol does. Returns
+    the answers, and the array's tasks (None: ``job`` was a job). A job that is not there, nor an
+    array (or, with ``none_left_missing``, an array with no task left to act on), stays a 404."""
+    try:
+        return [act(job)], None
+    except NotFoundError:
+        tasks = _array_tasks(client, job)
+        if not tasks or (none_left_missing and all(j.status in skip for j in tasks)):
+            raise
+    infos = []
+    for j in tasks:
+        if j.status in skip:
+            continue
+        try:
+            infos.append(act(j.id))
+        except ConflictError:
+            continue
+    return infos, tasks
+
+
 def _hold(args) -> int:
-    from .errors import ConflictError, NotFoundError
 
     client = _client(args)
     act, done = (client.hold_job, "held") if args.command == "hold" else (client.release_job, "released")
-    try:
-        infos = [act(args.job)]
-    except NotFoundError:  # a job array's id: each of its waiting (hold) or held (release) tasks, as scontrol
-        tasks = _array_tasks(client, args.job)
-        if not tasks:
-            raise
-        infos = []
-        for j in tasks:
-            if j.status in ("running", "finished", "failed", "cancelled"):
-                continue
-            try:
-                infos.append(act(j.id))
-            except ConflictError:  # started meanwhile, or (release) not on hold
-                continue
-        if not infos:
-            raise ConflictError(f"job array {args.job}: no task of its {len(tasks)} is "
-                                + ("waiting, so none can be held (a hold applies to waiting tasks)"
-                                   if args.command == "hold" else "on hold")) from None
+    # a job array's id: each of its waiting (hold) or held (release) tasks, as scontrol
+    infos, tasks = _each_task(client, args.job, act, ("running", "finished", "failed", "cancelled"))
+    if tasks is not None and not infos:
+        raise ConflictError(f"job array {args.job}: no task of its {len(tasks)} is "
+                            + ("waiting, so none can be held (a hold applies to waiting tasks)"
+                               if args.command == "hold" else "on hold"))
     for info in infos:
         print(f"job {info.id} {done}: {info.reason or info.status}")
     return 0

@@ -20,6 +20,7 @@ __all__ = ["DatasetSpec", "JobSpec", "NAME_RE", "CHECKPOINT_RE", "NAME_PATTERN",
 #: ``._-``, starting with a letter or digit: no path separator, no "..", no NUL, no newline,
 #: nothing that needs quoting. The wire schemas (``elastictrain.wire``) use the same patterns.
 NAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # a job's priority (submit --priority; policies/tiers.py's tiers)
 CHECKPOINT_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}"
 NAME_PATTERN = re.compile(NAME_RE)
 _CHECKPOINT = re.compile(CHECKPOINT_RE)
@@ -155,8 +156,8 @@ class JobSpec:
                 and isinstance(g, int) and g >= 1 and 0 <= s < math.inf and 0 < i < math.inf and 0 < t < math.inf):
             raise ConfigError(f"job {self.job_id}: need num_gpu >= 1 (an integer), and finite iterations > 0, "
                               f"iteration_time > 0 and submit_time >= 0")
-        if self.priority and not (isinstance(self.priority, int) and -1000 <= self.priority <= 1000):
-            raise ConfigError(f"job {self.job_id}: priority must be an integer from -1000 to 1000, got "
+        if self.priority and not (isinstance(self.priority, int) and MIN_PRIORITY <= self.priority <= MAX_PRIORITY):
+            raise ConfigError(f"job {self.job_id}: priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got "
                               f"{self.priority!r}")
 
     @property

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional
 
 import msgspec
 
-from .model import CHECKPOINT_RE, NAME_RE, DatasetSpec
+from .model import CHECKPOINT_RE, MAX_PRIORITY, MIN_PRIORITY, NAME_RE, DatasetSpec
 
 API_VERSION = 1
 
@@ -480,7 +480,7 @@ class JobSubmit(_Msg, omit_defaults=True):
     workdir: Path
     name: Optional[Name] = None
     user: Name = "default"
-    priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
+    priority: Annotated[int, msgspec.Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)] = 0
     gpus: Gpus = 1
     #: elastic jobs: the fewest workers the job may run with (None: rigid, always ``gpus``)
     min_gpus: Optional[Gpus] = None
@@ -518,7 +518,7 @@ class JobUpdate(_Msg, omit_defaults=True):
     given changes, the rest stays. A user may lower its own job's priority and time limit; only
     the admin may raise them (see ``ClusterScheduler.update``)."""
 
-    priority: Optional[Annotated[int, msgspec.Meta(ge=-1000, le=1000)]] = None
+    priority: Optional[Annotated[int, msgspec.Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]] = None
     #: seconds it may hold GPUs in all its runs (as ``JobSubmit.time_limit``); 0 lifts the limit
     time_limit: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=366 * 86_400.0)]] = None
 
@@ -805,7 +805,7 @@ class UserQuota(_Msg, omit_defaults=True):
     jobs: Optional[Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]] = None
     default: bool = False
     #: the highest priority the user may give its jobs under ``--priority-preemption`` (None: 0)
-    max_priority: Optional[Annotated[int, msgspec.Meta(ge=0, le=1000)]] = None
+    max_priority: Optional[Annotated[int, msgspec.Meta(ge=0, le=MAX_PRIORITY)]] = None
 
 
 class UserInfo(_Msg, omit_defaults=True):

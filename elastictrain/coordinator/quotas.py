@@ -27,13 +27,12 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from ..errors import ConfigError
-from ..model import check_name
+from ..model import MAX_PRIORITY, check_name
 
 __all__ = ["Quota", "QuotaBook", "META_KEY", "CAPS_KEY", "MAX_QUOTA", "MAX_PRIORITY"]
 
 META_KEY = "user_quotas"
 CAPS_KEY = "user_max_priorities"
-MAX_PRIORITY = 1000  # (JobSubmit.priority's range)
 MAX_QUOTA = 1_000_000
 MAX_USERS = 100_000
 

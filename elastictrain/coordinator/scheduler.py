@@ -33,7 +33,7 @@ from typing import Optional
 import msgspec
 
 from ..errors import BadRequestError, ConfigError, ConflictError, ForbiddenError, NotFoundError, PolicyError
-from ..model import check_name
+from ..model import MAX_PRIORITY, check_name
 from ..policies.api import EMPTY, create, options_of
 from ..policies.tiers import BORROW_TIER, PriorityTiers
 from ..runtime.stages import STAGES
@@ -798,7 +798,7 @@ class ClusterScheduler:
         p, limit = req.priority, req.time_limit
         if who.role != "admin":
             cap = self.quotas.max_priority(rec.user)
-            if p is not None and p > max(rec.priority, cap if self.cfg.priority_preemption else 1000):
+            if p is not None and p > max(rec.priority, cap if self.cfg.priority_preemption else MAX_PRIORITY):
                 raise ForbiddenError(f"priority {p}: a user may lower its job's priority (now {rec.priority}) or set "
                                      f"it at {cap} or below (user {rec.user}'s highest); only the admin may raise it "
                                      "above that (this coordinator preempts by priority: --priority-preemption)")

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from ..model import MIN_PRIORITY
 from .api import ClusterSnapshot, Decision, Policy
 from .placement import any_node, best_node
 
 __all__ = ["PriorityTiers", "BORROW_TIER"]
 
-BORROW_TIER = -1001  # below every priority a job may have (-1000..1000): jobs over their user's quota
+BORROW_TIER = MIN_PRIORITY - 1  # below every priority a job may have: jobs over their user's quota
 
 
 class PriorityTiers:

@@ -812,20 +812,15 @@ def _history(args) -> int:
 
 
 def _cancel(args) -> int:
-    from .errors import NotFoundError
+    from .errors import ConflictError
 
     client = _client(args)
-    try:
-        info = client.cancel(args.job)
-    except NotFoundError:  # a job array's id: each of its tasks still queued or running (as scancel)
-        tasks = _array_tasks(client, args.job)
-        if not tasks:
-            raise
-        for j in tasks:
-            if j.status not in ("finished", "failed", "cancelled"):
-                print(f"job {client.cancel(j.id).id} cancelled")
-        return 0
-    print(f"job {info.id} cancelled")
+    # a job array's id: each of its tasks still queued or running (as scancel; one that ended meanwhile is passed over)
+    infos, tasks = _each_task(client, args.job, client.cancel, ("finished", "failed", "cancelled"))
+    if tasks is not None and not infos:
+        raise ConflictError(f"job array {args.job}: each of its {len(tasks)} tasks has ended; nothing to cancel")
+    for info in infos:
+        print(f"job {info.id} cancelled")
     return 0
 
 

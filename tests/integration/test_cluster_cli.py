@@ -224,6 +224,8 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
         assert again.returncode != 0 and f"job array {base}: no task of its 2 is on hold" in again.stderr
         out = c.cli("cancel", base).stdout
         assert out.splitlines() == [f"job {t} cancelled" for t in waiting], out
+        again = c.cli("cancel", base, check=False)  # every task ended: a 409 that says so, not a silent 0
+        assert again.returncode != 0 and f"job array {base}: each of its 2 tasks has ended" in again.stderr, again
         c.cli("cancel", gate)
     finally:
         c.stop()

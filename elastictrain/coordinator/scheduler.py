@@ -166,8 +166,7 @@ class ClusterScheduler:
         state = loaded.meta.get("policy_state")
         if previous == cfg.policy and state and hasattr(self.policy, "import_state"):
             try:
-                views = [e.view(e.key in self.table.starting) for e in self.table.entries()]
-                self.policy.import_state(json.loads(state), views)
+                self._give_memory(self.policy, state)
             except (ValueError, TypeError, KeyError) as exc:
                 log.error("could not restore the %s policy's memory (%s); it relearns from the jobs", cfg.policy, exc)
         elif previous and previous != cfg.policy:
@@ -193,6 +192,12 @@ class ClusterScheduler:
         if rec.borrowing:
             return BORROW_TIER
         return rec.priority if self.cfg.priority_preemption or not self.cfg.quota_borrow else 0
+
+    def _give_memory(self, policy, state: str) -> None:
+        """Restore a policy's memory (``export_state``'s JSON) into ``policy``, with the table's jobs:
+        the running policy's after a restart, or a fresh instance's for a forecast."""
+        views = [e.view(e.key in self.table.starting) for e in self.table.entries()]
+        policy.import_state(json.loads(state), views)
 
     def _make_policy(self):
         """A fresh instance of the configured policy (with tiers under --priority-preemption or
@@ -228,9 +233,10 @@ class ClusterScheduler:
     async def _simulate_forecast(self) -> ClusterForecast:
         now = self.clock.now()
         self.table.accrue(now)
-        for e in self.table.running.values():
-            self._measure(e.data["job"], e)
-        jobs = [ForecastJob(e.key, e.num_gpu, e.submit_time, e.iteration_time, e.iterations, e.remaining_iterations,
+        # (a read: the entries as the last round or step report measured them, but a running job's
+        # work left counts the steps it has made since its last report, as a round would)
+        jobs = [ForecastJob(e.key, e.num_gpu, e.submit_time, e.iteration_time, e.iterations,
+                            self._left(e.data["job"], e) if e.running else e.remaining_iterations,
                             e.user, e.priority, e.model, tuple(e.stage_times), tuple(e.speeds.items()),
                             e.attained, e.attained_gpu, e.preemptions, e.restart_cost,
                             tuple(e.placement) if e.running else (), max(0.0, now - e.run_at))
@@ -238,10 +244,8 @@ class ClusterScheduler:
         policy = self._make_policy()
         if hasattr(policy, "set_tickets") and self.users.tickets:
             policy.set_tickets(dict(self.users.tickets))
-        state = getattr(self.policy, "export_state", None)
-        if state is not None and hasattr(policy, "import_state"):
-            views = [e.view(e.key in self.table.starting) for e in self.table.entries()]
-            policy.import_state(json.loads(json.dumps(state())), views)
+        if hasattr(self.policy, "export_state") and hasattr(policy, "import_state"):
+            self._give_memory(policy, json.dumps(self.policy.export_state()))
         shape = self.backend.shape()
         f = await asyncio.to_thread(forecast, policy, jobs, shape.gpus_per_node, shape.node_types,
                                     budget=FORECAST_BUDGET, min_run=self.cfg.min_run)
@@ -438,6 +442,10 @@ class ClusterScheduler:
         self._emit("policy_error", "", "", error=str(err)[:2000])
 
     # ------------------------------------------------------------------ measurement
+    def _left(self, rec: JobRecord, e: Entry) -> float:
+        """Steps ``rec`` has left: of its total as last measured, less those made since its last report."""
+        return float(max(e.iterations - rec.step - self._steps_since_report(rec, e), 0.0))
+
     def _steps_since_report(self, rec: JobRecord, e: Entry) -> float:
         """Steps a training run has made since its last step report, at its measured pace (its
         group's, while grouped): workers report every few steps or at checkpoints, and a policy
@@ -505,7 +513,7 @@ class ClusterScheduler:
             if "duration" in needs:
                 self._assume(rec, "remaining", f"{ASSUMED_REMAINING:g} s of work left (no --steps or --epochs)")
         e.iteration_time, e.iterations = it, float(max(total, 1))
-        e.remaining_iterations = float(max(total - rec.step - self._steps_since_report(rec, e), 0.0))
+        e.remaining_iterations = self._left(rec, e)
         if list(e.stage_times) != rec.stage_times:
             rec.stage_times = list(e.stage_times)
             self._dirty.add(rec.id)

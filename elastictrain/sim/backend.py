@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 from ..clock import ManualClock
 from ..scheduling import Action, ClusterShape, Entry, JobTable
-from ..scheduling.api import MIGRATE
+from ..scheduling.api import MIGRATE, START
 
 __all__ = ["SimBackend"]
 
@@ -79,6 +79,19 @@ class SimBackend:
             self._starting(e, c)
         if self.runs is not None:
             self.runs[e.key] = self.clock.t + (0.0 if self.every else c)
+
+    def resume(self, e: Entry, where: tuple, run_age: float = 0.0) -> None:
+        """``e`` arrives running at ``where``, past its start-up, its run begun ``run_age`` seconds ago
+        (as it runs elsewhere: a forecast's running job). It is placed and charged as a start
+        would be (its slowdown there, its restart cost for a later restart), and trains from now."""
+        now = self.clock.t
+        self.table.start(e.key, where, (), now)
+        self._placed(e, Action(START, e.key, where, (), e.num_gpu))
+        self.owed[e.key] = 0.0
+        self.table.began(e.key, now)
+        e.run_at = now - run_age
+        if self.runs is not None:
+            self.runs[e.key] = now
 
     #: stops complete at once: the mechanism core preempts with JobTable.preempt_now (stop and
     #: stopped in one step) and does not call :meth:`stop`

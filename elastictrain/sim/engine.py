@@ -46,7 +46,7 @@ from ..clock import ManualClock
 from ..errors import ConfigError
 from ..model import JobSpec
 from ..policies.api import EMPTY, Policy
-from ..scheduling import Action, ActionKind, ClusterShape, Entry, JobStatus, JobTable, Scheduler
+from ..scheduling import ClusterShape, Entry, JobStatus, JobTable, Scheduler
 from .backend import SimBackend
 from .cluster import ClusterSpec
 from .traces import SKEW
@@ -277,7 +277,7 @@ class Simulator:
                     continue
                 e = table.add(self._entry(spec))
                 if spec.job_id in self.prior:
-                    self._resume(e, self.prior[spec.job_id], table, backend, now)
+                    self._resume(e, self.prior[spec.job_id], table, backend)
             if finished or idx > arrivals or backend.worked or not running:
                 idle = 0
             else:
@@ -354,7 +354,7 @@ class Simulator:
                       + (" of one GPU type" if types[0] else ""))
 
     @staticmethod
-    def _resume(e: Entry, p: dict, table: JobTable, backend: SimBackend, now: float) -> None:
+    def _resume(e: Entry, p: dict, table: JobTable, backend: SimBackend) -> None:
         """A job arrives as it is elsewhere (``prior``): its service, progress and restart cost, and
         running where it runs (past its start-up) if it has a placement."""
         e.attained, e.attained_gpu = p.get("attained", 0.0), p.get("attained_gpu", 0.0)
@@ -365,12 +365,7 @@ class Simulator:
         table.touch(e.key)  # (its view was made as it arrived)
         where = p.get("placement")
         if where:
-            table.start(e.key, tuple(where), (), now)
-            backend.start(e, Action(ActionKind.START, e.key, tuple(where), (), e.num_gpu))
-            backend.owed[e.key] = 0.0
-            e.ready_at = None
-            table.began(e.key, now)
-            e.run_at = now - p.get("run_age", 0.0)
+            backend.resume(e, tuple(where), p.get("run_age", 0.0))
 
     def _lose_since_checkpoint(self, e: Entry, trained: float) -> float:
         """A job lost with its node goes back to its last checkpoint (one every ``checkpoint_every``

@@ -75,8 +75,8 @@ class Admission:
         left = []
         for item in rec.after:
             if item == "singleton":  # every earlier job of its name and user that has not ended
-                left += [k for k, r in self._alive() if r.seq < rec.seq and r.user == rec.user and r.name == rec.name
-                         and k not in left]
+                me, order = _single(rec), _order(rec)
+                left += [k for k, r in self._alive() if _order(r) < order and _single(r) == me and k not in left]
                 continue
             job, _, kind = item.partition(":")
             dep = self.s.records.get(job)
@@ -205,10 +205,21 @@ class Admission:
         left = self.waits_for(rec)[0]
         if left:
             what = "finish" if all(f"{j}:ok" in rec.after for j in left) else "end"
-            single = f"; singleton: one job named {rec.name} of user {rec.user} at a time" \
+            single = f"; singleton: one job named {_single(rec)[1]} of user {rec.user} at a time" \
                 if "singleton" in rec.after else ""
             return f"waiting for job{'s' if len(left) > 1 else ''} {', '.join(left)} to {what} (--after{single})"
         if self._array_full(rec):
             return (f"waiting: array {rec.array} runs at most {rec.array_limit} tasks at once (--array ...%"
                     f"{rec.array_limit})")
         return self.s.quotas.why(rec, self.used)
+
+
+def _single(rec: JobRecord) -> tuple[str, str]:
+    """What ``--after singleton`` matches: the user and the job's name, an array's task going by its
+    array's name (``NAME``, not ``NAME_3``), so an array's tasks run one at a time, as in Slurm."""
+    return rec.user, rec.name.rsplit("_", 1)[0] if rec.array else rec.name
+
+
+def _order(rec: JobRecord) -> tuple[int, int]:
+    """Submission order: an array's tasks share their submission, and go by task index."""
+    return rec.seq, int(rec.id.rsplit("_", 1)[1]) if rec.array else -1

@@ -188,3 +188,26 @@ def test_singleton_runs_one_job_of_a_name_and_user_at_a_time(tmp_path):
     w.s.tick()
     w.run_all()
     assert w.status(third) == "running"
+
+
+def test_singleton_runs_an_arrays_tasks_one_at_a_time_and_after_earlier_jobs_of_its_name(tmp_path):
+    """Slurm's singleton on an array: its tasks share the array's name, so they run one at a time,
+    by index, after any earlier job of that name (and before a later one)."""
+    w = World(tmp_path, policy="fifo", nodes=1, slots=4)
+    before = _submit(w, name="sweep", after=["singleton"])
+    sub = JobSubmit(["sweep.py"], str(tmp_path), name="sweep", array="0-2", after=["singleton"])
+    tasks = [j.id for j in w.s.submit_array(sub).jobs]
+    later = _submit(w, name="sweep", after=["singleton"])
+    other = _submit(w, name="sweep_1", after=["singleton"])  # a job named like a task: another name
+    w.s.tick()
+    w.run_all()
+    assert [w.status(j) for j in (before, *tasks, later, other)] == ["running"] + ["queued"] * 4 + ["running"]
+    assert w.s.job(tasks[1]).reason == (f"waiting for jobs {before}, {tasks[0]} to end (--after; singleton: one job "
+                                        "named sweep of user default at a time)")
+    for done in (before, *tasks):
+        w.exit(done, 0)
+        w.s.tick()
+        w.run_all()
+        running = [j for j in (*tasks, later) if w.status(j) == "running"]
+        assert len(running) <= 1, running
+    assert w.status(later) == "running"

@@ -195,8 +195,10 @@ def add_commands(sub) -> None:
         _connection(h)
         h.add_argument("job", help=f"a job id, or a job array's (every {'waiting' if verb == 'hold' else 'held'} task)")
 
-    up = sub.add_parser("update", help="change a job's priority or time limit, waiting or running (scontrol update)",
-                        description="Change a job's priority or time limit (Slurm's scontrol update). A user may "
+    up = sub.add_parser("update", help="change a job's priority or time limit, waiting or running, or a waiting job's "
+                        "begin time (scontrol update)",
+                        description="Change a job's priority or time limit, or a waiting job's begin time (Slurm's "
+                        "scontrol update). A user may "
                         "lower its own job's time limit, and set its priority as at submission; on a coordinator run "
                         "with --priority-preemption, to at most its highest (0 unless `users quota --max-priority` "
                         "says more) or below its current one. Only the admin may raise a time limit, or a priority "
@@ -208,6 +210,8 @@ def add_commands(sub) -> None:
     up.add_argument("-t", "--time", type=_time_or_unlimited, default=None, metavar="LIMIT",
                     help="the most time it may hold GPUs in all its runs, in Slurm's format (see submit --time), "
                     "or UNLIMITED (admin); below what it has held, its run stops now as TIMEOUT")
+    up.add_argument("--begin", type=begin_time, default=None, metavar="TIME",
+                    help="a waiting job's begin time (Slurm's StartTime=), as submit --begin; now lets it start at once")
 
     lg = sub.add_parser("logs", help="a job's output: every rank, as etrun --tee prints it")
     _connection(lg)
@@ -828,16 +832,18 @@ def _update(args) -> int:
     from .errors import ConfigError
     from .wire import JobUpdate
 
-    if args.priority is None and args.time is None:
-        raise ConfigError("update: nothing to change; give --priority N or --time LIMIT")
+    if args.priority is None and args.time is None and args.begin is None:
+        raise ConfigError("update: nothing to change; give --priority N, --time LIMIT or --begin TIME")
     client = _client(args)
-    req = JobUpdate(priority=args.priority, time_limit=args.time)
-    # a job array's id: each of its tasks not ended (as scontrol update on an array)
+    req = JobUpdate(priority=args.priority, time_limit=args.time, begin=args.begin)
+    # a job array's id: each of its tasks not ended (as scontrol update on an array; --begin: those waiting)
     infos, _ = _each_task(client, args.job, lambda job: client.update_job(job, req),
-                          ("finished", "failed", "cancelled"), none_left_missing=True)
+                          ("finished", "failed", "cancelled") + (("running",) if args.begin is not None else ()),
+                          none_left_missing=True)
     for info in infos:
         limit = info.info.get("time_limit", "none")
-        print(f"job {info.id} updated: priority {info.priority}, time limit {limit} ({info.status})")
+        begin = f", begin {info.info['begin']}" if "begin" in info.info else ""
+        print(f"job {info.id} updated: priority {info.priority}, time limit {limit}{begin} ({info.status})")
     return 0
 
 
@@ -869,10 +875,12 @@ def slurm_time(text: str) -> float:
 
 
 def begin_time(text: str, now: Optional[float] = None) -> float:
-    """``--begin``: the UNIX time from Slurm's forms: ``now+SPAN`` (90m, 2h, 1d, 30s), ``HH:MM[:SS]``
+    """``--begin``: the UNIX time from Slurm's forms: ``now``, ``now+SPAN`` (90m, 2h, 1d, 30s), ``HH:MM[:SS]``
     (today, or tomorrow if it has passed), ``YYYY-MM-DD`` or ``YYYY-MM-DDTHH:MM[:SS]`` (local time)."""
     now = time.time() if now is None else now
     t = text.strip()
+    if t.lower() == "now":
+        return now
     if t.lower().startswith("now+"):
         span = t[4:]
         if span[:-1].replace(".", "", 1).isdigit() and span[-1:] in _SPAN:

@@ -515,12 +515,15 @@ class JobSubmit(_Msg, omit_defaults=True):
 
 class JobUpdate(_Msg, omit_defaults=True):
     """Change a scheduled job (``elastictrain update``, Slurm's ``scontrol update``): what is
-    given changes, the rest stays. A user may lower its own job's priority and time limit; only
-    the admin may raise them (see ``ClusterScheduler.update``)."""
+    given changes, the rest stays. A user may lower its own job's priority and time limit, and move
+    its waiting job's begin time; only the admin may raise them (see ``ClusterScheduler.update``)."""
 
     priority: Optional[Annotated[int, msgspec.Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]] = None
     #: seconds it may hold GPUs in all its runs (as ``JobSubmit.time_limit``); 0 lifts the limit
     time_limit: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=366 * 86_400.0)]] = None
+    #: the UNIX time a waiting job may start from (Slurm's StartTime=, as ``JobSubmit.begin``); a time
+    #: passed (0: now) lets it start at once
+    begin: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1e11)]] = None
 
 
 class ForecastInfo(_Msg, omit_defaults=True):

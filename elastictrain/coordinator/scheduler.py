@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -763,11 +764,7 @@ class ClusterScheduler:
             raise ConflictError(f"job {job} is {'running' if e.running else 'stopping'}; a hold applies to a waiting "
                                 "job (as Slurm's): cancel it, or hold it once it waits")
         if e is not None:
-            self.table.accrue(self.clock.now())
-            self._sync(rec)
-            self.table.end(job, e.status, self.clock.now())  # (the policy sees it leave; rec keeps its state)
-            rec.admitted = False
-            self.admission.waiting[job] = rec
+            self._unadmit(rec, e)
         if not rec.hold:
             rec.hold = True
             self._emit("hold", job, "", by=who.name)
@@ -775,6 +772,16 @@ class ClusterScheduler:
         self._flush()
         self.wake()
         return self.info(rec)
+
+    def _unadmit(self, rec: JobRecord, e: Entry) -> None:
+        """A waiting admitted job goes back to admission (a hold, a later begin time): the policy sees
+        it leave; its record keeps its service for its return."""
+        now = self.clock.now()
+        self.table.accrue(now)
+        self._sync(rec)
+        self.table.end(rec.id, e.status, now)
+        rec.admitted = False
+        self.admission.waiting[rec.id] = rec
 
     def release(self, job: str, who: Identity = ADMIN) -> ClusterJobInfo:
         """Let a held job run (Slurm's ``scontrol release``)."""
@@ -798,12 +805,21 @@ class ClusterScheduler:
         The admin may set any. A new priority takes effect at once: admission order, and with
         ``--priority-preemption`` the job's tier (raised, it may preempt lower jobs; lowered, it may be
         preempted). A time limit below what the job has held ends its run at the next round (TIMEOUT)."""
-        if req.priority is None and req.time_limit is None:
-            raise BadRequestError("nothing to change: give a priority (--priority N) or a time limit (--time LIMIT)")
+        if req.priority is None and req.time_limit is None and req.begin is None:
+            raise BadRequestError("nothing to change: give a priority (--priority N), a time limit (--time LIMIT) or "
+                                  "a begin time (--begin TIME)")
         rec = self._rec(job)
         if rec.status in _ENDED_NAMES:
             raise ConflictError(f"job {job} already {rec.status}; nothing to update")
-        p, limit = req.priority, req.time_limit
+        p, limit, now = req.priority, req.time_limit, self.clock.now()
+        e = self.table.get(job)
+        if req.begin is not None:
+            if e is not None and (e.running or e.stopping):
+                raise ConflictError(f"job {job} is {'running' if e.running else 'stopping'}; a begin time applies to a "
+                                    "waiting job (as Slurm's StartTime)")
+            if req.begin > now + MAX_BEGIN:
+                raise BadRequestError(f"--begin is {(req.begin - now) / 86_400:.0f} days from now; it may be at most "
+                                      "366 days ahead")
         if who.role != "admin":
             cap = self.quotas.max_priority(rec.user)
             if p is not None and p > max(rec.priority, cap if self.cfg.priority_preemption else MAX_PRIORITY):
@@ -817,13 +833,18 @@ class ClusterScheduler:
         if p is not None and p != rec.priority:
             changed["priority"] = f"{rec.priority} -> {p}"
             rec.priority = p
-            e = self.table.get(job)
             if e is not None:
                 e.priority = self.tier_of(rec)
                 self.table.touch(job)  # (its policy view: with tiers it moves to the tier of p)
         if limit is not None and limit != rec.time_limit:
             changed["time_limit"] = f"{_limit_text(rec.time_limit)} -> {_limit_text(limit)}"
             rec.time_limit = limit
+        begin = None if req.begin is None else (req.begin if req.begin > now else 0.0)
+        if begin is not None and begin != rec.begin:
+            changed["begin"] = f"{_begin_text(rec.begin)} -> {_begin_text(begin)}"
+            rec.begin = begin
+            if begin and e is not None:  # admitted but waiting: out of the policy's view until then (as a hold)
+                self._unadmit(rec, e)
         if changed:
             self._emit("update", job, "", by=who.name, **changed)
             self._dirty.add(job)
@@ -874,6 +895,8 @@ class ClusterScheduler:
         if rec.time_limit:
             used = _held(e, self.clock.now()) if e is not None else None
             info["time_limit"] = f"{rec.time_limit:.0f} s" + (f" ({used:.0f} s used)" if used is not None else "")
+        if rec.begin > self.clock.now() and rec.status not in _ENDED_NAMES:
+            info["begin"] = _begin_text(rec.begin)
         if rec.memory_limit:
             info["memory_limit"] = f"{rec.memory_limit / 2**20:.0f} MiB per worker (from its next start)"
         if rec.group_members:  # its current (or last) interleaving group, measured against the model
@@ -1205,6 +1228,11 @@ class ClusterScheduler:
 
 
 _MEMBER_LINE = re.compile(rb"^(?:\[[^\]\n]{0,64}\]:)?\[([A-Za-z0-9][A-Za-z0-9._-]{0,127})\] ")
+
+
+def _begin_text(begin: float) -> str:
+    """A begin time for an event: local, to the second, or "now" (none)."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(begin)) if begin else "now"
 
 
 def _limit_text(seconds: float) -> str:

@@ -158,7 +158,7 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
     """Slurm's --dependency, --hold, --array and --time habits: `submit --after JOB`, `submit
     --hold`, `submit --begin`, `release`, `submit --array 0-2%1` (each task sees its index), `hold`, `release` and
     `cancel` of a whole array, a job stopped at its `--time` limit, `update` (scontrol update) of a
-    running job's time limit and of an array's priority."""
+    running job's time limit and of an array's priority and begin time."""
     c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
     try:
         with open(os.path.join(c.tmp, "nap.py"), "w") as f:
@@ -207,7 +207,7 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
                                                                                      st.nodes), 60, "the timeout")
         assert "its --time limit is 1 s" in c.client.cluster_job(upd).reason
         empty = c.cli("update", upd, check=False)
-        assert empty.returncode == 2 and "nothing to change; give --priority N or --time LIMIT" in empty.stderr
+        assert empty.returncode == 2 and "nothing to change; give --priority N, --time LIMIT or --begin" in empty.stderr
         big = c.cli("update", upd, "--priority", "5000", check=False)
         assert big.returncode == 2 and "priority" in big.stderr and "1000" in big.stderr, big.stderr
         gate = c.cli("submit", "--hold", "--", "nap.py").stdout.strip()
@@ -219,6 +219,12 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
         out = c.cli("release", base).stdout
         assert [line.split(":")[0] for line in out.splitlines()] == [f"job {t} released" for t in waiting], out
         out = c.cli("update", base, "--priority", "-2").stdout  # an array's every task not ended
+        assert out.splitlines() == [f"job {t} updated: priority -2, time limit none (queued)" for t in waiting], out
+        out = c.cli("update", base, "--begin", "now+1h").stdout  # scontrol update StartTime=
+        assert [re.sub(r"begin \S+ \S+", "begin T", line) for line in out.splitlines()] == [
+            f"job {t} updated: priority -2, time limit none, begin T (queued)" for t in waiting], out
+        assert "waiting for its begin time (--begin)" in c.cli("status", "--job", waiting[0]).stdout
+        out = c.cli("update", base, "--begin", "now").stdout
         assert out.splitlines() == [f"job {t} updated: priority -2, time limit none (queued)" for t in waiting], out
         again = c.cli("release", base, check=False)
         assert again.returncode != 0 and f"job array {base}: no task of its 2 is on hold" in again.stderr

@@ -151,6 +151,40 @@ def test_begin_keeps_a_job_out_until_its_time_and_survives_a_restart(tmp_path):
         _submit(w, begin=w.clock.now() + 400 * 86_400.0)
 
 
+def test_update_begin_moves_a_waiting_jobs_start_and_refuses_a_running_one(tmp_path):
+    """scontrol update StartTime=: later takes an admitted waiting job out of the policy's view
+    until then; now (or a time passed) lets it in at once; a running job gets a 409."""
+    from elastictrain.errors import BadRequestError
+    from elastictrain.wire import JobUpdate
+
+    w = World(tmp_path, policy="fifo", nodes=1, slots=1, node_timeout=1000.0)
+    t0 = w.clock.now()
+    first = _submit(w)
+    second = _submit(w)  # admitted, waiting for the slot
+    late = _submit(w, begin=t0 + 500.0)
+    w.s.tick()
+    w.run_all()
+    assert w.status(first) == "running" and second in w.s.table and late not in w.s.table
+    with pytest.raises(ConflictError, match="a begin time applies to a waiting job"):
+        w.s.update(first, JobUpdate(begin=t0 + 60.0))
+    info = w.s.update(second, JobUpdate(begin=t0 + 60.0))
+    assert second not in w.s.table and info.info["begin"] and "begin time" in info.reason
+    assert w.s.update(late, JobUpdate(begin=0.0)).status == "queued" and late in w.s.table  # now: admitted
+    changed = [e.detail for e in w.s.events.list(0).events if e.kind == "update" and e.job == second]
+    assert changed and changed[-1]["begin"].startswith("now -> ")
+    w.exit(first, 0)
+    w.s.tick()
+    w.run_all()
+    assert w.status(late) == "running" and w.status(second) == "queued"  # late overtook it
+    w.s._flush(everything=True)
+    w.restart()
+    w.clock.advance(60)
+    w.s.tick()
+    assert second in w.s.table and "admitted" in _kinds(w, second)
+    with pytest.raises(BadRequestError, match="at most 366 days ahead"):
+        w.s.update(second, JobUpdate(begin=w.clock.now() + 400 * 86_400.0))
+
+
 def test_begin_times_as_slurm_writes_them():
     import argparse
     import time
@@ -160,6 +194,7 @@ def test_begin_times_as_slurm_writes_them():
     now = time.mktime((2026, 11, 27, 15, 30, 0, 0, 0, -1))  # 15:30 local
     assert begin_time("now+90m", now) == now + 5400 and begin_time("now+2h", now) == now + 7200
     assert begin_time("now+1d", now) == now + 86_400 and begin_time("now+30", now) == now + 30
+    assert begin_time("now", now) == now and begin_time(" NOW ", now) == now
     assert begin_time("16:00", now) == now + 1800  # later today
     assert begin_time("15:00", now) == now + 86_400 - 1800  # passed: tomorrow
     assert begin_time("2026-11-28", now) == time.mktime((2026, 11, 28, 0, 0, 0, 0, 0, -1))

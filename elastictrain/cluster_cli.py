@@ -211,7 +211,8 @@ def add_commands(sub) -> None:
                     help="the most time it may hold GPUs in all its runs, in Slurm's format (see submit --time), "
                     "or UNLIMITED (admin); below what it has held, its run stops now as TIMEOUT")
     up.add_argument("--begin", type=begin_time, default=None, metavar="TIME",
-                    help="a waiting job's begin time (Slurm's StartTime=), as submit --begin; now lets it start at once")
+                    help="a waiting job's begin time (Slurm's StartTime=), as submit --begin; now lets it start at "
+                    "once")
 
     lg = sub.add_parser("logs", help="a job's output: every rank, as etrun --tee prints it")
     _connection(lg)

@@ -167,7 +167,7 @@ class ClusterScheduler:
         state = loaded.meta.get("policy_state")
         if previous == cfg.policy and state and hasattr(self.policy, "import_state"):
             try:
-                self._give_memory(self.policy, state)
+                self.policy.import_state(json.loads(state), self._views())
             except (ValueError, TypeError, KeyError) as exc:
                 log.error("could not restore the %s policy's memory (%s); it relearns from the jobs", cfg.policy, exc)
         elif previous and previous != cfg.policy:
@@ -194,11 +194,9 @@ class ClusterScheduler:
             return BORROW_TIER
         return rec.priority if self.cfg.priority_preemption or not self.cfg.quota_borrow else 0
 
-    def _give_memory(self, policy, state: str) -> None:
-        """Restore a policy's memory (``export_state``'s JSON) into ``policy``, with the table's jobs:
-        the running policy's after a restart, or a fresh instance's for a forecast."""
-        views = [e.view(e.key in self.table.starting) for e in self.table.entries()]
-        policy.import_state(json.loads(state), views)
+    def _views(self) -> list:
+        """The policy's views of the table's jobs (what a policy's memory is restored against)."""
+        return [e.view(e.key in self.table.starting) for e in self.table.entries()]
 
     def _make_policy(self):
         """A fresh instance of the configured policy (with tiers under --priority-preemption or
@@ -245,11 +243,12 @@ class ClusterScheduler:
         policy = self._make_policy()
         if hasattr(policy, "set_tickets") and self.users.tickets:
             policy.set_tickets(dict(self.users.tickets))
-        if hasattr(self.policy, "export_state") and hasattr(policy, "import_state"):
-            self._give_memory(policy, json.dumps(self.policy.export_state()))
+        memory = None
+        if hasattr(self.policy, "export_state") and hasattr(policy, "import_state"):  # (a copy: JSON, as stored)
+            memory = (json.loads(json.dumps(self.policy.export_state())), self._views())
         shape = self.backend.shape()
         f = await asyncio.to_thread(forecast, policy, jobs, shape.gpus_per_node, shape.node_types,
-                                    budget=FORECAST_BUDGET, min_run=self.cfg.min_run)
+                                    budget=FORECAST_BUDGET, min_run=self.cfg.min_run, now=now, memory=memory)
         out = []
         for rec in self.records.values():
             if rec.status in _ENDED_NAMES:

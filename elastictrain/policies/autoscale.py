@@ -125,7 +125,7 @@ class AutoScale:
     def export_state(self) -> dict:
         return {"history": dict(self.history), "memory_history": dict(self.memory_history)}
 
-    def import_state(self, state: dict, jobs) -> None:
+    def import_state(self, state: dict, jobs, rename: Optional[dict] = None) -> None:
         self.history = {str(k): int(v) for k, v in dict(state.get("history", {})).items()}
         self.memory_history = {str(k): int(v) for k, v in dict(state.get("memory_history", {})).items()}
 

@@ -161,6 +161,7 @@ class GandivaFair:
         self._tickets_of: Optional[tuple] = None  # (groups, entitlement) _entitled was built for
         self._entitled: tuple = ({}, {}, {})
         self._notes: list = []  # (job, why) for the next decision's notes
+        self._restored: dict = {}  # job id -> (pass, home, GPU type) from import_state, until it is seen
 
     # ------------------------------------------------------------------ shares
     def set_tickets(self, tickets: dict[str, float]) -> None:
@@ -198,10 +199,58 @@ class GandivaFair:
             speed = {u: {t: v / count[u] for t, v in sums[u].items()} for u in users}
         self.entitlement, self.trades = entitlements({u: self._user_tickets(u) for u in users}, by_type, speed)
 
+    # ------------------------------------------------------------------ memory across restarts
+    def export_state(self) -> dict:
+        """What stride scheduling remembers, to survive a coordinator restart (and to start a
+        forecast from): each job's pass, home server and GPU type, the servers' central passes, the
+        users' decayed usage and when it was counted, and when the next quantum falls. Tickets,
+        entitlements and trades are derived again from the jobs and the users' tickets."""
+        return {"jobs": [[str(jid), sj.pass_, sj.home, sj.gtype] for jid, sj in self._jobs.items()]
+                + [[str(jid), *was] for jid, was in self._restored.items()],  # (restored, not seen yet)
+                "servers": [[n, v] for n, v in self._spass.items()],
+                "usage": [[u, t, v] for (u, t), v in self._usage.items()],
+                "last": self._last, "next": self._next, "moves": self.moves}
+
+    def import_state(self, state: dict, jobs, rename: Optional[dict] = None) -> None:
+        """Restore :meth:`export_state` for the jobs in ``jobs`` (views; matched by ``str(job_id)``,
+        others are dropped), as of the clock it was exported on. ``rename``: the ids these jobs have
+        where this instance runs (the forecast's simulation), by exported id. A job keeps its pass
+        and home if its home still holds it when it is next seen (else it is placed afresh, level
+        with its new peers).
+
+        Raises:
+            ValueError, TypeError, KeyError: a malformed state (the caller starts afresh).
+        """
+        views = {str(j.job_id): j for j in jobs}
+        restored = {}
+        for key, pass_, home, gtype in state["jobs"]:
+            j = views.get(str(key))
+            if j is not None:
+                jid = j.job_id if rename is None else rename.get(str(key), j.job_id)
+                restored[jid] = (float(pass_), None if home is None else int(home), str(gtype))
+        servers = {int(n): float(v) for n, v in state["servers"]}
+        usage = {(str(u), str(t)): float(v) for u, t, v in state["usage"]}
+        last = None if state["last"] is None else float(state["last"])
+        self._next, self.moves = float(state["next"]), int(state["moves"])
+        self._restored, self._spass, self._usage, self._last = restored, servers, usage, last
+        self._jobs.clear()
+
+    def _join(self, j, caps, nodes_of, by_type) -> StrideJob:
+        """A job new to this instance: as restored (:meth:`import_state`) where its home and GPU type
+        still hold it, else placed (:meth:`_home`)."""
+        was = self._restored.pop(j.job_id, None) if self._restored else None
+        if was is not None:
+            pass_, home, gtype = was
+            if gtype in nodes_of and (home is None or (home in nodes_of[gtype] and caps[home] >= j.num_gpu)):
+                return StrideJob(j.job_id, j.num_gpu, 1.0, pass_, home, gtype, j.user)
+        return self._home(j, caps, nodes_of, by_type)
+
     # ------------------------------------------------------------------ decide
     def decide(self, s: ClusterSnapshot) -> Decision:
         for jid in s.ended:
             self._jobs.pop(jid, None)
+            if self._restored:
+                self._restored.pop(jid, None)
         if not self.split:
             return self._decide_global(s)
         caps = full = s.gpus_per_node  # (the two names: what may be placed now, and the structure)
@@ -211,11 +260,11 @@ class GandivaFair:
         known = len(self._jobs)
         for j in s.arrived:
             if j.job_id not in self._jobs:
-                self._jobs[j.job_id] = self._home(j, full, nodes_of, by_type)
+                self._jobs[j.job_id] = self._join(j, full, nodes_of, by_type)
         if len(self._jobs) != len(s.jobs):  # jobs never seen arriving (e.g. the policy was rebuilt)
             for j in s.jobs:
                 if j.job_id not in self._jobs:
-                    self._jobs[j.job_id] = self._home(j, full, nodes_of, by_type)
+                    self._jobs[j.job_id] = self._join(j, full, nodes_of, by_type)
         fresh = bool(s.arrived) or bool(s.ended) or len(self._jobs) != known
         ids = tuple(by_id)  # the snapshot's job ids: what the cached groups and homes were built for
         self._event = self._event or fresh
@@ -640,7 +689,9 @@ class GandivaFair:
         floor = min((j.pass_ for j in self._jobs.values()), default=0.0)
         for j in (*s.arrived, *s.jobs) if len(self._jobs) != len(s.jobs) else s.arrived:
             if j.job_id not in self._jobs:  # a newcomer starts level with the others, neither ahead nor owed
-                self._jobs[j.job_id] = StrideJob(j.job_id, j.num_gpu, 1.0, floor, user=j.user)
+                was = self._restored.pop(j.job_id, None) if self._restored else None  # (or as restored)
+                self._jobs[j.job_id] = StrideJob(j.job_id, j.num_gpu, 1.0, floor if was is None else was[0],
+                                                 user=j.user)
         per_user: dict[str, int] = {}
         for j in s.jobs:
             per_user[j.user] = per_user.get(j.user, 0) + 1

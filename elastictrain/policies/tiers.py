@@ -80,11 +80,11 @@ class PriorityTiers:
     def _export_state(self) -> dict:
         return {"tiers": {str(p): pol.export_state() for p, pol in self._tiers.items()}}
 
-    def _import_state(self, state: dict, jobs) -> None:
+    def _import_state(self, state: dict, jobs, rename: Optional[dict] = None) -> None:
         tiers = state["tiers"]  # (a KeyError: state saved without tiers; the coordinator relearns)
         for p, data in tiers.items():
             p = int(p)
-            self._tier(p).import_state(data, [j for j in jobs if j.priority == p])
+            self._tier(p).import_state(data, [j for j in jobs if j.priority == p], rename)
 
     # ------------------------------------------------------------------ decide
     def decide(self, s: ClusterSnapshot) -> Decision:

@@ -282,8 +282,9 @@ class Tiresias:
         return {"queues": [list(q) for q in self._queues],
                 "offset": {str(k): q.offset for k, q in self._state.items() if q.offset}}
 
-    def import_state(self, data: dict, jobs) -> None:
-        """Restore :meth:`export_state` for the keys in ``jobs`` (views); other keys are dropped."""
+    def import_state(self, data: dict, jobs, rename: Optional[dict] = None) -> None:
+        """Restore :meth:`export_state` for the keys in ``jobs`` (views); other keys are dropped.
+        ``rename``: the ids the jobs have where this instance runs (a forecast), by exported id."""
         views = {str(j.job_id): j for j in jobs}
         self._state.clear()
         self._queues = [[] for _ in range(len(self.thresholds) + 1)]
@@ -292,13 +293,14 @@ class Tiresias:
         for level, keys in enumerate(data.get("queues", [])[:len(self._queues)]):
             for k in keys:
                 j = views.get(str(k))
-                if j is not None and j.job_id not in self._state:
-                    q = self._state[j.job_id] = _Q(j.num_gpu)
+                jid = None if j is None else j.job_id if rename is None else rename.get(str(k), j.job_id)
+                if j is not None and jid not in self._state:
+                    q = self._state[jid] = _Q(j.num_gpu)
                     q.queue, q.offset = level, float(data.get("offset", {}).get(str(k), 0.0))
-                    self._queues[level].append(j.job_id)
+                    self._queues[level].append(jid)
                     self._count(level, q.gpus, 1)
                     if self.table is not None:
-                        self._gdirty.add(j.job_id)
+                        self._gdirty.add(jid)
 
     def _gittins(self, attained: float) -> float:
         xs, gi = self._table_lists

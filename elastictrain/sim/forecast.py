@@ -4,8 +4,8 @@ Slurm's ``squeue --start`` for ``elastictrain status --start``. The coordinator 
 its own policy decides on: every admitted job with its GPUs, service, progress, measured (or
 assumed) step time and work left, the running ones where they run; the nodes as they are (a node
 down or drained offers nothing); and a fresh instance of its policy carrying the running one's
-memory (``export_state``) and the users' tickets. The simulator's engine runs that policy from
-now on, with no new arrivals, until every job ended, ``horizon`` seconds passed or ``budget``
+memory (``export_state``, its jobs renamed to the simulation's ids) and the users' tickets. The
+simulator's engine runs that policy from now on, on the coordinator's clock, with no new arrivals, until every job ended, ``horizon`` seconds passed or ``budget``
 seconds of wall time were spent; each job's first start and its end are read off the decisions.
 
 It is a forecast, not a promise: jobs submitted later, failures, a job's real work left (where it
@@ -66,9 +66,12 @@ class _OutOfTime(Exception):
 
 
 def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node_types: tuple = (), *,
-             horizon: float = 30 * 86_400.0, budget: float = 2.0, min_run: float = 0.0) -> Forecast:
+             horizon: float = 30 * 86_400.0, budget: float = 2.0, min_run: float = 0.0, now: float = 0.0,
+             memory: Optional[tuple] = None) -> Forecast:
     """Run ``policy`` on ``jobs`` over nodes offering ``gpus_per_node`` (0: down or drained) from
-    now; see the module docstring."""
+    ``now`` (the jobs' clock: the simulation runs on it, so times the policy remembers hold); see
+    the module docstring. ``memory``: (``export_state()`` of the live policy, the live jobs' views),
+    imported into ``policy`` with the simulation's job ids."""
     t0 = time.perf_counter()
     out = Forecast()
     nodes = len(gpus_per_node)
@@ -90,29 +93,32 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
                 free[n] -= g
         else:  # on a node gone, or sharing its GPUs (an interleaving group's member): placed afresh
             where = ()
-        specs.append(JobSpec(i, j.gpus, 0.0, max(j.iterations, j.remaining, 1e-9), max(j.iteration_time, 1e-9),
+        specs.append(JobSpec(i, j.gpus, now, max(j.iterations, j.remaining, 1e-9), max(j.iteration_time, 1e-9),
                              j.model, tuple(j.stage_times), j.user, tuple(j.speeds)))
         prior[i] = {"attained": j.attained, "attained_gpu": j.attained_gpu, "preemptions": j.preemptions,
                     "remaining": max(j.remaining, 1e-9), "restart_cost": j.restart_cost, "placement": where,
                     "run_age": j.run_age, "priority": j.priority}
         keys.append(j.key)
+    if memory is not None:
+        state, views = memory
+        policy.import_state(state, views, rename={key: i for i, key in enumerate(keys)})
     log: list = []
 
-    def tick(_done: int, now: float) -> None:
+    def tick(_done: int, t: float) -> None:
         if time.perf_counter() - t0 > budget:
-            raise _OutOfTime(now)
+            raise _OutOfTime(t)
 
-    sim = Simulator(specs, cluster, policy, decisions=log, until=horizon, progress=tick, prior=prior,
+    sim = Simulator(specs, cluster, policy, decisions=log, until=now + horizon, progress=tick, prior=prior,
                     min_run=min_run)
     try:
         res = sim.run()
-        out.reached, out.complete = res.makespan, not res.extra["unfinished"]
+        out.reached, out.complete = max(res.makespan - now, 0.0), not res.extra["unfinished"]
         for job_id, why in res.extra["rejected"]:
             out.never[keys[job_id]] = why
     except _OutOfTime as stop:
-        out.reached = stop.args[0]
+        out.reached = max(stop.args[0] - now, 0.0)
     except Exception as exc:  # (a policy that fails, or a simulation that stalls: what it got so far)
-        out.reached = log[-1][0] if log else 0.0
+        out.reached = log[-1][0] - now if log else 0.0
         out.stopped = f"{type(exc).__name__}: {exc}"[:500]
     for i, j in enumerate(jobs):
         if prior[i]["placement"]:
@@ -120,9 +126,9 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
     for t, kind, job_id, _ in log:
         key = keys[job_id]
         if kind == "start" and key not in out.start:
-            out.start[key] = t
+            out.start[key] = t - now
         elif kind == "finish":
-            out.end[key] = t
+            out.end[key] = t - now
     out.wall = time.perf_counter() - t0
     return out
 

@@ -115,6 +115,28 @@ def test_agents_of_an_old_run_are_told_to_exit(tmp_path):
     assert fresh.action == "run" and fresh.assignment.reason == "preempt"
 
 
+def test_gandiva_fair_keeps_its_passes_and_usage_across_a_restart(tmp_path):
+    """Stride scheduling's memory (each job's pass and home, the users' decayed usage) is stored
+    with the jobs: a restarted coordinator goes on from it, even one killed again before its first
+    decision, instead of every job starting level."""
+    w = World(tmp_path, policy="gandiva-fair", nodes=1, slots=2)
+    jobs = [w.submit(1, user=u) for u in ("ann", "ann", "ann", "bob")]
+    for _ in range(4):
+        w.s.tick()
+        w.run_all()
+        w.clock.advance(60)
+    before = w.s.policy.export_state()
+    assert len(before["jobs"]) == 4 and len({p for _, p, _, _ in before["jobs"]}) > 1 and before["usage"]
+    w.s._flush(everything=True)
+    w.restart()
+    assert w.s.policy.export_state() == before  # restored (nothing decided yet)
+    w.restart()  # killed again before deciding: what it stores is still the memory
+    assert w.s.policy.export_state() == before
+    w.s.tick()
+    passes = {k: p for k, p, _, _ in w.s.policy.export_state()["jobs"]}
+    assert set(passes) == set(jobs) and all(passes[k] >= p for k, p, _, _ in before["jobs"])
+
+
 def test_a_restarted_coordinator_keeps_jobs_nodes_events_and_the_policy_memory(tmp_path):
     w = World(tmp_path, nodes=1, slots=2, thresholds=(10.0,))
     a, b = w.submit(2), w.submit(2)

@@ -100,6 +100,24 @@ def test_the_simulation_is_bounded_and_says_what_it_covers():
     assert when(None) == "-" and when(0.2) == "now" and when(4000) == "in 1h 6m" and when(90000) == "in 1d 1h"
 
 
+@pytest.mark.parametrize("now", [0.0, 1.8e9])
+def test_the_live_policys_memory_carries_into_the_forecast(now):
+    """The forecast imports the live policy's memory under the simulation's own job ids and runs on
+    the live clock: Gandiva-fair's passes (y owed most, then z, then x) order the starts; without
+    them every job starts level and x, the first to arrive, runs first."""
+    from elastictrain.policies.api import JobView
+
+    jobs = [ForecastJob(k, 1, now, 1.0, 1000, 1000) for k in ("x", "y", "z")]
+    views = [JobView(k, 1, now) for k in ("x", "y", "z")]
+    state = {"jobs": [["x", 5.0, 0, "gpu"], ["y", 1.0, 0, "gpu"], ["z", 3.0, 0, "gpu"]], "servers": [],
+             "usage": [], "last": None, "next": now, "moves": 0}
+    f = forecast(create("gandiva-fair", quantum=60), jobs, (1,), now=now, memory=(state, views))
+    assert f.complete and f.start["y"] == 0 < f.start["z"] < f.start["x"], f.start
+    assert max(f.end.values()) == pytest.approx(f.reached) and 3000 <= f.reached < 3500
+    fresh = forecast(create("gandiva-fair", quantum=60), jobs, (1,), now=now)
+    assert fresh.start["x"] == 0 < fresh.start["y"], fresh.start
+
+
 @pytest.mark.parametrize("policy", ["autoscale", "fifo-be", "gandiva-fair", "gandiva-fair-global", "gandiva-ts",
                                     "muri-l", "muri-s", "srsf", "tiresias-g", "yarn-cs"])
 @pytest.mark.parametrize("flags", [{}, {"priority_preemption": True, "quota_borrow": True, "min_run": 30.0}])

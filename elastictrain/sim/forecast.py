@@ -5,8 +5,9 @@ its own policy decides on: every admitted job with its GPUs, service, progress, 
 assumed) step time and work left, the running ones where they run; the nodes as they are (a node
 down or drained offers nothing); and a fresh instance of its policy carrying the running one's
 memory (``export_state``, its jobs renamed to the simulation's ids) and the users' tickets. The
-simulator's engine runs that policy from now on, on the coordinator's clock, with no new arrivals, until every job ended, ``horizon`` seconds passed or ``budget``
-seconds of wall time were spent; each job's first start and its end are read off the decisions.
+simulator's engine runs that policy from now on, on the coordinator's clock, with no new
+arrivals, until every job ended, ``horizon`` seconds passed or ``budget`` seconds of wall time
+were spent; each job's first start and its end are read off the decisions.
 
 It is a forecast, not a promise: jobs submitted later, failures, a job's real work left (where it
 gave no ``--steps``/``--epochs``, the coordinator assumes, and says so) and measured speeds that

@@ -394,7 +394,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                limits=_limits(args), stragglers=(args.straggler_factor, args.straggler_windows,
                                                                  args.straggler_cooldown)))
         elif args.command in ("node", "submit", "status", "cancel", "hold", "release", "update", "logs", "events",
-                              "users", "nodes", "history"):
+                              "users", "nodes", "history", "projects"):
             from .cluster_cli import run_command
 
             return run_command(args)

@@ -104,6 +104,9 @@ def add_commands(sub) -> None:
                    "(Slurm's --dependency=afterok / afterany). If JOB fails, this job is cancelled, saying why. "
                    "singleton: once every earlier job of this --name and user ended (one at a time)")
     s.add_argument("--hold", action="store_true", help="submit on hold: it runs after `elastictrain release JOB`")
+    s.add_argument("-A", "--project", "--account", dest="project", default=None, metavar="NAME",
+                   help="the project whose quota it counts against (Slurm's --account; default: the first project "
+                   "that lists the user, if any; `elastictrain projects list`)")
     s.add_argument("--begin", type=begin_time, default=None, metavar="TIME",
                    help="do not start it before TIME (Slurm's --begin): now+90m, now+2h, now+1d, 16:00 (today, or "
                    "tomorrow if past), 2026-11-28 or 2026-11-28T08:00 (local time)")
@@ -129,6 +132,9 @@ def add_commands(sub) -> None:
                     help="each user's share of the GPU-seconds used over --window against its tickets' entitlement")
     st.add_argument("--window", type=float, default=600.0, help="seconds the --users shares cover (default 600)")
 
+    from .projects_cli import add_parser as add_projects
+
+    add_projects(sub, _connection)
     us = sub.add_parser("users", help="users' tickets (Gandiva-fair shares GPU time by them), quotas and credentials")
     _connection(us)
     usub = us.add_subparsers(dest="users_command", required=True)
@@ -247,7 +253,14 @@ def _client(args, timeout: float = 10.0):
 def run_command(args) -> int:
     return {"node": _node, "submit": _submit, "status": _status, "cancel": _cancel, "hold": _hold, "release": _hold,
             "update": _update, "logs": _logs,
-            "events": _events, "users": _users, "nodes": _nodes, "history": _history}[args.command](args)
+            "events": _events, "users": _users, "nodes": _nodes, "history": _history,
+            "projects": _projects}[args.command](args)
+
+
+def _projects(args) -> int:
+    from .projects_cli import run
+
+    return run(args, _client(args))
 
 
 # ---------------------------------------------------------------------- node
@@ -303,7 +316,7 @@ def _submit(args) -> int:
                                "stage_times": _stage_file(args.profile) if args.profile else None,
                                "after": [a for item in args.after for a in item.split(",") if a],
                                "hold": args.hold, "array": args.array, "time_limit": args.time,
-                               "begin": args.begin},
+                               "begin": args.begin, "project": args.project},
                               JobSubmit)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid job: {exc}") from None
@@ -622,7 +635,8 @@ def _job_status(client, job: str, as_json: bool) -> int:
         return 0
     if info is not None:
         print(f"job {info.id} ({info.name}) of {info.user}: {info.status}" + (" (stopping)" if info.stopping else "")
-              + (f"; priority {info.priority}" if info.priority else ""))
+              + (f"; priority {info.priority}" if info.priority else "")
+              + (f"; project {info.project}" if info.project else ""))
         print(f"  command: {shlex.join(info.command)}  (in {info.workdir})")
         now = f" (this run: {info.workers})" if info.min_gpus != info.gpus and info.workers else ""
         print(f"  workers: {_gpus(info)}{now}; placement: {_where(info) or '-'}; run {info.run}; preemptions "

@@ -511,6 +511,8 @@ class JobSubmit(_Msg, omit_defaults=True):
     time_limit: Optional[Annotated[float, msgspec.Meta(gt=0.0, le=366 * 86_400.0)]] = None
     #: the UNIX time it may start from (Slurm's --begin): until then it waits, not admitted
     begin: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1e11)]] = None
+    #: the project whose quota it counts against (Slurm's --account; None: its user's default)
+    project: Optional[Name] = None
 
 
 class JobUpdate(_Msg, omit_defaults=True):
@@ -592,6 +594,7 @@ class ClusterJobInfo(_Msg):
     stage_times: list[float] = []  # seconds per iteration in load, preprocess, compute, sync (empty: unknown)
     exit_code: Optional[int] = None  # of the run that ended it (0: finished; None: not ended, or cancelled)
     runs_by_reason: dict[str, int] = {}  # runs after the first, by why each started (preempt, node_lost, ...)
+    project: str = ""  # the project its quota is charged to ("": none)
 
 
 class ClusterJobList(_Msg):
@@ -809,6 +812,31 @@ class UserQuota(_Msg, omit_defaults=True):
     default: bool = False
     #: the highest priority the user may give its jobs under ``--priority-preemption`` (None: 0)
     max_priority: Optional[Annotated[int, msgspec.Meta(ge=0, le=MAX_PRIORITY)]] = None
+
+
+class ProjectSet(_Msg, omit_defaults=True):
+    """(admin) Create or change a project (``elastictrain projects set``): the most GPUs (each admitted
+    job at its ``--gpus``) and jobs its members' admitted jobs may hold together (a number left out
+    is no limit), and its members (None: they stay as they were)."""
+
+    gpus: Optional[Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]] = None
+    jobs: Optional[Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]] = None
+    users: Optional[Annotated[list[Name], msgspec.Meta(max_length=10_000)]] = None
+    remove: bool = False
+
+
+class ProjectInfo(_Msg):
+    name: str
+    gpus: Optional[int]  # its limit (None: none)
+    jobs: Optional[int]
+    users: list[str]
+    used_gpus: int  # what its admitted jobs count now
+    used_jobs: int
+    queued: int  # its jobs waiting for admission
+
+
+class ProjectList(_Msg):
+    projects: list[ProjectInfo]
 
 
 class UserInfo(_Msg, omit_defaults=True):

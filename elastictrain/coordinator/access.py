@@ -98,6 +98,8 @@ ACCESS: dict[str, dict[str, str]] = {
     "GET /v1/cluster/users": {"admin": ALLOW, "user": ALLOW, "node": DENY, "worker": DENY},
     "POST /v1/cluster/users/{user}": _ADMIN_ONLY,
     "POST /v1/cluster/users/{user}/quota": _ADMIN_ONLY,
+    "GET /v1/cluster/projects": {"admin": ALLOW, "user": ALLOW, "node": DENY, "worker": DENY},
+    "POST /v1/cluster/projects/{project}": _ADMIN_ONLY,
     "POST /v1/cluster/nodes/{node}/register": _NODE_ROUTE,
     "POST /v1/cluster/nodes/{node}/poll": _NODE_ROUTE,
     "POST /v1/cluster/nodes/{node}/leave": _NODE_ROUTE,

@@ -33,6 +33,7 @@ class Admission:
         self.s = sched
         self.waiting: dict[str, JobRecord] = {}
         self.used: dict[str, list[int]] = {}  # user -> [GPUs, jobs] its admitted jobs count (the last admit())
+        self.pused: dict[str, list[int]] = {}  # project -> the same (the last admit(), with project limits)
         self.arrays: dict[str, int] = {}  # job array -> its tasks admitted (the last admit())
         self.borrowers: set[str] = set()  # admitted over their users' quotas (--quota-borrow)
 
@@ -107,6 +108,27 @@ class Admission:
             u[1] += 1
         return used
 
+    def project_usage(self) -> dict[str, list[int]]:
+        """Each project's admitted jobs (borrowers aside): [GPUs they count (their --gpus), jobs]."""
+        used: dict[str, list[int]] = {}
+        for e in self.s.table.entries():
+            p = e.data["job"].project
+            if p and e.key not in self.borrowers:
+                u = used.setdefault(p, [0, 0])
+                u[0] += e.max_gpu
+                u[1] += 1
+        return used
+
+    def quota_why(self, rec: JobRecord) -> str:
+        """Why ``rec`` waits for a quota: its user's, its project's, or both."""
+        mine = self.s.quotas.why(rec, self.used)
+        if not rec.project:
+            return mine
+        theirs = self.s.projects.why(rec, self.pused)
+        if not theirs:
+            return mine
+        return theirs if mine.startswith("admitted at") else f"{mine}; and {theirs[0].lower()}{theirs[1:]}"
+
     def array_admitted(self) -> dict[str, int]:
         """Each job array's tasks in the job table (admitted, not ended)."""
         out: dict[str, int] = {}
@@ -122,8 +144,10 @@ class Admission:
         wait for the quota)."""
         s, quotas = self.s, self.s.quotas
         used = self.usage() if quotas.own or quotas.default.limited else {}  # (no quota anywhere: nothing to count)
+        projects = s.projects if s.projects.limited else None
+        pused = self.project_usage() if projects is not None else {}
         if self.borrowers:
-            self._within_quota(used)
+            self._within_quota(used, projects, pused)
         now = s.clock.now()
         ready = []
         for rec in list(self.waiting.values()):
@@ -144,7 +168,7 @@ class Admission:
                 taken[rec.array] = taken.get(rec.array, 0) + 1
                 kept.append(rec)
             ready = kept
-        admitted = quotas.admit(ready, used) if ready else []
+        admitted = quotas.admit(ready, used, projects, pused) if ready else []
         if s.cfg.quota_borrow and len(admitted) < len(ready):  # over the quota: admitted anyway, preempted first
             within = {rec.id for rec in admitted}
             for rec in ready:
@@ -162,12 +186,12 @@ class Admission:
                 arrays[rec.array] = arrays.get(rec.array, 0) + 1
             if rec.id not in submitted:
                 s._emit("admitted", rec.id, "", user=rec.user, waited=round(now - rec.submit_time, 1))
-        self.used, self.arrays = used, arrays
+        self.used, self.pused, self.arrays = used, pused, arrays
         for rec in ready:  # free to run but for the quota: a job just submitted says so
             if rec.id in submitted and rec.id in self.waiting:
-                s._emit("quota_wait", rec.id, "", user=rec.user, why=quotas.why(rec, used))
+                s._emit("quota_wait", rec.id, "", user=rec.user, why=self.quota_why(rec))
 
-    def _within_quota(self, used: dict[str, list[int]]) -> None:
+    def _within_quota(self, used: dict[str, list[int]], projects, pused: dict[str, list[int]]) -> None:
         """Borrowing jobs whose user's quota has room now count against it (by priority, then
         submission): they leave the borrowers' tier, and the policy sees their priority again."""
         s = self.s
@@ -179,10 +203,7 @@ class Admission:
                 rec.borrowing = False
                 s._dirty.add(rec.id)
                 continue
-            u = used.setdefault(rec.user, [0, 0])
-            if s.quotas.of(rec.user).fits(u[0], u[1], rec.gpus):
-                u[0] += rec.gpus
-                u[1] += 1
+            if s.quotas.fit(rec, used, projects, pused):
                 self.borrowers.discard(rec.id)
                 rec.borrowing = False
                 e.priority = s.tier_of(rec)
@@ -211,7 +232,7 @@ class Admission:
         if self._array_full(rec):
             return (f"waiting: array {rec.array} runs at most {rec.array_limit} tasks at once (--array ...%"
                     f"{rec.array_limit})")
-        return self.s.quotas.why(rec, self.used)
+        return self.quota_why(rec)
 
 
 def _single(rec: JobRecord) -> tuple[str, str]:

@@ -39,7 +39,7 @@ from ..wire import (
     GenerationInfo, Health, JobCreate, JobInfo, JobList, JobSubmit, JobUpdate, LeaseRequest, MemberResult, NodeCordon,
     NodeLeave, NodePoll, NodeRegister, ProfileList, ProfileReport, ProgressRequest, ReleaseRequest, ResourceList,
     ResourceReport,
-    RestoreRequest, StepInfo, StepReport, StragglerInfo, UserQuota, UserTickets,
+    RestoreRequest, ProjectSet, StepInfo, StepReport, StragglerInfo, UserQuota, UserTickets,
     Version,
 )
 from .access import ADMIN, ANONYMOUS, PUBLIC_ROUTES, Access, Credentials, Identity
@@ -285,6 +285,7 @@ class CoordinatorApp:
             "/v1/cluster/forecast": {"GET": R("GET", None, lambda: sched().forecast())},
             "/v1/cluster/utilization": {"GET": R("GET", None, lambda: sched().utilization())},
             "/v1/cluster/users": {"GET": R("GET", None, self._users, query=True)},
+            "/v1/cluster/projects": {"GET": R("GET", None, lambda: sched().project_list())},
             "/v1/admin/accounts": {"GET": R("GET", None, self._accounts)},
         }
         self._fixed = {path: {m: _with_key(r, f"{m} {path}") for m, r in methods.items()}
@@ -294,6 +295,8 @@ class CoordinatorApp:
             "": {"POST": R("POST", UserTickets, lambda u, b: sched().set_user(u, b))},
             "quota": {"POST": R("POST", UserQuota, lambda u, b: sched().set_quota(u, b))}})
         self._user, self._user_verb = users.pop(""), users
+        self._project = _routes("/v1/cluster/projects/{project}", {
+            "": {"POST": R("POST", ProjectSet, lambda p, b: sched().set_project(p, b))}})[""]
         # /v1/jobs/{job}[/generations | /profiles | /steps | /datasets[/{ds}[/verb]]]
         self._job = _routes("/v1/jobs/{job}", {"": {"GET": R("GET", None, coordinator.job_info)}})[""]
         self._job_sub = _routes("/v1/jobs/{job}", {
@@ -465,6 +468,8 @@ class CoordinatorApp:
                 return self._node_verb[p[5]], (p[4],)
             if p[3] == "users" and n == 5:
                 return self._user, (p[4],)
+            if p[3] == "projects" and n == 5:
+                return self._project, (p[4],)
             if p[3] == "users" and n == 6 and p[5] in self._user_verb:
                 return self._user_verb[p[5]], (p[4],)
         if len(p) >= 5 and p[1] == "v1" and p[2] == "admin" and p[3] in ("users", "nodes") and p[4]:

@@ -114,6 +114,7 @@ class JobRecord(msgspec.Struct):
     run_at: float = 0.0  # when its current (or last) run was started (--preempt-exempt counts from it)
     begin: float = 0.0  # the time it may start from (--begin; 0: at once)
     borrowing: bool = False  # admitted over its user's quota (--quota-borrow): preempted first
+    project: str = ""  # the project whose quota it counts against ("": none)
 
     @property
     def grouped(self) -> bool:

@@ -59,7 +59,7 @@ class Quota:
         return (self.gpus is None or used_gpus + gpus <= self.gpus) and (self.jobs is None or used_jobs < self.jobs)
 
     def text(self) -> str:
-        parts = [f"{self.gpus} GPUs" if self.gpus is not None else "",
+        parts = [f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}" if self.gpus is not None else "",
                  f"{self.jobs} job{'s' if self.jobs != 1 else ''}" if self.jobs is not None else ""]
         return ", ".join(p for p in parts if p) or "no limit"
 
@@ -123,17 +123,29 @@ class QuotaBook:
             self.own[user] = quota
         return json.dumps({u: {"gpus": q.gpus, "jobs": q.jobs} for u, q in self.own.items()}, sort_keys=True)
 
-    def admit(self, waiting: Iterable, used: dict[str, list[int]]) -> list:
-        """The waiting jobs (records with ``user``, ``gpus``, ``priority``, ``seq``) to admit now,
-        by priority then submission; ``used``: each user's admitted [GPUs, jobs], updated."""
-        out = []
-        for rec in sorted(waiting, key=lambda r: (-r.priority, r.seq)):
-            u = used.setdefault(rec.user, [0, 0])
-            if self.of(rec.user).fits(u[0], u[1], rec.gpus):
-                u[0] += rec.gpus
-                u[1] += 1
-                out.append(rec)
-        return out
+    def admit(self, waiting: Iterable, used: dict[str, list[int]], projects=None,
+              pused: Optional[dict[str, list[int]]] = None) -> list:
+        """The waiting jobs (records with ``user``, ``gpus``, ``priority``, ``seq``, ``project``) to
+        admit now, by priority then submission; ``used``: each user's admitted [GPUs, jobs], updated;
+        with ``projects`` (a ProjectBook), each project's too (``pused``)."""
+        return [rec for rec in sorted(waiting, key=lambda r: (-r.priority, r.seq))
+                if self.fit(rec, used, projects, pused)]
+
+    def fit(self, rec, used: dict[str, list[int]], projects=None, pused: Optional[dict[str, list[int]]] = None) -> bool:
+        """Whether ``rec`` fits its user's quota (and its project's, with ``projects``); if so, it is
+        counted in ``used`` (and ``pused``)."""
+        u = used.setdefault(rec.user, [0, 0])
+        if not self.of(rec.user).fits(u[0], u[1], rec.gpus):
+            return False
+        if projects is not None and rec.project:
+            if not projects.fits(rec.project, pused, rec.gpus):
+                return False
+            p = pused.setdefault(rec.project, [0, 0])
+            p[0] += rec.gpus
+            p[1] += 1
+        u[0] += rec.gpus
+        u[1] += 1
+        return True
 
     def why(self, rec, used: dict[str, list[int]]) -> str:
         """Why a job that is not admitted waits (squeue's QOSMaxGRESPerUser, said in full)."""

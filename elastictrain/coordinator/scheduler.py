@@ -43,7 +43,8 @@ from ..sim.forecast import ForecastJob, forecast
 from ..wire import (
     ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, ForecastInfo, GroupMember, JobSubmit,
     JobUpdate, LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks,
-    Series, StepInfo, StepReport, Task, UserInfo, UserList, UserQuota, UserTickets,
+    ProjectInfo, ProjectList, ProjectSet, Series, StepInfo, StepReport, Task, UserInfo, UserList, UserQuota,
+    UserTickets,
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
 from .events import EventLog, LogBook
@@ -52,6 +53,8 @@ from .live import JobRecord, LiveBackend
 from .nodes import Exit, NodeBook, TaskRec
 from .admission import Admission
 from .arrays import parse_array
+from .projects import META_KEY as PROJECTS_META
+from .projects import ProjectBook
 from .quotas import MAX_QUOTA, Quota, QuotaBook
 from .quotas import CAPS_KEY as CAPS_META
 from .quotas import META_KEY as QUOTAS_META
@@ -119,6 +122,7 @@ class ClusterScheduler:
         self.policy = self._make_policy()
         self.users = UserBook(loaded.meta, self.policy)
         self.quotas = QuotaBook(loaded.meta, Quota(cfg.quota_gpus or None, cfg.quota_jobs or None))
+        self.projects = ProjectBook(loaded.meta)
         self.admission = Admission(self)  # who enters the job table, and when (admission.py)
         self.events = EventLog(self.store, loaded.last_event)
         self.logs = LogBook(self.store, loaded.log_bytes)
@@ -694,6 +698,12 @@ class ClusterScheduler:
         if req.begin is not None and req.begin > now + MAX_BEGIN:
             raise ConfigError(f"--begin is {(req.begin - now) / 86_400:.0f} days from now; it may be at most 366 days "
                               "ahead (give a nearer time, or submit later)")
+        project = self.projects.charge(user, req.project, who.role != "user")
+        pq = self.projects.projects[project].quota if project else None
+        if pq is not None and pq.gpus is not None and req.gpus > pq.gpus and not self.cfg.quota_borrow:
+            raise ConfigError(f"the job asks for {req.gpus} GPUs (--gpus) but project {project}'s quota is {pq.gpus}: "
+                              f"it could never be admitted; lower --gpus to {pq.gpus} or less, or ask an admin to "
+                              f"raise it (`elastictrain projects set {project} --gpus {req.gpus}`)")
         quota = self.quotas.of(user)
         if quota.gpus is not None and req.gpus > quota.gpus and not self.cfg.quota_borrow:
             raise ConfigError(f"the job asks for {req.gpus} GPUs (--gpus) but user {user}'s quota is {quota.gpus}: "
@@ -712,6 +722,8 @@ class ClusterScheduler:
             by["hold"] = True
         if req.begin is not None and req.begin > now:
             by["begin"] = round(req.begin, 3)
+        if project:
+            by["project"] = project
         out = []
         for i in tasks:
             job_id, env = base, dict(req.env)
@@ -724,7 +736,8 @@ class ClusterScheduler:
                             profile_steps=req.profile_steps, reprofile=req.reprofile, given_stages=given,
                             run_as=run_as, allow_root=allow_root, after=after, hold=req.hold,
                             array=base if i is not None else "", array_limit=limit,
-                            time_limit=req.time_limit or 0.0, begin=req.begin if (req.begin or 0.0) > now else 0.0)
+                            time_limit=req.time_limit or 0.0, begin=req.begin if (req.begin or 0.0) > now else 0.0,
+                            project=project)
             self.records[job_id] = rec
             self.c.members.create_job(job_id, 1, 65536)
             rec.admitted = False
@@ -921,7 +934,7 @@ class ClusterScheduler:
                               rec.attained_gpu, where, rec.preemptions, rec.restarts, rec.max_restarts, reason,
                               rec.step, rec.steps, rec.epochs, rec.iteration_time, rec.run, rec.stopping, info,
                               rec.workers, round(e.rate, 3) if e is not None and e.rate > 0 else None,
-                              list(rec.stage_times), rec.exit_code, dict(rec.runs_by_reason))
+                              list(rec.stage_times), rec.exit_code, dict(rec.runs_by_reason), rec.project)
 
     def _why_waiting(self, rec: JobRecord) -> str:
         """Why a queued or preempted job is not running, as far as the nodes tell (squeue's REASON)."""
@@ -1038,6 +1051,37 @@ class ClusterScheduler:
                                         waiting_for_quota=queued.get(u.user, 0))
                 for u in rows for q in (self.quotas.of(u.user),)]
         return msgspec.structs.replace(out, users=rows)
+
+    def set_project(self, name: str, req: ProjectSet) -> ProjectList:
+        """(admin) Create, change or remove project ``name`` (projects.py)."""
+        if req.remove:
+            if req.gpus is not None or req.jobs is not None or req.users is not None:
+                raise ConfigError("give --remove alone (it drops the project), or --gpus/--jobs/--users to set it")
+            if name not in self.projects.projects:
+                raise NotFoundError(f"no project {name!r}; `elastictrain projects list` shows them")
+            stored = self.projects.remove(name)
+            self._emit("project", "", "", project=name, removed=True)
+        else:
+            stored = self.projects.set(name, Quota(req.gpus, req.jobs), req.users)
+            p = self.projects.projects[name]
+            self._emit("project", "", "", project=name, gpus=p.quota.gpus if p.quota.gpus is not None else "-",
+                       jobs=p.quota.jobs if p.quota.jobs is not None else "-", users=",".join(p.users[:64]))
+        with self.store.transaction() as tx:
+            tx.put_meta(PROJECTS_META, stored)
+            self.events.write(tx)
+        self.admission.admit()
+        self._flush()
+        self.wake()
+        return self.project_list()
+
+    def project_list(self) -> ProjectList:
+        used = self.admission.project_usage()
+        queued: dict[str, int] = {}
+        for rec in self.admission.waiting.values():
+            if rec.project:
+                queued[rec.project] = queued.get(rec.project, 0) + 1
+        return ProjectList([ProjectInfo(n, p.quota.gpus, p.quota.jobs, list(p.users), *used.get(n, (0, 0)),
+                                        queued.get(n, 0)) for n, p in self.projects.projects.items()])
 
     def job_logs(self, job: str, after: int) -> LogList:
         rec = self._rec(job)

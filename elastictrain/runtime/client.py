@@ -27,8 +27,9 @@ from ..wire import (
     CommitList, CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health,
     JobCreate, JobInfo, JobList, JobSubmit, JobUpdate, LeaseReply, LeaseRequest, LogList, MemberResult, NodeCordon,
     NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks,
-    ProfileList, ProfileReport, ProgressReply, ProgressRequest, ReleaseReply, ReleaseRequest, RestoreReply,
-    ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserQuota, UserTickets,
+    ProfileList, ProfileReport, ProgressReply, ProgressRequest, ProjectList, ProjectSet, ReleaseReply, ReleaseRequest,
+    RestoreReply, ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserQuota,
+    UserTickets,
     Version,
     AccountCreate, AccountList, Credential, WhoAmI,
 )
@@ -343,6 +344,17 @@ class CoordinatorClient:
         alone: only the highest priority it may submit at (the limits stay)."""
         return self._call("POST", f"/v1/cluster/users/{user}/quota", UserList,
                           UserQuota(gpus, jobs, default, max_priority))
+
+    def projects(self) -> ProjectList:
+        return self._call("GET", "/v1/cluster/projects", ProjectList)
+
+    def set_project(self, name: str, gpus: Optional[int] = None, jobs: Optional[int] = None,
+                    users: Optional[list[str]] = None) -> ProjectList:
+        """(admin) Create or change project ``name``: its quota (None: no limit) and members (None: kept)."""
+        return self._call("POST", f"/v1/cluster/projects/{name}", ProjectList, ProjectSet(gpus, jobs, users))
+
+    def remove_project(self, name: str) -> ProjectList:
+        return self._call("POST", f"/v1/cluster/projects/{name}", ProjectList, ProjectSet(remove=True))
 
     def users(self, window: float = 600.0) -> UserList:
         return self._call("GET", f"/v1/cluster/users?window={float(window)!r}", UserList)

@@ -64,7 +64,7 @@ def world(tmp_path):
 
 def _args(route: str, w) -> dict:
     admin_route = route.split()[1].startswith("/v1/admin/")
-    return {"job": w["a"], "ds": "train", "node": "n9" if admin_route else "n1", "user": "carol"}
+    return {"job": w["a"], "ds": "train", "node": "n9" if admin_route else "n1", "user": "carol", "project": "p1"}
 
 
 def _send(w, role: str, route: str, job: str = None):

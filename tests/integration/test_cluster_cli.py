@@ -120,7 +120,7 @@ def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
     c = Cluster(tmp_path, "fifo", "--quota-jobs", "5", nodes=1, slots=2).start()
     try:
         out = c.cli("users", "quota", "alice", "--gpus", "1").stdout
-        assert "user alice: quota 1 GPUs, 5 jobs" not in out and "user alice: quota 1 GPUs" in out, out
+        assert "user alice: quota 1 GPU, 5 jobs" not in out and "user alice: quota 1 GPU" in out, out
         with open(os.path.join(c.tmp, "nap.py"), "w") as f:
             f.write("import time\ntime.sleep(1.5)\n")
         run = ("--user", "alice", "--gpus", "1", "--", "nap.py")
@@ -128,10 +128,10 @@ def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
         b = c.cli("submit", "--name", "second", *run).stdout.strip()
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "running", 60, "the first job to run")
         waiting = c.client.cluster_job(b)
-        assert waiting.status == "queued" and "waiting for user alice's quota (1 GPUs, its own)" in waiting.reason
+        assert waiting.status == "queued" and "waiting for user alice's quota (1 GPU, its own)" in waiting.reason
         assert "alice's quota" in c.cli("status", "--job", b).stdout  # one free slot, and still it waits
         users = c.cli("users", "list").stdout
-        assert "quota" in users.splitlines()[1] and "1 GPUs" in users, users
+        assert "quota" in users.splitlines()[1] and "1 GPU" in users, users
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(b) == "finished", 120, "the second job to finish")
         events = [e for e in c.client.events(0).events if e.job == b]
         kinds = [e.kind for e in events]
@@ -143,7 +143,7 @@ def test_a_users_quota_admits_its_jobs_one_at_a_time(tmp_path):
         vague = c.cli("users", "quota", "alice", check=False)  # which one is meant: said, not guessed
         assert vague.returncode == 2 and "or --unlimited, and/or --max-priority N; or --default alone" in vague.stderr
         out = c.cli("users", "quota", "alice", "--max-priority", "3").stdout  # the limits stay
-        assert "user alice: quota 1 GPUs; priority up to 3" in out, out
+        assert "user alice: quota 1 GPU; priority up to 3" in out, out
         both = c.cli("users", "quota", "alice", "--default", "--max-priority", "3", check=False)
         assert both.returncode == 2, both.stderr
         high = c.cli("users", "quota", "alice", "--max-priority", "1001", check=False)
@@ -233,6 +233,31 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
         again = c.cli("cancel", base, check=False)  # every task ended: a 409 that says so, not a silent 0
         assert again.returncode != 0 and f"job array {base}: each of its 2 tasks has ended" in again.stderr, again
         c.cli("cancel", gate)
+    finally:
+        c.stop()
+
+
+def test_a_projects_quota_is_shared_by_its_members(tmp_path):
+    """Slurm's accounts (sacctmgr ... GrpTRES, sbatch -A): `projects set`, `submit -A`, a user's
+    default project, `status` saying a job waits for its project, `projects list`."""
+    c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
+    try:
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+            f.write("import time\ntime.sleep(4.0)\n")
+        out = c.cli("projects", "set", "vision", "--gpus", "1", "--users", "alice,bob").stdout
+        assert out.startswith("project vision set") and "alice,bob" in out, out
+        a = c.cli("submit", "--user", "alice", "--", "nap.py").stdout.strip()  # her default project
+        b = c.cli("submit", "--user", "bob", "-A", "vision", "--", "nap.py").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "running", 60, "alice's job to run")
+        shown = c.cli("status", "--job", b).stdout
+        assert "project vision" in shown and "waiting for project vision's quota (1 GPU)" in shown, shown
+        listed = c.cli("projects", "list").stdout.splitlines()
+        assert listed[1].split()[:6] == ["vision", "1", "-", "1", "1", "1"], listed
+        bad = c.cli("submit", "--user", "carol", "--account", "nope", "--", "nap.py", check=False)
+        assert bad.returncode == 2 and "no project 'nope'" in bad.stderr, bad.stderr
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(b) == "finished", 60, "bob's job to run after")
+        assert c.client.cluster_job(a).end_time <= c.client.cluster_job(b).start_time
+        assert c.cli("projects", "remove", "vision").stdout.startswith("project vision removed\nno projects")
     finally:
         c.stop()
 

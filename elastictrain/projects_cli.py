@@ -1,0 +1,56 @@
+"""``elastictrain projects``: quotas shared by a team (Slurm's accounts: ``sacctmgr add account``
+with ``GrpTRES``; coordinator/projects.py). ``submit --project P`` (or ``-A``/``--account``)
+charges a job to one."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+import msgspec
+
+from ._text import table
+
+__all__ = ["add_parser", "run"]
+
+
+def add_parser(sub, connection: Callable[[argparse.ArgumentParser], None]) -> None:
+    pr = sub.add_parser("projects", help="projects: GPU and job quotas shared by their members (Slurm's accounts)")
+    connection(pr)
+    psub = pr.add_subparsers(dest="projects_command", required=True)
+    ls = psub.add_parser("list", help="every project: its quota, members, what its admitted jobs count, what waits")
+    ls.add_argument("--json", action="store_true", help="machine-readable output")
+    st = psub.add_parser("set", help="(admin) create or change a project (sacctmgr add account ... GrpTRES=gres/gpu=N)")
+    st.add_argument("name")
+    st.add_argument("--gpus", type=int, default=None,
+                    help="GPUs its members' admitted jobs may count together, each at its --gpus (left out: no limit)")
+    st.add_argument("--jobs", type=int, default=None, help="jobs admitted at once (left out: no limit)")
+    st.add_argument("--users", default=None, metavar="U1,U2",
+                    help="its members, who may charge it (submit --project); a user's default project is the first "
+                    "that lists it (left out: they stay)")
+    rm = psub.add_parser("remove", help="(admin) drop a project (its jobs go on, charged to nothing)")
+    rm.add_argument("name")
+
+
+def run(args, client) -> int:
+    if args.projects_command == "set":  # the coordinator checks the names and the numbers (a 400 with the reason)
+        users = None if args.users is None else [u for u in args.users.split(",") if u]
+        pl = client.set_project(args.name, args.gpus, args.jobs, users)
+        print(f"project {args.name} set")
+    elif args.projects_command == "remove":
+        pl = client.remove_project(args.name)
+        print(f"project {args.name} removed")
+    else:
+        pl = client.projects()
+        if args.json:
+            print(msgspec.json.encode(pl).decode())
+            return 0
+    if not pl.projects:
+        print("no projects (an admin creates one: elastictrain projects set NAME --gpus N --users U1,U2)")
+        return 0
+    rows = [("project", "GPUs", "jobs", "admitted GPUs", "admitted jobs", "waiting", "members")]
+    for p in pl.projects:
+        rows.append((p.name, "-" if p.gpus is None else str(p.gpus), "-" if p.jobs is None else str(p.jobs),
+                     str(p.used_gpus), str(p.used_jobs), str(p.queued), ",".join(p.users) or "-"))
+    print(table(rows, right_align=False))
+    return 0

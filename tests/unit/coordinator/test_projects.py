@@ -1,0 +1,103 @@
+"""Projects (coordinator/projects.py): a quota shared by a team's users, Slurm's accounts with
+GrpTRES, in process on a manual clock with the real SQLite store."""
+
+import pytest
+
+from elastictrain.coordinator.access import Identity
+from elastictrain.errors import ConfigError, ForbiddenError, NotFoundError
+from elastictrain.wire import JobSubmit, ProjectSet, UserQuota
+
+from .test_quotas import QuotaWorld
+
+
+def _submit(w, user, gpus=1, **kw):
+    w.c.creds.add_user(user, user, False) if user not in w.c.creds.accounts else None
+    return w.s.submit(JobSubmit(["train.py"], str(w.tmp), gpus=gpus, **kw), Identity("user", user)).id
+
+
+def test_a_projects_members_share_its_quota_and_the_rest_wait_until_it_has_room(tmp_path):
+    w = QuotaWorld(tmp_path, policy="fifo", nodes=2, slots=4)
+    w.s.set_project("vision", ProjectSet(gpus=3, users=["alice", "bob"]))
+    a = _submit(w, "alice", 2)
+    b = _submit(w, "bob", 1)  # the project's 3 GPUs are taken by alice's 2 and bob's 1
+    c = _submit(w, "bob", 2)  # bob has no quota of his own, but his project is full
+    d = _submit(w, "carol", 2)  # in no project
+    w.s.tick()
+    assert w.placed() == {a, b, d}
+    assert [w.s.job(j).project for j in (a, b, c, d)] == ["vision", "vision", "vision", ""]
+    why = w.s.job(c).reason
+    assert "waiting for project vision's quota (3 GPUs): its admitted jobs count 3 of its 3 GPUs and this one " \
+           "needs 2" in why and "elastictrain projects set vision --gpus N" in why, why
+    listed = {p.name: p for p in w.s.project_list().projects}["vision"]
+    assert (listed.gpus, listed.users, listed.used_gpus, listed.used_jobs, listed.queued) == \
+        (3, ["alice", "bob"], 3, 2, 1)
+    w.exit(b, 0)  # one GPU back: not enough
+    w.s.tick()
+    assert c not in w.s.table
+    w.exit(a, 0)
+    w.s.tick()
+    assert w.status(c) == "running"
+
+
+def test_a_user_charges_only_its_own_projects_and_both_quotas_hold(tmp_path):
+    w = QuotaWorld(tmp_path, policy="fifo", nodes=1, slots=4)
+    w.s.set_project("nlp", ProjectSet(jobs=1, users=["alice"]))
+    w.s.set_project("vision", ProjectSet(gpus=3, users=["bob", "alice"]))
+    with pytest.raises(ForbiddenError, match=r"user bob is not a member of project nlp; ask an admin .*projects set nlp"):
+        _submit(w, "bob", project="nlp")
+    with pytest.raises(ConfigError, match=r"no project 'nope'; `elastictrain projects list` shows them"):
+        _submit(w, "alice", project="nope")
+    assert w.s.submit(JobSubmit(["train.py"], str(tmp_path), user="bob", project="nlp")).project == "nlp"  # admin
+    first = _submit(w, "alice")  # her default: nlp, the first project that lists her
+    other = _submit(w, "alice", project="vision")
+    assert w.s.job(first).project == "nlp" and w.s.job(other).project == "vision"
+    w.s.tick()
+    assert w.status(first) == "queued" and "project nlp's quota (1 job)" in w.s.job(first).reason  # the admin's has it
+    assert w.status(other) == "running"
+    w.s.set_quota("alice", UserQuota(gpus=1))  # her own quota too: both must have room
+    late = _submit(w, "alice", project="vision")
+    w.s.tick()
+    assert w.status(late) == "queued" and "user alice's quota" in w.s.job(late).reason
+    with pytest.raises(ConfigError, match=r"asks for 4 GPUs .* project vision's quota is 3: it could never be admitted"):
+        _submit(w, "bob", 4, project="vision")
+
+
+def test_projects_survive_a_restart_and_removing_one_lifts_its_limit(tmp_path):
+    w = QuotaWorld(tmp_path, policy="fifo", nodes=1, slots=4, node_timeout=1000.0)
+    w.s.set_project("vision", ProjectSet(gpus=1, users=["alice"]))
+    a, b = _submit(w, "alice"), _submit(w, "alice")
+    w.s.tick()
+    w.run_all()
+    assert w.status(b) == "queued"
+    w.s._flush(everything=True)
+    w.restart()
+    assert [(p.name, p.gpus, p.users) for p in w.s.project_list().projects] == [("vision", 1, ["alice"])]
+    w.s.tick()
+    assert b not in w.s.table and w.s.job(b).project == "vision"
+    w.s.set_project("vision", ProjectSet(gpus=2))  # members left out: they stay
+    assert w.s.project_list().projects[0].users == ["alice"]
+    w.s.tick()
+    assert b in w.s.table
+    w.s.set_project("vision", ProjectSet(remove=True))
+    assert w.s.project_list().projects == [] and w.s.job(a).project == "vision"
+    kinds = [e.detail for e in w.s.events.list(0).events if e.kind == "project"]
+    assert kinds[-1] == {"project": "vision", "removed": True}
+    with pytest.raises(NotFoundError, match="no project 'vision'"):
+        w.s.set_project("vision", ProjectSet(remove=True))
+    with pytest.raises(ConfigError, match="give --remove alone"):
+        w.s.set_project("vision", ProjectSet(gpus=1, remove=True))
+    with pytest.raises(ConfigError):
+        w.s.set_project("bad name", ProjectSet(gpus=1))
+
+
+def test_with_borrowing_a_job_over_its_projects_quota_borrows_and_counts_once_there_is_room(tmp_path):
+    w = QuotaWorld(tmp_path, policy="fifo", nodes=1, slots=4, borrow=True)
+    w.s.set_project("vision", ProjectSet(gpus=1, users=["alice"]))
+    a, b = _submit(w, "alice"), _submit(w, "alice")
+    w.s.tick()
+    w.run_all()
+    assert w.status(a) == w.status(b) == "running" and w.s.records[b].borrowing and not w.s.records[a].borrowing
+    w.exit(a, 0)
+    w.s.tick()
+    assert not w.s.records[b].borrowing
+    assert ("within_quota", b) in [(e.kind, e.job) for e in w.s.events.list(0).events]

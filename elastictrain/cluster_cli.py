@@ -99,9 +99,10 @@ def add_commands(sub) -> None:
                    help="--dry-run --backend kubernetes: the namespace [ET_K8S_NAMESPACE]")
     s.add_argument("--nodes", default=None, metavar="N1:G1,N2:G2",
                    help="--dry-run: the placement to show (default: one node, n1, with all the job's GPUs)")
-    s.add_argument("--after", action="append", default=[], metavar="JOB[:any]|singleton",
-                   help="run only once JOB finished (JOB:any: once it ended, however); repeatable, or JOB,JOB "
-                   "(Slurm's --dependency=afterok / afterany). If JOB fails, this job is cancelled, saying why. "
+    s.add_argument("--after", action="append", default=[], metavar="JOB[:any|:notok]|singleton",
+                   help="run only once JOB finished (JOB:any: once it ended, however; JOB:notok: once it failed or "
+                   "was cancelled); repeatable, or JOB,JOB (Slurm's --dependency=afterok / afterany / afternotok). "
+                   "If JOB ends otherwise, this job is cancelled, saying why. "
                    "singleton: once every earlier job of this --name and user ended (one at a time)")
     s.add_argument("--hold", action="store_true", help="submit on hold: it runs after `elastictrain release JOB`")
     s.add_argument("-A", "--project", "--account", dest="project", default=None, metavar="NAME",

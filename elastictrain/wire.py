@@ -499,7 +499,8 @@ class JobSubmit(_Msg, omit_defaults=True):
     #: ``elastictrain profile --json``): used until its workers send a measured one
     stage_times: Optional[Annotated[dict[Short, Seconds], msgspec.Meta(max_length=16)]] = None
     #: jobs it waits for (Slurm's --dependency): ``JOB`` (it runs once JOB finished), ``JOB:any``
-    #: (once JOB ended, however), ``singleton`` (once every earlier job of its name and user ended)
+    #: (once JOB ended, however), ``JOB:notok`` (once JOB failed or was cancelled), ``singleton``
+    #: (once every earlier job of its name and user ended)
     after: Annotated[list[Short], msgspec.Meta(max_length=64)] = []
     #: submitted on hold (Slurm's --hold): it runs only after ``elastictrain release``
     hold: bool = False

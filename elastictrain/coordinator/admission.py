@@ -3,7 +3,8 @@
 A job may be queued long before it may run. It stays outside the table (so no policy sees it,
 and nothing needs to change in the policies) while it is on hold (``submit --hold``,
 ``elastictrain hold``), before its begin time (``submit --begin``), while a job it runs after
-has not ended as asked (``--after JOB`` waits for a finish, ``JOB:any`` for any end; a job
+has not ended as asked (``--after JOB`` waits for a finish, ``JOB:notok`` for a failure or a
+cancellation, ``JOB:any`` for any end; a job
 array's id stands for all its tasks), while its job array has ``%N`` tasks admitted, and while
 its user's admitted jobs leave no room in the user's quota (quotas.py). It is admitted in
 priority, then submission order, and the policy sees it arrive. A job whose ``--after JOB`` can
@@ -38,7 +39,7 @@ class Admission:
         self.borrowers: set[str] = set()  # admitted over their users' quotas (--quota-borrow)
 
     def dependencies(self, after: list[str]) -> list[str]:
-        """``--after`` as "JOB:ok"/"JOB:any", each a known scheduled job that can still satisfy it
+        """``--after`` as "JOB:ok"/"JOB:notok"/"JOB:any", each a known scheduled job that can still satisfy it
         (a job array's id: each of its tasks).
 
         Raises:
@@ -54,9 +55,9 @@ class Admission:
             job, _, kind = item.partition(":")
             check_name("job", job)
             kind = kind or "ok"
-            if kind not in ("ok", "any"):
-                raise ConfigError(f"--after {item!r}: write JOB (it must finish first) or JOB:any (it must end, "
-                                  "however)")
+            if kind not in ("ok", "any", "notok"):
+                raise ConfigError(f"--after {item!r}: write JOB (it must finish first), JOB:any (it must end, "
+                                  "however) or JOB:notok (it must fail or be cancelled)")
             dep = records.get(job)
             tasks = [r.id for r in records.values() if r.array == job] if dep is None else []
             if tasks:  # a job array: every task of it (Slurm's dependency on an array)
@@ -66,6 +67,9 @@ class Admission:
                 raise ConfigError(f"--after {item!r}: no scheduled job {job!r} (`elastictrain status` lists them)")
             if kind == "ok" and dep.status in _ENDED_NAMES and dep.status != "finished":
                 raise ConfigError(f"--after {item!r}: job {job} already {dep.status}, so it will never finish; use "
+                                  f"{job}:any to wait for it to end however")
+            if kind == "notok" and dep.status == "finished":
+                raise ConfigError(f"--after {item!r}: job {job} already finished, so it will never fail; use "
                                   f"{job}:any to wait for it to end however")
             if f"{job}:{kind}" not in out:
                 out.append(f"{job}:{kind}")
@@ -82,10 +86,12 @@ class Admission:
             job, _, kind = item.partition(":")
             dep = self.s.records.get(job)
             status = dep.status if dep is not None else "cancelled"
-            if status == "finished" or (kind == "any" and status in _ENDED_NAMES):
+            ended = status in _ENDED_NAMES
+            if ended and (kind == "any" or (status == "finished") == (kind == "ok")):
                 continue
-            if status in _ENDED_NAMES:
-                return left, (f"job {job}, which it runs after (--after {job}), {status}, so it never can "
+            if ended:
+                how = f"--after {job}:notok" if kind == "notok" else f"--after {job}"
+                return left, (f"job {job}, which it runs after ({how}), {status}, so it never can "
                               f"(Slurm's DependencyNeverSatisfied); submit it again, with --after {job}:any to run "
                               "after an end of any kind")
             left.append(job)
@@ -225,7 +231,8 @@ class Admission:
             return f"waiting for its begin time (--begin): {when}, in {rec.begin - now:.0f} s"
         left = self.waits_for(rec)[0]
         if left:
-            what = "finish" if all(f"{j}:ok" in rec.after for j in left) else "end"
+            what = "finish" if all(f"{j}:ok" in rec.after for j in left) else \
+                "fail" if all(f"{j}:notok" in rec.after for j in left) else "end"
             single = f"; singleton: one job named {_single(rec)[1]} of user {rec.user} at a time" \
                 if "singleton" in rec.after else ""
             return f"waiting for job{'s' if len(left) > 1 else ''} {', '.join(left)} to {what} (--after{single})"

@@ -49,7 +49,7 @@ def test_dependencies_are_checked_at_submission(tmp_path):
     a = _submit(w)
     with pytest.raises(ConfigError, match="no scheduled job '99'"):
         _submit(w, after=["99"])
-    with pytest.raises(ConfigError, match="write JOB .* or JOB:any"):
+    with pytest.raises(ConfigError, match="write JOB .*, JOB:any .* or JOB:notok"):
         _submit(w, after=[f"{a}:ok-ish"])
     with pytest.raises(ConfigError, match="job name '../x' is invalid"):
         _submit(w, after=["../x"])
@@ -124,6 +124,29 @@ def test_without_steps_a_time_limit_is_the_work_an_srtf_policy_assumes(tmp_path)
                and e.detail["input"] == "remaining"]
     assert assumed == ["the rest of its --time limit as its work left (no --steps or --epochs)"], assumed
     assert w.s.table.get(a).remaining_iterations == pytest.approx(600.0)
+
+
+def test_after_notok_runs_a_cleanup_only_when_its_job_fails(tmp_path):
+    """Slurm's afternotok: the job runs once JOB failed or was cancelled; if JOB finished, it never
+    can, so it is cancelled saying why."""
+    w = World(tmp_path, policy="fifo", nodes=1, slots=4)
+    bad, good = _submit(w), _submit(w)
+    on_bad, on_good = _submit(w, after=[f"{bad}:notok"]), _submit(w, after=[f"{good}:notok"])
+    w.s.tick()
+    w.run_all()
+    assert w.s.job(on_bad).reason == f"waiting for job {bad} to fail (--after)"
+    w.exit(bad, 1)
+    w.exit(good, 0)
+    w.s.tick()
+    w.run_all()
+    assert w.status(on_bad) == "running" and w.status(on_good) == "cancelled"
+    assert w.s.job(on_good).reason.startswith(f"job {good}, which it runs after (--after {good}:notok), finished, "
+                                              "so it never can")
+    with pytest.raises(ConfigError, match=f"job {good} already finished, so it will never fail"):
+        _submit(w, after=[f"{good}:notok"])
+    assert _submit(w, after=[f"{bad}:notok"]) in w.s.records  # failed already: it may run at once
+    with pytest.raises(ConfigError, match="JOB:notok"):
+        _submit(w, after=[f"{bad}:maybe"])
 
 
 def test_begin_keeps_a_job_out_until_its_time_and_survives_a_restart(tmp_path):

@@ -105,6 +105,9 @@ def add_commands(sub) -> None:
                    "If JOB ends otherwise, this job is cancelled, saying why. "
                    "singleton: once every earlier job of this --name and user ended (one at a time)")
     s.add_argument("--hold", action="store_true", help="submit on hold: it runs after `elastictrain release JOB`")
+    s.add_argument("-W", "--wait", action="store_true",
+                   help="return only once the job (every task of an array) ended, with exit status 0 if it finished, "
+                   "else its exit code (1 without one, or cancelled), as sbatch --wait")
     s.add_argument("-A", "--project", "--account", dest="project", default=None, metavar="NAME",
                    help="the project whose quota it counts against (Slurm's --account; default: the first project "
                    "that lists the user, if any; `elastictrain projects list`)")
@@ -324,12 +327,31 @@ def _submit(args) -> int:
     if args.dry_run:
         print(_dry_run_script(args, req), end="")
         return 0
+    client = _client(args)
     if req.array is not None:  # one id per line, for scripts (the tasks' ids: ID_INDEX)
-        print("\n".join(j.id for j in _client(args).submit_array(req).jobs))
-        return 0
-    info = _client(args).submit(req)
-    print(info.id)
-    return 0
+        ids = [j.id for j in client.submit_array(req).jobs]
+    else:
+        ids = [client.submit(req).id]
+    print("\n".join(ids), flush=True)
+    return _wait_for(client, ids) if args.wait else 0
+
+
+def _wait_for(client, ids: list[str], every: float = 1.0) -> int:
+    """``submit --wait`` (sbatch --wait): until every job ended; 0 if all finished, else the
+    highest exit code among those that failed (1 for a failure without one, or a cancellation)."""
+    left, worst = list(ids), 0
+    while left:
+        time.sleep(every)
+        for job in list(left):
+            info = client.cluster_job(job)
+            if info.status not in _ENDED:
+                continue
+            left.remove(job)
+            if info.status != "finished":
+                code = info.exit_code if info.exit_code and 0 < info.exit_code < 256 else 1
+                worst = max(worst, code)
+                print(f"job {job} {info.status}: {info.reason or '-'}", file=sys.stderr)
+    return worst
 
 
 def _dry_run_script(args, req) -> str:

@@ -175,6 +175,14 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(soon) == "finished", 60, "the --begin job to run")
         began = c.client.cluster_job(soon)
         assert began.start_time >= began.submit_time + 2.9, (began.submit_time, began.start_time)
+        waited = c.cli("submit", "--wait", "--", "nap.py")  # sbatch --wait: back once it ended, with its status
+        job = waited.stdout.strip()
+        assert waited.returncode == 0 and c.client.cluster_job(job).status == "finished", waited
+        with open(os.path.join(c.tmp, "bad.py"), "w") as f:
+            f.write("raise SystemExit(3)\n")
+        waited = c.cli("submit", "-W", "--max-restarts", "0", "--", "bad.py", check=False)
+        code = c.client.cluster_job(waited.stdout.strip()).exit_code  # etrun's, as torchrun's: 1 on a worker failure
+        assert waited.returncode == code == 1 and "exited with code 3" in waited.stderr, (waited, code)
         late = c.cli("hold", train, check=False)
         assert late.returncode == 2 and "already finished" in late.stderr, late.stderr
         bad = c.cli("submit", "--after", "nope", "--", "nap.py", check=False)

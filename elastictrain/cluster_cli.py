@@ -132,6 +132,7 @@ def add_commands(sub) -> None:
     st.add_argument("--start", action="store_true",
                     help="when each job is expected to start and end (squeue --start): the coordinator simulates its "
                     "policy from the cluster as it is now (no new submissions, the work left it knows or assumes)")
+    _filters(st)
     st.add_argument("--users", action="store_true",
                     help="each user's share of the GPU-seconds used over --window against its tickets' entitlement")
     st.add_argument("--window", type=float, default=600.0, help="seconds the --users shares cover (default 600)")
@@ -232,9 +233,7 @@ def add_commands(sub) -> None:
     hi = sub.add_parser("history", help="every job's accounting, as sacct shows it: submit, start, end, elapsed, "
                         "state, exit code, restarts by reason, GPU-hours")
     _connection(hi)
-    hi.add_argument("--user", default=None, help="only this user's jobs (comma-separated for several)")
-    hi.add_argument("--state", default=None,
-                    help="only jobs in these states, comma-separated (queued,running,preempted,finished,failed,cancelled)")
+    _filters(hi)
     hi.add_argument("--since", default=None,
                     help="only jobs submitted since: a date (2026-11-26 or 2026-11-26T14:00) or a span ago (90m, 2h, 7d)")
     hi.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output (default table)")
@@ -245,6 +244,44 @@ def add_commands(sub) -> None:
     ev.add_argument("--kind", default=None, help="only events of these kinds, comma-separated (e.g. plan,resize)")
     ev.add_argument("--json", action="store_true", help="one JSON object per line")
     ev.add_argument("-f", "--follow", action="store_true", help="keep printing new events (Ctrl-C to stop)")
+
+
+def _filters(p: argparse.ArgumentParser) -> None:
+    """squeue's and sacct's job filters (see :func:`_job_filter`)."""
+    p.add_argument("-u", "--user", default=None, help="only this user's jobs (comma-separated for several)")
+    p.add_argument("--me", action="store_true", help="only my jobs (the token's user), as squeue --me")
+    p.add_argument("-t", "--state", default=None,
+                   help="only jobs in these states, comma-separated: " + ",".join(_STATES)
+                   + " (or Slurm's: PENDING/PD, RUNNING/R, COMPLETED/CD, FAILED/F, CANCELLED/CA)")
+    p.add_argument("-A", "--project", "--account", dest="project", default=None,
+                   help="only jobs charged to these projects (comma-separated)")
+
+
+_SLURM_STATES = {"pending": ("queued", "preempted"), "pd": ("queued", "preempted"), "r": ("running",),
+                 "completed": ("finished",), "cd": ("finished",), "f": ("failed",), "ca": ("cancelled",),
+                 "canceled": ("cancelled",)}
+
+
+def _job_filter(args, client):
+    """The ``--user``/``--me``/``--state``/``--project`` filter of ``status`` and ``history``: a
+    predicate on ClusterJobInfo."""
+    states = None
+    if args.state:
+        states = set()
+        for s in (x.strip().lower() for x in args.state.split(",") if x.strip()):
+            if s in _STATES:
+                states.add(s)
+            elif s in _SLURM_STATES:
+                states.update(_SLURM_STATES[s])
+            else:
+                raise ConfigError(f"--state {args.state!r}: states are {', '.join(_STATES)} (or Slurm's PENDING, "
+                                  "RUNNING, COMPLETED, FAILED, CANCELLED, and PD, R, CD, F, CA)")
+    users = set(u for u in args.user.split(",") if u) if args.user else None
+    if args.me:
+        users = (users or set()) | {client.whoami().name}
+    projects = set(p for p in args.project.split(",") if p) if args.project else None
+    return lambda j: ((states is None or j.status in states) and (users is None or j.user in users)
+                      and (projects is None or j.project in projects))
 
 
 def _client(args, timeout: float = 10.0):
@@ -417,8 +454,10 @@ def _status(args) -> int:
         st = client.cluster_status()
     except ConflictError:  # no scheduler: the jobs etrun and the library created
         return _job_list(client, args.json)
+    keep = _job_filter(args, client)
+    jobs = [j for j in st.jobs if keep(j)]
     if args.json:
-        print(msgspec.json.encode(st).decode())
+        print(msgspec.json.encode(msgspec.structs.replace(st, jobs=jobs)).decode())
         return 0
     print(f"policy {st.policy}: {len(st.nodes)} node(s), {sum(n.slots for n in st.nodes if n.state == 'up')} "
           f"slot(s) up, {st.decisions} decisions" + (f", {st.failures} failed" if st.failures else ""))
@@ -435,9 +474,9 @@ def _status(args) -> int:
             if n.cordoned_until:
                 print(f"  node {n.name} is cordoned (nothing new is placed there): {n.cordon_why}")
     now = st.now
-    groups = [("running", [j for j in st.jobs if j.status == "running"]),
-              ("queued", [j for j in st.jobs if j.status in ("queued", "preempted")])]
-    ended = [j for j in st.jobs if j.status in _ENDED]
+    groups = [("running", [j for j in jobs if j.status == "running"]),
+              ("queued", [j for j in jobs if j.status in ("queued", "preempted")])]
+    ended = [j for j in jobs if j.status in _ENDED]
     groups.append(("ended", ended if args.all else ended[-10:]))
     prio = any(j.priority for j in st.jobs)  # (a column only where some job has a priority)
     for title, jobs in groups:
@@ -789,7 +828,7 @@ def _history_rows(jobs, now: float) -> list[dict]:
                     "elapsed": None if j.start_time is None else round((end or now) - j.start_time, 3),
                     "waited": round((j.start_time or end or now) - j.submit_time, 3),
                     "exit_code": j.exit_code, "runs": j.run, "preemptions": j.preemptions, "restarts": restarts,
-                    "gpu_hours": round(j.attained_gpu / 3600, 6)})
+                    "gpu_hours": round(j.attained_gpu / 3600, 6), "project": j.project or None})
     return out
 
 
@@ -797,26 +836,22 @@ def _history(args) -> int:
     import csv
     import json
 
-    states = set(args.state.split(",")) if args.state else None
-    if states and not states <= set(_STATES):
-        raise ConfigError(f"--state {args.state!r}: states are {', '.join(_STATES)}")
-    users = set(args.user.split(",")) if args.user else None
     client = _client(args)
+    keep = _job_filter(args, client)
     try:
         st = client.cluster_status()  # (its time is the coordinator's clock)
     except ConflictError:
         raise ConfigError(f"the coordinator at {client.url} runs no scheduler: history covers the jobs it schedules "
                           "(start it with --policy, and submit with `elastictrain submit`)") from None
     since = _since(args.since, st.now) if args.since else None
-    jobs = [j for j in st.jobs if (states is None or j.status in states) and (users is None or j.user in users)
-            and (since is None or j.submit_time >= since)]
+    jobs = [j for j in st.jobs if keep(j) and (since is None or j.submit_time >= since)]
     rows = _history_rows(sorted(jobs, key=lambda j: j.submit_time), st.now)
     if args.format == "json":
         for r in rows:
             print(json.dumps(r, sort_keys=True))
         return 0
     fields = ("id", "name", "user", "gpus", "state", "submit", "start", "end", "elapsed", "waited", "exit_code",
-              "runs", "restarts", "gpu_hours")
+              "runs", "restarts", "gpu_hours", "project")
 
     def when(t):
         return "-" if t is None else time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
@@ -847,7 +882,8 @@ def _history(args) -> int:
                         for k in fields])
         return 0
     if not rows:
-        print("no jobs" + (" match" if states or users or since else f" at {args.coordinator}"))
+        filtered = args.state or args.user or args.me or args.project or since
+        print("no jobs" + (" match" if filtered else f" at {args.coordinator}"))
         return 0
     print(table([fields] + [tuple(text(r, k) for k in fields) for r in rows], right_align=False))
     return 0

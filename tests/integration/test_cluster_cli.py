@@ -261,9 +261,20 @@ def test_a_projects_quota_is_shared_by_its_members(tmp_path):
         assert "project vision" in shown and "waiting for project vision's quota (1 GPU)" in shown, shown
         listed = c.cli("projects", "list").stdout.splitlines()
         assert listed[1].split()[:6] == ["vision", "1", "-", "1", "1", "1"], listed
+        other = c.cli("submit", "--user", "carol", "--hold", "--", "nap.py").stdout.strip()  # in no project
+        ids = [line.split()[0] for line in c.cli("status", "-u", "bob", "-t", "PD").stdout.splitlines() if line]
+        assert b in ids and a not in ids and other not in ids, ids  # squeue -u bob -t PD
+        ids = [line.split()[0] for line in c.cli("status", "-A", "vision").stdout.splitlines() if line]
+        assert a in ids and b in ids and other not in ids, ids
+        assert [j["id"] for j in json.loads(c.cli("status", "--json", "--state", "running").stdout)["jobs"]] == [a]
+        bad = c.cli("status", "--state", "sleeping", check=False)
+        assert bad.returncode == 2 and "states are queued" in bad.stderr, bad.stderr
+        c.cli("cancel", other)
         bad = c.cli("submit", "--user", "carol", "--account", "nope", "--", "nap.py", check=False)
         assert bad.returncode == 2 and "no project 'nope'" in bad.stderr, bad.stderr
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(b) == "finished", 60, "bob's job to run after")
+        rows = [json.loads(r) for r in c.cli("history", "-A", "vision", "--format", "json").stdout.splitlines()]
+        assert sorted((r["id"], r["project"]) for r in rows) == sorted([(a, "vision"), (b, "vision")]), rows
         assert c.client.cluster_job(a).end_time <= c.client.cluster_job(b).start_time
         assert c.cli("projects", "remove", "vision").stdout.startswith("project vision removed\nno projects")
     finally:

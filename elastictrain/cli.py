@@ -393,8 +393,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                cluster=cluster, allow_insecure_token_file=args.allow_insecure_token_file,
                                limits=_limits(args), stragglers=(args.straggler_factor, args.straggler_windows,
                                                                  args.straggler_cooldown)))
-        elif args.command in ("node", "submit", "status", "cancel", "hold", "release", "update", "logs", "events",
-                              "users", "nodes", "history", "projects"):
+        elif args.command in ("node", "submit", "status", "cancel", "hold", "release", "update", "requeue", "logs",
+                              "events", "users", "nodes", "history", "projects"):
             from .cluster_cli import run_command
 
             return run_command(args)

@@ -206,6 +206,14 @@ def add_commands(sub) -> None:
         _connection(h)
         h.add_argument("job", help=f"a job id, or a job array's (every {'waiting' if verb == 'hold' else 'held'} task)")
 
+    rq = sub.add_parser("requeue", help="stop a running job and queue it again (scontrol requeue): it checkpoints, and "
+                        "the policy places it again")
+    _connection(rq)
+    rq.add_argument("job", help="a job id, or a job array's (every running task)")
+    rq.add_argument("--hold", action="store_true",
+                    help="and hold it once it has stopped, its GPUs free for others until `elastictrain release JOB` "
+                    "(scontrol requeuehold)")
+
     up = sub.add_parser("update", help="change a job's priority or time limit, waiting or running, or a waiting job's "
                         "begin time (scontrol update)",
                         description="Change a job's priority or time limit, or a waiting job's begin time (Slurm's "
@@ -293,7 +301,7 @@ def _client(args, timeout: float = 10.0):
 
 def run_command(args) -> int:
     return {"node": _node, "submit": _submit, "status": _status, "cancel": _cancel, "hold": _hold, "release": _hold,
-            "update": _update, "logs": _logs,
+            "update": _update, "requeue": _requeue, "logs": _logs,
             "events": _events, "users": _users, "nodes": _nodes, "history": _history,
             "projects": _projects}[args.command](args)
 
@@ -899,6 +907,21 @@ def _cancel(args) -> int:
         raise ConflictError(f"job array {args.job}: each of its {len(tasks)} tasks has ended; nothing to cancel")
     for info in infos:
         print(f"job {info.id} cancelled")
+    return 0
+
+
+def _requeue(args) -> int:
+    from .errors import ConflictError
+
+    client = _client(args)
+    # a job array's id: each of its running tasks
+    infos, tasks = _each_task(client, args.job, lambda job: client.requeue_job(job, args.hold),
+                              ("queued", "preempted", "finished", "failed", "cancelled"))
+    if tasks is not None and not infos:
+        raise ConflictError(f"job array {args.job}: no task of its {len(tasks)} is running; nothing to requeue")
+    for info in infos:
+        print(f"job {info.id} requeued" + (" on hold: `elastictrain release` lets it run again" if args.hold else
+                                           ": it checkpoints and is placed again"))
     return 0
 
 

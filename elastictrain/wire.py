@@ -529,6 +529,13 @@ class JobUpdate(_Msg, omit_defaults=True):
     begin: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1e11)]] = None
 
 
+class JobRequeue(_Msg, omit_defaults=True):
+    """Stop a running job and queue it again (``elastictrain requeue``, Slurm's ``scontrol
+    requeue``); ``hold``: and hold it once stopped (``scontrol requeuehold``)."""
+
+    hold: bool = False
+
+
 class ForecastInfo(_Msg, omit_defaults=True):
     """One job's expected start and end (times on the coordinator's clock; None: not within the
     forecast, or it cannot run, ``why``)."""

@@ -89,6 +89,7 @@ ACCESS: dict[str, dict[str, str]] = {
     "POST /v1/cluster/jobs/{job}/hold": {"admin": ALLOW, "user": OWN, "node": DENY, "worker": DENY},
     "POST /v1/cluster/jobs/{job}/release": {"admin": ALLOW, "user": OWN, "node": DENY, "worker": DENY},
     "POST /v1/cluster/jobs/{job}/update": {"admin": ALLOW, "user": OWN, "node": DENY, "worker": DENY},
+    "POST /v1/cluster/jobs/{job}/requeue": {"admin": ALLOW, "user": OWN, "node": DENY, "worker": DENY},
     "POST /v1/cluster/jobs/{job}/result": {"admin": ALLOW, "user": DENY, "node": DENY, "worker": OWN},
     "GET /v1/cluster/jobs/{job}/logs": {"admin": ALLOW, "user": OWN, "node": DENY, "worker": DENY},
     "GET /v1/cluster/jobs/{job}/steps": {"admin": ALLOW, "user": OWN, "node": DENY, "worker": DENY},

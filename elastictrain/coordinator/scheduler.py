@@ -42,7 +42,7 @@ from ..scheduling import Entry, JobStatus, JobTable, Scheduler
 from ..sim.forecast import ForecastJob, forecast
 from ..wire import (
     ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, ForecastInfo, GroupMember, JobSubmit,
-    JobUpdate, LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks,
+    JobRequeue, JobUpdate, LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks,
     ProjectInfo, ProjectList, ProjectSet, Series, StepInfo, StepReport, Task, UserInfo, UserList, UserQuota,
     UserTickets,
 )
@@ -122,6 +122,7 @@ class ClusterScheduler:
         self.policy = self._make_policy()
         self.users = UserBook(loaded.meta, self.policy)
         self.quotas = QuotaBook(loaded.meta, Quota(cfg.quota_gpus or None, cfg.quota_jobs or None))
+        self._hold_after_stop: set[str] = set()  # requeued with --hold: held once their runs stop
         self.projects = ProjectBook(loaded.meta)
         self.admission = Admission(self)  # who enters the job table, and when (admission.py)
         self.events = EventLog(self.store, loaded.last_event)
@@ -160,6 +161,8 @@ class ClusterScheduler:
                     self.table.restarting(rec.id)
                 if rec.borrowing:
                     self.admission.borrowers.add(rec.id)
+                if rec.hold:  # requeued on hold: it leaves the table once its run has stopped
+                    self._hold_after_stop.add(rec.id)
                 if rec.run:  # agents of this run that (re)join after the restart form its round
                     coordinator.rendezvous.expect(rec.id, rec.run, rec.resume_reason if rec.run > 1 else "start",
                                                   rec.restarts)
@@ -795,6 +798,42 @@ class ClusterScheduler:
         rec.admitted = False
         self.admission.waiting[rec.id] = rec
 
+    def requeue(self, job: str, req: JobRequeue, who: Identity = ADMIN) -> ClusterJobInfo:
+        """Stop a running job and queue it again (Slurm's ``scontrol requeue``): its workers checkpoint
+        and exit as on a preemption, and the policy places it again, resuming from the checkpoint.
+        ``req.hold`` (``scontrol requeuehold``): and hold it once it has stopped, so its GPUs go to
+        others until ``release``."""
+        rec = self._rec(job)
+        if rec.status in _ENDED_NAMES:
+            raise ConflictError(f"job {job} already {rec.status}; nothing to requeue (submit it again)")
+        e = self.table.get(job)
+        if e is None or not (e.running or e.stopping):
+            raise ConflictError(f"job {job} is not running; a requeue stops a running job (as Slurm's)"
+                                + ("" if req.hold else f": `elastictrain hold {job}` keeps a waiting one"))
+        if e.running:
+            self.backend.requeue(rec, "requeue", f"requeued by {who.name}" + (" on hold" if req.hold else ""),
+                                 by=who.name)
+        if req.hold:
+            if not rec.hold:
+                rec.hold = True
+                self._emit("hold", job, "", by=who.name)
+            self._hold_after_stop.add(job)
+        self._dirty.add(job)
+        self._flush()
+        self.wake()
+        return self.info(rec)
+
+    def _hold_stopped(self) -> None:
+        """Jobs requeued on hold whose runs have stopped leave the table (a release lets them back)."""
+        for key in list(self._hold_after_stop):
+            rec, e = self.records.get(key), self.table.get(key)
+            if rec is None or e is None or not rec.hold:
+                self._hold_after_stop.discard(key)  # ended, released, or out already
+            elif not (e.running or e.stopping):
+                self._unadmit(rec, e)
+                self._dirty.add(key)
+                self._hold_after_stop.discard(key)
+
     def release(self, job: str, who: Identity = ADMIN) -> ClusterJobInfo:
         """Let a held job run (Slurm's ``scontrol release``)."""
         rec = self._rec(job)
@@ -1213,6 +1252,8 @@ class ClusterScheduler:
             self._util.append((now, used, sum(n.slots for n in self.nodes.by_index if n.state == "up")))
         if self.admission.waiting or self.admission.borrowers:  # jobs that ended may have made room in quotas
             self.admission.admit()
+        if self._hold_after_stop:
+            self._hold_stopped()
         if len(self.table):
             self.sched.tick()
             for key in self.sched.deferred:

@@ -25,13 +25,11 @@ from ..model import DatasetSpec
 from ..wire import (
     AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus,
     CommitList, CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health,
-    JobCreate, JobInfo, JobList, JobSubmit, JobUpdate, LeaseReply, LeaseRequest, LogList, MemberResult, NodeCordon,
-    NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks,
-    ProfileList, ProfileReport, ProgressReply, ProgressRequest, ProjectList, ProjectSet, ReleaseReply, ReleaseRequest,
-    RestoreReply, ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserQuota,
-    UserTickets,
-    Version,
-    AccountCreate, AccountList, Credential, WhoAmI,
+    JobCreate, JobInfo, JobList, JobRequeue, JobSubmit, JobUpdate, LeaseReply, LeaseRequest, LogList, MemberResult,
+    NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks, ProfileList, ProfileReport, ProgressReply,
+    ProgressRequest, ProjectList, ProjectSet, ReleaseReply, ReleaseRequest, RestoreReply, ResourceList, ResourceReport,
+    RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserQuota, UserTickets, Version, AccountCreate,
+    AccountList, Credential, WhoAmI,
 )
 
 __all__ = ["CoordinatorClient", "read_token", "token_from_file", "write_token_file"]
@@ -318,6 +316,10 @@ class CoordinatorClient:
     def cluster_forecast(self) -> ClusterForecast:
         """When each job is expected to start and end (``squeue --start``)."""
         return self._call("GET", "/v1/cluster/forecast", ClusterForecast)
+
+    def requeue_job(self, job: str, hold: bool = False) -> ClusterJobInfo:
+        """Stop a running job and queue it again (``scontrol requeue``; ``hold``: requeuehold)."""
+        return self._call("POST", f"/v1/cluster/jobs/{job}/requeue", ClusterJobInfo, JobRequeue(hold))
 
     def update_job(self, job: str, req: JobUpdate) -> ClusterJobInfo:
         """Change a scheduled job's priority or time limit (``scontrol update``)."""

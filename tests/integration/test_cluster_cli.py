@@ -218,6 +218,14 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
         assert empty.returncode == 2 and "nothing to change; give --priority N, --time LIMIT or --begin" in empty.stderr
         big = c.cli("update", upd, "--priority", "5000", check=False)
         assert big.returncode == 2 and "priority" in big.stderr and "1000" in big.stderr, big.stderr
+        keep = c.cli("submit", "--", "long.py").stdout.strip()  # scontrol requeuehold: its slot freed until release
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(keep) == "running", 60, "the job to run")
+        out = c.cli("requeue", keep, "--hold").stdout
+        assert out.startswith(f"job {keep} requeued on hold"), out
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(keep) == "preempted" and all(n.used == 0 for n in
+                                                                                         st.nodes), 60, "the stop")
+        assert "on hold" in c.cli("status", "--job", keep).stdout
+        c.cli("cancel", keep)
         gate = c.cli("submit", "--hold", "--", "nap.py").stdout.strip()
         waiting = c.cli("submit", "--after", gate, "--array", "0-1", "--", "task.py").stdout.split()
         base = waiting[0].split("_")[0]

@@ -269,3 +269,40 @@ def test_singleton_runs_an_arrays_tasks_one_at_a_time_and_after_earlier_jobs_of_
         running = [j for j in (*tasks, later) if w.status(j) == "running"]
         assert len(running) <= 1, running
     assert w.status(later) == "running"
+
+
+def test_requeue_stops_a_running_job_and_places_it_again_and_requeue_hold_frees_its_gpus(tmp_path):
+    """scontrol requeue / requeuehold: the run checkpoints and exits as on a preemption; requeued,
+    the policy places it again (its next run resumes, reason requeue); on hold it leaves the queue
+    once stopped, so a waiting job takes its GPUs, across a restart too, until released."""
+    from elastictrain.wire import JobRequeue
+
+    w = World(tmp_path, policy="fifo", nodes=1, slots=1, node_timeout=1000.0)
+    a, b = _submit(w), _submit(w)
+    w.s.tick()
+    w.run_all()
+    assert w.status(a) == "running" and w.status(b) == "queued"
+    with pytest.raises(ConflictError, match=f"job {b} is not running; a requeue stops a running job"):
+        w.s.requeue(b, JobRequeue())
+    assert w.s.requeue(a, JobRequeue()).stopping
+    w.exit(a, 75)  # it checkpointed
+    w.s.tick()
+    w.run_all()
+    assert w.status(a) == "running" and w.s.job(a).run == 2 and w.s.records[a].resume_reason == "requeue"
+    w.s.requeue(a, JobRequeue(hold=True))
+    w.s._flush(everything=True)
+    w.restart()  # (the hold waits for the stop, across a restart)
+    w.exit(a, 75)
+    w.s.tick()
+    w.run_all()
+    assert w.status(b) == "running" and a not in w.s.table and "on hold" in w.s.job(a).reason
+    assert [k for k in _kinds(w, a) if k in ("requeue", "hold")] == ["requeue", "requeue", "hold"]
+    w.s.release(a)
+    w.exit(b, 0)
+    w.s.tick()
+    w.run_all()
+    assert w.status(a) == "running" and w.s.job(a).run == 3
+    w.exit(a, 0)
+    w.s.tick()
+    with pytest.raises(ConflictError, match="already finished; nothing to requeue"):
+        w.s.requeue(a, JobRequeue())

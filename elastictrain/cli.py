@@ -165,6 +165,11 @@ def get_parser() -> argparse.ArgumentParser:
     m.add_argument("--priority-preemption", action="store_true",
                    help="as `coordinator --priority-preemption`: each policy runs once per job priority (the native "
                    "trace's priority column), highest first, preempting lower priorities for higher ones")
+    m.add_argument("--quota-gpus", type=int, default=0, metavar="N",
+                   help="as `coordinator --quota-gpus`: each user's admitted jobs count at most N GPUs (the trace's "
+                   "user column); the others wait outside the policy's view, and their wait counts (0: no limit)")
+    m.add_argument("--quota-jobs", type=int, default=0, metavar="N",
+                   help="as `coordinator --quota-jobs`: each user has at most N jobs admitted (0: no limit)")
     m.add_argument("--no-progress", action="store_true")
     m.add_argument("--parallel", type=int, default=1, help="run up to N policies at once, in separate processes")
 
@@ -511,7 +516,8 @@ def _simulate(args) -> None:
                     args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost,
                     protect_startup=not args.preempt_starting, min_run=args.preempt_exempt,
                     outages=_outages(args.outage), checkpoint_every=args.checkpoint_every,
-                    priority_preemption=args.priority_preemption)
+                    priority_preemption=args.priority_preemption, quota_gpus=args.quota_gpus,
+                    quota_jobs=args.quota_jobs)
     results = simulate(cfg, progress=not args.no_progress, parallel=args.parallel)
     for r in results:
         for jid, why in r.extra.get("rejected", ())[:5]:

@@ -31,7 +31,11 @@ bigger than what the nodes lost for good leave can never run again: it is set as
 ``migration_cost``: seconds a running job loses when a decision moves it to another placement
 (Gandiva-fair's migration). ``window``: also record, per user and window of that many seconds,
 the iterations done (also weighted by GPU count: data-parallel minibatches) and the GPU-seconds
-received per GPU type (``extra["timeline"]``), for fairness over time.
+received per GPU type (``extra["timeline"]``), for fairness over time. ``quota``: every user's
+jobs wait outside the policy's view until that user's admitted jobs fit it, as under the
+coordinator's ``--quota-gpus``/``--quota-jobs`` (the same rule, ``coordinator/quotas.py``: by
+priority, then arrival; a job counts its GPUs from admission to its end); their wait counts as
+queueing. A job bigger than the quota is set aside, with the reason.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from types import MappingProxyType
 from typing import Callable, Optional, Sequence, Union
 
 from ..clock import ManualClock
+from ..coordinator.quotas import Quota, QuotaBook
 from ..errors import ConfigError
 from ..model import JobSpec
 from ..policies.api import EMPTY, Policy
@@ -124,7 +129,7 @@ class Simulator:
                  window: Optional[float] = None, decisions: Optional[list] = None,
                  protect_startup: bool = True, outages: Sequence[tuple] = (),
                  checkpoint_every: Optional[float] = None, min_run: float = 0.0,
-                 prior: Optional[dict] = None) -> None:
+                 prior: Optional[dict] = None, quota: Optional[Quota] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
@@ -136,9 +141,12 @@ class Simulator:
             limit = max(cluster.gpus_by_type.values())
             why = f"the policy runs a gang on one GPU type, and the largest type has {limit} GPUs"
         fits = []
+        self.quota = quota if quota is not None and quota.limited else None
         for j in jobs:
             if j.num_gpu > limit:
                 self.rejected.append((j.job_id, f"needs {j.num_gpu} GPUs but {why}"))
+            elif self.quota is not None and self.quota.gpus is not None and j.num_gpu > self.quota.gpus:
+                self.rejected.append((j.job_id, f"needs {j.num_gpu} GPUs but a user's quota is {self.quota.gpus}"))
             else:
                 fits.append(j)
         self.specs = sorted(fits, key=lambda j: (j.submit_time, j.job_id))
@@ -211,6 +219,7 @@ class Simulator:
         every_ckpt = self.checkpoint_every
         if changes and every_ckpt:
             backend.runs = {}
+        gate = _QuotaGate(self.quota) if self.quota is not None else None
         stalled = 0  # events in a row without progress (the watchdog)
         idle, idle_from = 0, 0.0  # events in a row in which time advanced but no work was done
         while idx < n or len(table):
@@ -275,9 +284,20 @@ class Simulator:
                 if spec.num_gpu > room:
                     rejected.append((spec.job_id, f"needs {spec.num_gpu} GPUs but {why}"))
                     continue
+                if gate is not None:  # it waits for its user's quota (admitted below)
+                    gate.arrive(spec)
+                    continue
                 e = table.add(self._entry(spec))
                 if spec.job_id in self.prior:
                     self._resume(e, self.prior[spec.job_id], table, backend)
+            if gate is not None and (finished or idx > arrivals or reshaped):
+                for e in finished:
+                    gate.leave(e)
+                if gone:
+                    for spec in gate.set_aside(room):
+                        rejected.append((spec.job_id, f"needs {spec.num_gpu} GPUs but {why}"))
+                for spec in gate.admit():
+                    table.add(self._entry(spec))
             if finished or idx > arrivals or backend.worked or not running:
                 idle = 0
             else:
@@ -421,3 +441,53 @@ def check_outages(outages: Sequence[tuple], nodes: int) -> tuple:
             raise ConfigError(f"outages of node {n1} overlap (one ends at {e1:g} s, the next starts at {s2:g} s): "
                               "merge them")
     return tuple(out)
+
+
+@dataclass
+class _Held:
+    """A job waiting for its user's quota, as coordinator/quotas.py's admission reads one."""
+
+    user: str
+    gpus: int
+    priority: int
+    seq: int
+    spec: JobSpec
+    project: str = ""
+
+
+class _QuotaGate:
+    """Every user's quota (``Simulator(quota=)``): arrivals wait here until the user's admitted jobs
+    fit, admitted by the coordinator's own rule (``QuotaBook.admit``)."""
+
+    def __init__(self, quota: Quota) -> None:
+        self.book = QuotaBook({}, quota)
+        self.waiting: list[_Held] = []
+        self.used: dict[str, list[int]] = {}
+        self._seq = 0
+
+    def arrive(self, spec: JobSpec) -> None:
+        self.waiting.append(_Held(spec.user, spec.num_gpu, spec.priority, self._seq, spec))
+        self._seq += 1
+
+    def leave(self, e: Entry) -> None:
+        u = self.used[e.user]
+        u[0] -= e.data["gpus"]
+        u[1] -= 1
+
+    def admit(self) -> list[JobSpec]:
+        """The waiting jobs admitted now."""
+        if not self.waiting:
+            return []
+        admitted = self.book.admit(self.waiting, self.used)
+        if not admitted:
+            return []
+        taken = {id(h) for h in admitted}
+        self.waiting = [h for h in self.waiting if id(h) not in taken]
+        return [h.spec for h in admitted]  # (by priority, then arrival: as the coordinator admits)
+
+    def set_aside(self, room: int) -> list[JobSpec]:
+        """The waiting jobs bigger than ``room`` (what nodes lost for good leave), taken out."""
+        out = [h.spec for h in self.waiting if h.gpus > room]
+        if out:
+            self.waiting = [h for h in self.waiting if h.gpus <= room]
+        return out

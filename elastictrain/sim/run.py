@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from ..coordinator.quotas import Quota
 from ..errors import ConfigError
 from ..policies import create
 from ..policies.tiers import PriorityTiers
@@ -43,6 +44,8 @@ class SimConfig:
     outages: tuple = ()  # (node, start, end): a node lost from start to end seconds (Simulator's outages)
     checkpoint_every: Optional[float] = None  # seconds of training between checkpoints (work an outage loses)
     priority_preemption: bool = False  # each policy once per job priority, highest first (policies/tiers.py)
+    quota_gpus: int = 0  # every user's admitted jobs count at most this many GPUs (0: no limit; coordinator/quotas.py)
+    quota_jobs: int = 0  # every user's admitted jobs, at most (0: no limit)
 
 
 def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[SimResult]:
@@ -59,6 +62,10 @@ def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[S
         raise ConfigError(f"--preset {cfg.preset!r} is not one of {', '.join(PRESETS)}")
     if not 1 <= parallel <= 64:
         raise ConfigError(f"--parallel must be in [1, 64], got {parallel}")
+    try:
+        Quota(cfg.quota_gpus or None, cfg.quota_jobs or None)
+    except ConfigError as exc:
+        raise ConfigError(f"--quota-gpus/--quota-jobs: {exc}") from None
     engine = dict(PRESETS[cfg.preset])
     if cfg.restart_cost is not None:
         try:
@@ -102,7 +109,8 @@ def _run_one(name, opts, jobs, cluster, cfg: SimConfig, engine: dict, tick=None)
         policy = create(name, only_known=True, **opts)  # each policy takes the options it knows
     return Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick, spread_slowdown=cfg.spread_slowdown,
                      migration_cost=cfg.migration_cost, protect_startup=cfg.protect_startup, outages=cfg.outages,
-                     checkpoint_every=cfg.checkpoint_every, min_run=cfg.min_run, **engine).run()
+                     checkpoint_every=cfg.checkpoint_every, min_run=cfg.min_run,
+                     quota=Quota(cfg.quota_gpus or None, cfg.quota_jobs or None), **engine).run()
 
 
 def _run_parallel(cfg, opts, jobs, cluster, engine, parallel: int, bars) -> list[SimResult]:

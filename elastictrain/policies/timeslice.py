@@ -11,6 +11,9 @@ has just paid its start-up, because its service now counts and the waiting jobs'
 from __future__ import annotations
 
 from operator import attrgetter
+from typing import Optional
+
+import msgspec
 
 from .api import ClusterSnapshot, Decision, nothing_changed, register
 from .placement import make_placer
@@ -31,8 +34,36 @@ class TimeSlice:
         self._next = 0.0
         self._last: dict = {}  # the last decision's run (a job running outside it was kept against it)
         self._caps: tuple = ()  # the GPUs each node offered to it
+        self._known: Optional[set] = None  # the jobs import_state restored, until the next decision
+
+    def export_state(self) -> dict:
+        """The current slice (its end, what it runs, the GPUs it was cut for), so that a restarted
+        coordinator finishes it instead of re-slicing at once (which preempts a job mid-slice)."""
+        return {"next": self._next, "caps": list(self._caps),
+                "last": [[str(k), [list(p) for p in where]] for k, where in self._last.items()]}
+
+    def import_state(self, state: dict, jobs, rename: Optional[dict] = None) -> None:
+        """Restore :meth:`export_state` for the jobs in ``jobs`` (views; ``rename``: their ids here,
+        by exported id), as of the clock it was exported on.
+
+        Raises:
+            ValueError, TypeError, KeyError: a malformed state (the caller starts afresh).
+        """
+        views = {str(j.job_id): j for j in jobs}
+        last = {}
+        for key, where in state["last"]:
+            j = views.get(str(key))
+            if j is not None:
+                last[j.job_id if rename is None else rename.get(str(key), j.job_id)] = \
+                    tuple((int(n), int(g)) for n, g in where)
+        self._next, self._caps, self._last = float(state["next"]), tuple(int(c) for c in state["caps"]), last
+        self._known = {j.job_id if rename is None else rename.get(str(j.job_id), j.job_id) for j in jobs}
 
     def decide(self, s: ClusterSnapshot) -> Decision:
+        if self._known is not None:  # the first decision after import_state: the jobs it knew are no arrivals
+            known, self._known = self._known, None
+            if s.arrived and all(j.job_id in known for j in s.arrived):
+                s = msgspec.structs.replace(s, arrived=())
         if s.now < self._next and nothing_changed(s, self._last, self._caps):
             return Decision({j.job_id: j.placement for j in s.running}, self._next)  # mid-slice, as it was
         self._caps = s.gpus_per_node

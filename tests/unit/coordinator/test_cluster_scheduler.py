@@ -115,6 +115,25 @@ def test_agents_of_an_old_run_are_told_to_exit(tmp_path):
     assert fresh.action == "run" and fresh.assignment.reason == "preempt"
 
 
+def test_a_restart_mid_slice_does_not_re_slice_gandiva_ts(tmp_path):
+    """gandiva-ts keeps its slice across a coordinator restart (its end, what it runs): the running
+    job goes on to the slice's end, where a fresh instance re-sliced at once, preempting it."""
+    w = World(tmp_path, policy="gandiva-ts", nodes=1, slots=1, node_timeout=1000.0, quantum=100.0)
+    a, b = w.submit(1), w.submit(1)
+    w.s.tick()
+    w.run_all()
+    w.clock.advance(30)
+    w.s.tick()
+    assert w.status(a) == "running" and not w.s.job(a).stopping and w.status(b) == "queued"
+    w.s._flush(everything=True)
+    w.restart()
+    w.s.tick()
+    assert w.status(a) == "running" and not w.s.job(a).stopping  # mid-slice: it goes on
+    w.clock.advance(71)  # the slice's end: b's turn
+    w.s.tick()
+    assert w.s.job(a).stopping
+
+
 def test_gandiva_fair_keeps_its_passes_and_usage_across_a_restart(tmp_path):
     """Stride scheduling's memory (each job's pass and home, the users' decayed usage) is stored
     with the jobs: a restarted coordinator goes on from it, even one killed again before its first

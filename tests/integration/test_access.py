@@ -5,6 +5,7 @@ job leasing another's shards, a worker credential after its run ended, a node cr
 submitting, a user submitting for another, what a user sees of another's jobs, revocation,
 tokens stored only as digests, and an old database and token file working as before."""
 
+import json
 import os
 import sqlite3
 
@@ -206,6 +207,29 @@ def test_revoked_credentials_and_bad_input(world):
         c["alice"].cluster_jobs()
     with CoordinatorClient(world["url"], fresh, timeout=5.0, retry_for=2.0) as again:
         assert again.whoami().name == "alice"
+
+
+def test_bad_input_to_the_newer_cluster_routes_is_a_4xx_with_a_reason(world):
+    """Projects, begin times, requeues and project names at submission: every bad value gets a 4xx
+    that says why, never a 5xx, and the coordinator goes on serving."""
+    a = world["a"]
+    cases = [
+        ("/v1/cluster/projects/p1", {"gpus": 0}), ("/v1/cluster/projects/p1", {"jobs": 10**12}),
+        ("/v1/cluster/projects/p1", {"users": ["../x"]}), ("/v1/cluster/projects/p1", {"users": "alice"}),
+        ("/v1/cluster/projects/a%2Fb", {"gpus": 1}), ("/v1/cluster/projects/" + "x" * 300, {"gpus": 1}),
+        ("/v1/cluster/projects/nope", {"remove": True}), ("/v1/cluster/projects/p1", {"remove": True, "gpus": 1}),
+        (f"/v1/cluster/jobs/{a}/update", {"begin": -1}), (f"/v1/cluster/jobs/{a}/update", {"begin": 1e12}),
+        (f"/v1/cluster/jobs/{a}/update", {"begin": float("nan")}), (f"/v1/cluster/jobs/{a}/requeue", {"hold": "yes"}),
+        ("/v1/cluster/jobs", {"command": ["x.py"], "workdir": "/tmp", "project": "../x"}),
+        ("/v1/cluster/jobs", {"command": ["x.py"], "workdir": "/tmp", "project": "nope"}),
+    ]
+    headers = {"Authorization": "Bearer " + world["tokens"]["admin"], "Content-Type": "application/json"}
+    for path, body in cases:
+        r = requests.post(world["url"] + path, headers=headers, timeout=10,
+                          data=json.dumps(body, allow_nan=True).encode())
+        assert 400 <= r.status_code < 500 and r.json()["reason"], (path, body, r.status_code, r.text)
+    assert world["admin"].projects().projects == []  # nothing was made of them
+    assert world["admin"].cluster_job(a).status == "running"
 
 
 def test_tokens_are_stored_only_as_digests(world, tmp_path):

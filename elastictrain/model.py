@@ -157,8 +157,8 @@ class JobSpec:
             raise ConfigError(f"job {self.job_id}: need num_gpu >= 1 (an integer), and finite iterations > 0, "
                               f"iteration_time > 0 and submit_time >= 0")
         if self.priority and not (isinstance(self.priority, int) and MIN_PRIORITY <= self.priority <= MAX_PRIORITY):
-            raise ConfigError(f"job {self.job_id}: priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, got "
-                              f"{self.priority!r}")
+            raise ConfigError(f"job {self.job_id}: priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, "
+                              f"got {self.priority!r}")
 
     @property
     def duration(self) -> float:

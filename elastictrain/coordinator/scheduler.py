@@ -41,9 +41,9 @@ from ..runtime.stages import STAGES
 from ..scheduling import Entry, JobStatus, JobTable, Scheduler
 from ..sim.forecast import ForecastJob, forecast
 from ..wire import (
-    ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, ForecastInfo, GroupMember, JobSubmit,
-    JobRequeue, JobUpdate, LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots, NodeTasks,
-    ProjectInfo, ProjectList, ProjectSet, Series, StepInfo, StepReport, Task, UserInfo, UserList, UserQuota,
+    ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, ForecastInfo, GroupMember, JobRequeue,
+    JobSubmit, JobUpdate, LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots,
+    NodeTasks, ProjectInfo, ProjectList, ProjectSet, Series, StepInfo, StepReport, Task, UserInfo, UserList, UserQuota,
     UserTickets,
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env

@@ -43,7 +43,8 @@ def test_a_user_charges_only_its_own_projects_and_both_quotas_hold(tmp_path):
     w = QuotaWorld(tmp_path, policy="fifo", nodes=1, slots=4)
     w.s.set_project("nlp", ProjectSet(jobs=1, users=["alice"]))
     w.s.set_project("vision", ProjectSet(gpus=3, users=["bob", "alice"]))
-    with pytest.raises(ForbiddenError, match=r"user bob is not a member of project nlp; ask an admin .*projects set nlp"):
+    with pytest.raises(ForbiddenError,
+                       match=r"user bob is not a member of project nlp; ask an admin .*projects set nlp"):
         _submit(w, "bob", project="nlp")
     with pytest.raises(ConfigError, match=r"no project 'nope'; `elastictrain projects list` shows them"):
         _submit(w, "alice", project="nope")
@@ -58,7 +59,8 @@ def test_a_user_charges_only_its_own_projects_and_both_quotas_hold(tmp_path):
     late = _submit(w, "alice", project="vision")
     w.s.tick()
     assert w.status(late) == "queued" and "user alice's quota" in w.s.job(late).reason
-    with pytest.raises(ConfigError, match=r"asks for 4 GPUs .* project vision's quota is 3: it could never be admitted"):
+    with pytest.raises(ConfigError,
+                       match=r"asks for 4 GPUs .* project vision's quota is 3: it could never be admitted"):
         _submit(w, "bob", 4, project="vision")
 
 

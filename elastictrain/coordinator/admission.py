@@ -4,9 +4,9 @@ A job may be queued long before it may run. It stays outside the table (so no po
 and nothing needs to change in the policies) while it is on hold (``submit --hold``,
 ``elastictrain hold``), before its begin time (``submit --begin``), while a job it runs after
 has not ended as asked (``--after JOB`` waits for a finish, ``JOB:notok`` for a failure or a
-cancellation, ``JOB:any`` for any end; a job
-array's id stands for all its tasks), while its job array has ``%N`` tasks admitted, and while
-its user's admitted jobs leave no room in the user's quota (quotas.py). It is admitted in
+cancellation, ``JOB:any`` for any end; a job array's id stands for all its tasks), while its job
+array has ``%N`` tasks admitted, and while its user's admitted jobs leave no room in the user's
+quota (quotas.py) or its project's in the project's (projects.py). It is admitted in
 priority, then submission order, and the policy sees it arrive. A job whose ``--after JOB`` can
 never be met (JOB failed or was cancelled) is cancelled here, saying why.
 """

@@ -192,6 +192,14 @@ def nothing_changed(s: ClusterSnapshot, ran, gpus: tuple) -> bool:
         and s.gpus_per_node == gpus and all(j.job_id in ran for j in s.running)
 
 
+def restored_arrivals(s: ClusterSnapshot, known: Optional[set]) -> ClusterSnapshot:
+    """The snapshot a policy restored by ``import_state`` decides its first decision on: a rebuilt
+    policy sees every job arrive, but the jobs it restored (``known``) are no arrivals to it."""
+    if known and s.arrived and all(j.job_id in known for j in s.arrived):
+        return msgspec.structs.replace(s, arrived=())
+    return s
+
+
 _REGISTRY: dict[str, Callable[..., Policy]] = {}
 _OPTIONS: dict[str, Optional[frozenset[str]]] = {}
 

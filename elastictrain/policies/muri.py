@@ -48,7 +48,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional, Sequence
 
 from ..errors import ConfigError, PolicyError
-from .api import ClusterSnapshot, Decision, nothing_changed, register
+from .api import ClusterSnapshot, Decision, nothing_changed, register, restored_arrivals
 from .grouping import assign, match_types
 from .interleaving import best_ordering, efficiency, worst_ordering
 from .placement import make_placer
@@ -121,6 +121,7 @@ class Muri:
         self._next = 0
         self.finish_hold = finish_hold
         self._last: Optional[_Last] = None  # the last full decision, and what it was made on
+        self._known: Optional[set] = None  # the jobs import_state restored, until the next decision
 
     # ---- the interleaving model, cached per multiset of profiles
     def _pid(self, j) -> int:
@@ -152,8 +153,49 @@ class Muri:
             return None
         return efficiency([self._plist[i] for i in m], self.group_time(m), self.resources)
 
+    # ---- memory across restarts
+    def export_state(self) -> dict:
+        """The jobs' ranks (tie order) and the last full decision with what it was made on, so that
+        a restarted coordinator holds the groups it runs until something changes, as it would have,
+        instead of regrouping at once (which restarts the groups)."""
+        last = self._last
+        return {"rank": [[str(k), r] for k, r in self._rank.items()], "next": self._next,
+                "last": None if last is None else {
+                    "run": [[str(k), [list(p) for p in where]] for k, where in last.run.items()],
+                    "groups": [[str(k) for k in g] for g in last.groups],
+                    "slowdown": [[str(k), v] for k, v in last.slowdown.items()],
+                    "gpus": list(last.gpus_per_node),
+                    "profiles": [[str(k), list(p)] for k, p in last.profiles.items()]}}
+
+    def import_state(self, state: dict, jobs, rename: Optional[dict] = None) -> None:
+        """Restore :meth:`export_state` for the jobs in ``jobs`` (views; ``rename``: their ids here,
+        by exported id).
+
+        Raises:
+            ValueError, TypeError, KeyError: a malformed state (the caller starts afresh).
+        """
+        views = {str(j.job_id): j for j in jobs}
+
+        def key(k):
+            j = views.get(str(k))
+            return None if j is None else j.job_id if rename is None else rename.get(str(k), j.job_id)
+
+        rank = {key(k): int(r) for k, r in state["rank"] if key(k) is not None}
+        last, data = None, state["last"]
+        if data is not None:
+            run = {key(k): tuple((int(n), int(g)) for n, g in where) for k, where in data["run"]}
+            groups = tuple(tuple(key(k) for k in g) for g in data["groups"])
+            if None not in run and all(None not in g for g in groups):  # (else: a job gone; decide afresh)
+                last = _Last(run, groups, {key(k): float(v) for k, v in data["slowdown"] if key(k) is not None},
+                             tuple(int(g) for g in data["gpus"]),
+                             {key(k): tuple(float(t) for t in p) for k, p in data["profiles"] if key(k) is not None})
+        self._rank, self._next, self._last = rank, int(state["next"]), last
+        self._known = {key(j.job_id) for j in jobs}
+
     # ---- one decision
     def decide(self, s: ClusterSnapshot) -> Decision:
+        if self._known is not None:  # the first decision after import_state: the jobs it knew are no arrivals
+            s, self._known = restored_arrivals(s, self._known), None
         rank = self._rank
         for jid in s.ended:
             rank.pop(jid, None)

@@ -13,9 +13,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Optional
 
-import msgspec
-
-from .api import ClusterSnapshot, Decision, nothing_changed, register
+from .api import ClusterSnapshot, Decision, nothing_changed, register, restored_arrivals
 from .placement import make_placer
 
 __all__ = ["TimeSlice"]
@@ -61,9 +59,7 @@ class TimeSlice:
 
     def decide(self, s: ClusterSnapshot) -> Decision:
         if self._known is not None:  # the first decision after import_state: the jobs it knew are no arrivals
-            known, self._known = self._known, None
-            if s.arrived and all(j.job_id in known for j in s.arrived):
-                s = msgspec.structs.replace(s, arrived=())
+            s, self._known = restored_arrivals(s, self._known), None
         if s.now < self._next and nothing_changed(s, self._last, self._caps):
             return Decision({j.job_id: j.placement for j in s.running}, self._next)  # mid-slice, as it was
         self._caps = s.gpus_per_node

@@ -242,3 +242,39 @@ def test_a_job_in_its_last_few_percent_is_not_regrouped():
                 restart_cost=5.0)
     d = m.decide(ClusterSnapshot(30.0, (a2, b2, c), (1,), 1, arrived=(c,), running=(a2, b2)))
     assert d.groups == ((0, 1),) and set(d.run) == {0, 1} and d.slowdown[0] >= 1.0
+
+
+def test_a_restored_muri_holds_its_groups_where_a_fresh_one_regroups():
+    """A coordinator restart rebuilds the policy. Restored (export_state/import_state, as JSON),
+    Muri holds the groups it runs until something changes, as the original does; a fresh
+    instance regroups at once by the jobs' attained service, which restarts the groups."""
+    import json
+
+    import msgspec
+
+    from elastictrain.policies.api import ClusterSnapshot, JobView
+
+    io, gpu = (0.06, 0.0, 0.008, 0.0), (0.004, 0.0, 0.06, 0.0)
+    jobs = [JobView(k, 1, 0.0, stage_times=p, iteration_time=0.07, iterations=1e6, remaining_iterations=1e6)
+            for k, p in (("a", io), ("b", gpu), ("c", gpu))]
+
+    def snap(t, decision, arrived=()):
+        views = tuple(msgspec.structs.replace(j, running=j.job_id in decision.run,
+                                              placement=decision.run.get(j.job_id, ()),
+                                              attained_gpu=t if j.job_id in decision.run else 0.0)
+                      for j in jobs)
+        return ClusterSnapshot(float(t), views, (1,), 1, arrived=arrived,
+                               running=tuple(v for v in views if v.running))
+
+    old = create("muri-l", group_size=2)
+    first = old.decide(ClusterSnapshot(0.0, tuple(jobs), (1,), 1, arrived=tuple(jobs)))
+    assert len(first.run) == 2 and len(first.groups) == 1  # two grouped; the third waits
+    later = snap(600, first)
+    assert old.decide(later).run == first.run  # nothing changed: held
+    state = json.loads(json.dumps(old.export_state()))
+    new, fresh = create("muri-l", group_size=2), create("muri-l", group_size=2)
+    new.import_state(state, list(later.jobs))
+    rebuilt = msgspec.structs.replace(later, arrived=later.jobs)  # a rebuilt policy sees every job arrive
+    held = new.decide(rebuilt)
+    assert held.run == first.run and held.groups == first.groups
+    assert fresh.decide(rebuilt).run != first.run  # (memory matters: the waiting job, at 0 service, goes first)

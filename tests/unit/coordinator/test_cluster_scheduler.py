@@ -2,6 +2,7 @@
 fencing, node loss, persistence across a restart (policy memory included), assumptions."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,9 @@ from elastictrain.errors import ConfigError, ConflictError, NotFoundError
 from elastictrain.wire import (
     AgentJoin, JobSubmit, NodeCordon, NodeLeave, NodePoll, NodeRegister, StepReport, TaskState,
 )
+
+
+ROOT = Path(__file__).resolve().parents[3]
 
 
 class World:
@@ -639,3 +643,36 @@ def test_a_decision_cannot_hand_a_cordoned_nodes_gpus_to_a_new_job(tmp_path):
     w.s.cordon("n1", NodeCordon(0.0))  # lifted: a move back and a start are made
     w.s.tick()
     assert _placed(w, a) == ["n1"] and _placed(w, c) == ["n2"]
+
+
+@pytest.mark.parametrize("policy", ["fifo", "srtf", "srsf", "tiresias-l", "tiresias-g", "gandiva-ts", "gandiva-fair",
+                                    "muri-s", "muri-l"])
+def test_a_coordinator_restart_changes_no_decision(tmp_path, policy):
+    """Two coordinators on the same jobs and clock, one killed and restarted midway: their next
+    decisions are the same (nothing is stopped or started because of the restart)."""
+    def world(name):
+        (tmp_path / name).mkdir()
+        opts = {"quantum": 100.0} if policy.startswith("gandiva") else \
+            {"distribution": str(ROOT / "traces" / "tiresias" / "yarn-gput1000.csv")} if policy == "tiresias-g" else {}
+        w = World(tmp_path / name, policy=policy, nodes=1, slots=2, node_timeout=1000.0, **opts)
+        jobs = [w.submit(1, steps=1000 + 500 * i) for i in range(4)]
+        for step in range(3):
+            w.s.tick()
+            w.run_all()
+            for j in jobs:
+                if w.s.job(j).stopping:
+                    w.exit(j, 75)
+            w.clock.advance(30)
+        return w, jobs
+
+    def state(w, jobs):
+        return [(w.status(j), w.s.job(j).stopping, tuple((p.node, p.slots) for p in w.s.job(j).placement))
+                for j in jobs]
+
+    (kept, jobs), (restarted, _) = world("kept"), world("restarted")
+    assert state(kept, jobs) == state(restarted, jobs)
+    restarted.s._flush(everything=True)
+    restarted.restart()
+    for w in (kept, restarted):
+        w.s.tick()
+    assert state(kept, jobs) == state(restarted, jobs)

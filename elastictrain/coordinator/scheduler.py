@@ -771,10 +771,7 @@ class ClusterScheduler:
     def hold(self, job: str, who: Identity = ADMIN) -> ClusterJobInfo:
         """Keep a waiting job from running until :meth:`release` (Slurm's ``scontrol hold``): it
         leaves the policy's view (its attained service is kept for its return)."""
-        rec = self._rec(job)
-        if rec.status in _ENDED_NAMES:
-            raise ConflictError(f"job {job} already {rec.status}; nothing to hold")
-        e = self.table.get(job)
+        rec, e = self._open(job, "hold")
         if e is not None and (e.running or e.stopping):
             raise ConflictError(f"job {job} is {'running' if e.running else 'stopping'}; a hold applies to a waiting "
                                 "job (as Slurm's): cancel it, or hold it once it waits")
@@ -803,10 +800,7 @@ class ClusterScheduler:
         and exit as on a preemption, and the policy places it again, resuming from the checkpoint.
         ``req.hold`` (``scontrol requeuehold``): and hold it once it has stopped, so its GPUs go to
         others until ``release``."""
-        rec = self._rec(job)
-        if rec.status in _ENDED_NAMES:
-            raise ConflictError(f"job {job} already {rec.status}; nothing to requeue (submit it again)")
-        e = self.table.get(job)
+        rec, e = self._open(job, "requeue (submit it again)")
         if e is None or not (e.running or e.stopping):
             raise ConflictError(f"job {job} is not running; a requeue stops a running job (as Slurm's)"
                                 + ("" if req.hold else f": `elastictrain hold {job}` keeps a waiting one"))
@@ -859,11 +853,8 @@ class ClusterScheduler:
         if req.priority is None and req.time_limit is None and req.begin is None:
             raise BadRequestError("nothing to change: give a priority (--priority N), a time limit (--time LIMIT) or "
                                   "a begin time (--begin TIME)")
-        rec = self._rec(job)
-        if rec.status in _ENDED_NAMES:
-            raise ConflictError(f"job {job} already {rec.status}; nothing to update")
+        rec, e = self._open(job, "update")
         p, limit, now = req.priority, req.time_limit, self.clock.now()
-        e = self.table.get(job)
         if req.begin is not None:
             if e is not None and (e.running or e.stopping):
                 raise ConflictError(f"job {job} is {'running' if e.running else 'stopping'}; a begin time applies to a "
@@ -912,6 +903,13 @@ class ClusterScheduler:
             return f"job {kept} has trained its first step (a job is not preempted before it trains)"
         return (f"job {kept} has run {self.cfg.min_run:.0f} s, in {max(0.0, until - self.clock.now()):.0f} s (a run "
                 "is not preempted before: --preempt-exempt)")
+
+    def _open(self, job: str, verb: str) -> tuple[JobRecord, Optional[Entry]]:
+        """A job that has not ended, to ``verb`` (a 409 if it has), and its entry (None: not admitted)."""
+        rec = self._rec(job)
+        if rec.status in _ENDED_NAMES:
+            raise ConflictError(f"job {job} already {rec.status}; nothing to {verb}")
+        return rec, self.table.get(job)
 
     def _rec(self, job: str) -> JobRecord:
         rec = self.records.get(job)

@@ -229,6 +229,8 @@ def add_commands(sub) -> None:
     up.add_argument("-t", "--time", type=_time_or_unlimited, default=None, metavar="LIMIT",
                     help="the most time it may hold GPUs in all its runs, in Slurm's format (see submit --time), "
                     "or UNLIMITED (admin); below what it has held, its run stops now as TIMEOUT")
+    up.add_argument("--gpus", default=None, metavar="N|MIN:MAX",
+                    help="a waiting job's workers (Slurm's NumNodes=), as submit --gpus; within the quotas")
     up.add_argument("--begin", type=begin_time, default=None, metavar="TIME",
                     help="a waiting job's begin time (Slurm's StartTime=), as submit --begin; now lets it start at "
                     "once")
@@ -929,18 +931,30 @@ def _update(args) -> int:
     from .errors import ConfigError
     from .wire import JobUpdate
 
-    if args.priority is None and args.time is None and args.begin is None:
-        raise ConfigError("update: nothing to change; give --priority N, --time LIMIT or --begin TIME")
+    if args.priority is None and args.time is None and args.begin is None and args.gpus is None:
+        raise ConfigError("update: nothing to change; give --priority N, --time LIMIT, --begin TIME or --gpus N")
+    lo = hi = None
+    if args.gpus is not None:
+        try:
+            lo, hi = (int(x) for x in (args.gpus.split(":", 1) if ":" in args.gpus else (args.gpus, args.gpus)))
+        except ValueError:
+            raise ConfigError(f"--gpus {args.gpus!r}: give N, or MIN:MAX for an elastic job") from None
     client = _client(args)
-    req = JobUpdate(priority=args.priority, time_limit=args.time, begin=args.begin)
-    # a job array's id: each of its tasks not ended (as scontrol update on an array; --begin: those waiting)
+    try:
+        req = msgspec.convert({"priority": args.priority, "time_limit": args.time, "begin": args.begin, "gpus": hi,
+                               "min_gpus": lo if lo != hi else None}, JobUpdate)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"update: {exc}") from None
+    waiting_only = args.begin is not None or args.gpus is not None
+    # a job array's id: each of its tasks not ended (as scontrol update on an array; --begin, --gpus: those waiting)
     infos, _ = _each_task(client, args.job, lambda job: client.update_job(job, req),
-                          ("finished", "failed", "cancelled") + (("running",) if args.begin is not None else ()),
+                          ("finished", "failed", "cancelled") + (("running",) if waiting_only else ()),
                           none_left_missing=True)
     for info in infos:
         limit = info.info.get("time_limit", "none")
         begin = f", begin {info.info['begin']}" if "begin" in info.info else ""
-        print(f"job {info.id} updated: priority {info.priority}, time limit {limit}{begin} ({info.status})")
+        size = f", gpus {_gpus(info)}" if args.gpus is not None else ""
+        print(f"job {info.id} updated: priority {info.priority}, time limit {limit}{begin}{size} ({info.status})")
     return 0
 
 

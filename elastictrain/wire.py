@@ -527,6 +527,10 @@ class JobUpdate(_Msg, omit_defaults=True):
     #: the UNIX time a waiting job may start from (Slurm's StartTime=, as ``JobSubmit.begin``); a time
     #: passed (0: now) lets it start at once
     begin: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1e11)]] = None
+    #: a waiting job's workers (Slurm's NumNodes=/TRES=), and its fewest for an elastic job (None
+    #: with ``gpus``: rigid, always ``gpus``)
+    gpus: Optional[Gpus] = None
+    min_gpus: Optional[Gpus] = None
 
 
 class JobRequeue(_Msg, omit_defaults=True):

@@ -688,12 +688,6 @@ class ClusterScheduler:
         check_job_command(list(req.command), req.module)
         check_job_env(dict(req.env), DEFAULT_ENV_ALLOW + tuple(self.cfg.job_env_allow))
         given = _given_stages(req.stage_times)
-        if req.min_gpus is not None and req.min_gpus > req.gpus:
-            raise ConfigError(f"min_gpus ({req.min_gpus}) must be <= gpus ({req.gpus})")
-        known = sum(n.slots for n in self.nodes.by_index)
-        if self.nodes.by_index and (req.min_gpus or req.gpus) > known:
-            raise ConfigError(f"the job needs {req.min_gpus or req.gpus} GPUs but the cluster's nodes have {known} "
-                              "in all; lower --gpus, or add nodes first")
         if not os.path.isabs(req.workdir):
             raise ConfigError(f"workdir {req.workdir!r} must be an absolute path")
         after = self.admission.dependencies(req.after)
@@ -702,16 +696,7 @@ class ClusterScheduler:
             raise ConfigError(f"--begin is {(req.begin - now) / 86_400:.0f} days from now; it may be at most 366 days "
                               "ahead (give a nearer time, or submit later)")
         project = self.projects.charge(user, req.project, who.role != "user")
-        pq = self.projects.projects[project].quota if project else None
-        if pq is not None and pq.gpus is not None and req.gpus > pq.gpus and not self.cfg.quota_borrow:
-            raise ConfigError(f"the job asks for {req.gpus} GPUs (--gpus) but project {project}'s quota is {pq.gpus}: "
-                              f"it could never be admitted; lower --gpus to {pq.gpus} or less, or ask an admin to "
-                              f"raise it (`elastictrain projects set {project} --gpus {req.gpus}`)")
-        quota = self.quotas.of(user)
-        if quota.gpus is not None and req.gpus > quota.gpus and not self.cfg.quota_borrow:
-            raise ConfigError(f"the job asks for {req.gpus} GPUs (--gpus) but user {user}'s quota is {quota.gpus}: "
-                              f"it could never be admitted; lower --gpus to {quota.gpus} or less, or ask an admin to "
-                              f"raise the quota (`elastictrain users quota {user} --gpus {req.gpus}`)")
+        self._check_size(user, project, req.gpus, req.min_gpus or req.gpus)
         taken = self.c.members.jobs.keys() | self.records.keys()  # (an etrun job may have taken a name)
         self._seq += 1
         while str(self._seq) in taken or any(f"{self._seq}_{i}" in taken for i in tasks if i is not None):
@@ -842,7 +827,8 @@ class ClusterScheduler:
         return self.info(rec)
 
     def update(self, job: str, req: JobUpdate, who: Identity = ADMIN) -> ClusterJobInfo:
-        """Change a job's priority or time limit (Slurm's ``scontrol update``), waiting or running.
+        """Change a job's priority or time limit (Slurm's ``scontrol update``), waiting or running, or a
+        waiting job's begin time or size (admitted again at its new size, within the nodes and quotas).
 
         As Slurm's, a user may only lower a time limit (none counts as the highest); a priority it may
         set as at submission: with ``--priority-preemption``, up to its highest (0 unless its quota says
@@ -850,15 +836,20 @@ class ClusterScheduler:
         The admin may set any. A new priority takes effect at once: admission order, and with
         ``--priority-preemption`` the job's tier (raised, it may preempt lower jobs; lowered, it may be
         preempted). A time limit below what the job has held ends its run at the next round (TIMEOUT)."""
-        if req.priority is None and req.time_limit is None and req.begin is None:
-            raise BadRequestError("nothing to change: give a priority (--priority N), a time limit (--time LIMIT) or "
-                                  "a begin time (--begin TIME)")
+        if req.priority is None and req.time_limit is None and req.begin is None and req.gpus is None:
+            if req.min_gpus is not None:
+                raise BadRequestError("min_gpus alone: give the job's size too (--gpus N or MIN:MAX)")
+            raise BadRequestError("nothing to change: give a priority (--priority N), a time limit (--time LIMIT), "
+                                  "a begin time (--begin TIME) or a size (--gpus N)")
         rec, e = self._open(job, "update")
         p, limit, now = req.priority, req.time_limit, self.clock.now()
+        for what, given in (("a begin time", req.begin), ("a size", req.gpus)):
+            if given is not None and e is not None and (e.running or e.stopping):
+                raise ConflictError(f"job {job} is {'running' if e.running else 'stopping'}; {what} applies to a "
+                                    "waiting job (as Slurm's StartTime= and NumNodes=)")
+        if req.gpus is not None:
+            self._check_size(rec.user, rec.project, req.gpus, req.min_gpus or req.gpus)
         if req.begin is not None:
-            if e is not None and (e.running or e.stopping):
-                raise ConflictError(f"job {job} is {'running' if e.running else 'stopping'}; a begin time applies to a "
-                                    "waiting job (as Slurm's StartTime)")
             if req.begin > now + MAX_BEGIN:
                 raise BadRequestError(f"--begin is {(req.begin - now) / 86_400:.0f} days from now; it may be at most "
                                       "366 days ahead")
@@ -881,6 +872,14 @@ class ClusterScheduler:
         if limit is not None and limit != rec.time_limit:
             changed["time_limit"] = f"{_limit_text(rec.time_limit)} -> {_limit_text(limit)}"
             rec.time_limit = limit
+        size = None if req.gpus is None else (req.min_gpus or req.gpus, req.gpus)
+        if size is not None and size != (rec.min_gpus, rec.gpus):
+            changed["gpus"] = f"{_size_text(rec.min_gpus, rec.gpus)} -> {_size_text(*size)}"
+            if e is not None:  # admitted: admitted again at its new size (quotas count it anew)
+                self._unadmit(rec, e)
+                e = None
+            rec.min_gpus, rec.gpus = size
+            rec.workers = 0  # (its next run starts at the new size)
         begin = None if req.begin is None else (req.begin if req.begin > now else 0.0)
         if begin is not None and begin != rec.begin:
             changed["begin"] = f"{_begin_text(rec.begin)} -> {_begin_text(begin)}"
@@ -903,6 +902,32 @@ class ClusterScheduler:
             return f"job {kept} has trained its first step (a job is not preempted before it trains)"
         return (f"job {kept} has run {self.cfg.min_run:.0f} s, in {max(0.0, until - self.clock.now()):.0f} s (a run "
                 "is not preempted before: --preempt-exempt)")
+
+    def _check_size(self, user: str, project: str, gpus: int, min_gpus: int) -> None:
+        """A job of ``gpus`` (at least ``min_gpus``) workers could ever run here: the nodes have them,
+        and neither its project's quota nor its user's is smaller (with --quota-borrow it may borrow).
+
+        Raises:
+            ConfigError: it never could, with the fix.
+        """
+        if min_gpus > gpus:
+            raise ConfigError(f"min_gpus ({min_gpus}) must be <= gpus ({gpus})")
+        known = sum(n.slots for n in self.nodes.by_index)
+        if self.nodes.by_index and min_gpus > known:
+            raise ConfigError(f"the job needs {min_gpus} GPUs but the cluster's nodes have {known} in all; lower "
+                              "--gpus, or add nodes first")
+        if self.cfg.quota_borrow:
+            return
+        pq = self.projects.projects[project].quota if project in self.projects.projects else None
+        if pq is not None and pq.gpus is not None and gpus > pq.gpus:
+            raise ConfigError(f"the job asks for {gpus} GPUs (--gpus) but project {project}'s quota is {pq.gpus}: "
+                              f"it could never be admitted; lower --gpus to {pq.gpus} or less, or ask an admin to "
+                              f"raise it (`elastictrain projects set {project} --gpus {gpus}`)")
+        quota = self.quotas.of(user)
+        if quota.gpus is not None and gpus > quota.gpus:
+            raise ConfigError(f"the job asks for {gpus} GPUs (--gpus) but user {user}'s quota is {quota.gpus}: "
+                              f"it could never be admitted; lower --gpus to {quota.gpus} or less, or ask an admin to "
+                              f"raise the quota (`elastictrain users quota {user} --gpus {gpus}`)")
 
     def _open(self, job: str, verb: str) -> tuple[JobRecord, Optional[Entry]]:
         """A job that has not ended, to ``verb`` (a 409 if it has), and its entry (None: not admitted)."""
@@ -1315,6 +1340,10 @@ _MEMBER_LINE = re.compile(rb"^(?:\[[^\]\n]{0,64}\]:)?\[([A-Za-z0-9][A-Za-z0-9._-
 def _begin_text(begin: float) -> str:
     """A begin time for an event: local, to the second, or "now" (none)."""
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(begin)) if begin else "now"
+
+
+def _size_text(lo: int, hi: int) -> str:
+    return str(hi) if lo == hi else f"{lo}:{hi}"
 
 
 def _limit_text(seconds: float) -> str:

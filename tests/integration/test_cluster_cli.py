@@ -215,7 +215,7 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
                                                                                      st.nodes), 60, "the timeout")
         assert "its --time limit is 1 s" in c.client.cluster_job(upd).reason
         empty = c.cli("update", upd, check=False)
-        assert empty.returncode == 2 and "nothing to change; give --priority N, --time LIMIT or --begin" in empty.stderr
+        assert empty.returncode == 2 and "nothing to change; give --priority N, --time LIMIT, --begin" in empty.stderr
         big = c.cli("update", upd, "--priority", "5000", check=False)
         assert big.returncode == 2 and "priority" in big.stderr and "1000" in big.stderr, big.stderr
         keep = c.cli("submit", "--", "long.py").stdout.strip()  # scontrol requeuehold: its slot freed until release
@@ -242,6 +242,11 @@ def test_a_pipeline_with_after_hold_release_and_an_array(tmp_path):
         assert "waiting for its begin time (--begin)" in c.cli("status", "--job", waiting[0]).stdout
         out = c.cli("update", base, "--begin", "now").stdout
         assert out.splitlines() == [f"job {t} updated: priority -2, time limit none (queued)" for t in waiting], out
+        out = c.cli("update", base, "--gpus", "1:2").stdout  # scontrol update NumNodes=: elastic now
+        assert out.splitlines() == [f"job {t} updated: priority -2, time limit none, gpus 1:2 (queued)"
+                                    for t in waiting], out
+        bad = c.cli("update", base, "--gpus", "two", check=False)
+        assert bad.returncode == 2 and "give N, or MIN:MAX" in bad.stderr, bad.stderr
         again = c.cli("release", base, check=False)
         assert again.returncode != 0 and f"job array {base}: no task of its 2 is on hold" in again.stderr
         out = c.cli("cancel", base).stdout

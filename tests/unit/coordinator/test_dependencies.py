@@ -306,3 +306,36 @@ def test_requeue_stops_a_running_job_and_places_it_again_and_requeue_hold_frees_
     w.s.tick()
     with pytest.raises(ConflictError, match="already finished; nothing to requeue"):
         w.s.requeue(a, JobRequeue())
+
+
+def test_update_gpus_resizes_a_waiting_job_within_the_nodes_and_quotas(tmp_path):
+    """scontrol update NumNodes= on a pending job: it is admitted again at its new size (quotas
+    count it anew) and starts at it; a running job, a size the nodes or the quota can never hold,
+    and min_gpus alone are refused with the reason."""
+    from elastictrain.errors import BadRequestError
+    from elastictrain.wire import JobUpdate, UserQuota
+
+    w = World(tmp_path, policy="fifo", nodes=1, slots=2)
+    a, b = _submit(w, gpus=2), _submit(w, gpus=2)
+    w.s.tick()
+    w.run_all()
+    assert w.status(a) == "running" and b in w.s.table
+    with pytest.raises(ConflictError, match="a size applies to a waiting job"):
+        w.s.update(a, JobUpdate(gpus=1))
+    with pytest.raises(ConfigError, match="the cluster's nodes have 2 in all"):
+        w.s.update(b, JobUpdate(gpus=3))
+    with pytest.raises(BadRequestError, match="min_gpus alone"):
+        w.s.update(b, JobUpdate(min_gpus=1))
+    info = w.s.update(b, JobUpdate(gpus=2, min_gpus=1))  # elastic: 1 to 2 workers
+    assert (info.min_gpus, info.gpus) == (1, 2) and w.s.table.get(b).min_gpu == 1
+    changed = [e.detail for e in w.s.events.list(0).events if e.kind == "update" and e.job == b]
+    assert changed[-1]["gpus"] == "2 -> 1:2"
+    w.s.set_quota("default", UserQuota(gpus=2))  # a's 2 GPUs count against it
+    with pytest.raises(ConfigError, match="asks for 3 GPUs .* user default's quota is 2: it could never be admitted"):
+        w.s.update(b, JobUpdate(gpus=3, min_gpus=1))
+    w.s.update(b, JobUpdate(gpus=1))  # admitted again at 1: it waits for the quota now, as a new job would
+    assert b not in w.s.table and "waiting for user default's quota" in w.s.job(b).reason
+    w.exit(a, 0)
+    w.s.tick()
+    out = w.run_all()
+    assert out == {"n1": [(b, 1, (0,))]} or out == {"n1": [(b, 1, (1,))]}, out

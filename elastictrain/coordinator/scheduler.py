@@ -180,6 +180,7 @@ class ClusterScheduler:
         elif previous and previous != cfg.policy:
             self._emit("policy_changed", "", "", previous=previous, policy=cfg.policy)
         self._policy_state = state if previous == cfg.policy else None
+        self._state_at = -1  # the decisions (and failures) the policy had made when its memory was last exported
         self._wake: Optional[asyncio.Event] = None
         self._next_timeout: Optional[float] = None
         self._forecast: Optional[asyncio.Future] = None  # the last forecast (status --start), or the one running
@@ -317,9 +318,12 @@ class ClusterScheduler:
             self._dirty.update(self.table.running)
             self._dirty.update(self.table.stopping)
             self._last_persist = now
-        state = None
-        if hasattr(self.policy, "export_state"):
-            state = json.dumps(self.policy.export_state(), sort_keys=True)
+        state = self._policy_state
+        tried = self.sched.decisions + self.sched.failures
+        if hasattr(self.policy, "export_state") and (everything or tried != self._state_at):
+            # (a policy's memory changes only when it decides: a flush between decisions, at every
+            # step report, does not export and encode it again)
+            state, self._state_at = json.dumps(self.policy.export_state(), sort_keys=True), tried
         if not (self._dirty or self.nodes.dirty or self.events.dirty or self.logs.pending
                 or state != self._policy_state):
             return

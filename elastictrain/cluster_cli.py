@@ -244,6 +244,8 @@ def add_commands(sub) -> None:
                         "state, exit code, restarts by reason, GPU-hours")
     _connection(hi)
     _filters(hi)
+    hi.add_argument("-j", "--jobs", default=None, metavar="ID[,ID]",
+                    help="only these jobs (a job array's id: every task), as sacct -j")
     hi.add_argument("--since", default=None,
                     help="only jobs submitted since: a date (2026-11-26 or 2026-11-26T14:00) or a span ago (90m, 2h, 7d)")
     hi.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output (default table)")
@@ -488,17 +490,19 @@ def _status(args) -> int:
               ("queued", [j for j in jobs if j.status in ("queued", "preempted")])]
     ended = [j for j in jobs if j.status in _ENDED]
     groups.append(("ended", ended if args.all else ended[-10:]))
-    prio = any(j.priority for j in st.jobs)  # (a column only where some job has a priority)
+    prio = any(j.priority for j in st.jobs)  # (a column only where some job has a priority, or a project)
+    proj = any(j.project for j in st.jobs)
     for title, jobs in groups:
         if not jobs:
             continue
         print()
-        rows = [("id", "name", "user", *("prio",) * prio, "state", "gpus", "attained GPU-s", "waited s", "step",
-                 "placement", "policy", "reason")]
+        rows = [("id", "name", "user", *("project",) * proj, *("prio",) * prio, "state", "gpus", "attained GPU-s",
+                 "waited s", "step", "placement", "policy", "reason")]
         for j in jobs:
             state = j.status + (" (stopping)" if j.stopping else "")
             waited = (j.start_time or now) - j.submit_time
-            rows.append((j.id, j.name, j.user, *(str(j.priority),) * prio, state, _gpus(j), f"{j.attained_gpu:.1f}",
+            rows.append((j.id, j.name, j.user, *(j.project or "-",) * proj, *(str(j.priority),) * prio, state,
+                         _gpus(j), f"{j.attained_gpu:.1f}",
                          f"{waited:.1f}", f"{j.step}" + (f"/{j.steps}" if j.steps else ""), _where(j) or "-",
                          " ".join(f"{k}={v}" for k, v in j.info.items()) or "-", _short(j.reason) or "-"))
         print(f"{title}:")
@@ -854,7 +858,9 @@ def _history(args) -> int:
         raise ConfigError(f"the coordinator at {client.url} runs no scheduler: history covers the jobs it schedules "
                           "(start it with --policy, and submit with `elastictrain submit`)") from None
     since = _since(args.since, st.now) if args.since else None
-    jobs = [j for j in st.jobs if keep(j) and (since is None or j.submit_time >= since)]
+    ids = set(args.jobs.split(",")) if args.jobs else None
+    jobs = [j for j in st.jobs if keep(j) and (since is None or j.submit_time >= since)
+            and (ids is None or j.id in ids or j.id.split("_")[0] in ids)]
     rows = _history_rows(sorted(jobs, key=lambda j: j.submit_time), st.now)
     if args.format == "json":
         for r in rows:
@@ -892,7 +898,7 @@ def _history(args) -> int:
                         for k in fields])
         return 0
     if not rows:
-        filtered = args.state or args.user or args.me or args.project or since
+        filtered = args.state or args.user or args.me or args.project or since or ids
         print("no jobs" + (" match" if filtered else f" at {args.coordinator}"))
         return 0
     print(table([fields] + [tuple(text(r, k) for k in fields) for r in rows], right_align=False))

@@ -288,6 +288,10 @@ def test_a_projects_quota_is_shared_by_its_members(tmp_path):
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(b) == "finished", 60, "bob's job to run after")
         rows = [json.loads(r) for r in c.cli("history", "-A", "vision", "--format", "json").stdout.splitlines()]
         assert sorted((r["id"], r["project"]) for r in rows) == sorted([(a, "vision"), (b, "vision")]), rows
+        rows = [json.loads(r) for r in c.cli("history", "-j", b, "--format", "json").stdout.splitlines()]
+        assert [r["id"] for r in rows] == [b], rows  # sacct -j
+        heads = [line.split() for line in c.cli("status").stdout.splitlines() if line.startswith("id ")]
+        assert heads and all(h[:4] == ["id", "name", "user", "project"] for h in heads), heads  # a column now
         assert c.client.cluster_job(a).end_time <= c.client.cluster_job(b).start_time
         assert c.cli("projects", "remove", "vision").stdout.startswith("project vision removed\nno projects")
     finally:

@@ -23,11 +23,12 @@ from ..errors import ConfigError, ForbiddenError
 from ..model import check_name
 from .quotas import Quota
 
-__all__ = ["Project", "ProjectBook", "META_KEY", "MAX_PROJECTS", "MAX_MEMBERS"]
+__all__ = ["Project", "ProjectBook", "META_KEY", "MAX_PROJECTS", "MAX_MEMBERS", "MAX_MEMBERSHIPS"]
 
 META_KEY = "projects"
 MAX_PROJECTS = 10_000
-MAX_MEMBERS = 10_000
+MAX_MEMBERS = 10_000  # in one project
+MAX_MEMBERSHIPS = 100_000  # in all projects together (what `projects list` returns stays bounded)
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,10 @@ class ProjectBook:
             raise ConfigError(f"a project has at most {MAX_MEMBERS} members, not {len(members)}")
         if old is None and len(self.projects) >= MAX_PROJECTS:
             raise ConfigError(f"at most {MAX_PROJECTS} projects; remove one first (`elastictrain projects remove`)")
+        total = sum(len(p.users) for n, p in self.projects.items() if n != name) + len(members)
+        if total > MAX_MEMBERSHIPS:
+            raise ConfigError(f"at most {MAX_MEMBERSHIPS} memberships in all projects together, and this makes "
+                              f"{total}; remove members or projects first")
         self.projects[name] = Project(quota, members)
         return self._json()
 

@@ -103,3 +103,20 @@ def test_with_borrowing_a_job_over_its_projects_quota_borrows_and_counts_once_th
     w.s.tick()
     assert not w.s.records[b].borrowing
     assert ("within_quota", b) in [(e.kind, e.job) for e in w.s.events.list(0).events]
+
+
+def test_the_project_book_is_bounded():
+    from elastictrain.coordinator import projects as mod
+    from elastictrain.coordinator.projects import ProjectBook
+    from elastictrain.coordinator.quotas import Quota
+
+    book = ProjectBook({})
+    with pytest.raises(ConfigError, match="at most 10000 members"):
+        book.set("big", Quota(), [f"u{i}" for i in range(mod.MAX_MEMBERS + 1)])
+    for i in range(10):
+        book.set(f"p{i}", Quota(), [f"u{j}" for j in range(mod.MAX_MEMBERS)])
+    with pytest.raises(ConfigError, match="at most 100000 memberships in all projects together"):
+        book.set("one-more", Quota(), ["x"])
+    book.set("p0", Quota(), ["x"])  # (replacing a project's members counts them once)
+    assert ProjectBook({mod.META_KEY: book._json()}).projects["p0"].users == ("x",)
+    assert ProjectBook({mod.META_KEY: "not json"}).projects == {}

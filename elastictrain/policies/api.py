@@ -192,6 +192,30 @@ def nothing_changed(s: ClusterSnapshot, ran, gpus: tuple) -> bool:
         and s.gpus_per_node == gpus and all(j.job_id in ran for j in s.running)
 
 
+class Restored:
+    """``import_state``'s view of the jobs now: an exported job key (a string) -> the job's view,
+    and its id in this instance (``rename``: the ids it has where the instance runs, e.g. a
+    forecast's simulation, by exported key; absent: its own)."""
+
+    def __init__(self, jobs, rename: Optional[dict] = None) -> None:
+        self.views = {str(j.job_id): j for j in jobs}
+        self.rename = rename
+
+    def id(self, key) -> Any:
+        """The job's id here, or None if it is not among the jobs now."""
+        j = self.views.get(str(key))
+        if j is None:
+            return None
+        return j.job_id if self.rename is None else self.rename.get(str(key), j.job_id)
+
+    def view(self, key) -> Optional[JobView]:
+        return self.views.get(str(key))
+
+    def ids(self) -> set:
+        """Every job's id here (what ``restored_arrivals`` takes as known)."""
+        return {self.id(k) for k in self.views}
+
+
 def restored_arrivals(s: ClusterSnapshot, known: Optional[set]) -> ClusterSnapshot:
     """The snapshot a policy restored by ``import_state`` decides its first decision on: a rebuilt
     policy sees every job arrive, but the jobs it restored (``known``) are no arrivals to it."""

@@ -44,7 +44,7 @@ from operator import attrgetter
 from typing import Optional, Sequence
 
 from ..errors import ConfigError
-from .api import ClusterSnapshot, Decision, register
+from .api import ClusterSnapshot, Decision, Restored, register
 from .placement import make_placer
 
 _LN2 = math.log(2.0)
@@ -221,13 +221,9 @@ class GandivaFair:
         Raises:
             ValueError, TypeError, KeyError: a malformed state (the caller starts afresh).
         """
-        views = {str(j.job_id): j for j in jobs}
-        restored = {}
-        for key, pass_, home, gtype in state["jobs"]:
-            j = views.get(str(key))
-            if j is not None:
-                jid = j.job_id if rename is None else rename.get(str(key), j.job_id)
-                restored[jid] = (float(pass_), None if home is None else int(home), str(gtype))
+        now = Restored(jobs, rename)
+        restored = {now.id(key): (float(pass_), None if home is None else int(home), str(gtype))
+                    for key, pass_, home, gtype in state["jobs"] if now.id(key) is not None}
         servers = {int(n): float(v) for n, v in state["servers"]}
         usage = {(str(u), str(t)): float(v) for u, t, v in state["usage"]}
         last = None if state["last"] is None else float(state["last"])

@@ -48,7 +48,7 @@ from __future__ import annotations
 from typing import NamedTuple, Optional, Sequence
 
 from ..errors import ConfigError, PolicyError
-from .api import ClusterSnapshot, Decision, nothing_changed, register, restored_arrivals
+from .api import ClusterSnapshot, Decision, Restored, nothing_changed, register, restored_arrivals
 from .grouping import assign, match_types
 from .interleaving import best_ordering, efficiency, worst_ordering
 from .placement import make_placer
@@ -174,12 +174,7 @@ class Muri:
         Raises:
             ValueError, TypeError, KeyError: a malformed state (the caller starts afresh).
         """
-        views = {str(j.job_id): j for j in jobs}
-
-        def key(k):
-            j = views.get(str(k))
-            return None if j is None else j.job_id if rename is None else rename.get(str(k), j.job_id)
-
+        key = Restored(jobs, rename).id
         rank = {key(k): int(r) for k, r in state["rank"] if key(k) is not None}
         last, data = None, state["last"]
         if data is not None:
@@ -190,7 +185,7 @@ class Muri:
                              tuple(int(g) for g in data["gpus"]),
                              {key(k): tuple(float(t) for t in p) for k, p in data["profiles"] if key(k) is not None})
         self._rank, self._next, self._last = rank, int(state["next"]), last
-        self._known = {key(j.job_id) for j in jobs}
+        self._known = Restored(jobs, rename).ids()
 
     # ---- one decision
     def decide(self, s: ClusterSnapshot) -> Decision:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from operator import attrgetter
 from typing import Optional
 
-from .api import ClusterSnapshot, Decision, nothing_changed, register, restored_arrivals
+from .api import ClusterSnapshot, Decision, Restored, nothing_changed, register, restored_arrivals
 from .placement import make_placer
 
 __all__ = ["TimeSlice"]
@@ -47,15 +47,11 @@ class TimeSlice:
         Raises:
             ValueError, TypeError, KeyError: a malformed state (the caller starts afresh).
         """
-        views = {str(j.job_id): j for j in jobs}
-        last = {}
-        for key, where in state["last"]:
-            j = views.get(str(key))
-            if j is not None:
-                last[j.job_id if rename is None else rename.get(str(key), j.job_id)] = \
-                    tuple((int(n), int(g)) for n, g in where)
+        now = Restored(jobs, rename)
+        last = {now.id(key): tuple((int(n), int(g)) for n, g in where) for key, where in state["last"]
+                if now.id(key) is not None}
         self._next, self._caps, self._last = float(state["next"]), tuple(int(c) for c in state["caps"]), last
-        self._known = {j.job_id if rename is None else rename.get(str(j.job_id), j.job_id) for j in jobs}
+        self._known = now.ids()
 
     def decide(self, s: ClusterSnapshot) -> Decision:
         if self._known is not None:  # the first decision after import_state: the jobs it knew are no arrivals

@@ -21,7 +21,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from ..errors import ConfigError
-from .api import ClusterSnapshot, Decision, register
+from .api import ClusterSnapshot, Decision, Restored, register
 from .placement import make_placer
 
 __all__ = ["Tiresias", "gittins_table"]
@@ -285,15 +285,14 @@ class Tiresias:
     def import_state(self, data: dict, jobs, rename: Optional[dict] = None) -> None:
         """Restore :meth:`export_state` for the keys in ``jobs`` (views); other keys are dropped.
         ``rename``: the ids the jobs have where this instance runs (a forecast), by exported id."""
-        views = {str(j.job_id): j for j in jobs}
+        now = Restored(jobs, rename)
         self._state.clear()
         self._queues = [[] for _ in range(len(self.thresholds) + 1)]
         self._sizes = [{} for _ in self._queues]
         self._gkey, self._gnext, self._gdirty = {}, {}, set()
         for level, keys in enumerate(data.get("queues", [])[:len(self._queues)]):
             for k in keys:
-                j = views.get(str(k))
-                jid = None if j is None else j.job_id if rename is None else rename.get(str(k), j.job_id)
+                j, jid = now.view(k), now.id(k)
                 if j is not None and jid not in self._state:
                     q = self._state[jid] = _Q(j.num_gpu)
                     q.queue, q.offset = level, float(data.get("offset", {}).get(str(k), 0.0))

@@ -18,7 +18,8 @@ def add_parser(sub, connection: Callable[[argparse.ArgumentParser], None]) -> No
     pr = sub.add_parser("projects", help="projects: GPU and job quotas shared by their members (Slurm's accounts)")
     connection(pr)
     psub = pr.add_subparsers(dest="projects_command", required=True)
-    ls = psub.add_parser("list", help="every project: its quota, members, what its admitted jobs count, what waits")
+    ls = psub.add_parser("list", help="every project: its quota, members, what its admitted jobs count, what waits, "
+                         "and the GPU-hours its jobs received (sshare)")
     ls.add_argument("--json", action="store_true", help="machine-readable output")
     st = psub.add_parser("set", help="(admin) create or change a project (sacctmgr add account ... GrpTRES=gres/gpu=N)")
     st.add_argument("name")
@@ -48,9 +49,10 @@ def run(args, client) -> int:
     if not pl.projects:
         print("no projects (an admin creates one: elastictrain projects set NAME --gpus N --users U1,U2)")
         return 0
-    rows = [("project", "GPUs", "jobs", "admitted GPUs", "admitted jobs", "waiting", "members")]
+    rows = [("project", "GPUs", "jobs", "admitted GPUs", "admitted jobs", "waiting", "GPU-hours", "members")]
     for p in pl.projects:
         rows.append((p.name, "-" if p.gpus is None else str(p.gpus), "-" if p.jobs is None else str(p.jobs),
-                     str(p.used_gpus), str(p.used_jobs), str(p.queued), ",".join(p.users) or "-"))
+                     str(p.used_gpus), str(p.used_jobs), str(p.queued), f"{p.gpu_hours:.3f}",
+                     ",".join(p.users) or "-"))
     print(table(rows, right_align=False))
     return 0

@@ -845,6 +845,7 @@ class ProjectInfo(_Msg):
     used_gpus: int  # what its admitted jobs count now
     used_jobs: int
     queued: int  # its jobs waiting for admission
+    gpu_hours: float = 0.0  # what its jobs the coordinator still keeps have received (sshare's usage, not decayed)
 
 
 class ProjectList(_Msg):

@@ -1146,8 +1146,16 @@ class ClusterScheduler:
         for rec in self.admission.waiting.values():
             if rec.project:
                 queued[rec.project] = queued.get(rec.project, 0) + 1
+        self.table.accrue(self.clock.now())
+        gpu_s: dict[str, float] = {}
+        for rec in self.records.values():
+            if rec.project:
+                e = self.table.get(rec.id)
+                gpu_s[rec.project] = gpu_s.get(rec.project, 0.0) + (e.attained_gpu if e is not None else
+                                                                    rec.attained_gpu)
         return ProjectList([ProjectInfo(n, p.quota.gpus, p.quota.jobs, list(p.users), *used.get(n, (0, 0)),
-                                        queued.get(n, 0)) for n, p in self.projects.projects.items()])
+                                        queued.get(n, 0), round(gpu_s.get(n, 0.0) / 3600, 6))
+                            for n, p in self.projects.projects.items()])
 
     def job_logs(self, job: str, after: int) -> LogList:
         rec = self._rec(job)

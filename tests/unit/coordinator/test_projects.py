@@ -28,9 +28,12 @@ def test_a_projects_members_share_its_quota_and_the_rest_wait_until_it_has_room(
     why = w.s.job(c).reason
     assert "waiting for project vision's quota (3 GPUs): its admitted jobs count 3 of its 3 GPUs and this one " \
            "needs 2" in why and "elastictrain projects set vision --gpus N" in why, why
+    w.run_all()
+    w.clock.advance(1800)
     listed = {p.name: p for p in w.s.project_list().projects}["vision"]
     assert (listed.gpus, listed.users, listed.used_gpus, listed.used_jobs, listed.queued) == \
         (3, ["alice", "bob"], 3, 2, 1)
+    assert listed.gpu_hours == pytest.approx(1.5, rel=0.01)  # 3 GPUs for half an hour: sshare's usage
     w.exit(b, 0)  # one GPU back: not enough
     w.s.tick()
     assert c not in w.s.table

@@ -436,17 +436,19 @@ def _dry_run_script(args, req) -> str:
 
 
 def _worker_range(args) -> tuple[int, int]:
+    if args.nnodes is not None or args.nproc_per_node is not None:
+        per = args.nproc_per_node or 1
+        lo, hi = _min_max(args.nnodes or "1")
+        return lo * per, hi * per
+    return _min_max(str(args.gpus))
+
+
+def _min_max(raw: str) -> tuple[int, int]:
+    """``N`` or ``MIN:MAX`` (``--gpus``, ``--nnodes``), as two whole numbers with 1 <= MIN <= MAX."""
     try:
-        if args.nnodes is not None or args.nproc_per_node is not None:
-            per = args.nproc_per_node or 1
-            raw = args.nnodes or "1"
-            lo, hi = (raw.split(":", 1) if ":" in raw else (raw, raw))
-            return int(lo) * per, int(hi) * per
-        raw = str(args.gpus)
-        lo, hi = (raw.split(":", 1) if ":" in raw else (raw, raw))
-        lo, hi = int(lo), int(hi)
+        lo, hi = (int(x) for x in (raw.split(":", 1) if ":" in raw else (raw, raw)))
     except ValueError:
-        raise ConfigError("--gpus takes N or MIN:MAX, --nnodes N or MIN:MAX") from None
+        raise ConfigError(f"{raw!r}: give N, or MIN:MAX for an elastic job (--gpus, --nnodes)") from None
     if not 1 <= lo <= hi:
         raise ConfigError(f"workers {lo}:{hi}: need 1 <= MIN <= MAX")
     return lo, hi
@@ -906,11 +908,9 @@ def _history(args) -> int:
 
 
 def _cancel(args) -> int:
-    from .errors import ConflictError
-
     client = _client(args)
     # a job array's id: each of its tasks still queued or running (as scancel; one that ended meanwhile is passed over)
-    infos, tasks = _each_task(client, args.job, client.cancel, ("finished", "failed", "cancelled"))
+    infos, tasks = _each_task(client, args.job, client.cancel, _ENDED)
     if tasks is not None and not infos:
         raise ConflictError(f"job array {args.job}: each of its {len(tasks)} tasks has ended; nothing to cancel")
     for info in infos:
@@ -919,12 +919,10 @@ def _cancel(args) -> int:
 
 
 def _requeue(args) -> int:
-    from .errors import ConflictError
-
     client = _client(args)
     # a job array's id: each of its running tasks
     infos, tasks = _each_task(client, args.job, lambda job: client.requeue_job(job, args.hold),
-                              ("queued", "preempted", "finished", "failed", "cancelled"))
+                              ("queued", "preempted") + _ENDED)
     if tasks is not None and not infos:
         raise ConflictError(f"job array {args.job}: no task of its {len(tasks)} is running; nothing to requeue")
     for info in infos:
@@ -934,17 +932,11 @@ def _requeue(args) -> int:
 
 
 def _update(args) -> int:
-    from .errors import ConfigError
     from .wire import JobUpdate
 
     if args.priority is None and args.time is None and args.begin is None and args.gpus is None:
         raise ConfigError("update: nothing to change; give --priority N, --time LIMIT, --begin TIME or --gpus N")
-    lo = hi = None
-    if args.gpus is not None:
-        try:
-            lo, hi = (int(x) for x in (args.gpus.split(":", 1) if ":" in args.gpus else (args.gpus, args.gpus)))
-        except ValueError:
-            raise ConfigError(f"--gpus {args.gpus!r}: give N, or MIN:MAX for an elastic job") from None
+    lo, hi = _min_max(args.gpus) if args.gpus is not None else (None, None)
     client = _client(args)
     try:
         req = msgspec.convert({"priority": args.priority, "time_limit": args.time, "begin": args.begin, "gpus": hi,
@@ -954,7 +946,7 @@ def _update(args) -> int:
     waiting_only = args.begin is not None or args.gpus is not None
     # a job array's id: each of its tasks not ended (as scontrol update on an array; --begin, --gpus: those waiting)
     infos, _ = _each_task(client, args.job, lambda job: client.update_job(job, req),
-                          ("finished", "failed", "cancelled") + (("running",) if waiting_only else ()),
+                          _ENDED + (("running",) if waiting_only else ()),
                           none_left_missing=True)
     for info in infos:
         limit = info.info.get("time_limit", "none")
@@ -1050,11 +1042,10 @@ def _each_task(client, job: str, act, skip: tuple, none_left_missing: bool = Fal
 
 
 def _hold(args) -> int:
-
     client = _client(args)
     act, done = (client.hold_job, "held") if args.command == "hold" else (client.release_job, "released")
     # a job array's id: each of its waiting (hold) or held (release) tasks, as scontrol
-    infos, tasks = _each_task(client, args.job, act, ("running", "finished", "failed", "cancelled"))
+    infos, tasks = _each_task(client, args.job, act, ("running",) + _ENDED)
     if tasks is not None and not infos:
         raise ConflictError(f"job array {args.job}: no task of its {len(tasks)} is "
                             + ("waiting, so none can be held (a hold applies to waiting tasks)"

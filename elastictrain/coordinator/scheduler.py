@@ -181,6 +181,7 @@ class ClusterScheduler:
             self._emit("policy_changed", "", "", previous=previous, policy=cfg.policy)
         self._policy_state = state if previous == cfg.policy else None
         self._state_at = -1  # the decisions (and failures) the policy had made when its memory was last exported
+        self._exported: Optional[str] = None  # that export (see _memory)
         self._wake: Optional[asyncio.Event] = None
         self._next_timeout: Optional[float] = None
         self._forecast: Optional[asyncio.Future] = None  # the last forecast (status --start), or the one running
@@ -201,6 +202,15 @@ class ClusterScheduler:
         if rec.borrowing:
             return BORROW_TIER
         return rec.priority if self.cfg.priority_preemption or not self.cfg.quota_borrow else 0
+
+    def _memory(self, again: bool = False) -> Optional[str]:
+        """The policy's memory as stored (``export_state``'s JSON; None for a policy without one).
+        It changes only when the policy decides, so it is exported and encoded again only after a
+        decision (or a failed one) or when asked (``again``): flushes come at every step report."""
+        tried = self.sched.decisions + self.sched.failures
+        if hasattr(self.policy, "export_state") and (again or tried != self._state_at or self._exported is None):
+            self._exported, self._state_at = json.dumps(self.policy.export_state(), sort_keys=True), tried
+        return self._exported
 
     def _views(self) -> list:
         """The policy's views of the table's jobs (what a policy's memory is restored against)."""
@@ -253,7 +263,7 @@ class ClusterScheduler:
             policy.set_tickets(dict(self.users.tickets))
         memory = None
         if hasattr(self.policy, "export_state") and hasattr(policy, "import_state"):  # (a copy: JSON, as stored)
-            memory = (json.loads(json.dumps(self.policy.export_state())), self._views())
+            memory = (json.loads(self._memory()), self._views())
         shape = self.backend.shape()
         f = await asyncio.to_thread(forecast, policy, jobs, shape.gpus_per_node, shape.node_types,
                                     budget=FORECAST_BUDGET, min_run=self.cfg.min_run, now=now, memory=memory)
@@ -318,12 +328,7 @@ class ClusterScheduler:
             self._dirty.update(self.table.running)
             self._dirty.update(self.table.stopping)
             self._last_persist = now
-        state = self._policy_state
-        tried = self.sched.decisions + self.sched.failures
-        if hasattr(self.policy, "export_state") and (everything or tried != self._state_at):
-            # (a policy's memory changes only when it decides: a flush between decisions, at every
-            # step report, does not export and encode it again)
-            state, self._state_at = json.dumps(self.policy.export_state(), sort_keys=True), tried
+        state = self._memory(everything)
         if not (self._dirty or self.nodes.dirty or self.events.dirty or self.logs.pending
                 or state != self._policy_state):
             return
@@ -696,9 +701,7 @@ class ClusterScheduler:
             raise ConfigError(f"workdir {req.workdir!r} must be an absolute path")
         after = self.admission.dependencies(req.after)
         now = self.clock.now()
-        if req.begin is not None and req.begin > now + MAX_BEGIN:
-            raise ConfigError(f"--begin is {(req.begin - now) / 86_400:.0f} days from now; it may be at most 366 days "
-                              "ahead (give a nearer time, or submit later)")
+        _check_begin(req.begin, now)
         project = self.projects.charge(user, req.project, who.role != "user")
         self._check_size(user, project, req.gpus, req.min_gpus or req.gpus)
         taken = self.c.members.jobs.keys() | self.records.keys()  # (an etrun job may have taken a name)
@@ -853,10 +856,7 @@ class ClusterScheduler:
                                     "waiting job (as Slurm's StartTime= and NumNodes=)")
         if req.gpus is not None:
             self._check_size(rec.user, rec.project, req.gpus, req.min_gpus or req.gpus)
-        if req.begin is not None:
-            if req.begin > now + MAX_BEGIN:
-                raise BadRequestError(f"--begin is {(req.begin - now) / 86_400:.0f} days from now; it may be at most "
-                                      "366 days ahead")
+        _check_begin(req.begin, now, BadRequestError)
         if who.role != "admin":
             cap = self.quotas.max_priority(rec.user)
             if p is not None and p > max(rec.priority, cap if self.cfg.priority_preemption else MAX_PRIORITY):
@@ -1347,6 +1347,13 @@ class ClusterScheduler:
 
 
 _MEMBER_LINE = re.compile(rb"^(?:\[[^\]\n]{0,64}\]:)?\[([A-Za-z0-9][A-Za-z0-9._-]{0,127})\] ")
+
+
+def _check_begin(begin: Optional[float], now: float, error: type = ConfigError) -> None:
+    """Raises: ``error`` (a 400): a ``--begin`` more than 366 days ahead."""
+    if begin is not None and begin > now + MAX_BEGIN:
+        raise error(f"--begin is {(begin - now) / 86_400:.0f} days from now; it may be at most 366 days ahead "
+                          "(give a nearer time, or submit later)")
 
 
 def _begin_text(begin: float) -> str:

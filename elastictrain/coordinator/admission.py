@@ -105,22 +105,18 @@ class Admission:
 
     def usage(self) -> dict[str, list[int]]:
         """Each user's admitted jobs (in the job table): [GPUs they count (their --gpus), jobs]."""
-        used: dict[str, list[int]] = {}
-        for e in self.s.table.entries():
-            if e.key in self.borrowers:
-                continue  # (over the quota: it does not count against it)
-            u = used.setdefault(e.user, [0, 0])
-            u[0] += e.max_gpu
-            u[1] += 1
-        return used
+        return self._count(lambda e: e.user)
 
     def project_usage(self) -> dict[str, list[int]]:
-        """Each project's admitted jobs (borrowers aside): [GPUs they count (their --gpus), jobs]."""
+        """The same for each project."""
+        return self._count(lambda e: e.data["job"].project)
+
+    def _count(self, key_of) -> dict[str, list[int]]:
         used: dict[str, list[int]] = {}
         for e in self.s.table.entries():
-            p = e.data["job"].project
-            if p and e.key not in self.borrowers:
-                u = used.setdefault(p, [0, 0])
+            k = key_of(e)
+            if k and e.key not in self.borrowers:  # (a borrower is over the quota: it does not count against it)
+                u = used.setdefault(k, [0, 0])
                 u[0] += e.max_gpu
                 u[1] += 1
         return used
@@ -128,12 +124,13 @@ class Admission:
     def quota_why(self, rec: JobRecord) -> str:
         """Why ``rec`` waits for a quota: its user's, its project's, or both."""
         mine = self.s.quotas.why(rec, self.used)
-        if not rec.project:
-            return mine
-        theirs = self.s.projects.why(rec, self.pused)
+        theirs = self.s.projects.why(rec, self.pused) if rec.project else ""
         if not theirs:
             return mine
-        return theirs if mine.startswith("admitted at") else f"{mine}; and {theirs[0].lower()}{theirs[1:]}"
+        g, n = self.used.get(rec.user, (0, 0))
+        if self.s.quotas.of(rec.user).fits(g, n, rec.gpus):  # only the project's is full
+            return theirs
+        return f"{mine}; and {theirs[0].lower()}{theirs[1:]}"
 
     def array_admitted(self) -> dict[str, int]:
         """Each job array's tasks in the job table (admitted, not ended)."""

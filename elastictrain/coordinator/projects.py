@@ -120,13 +120,8 @@ class ProjectBook:
     def why(self, rec, used: dict[str, list[int]]) -> str:
         """Why ``rec`` waits for its project's quota ("" if it does not)."""
         p = self.projects.get(rec.project) if rec.project else None
-        if p is None or self.fits(rec.project, used, rec.gpus):
+        full = p.quota.full(*used.get(rec.project, (0, 0)), rec.gpus) if p is not None else []
+        if not full:
             return ""
-        g, n = used.get(rec.project, (0, 0))
-        full = []
-        if p.quota.gpus is not None and g + rec.gpus > p.quota.gpus:
-            full.append(f"its admitted jobs count {g} of its {p.quota.gpus} GPUs and this one needs {rec.gpus}")
-        if p.quota.jobs is not None and n >= p.quota.jobs:
-            full.append(f"its {n} admitted job{'s reach' if n != 1 else ' reaches'} its limit of {p.quota.jobs}")
         return (f"waiting for project {rec.project}'s quota ({p.quota.text()}): {' and '.join(full)}. It is admitted "
                 f"when they end, or when an admin raises it (`elastictrain projects set {rec.project} --gpus N`)")

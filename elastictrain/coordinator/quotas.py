@@ -58,6 +58,17 @@ class Quota:
         """Whether one more job of ``gpus`` fits beside admitted jobs holding ``used_*``."""
         return (self.gpus is None or used_gpus + gpus <= self.gpus) and (self.jobs is None or used_jobs < self.jobs)
 
+    def full(self, used_gpus: int, used_jobs: int, gpus: int) -> list[str]:
+        """What leaves no room for one more job of ``gpus`` beside admitted jobs holding ``used_*``,
+        in words (empty: it fits)."""
+        out = []
+        if self.gpus is not None and used_gpus + gpus > self.gpus:
+            out.append(f"its admitted jobs count {used_gpus} of its {self.gpus} GPUs and this one needs {gpus}")
+        if self.jobs is not None and used_jobs >= self.jobs:
+            out.append(f"its {used_jobs} admitted job{'s reach' if used_jobs != 1 else ' reaches'} its limit of "
+                       f"{self.jobs}")
+        return out
+
     def text(self) -> str:
         parts = [f"{self.gpus} GPU{'s' if self.gpus != 1 else ''}" if self.gpus is not None else "",
                  f"{self.jobs} job{'s' if self.jobs != 1 else ''}" if self.jobs is not None else ""]
@@ -150,12 +161,7 @@ class QuotaBook:
     def why(self, rec, used: dict[str, list[int]]) -> str:
         """Why a job that is not admitted waits (squeue's QOSMaxGRESPerUser, said in full)."""
         q = self.of(rec.user)
-        g, n = used.get(rec.user, (0, 0))
-        full = []
-        if q.gpus is not None and g + rec.gpus > q.gpus:
-            full.append(f"its admitted jobs count {g} of its {q.gpus} GPUs and this one needs {rec.gpus}")
-        if q.jobs is not None and n >= q.jobs:
-            full.append(f"its {n} admitted job{'s reach' if n != 1 else ' reaches'} its limit of {q.jobs}")
+        full = q.full(*used.get(rec.user, (0, 0)), rec.gpus)
         if not full:
             return f"admitted at the next decision (user {rec.user}'s quota: {q.text()})"
         what = "its own" if rec.user in self.own else "the coordinator's default"

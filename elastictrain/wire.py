@@ -519,7 +519,8 @@ class JobSubmit(_Msg, omit_defaults=True):
 class JobUpdate(_Msg, omit_defaults=True):
     """Change a scheduled job (``elastictrain update``, Slurm's ``scontrol update``): what is
     given changes, the rest stays. A user may lower its own job's priority and time limit, and move
-    its waiting job's begin time; only the admin may raise them (see ``ClusterScheduler.update``)."""
+    its waiting job's begin time or change its size (within the quotas); only the admin may raise a
+    priority or a time limit (see ``ClusterScheduler.update``)."""
 
     priority: Optional[Annotated[int, msgspec.Meta(ge=MIN_PRIORITY, le=MAX_PRIORITY)]] = None
     #: seconds it may hold GPUs in all its runs (as ``JobSubmit.time_limit``); 0 lifts the limit

@@ -62,11 +62,11 @@ def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[S
         raise ConfigError(f"--preset {cfg.preset!r} is not one of {', '.join(PRESETS)}")
     if not 1 <= parallel <= 64:
         raise ConfigError(f"--parallel must be in [1, 64], got {parallel}")
+    engine = dict(PRESETS[cfg.preset])
     try:
-        Quota(cfg.quota_gpus or None, cfg.quota_jobs or None)
+        engine["quota"] = Quota(cfg.quota_gpus or None, cfg.quota_jobs or None)
     except ConfigError as exc:
         raise ConfigError(f"--quota-gpus/--quota-jobs: {exc}") from None
-    engine = dict(PRESETS[cfg.preset])
     if cfg.restart_cost is not None:
         try:
             engine["restart_cost"] = cfg.restart_cost if cfg.restart_cost == "muri" else float(cfg.restart_cost)
@@ -109,8 +109,7 @@ def _run_one(name, opts, jobs, cluster, cfg: SimConfig, engine: dict, tick=None)
         policy = create(name, only_known=True, **opts)  # each policy takes the options it knows
     return Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick, spread_slowdown=cfg.spread_slowdown,
                      migration_cost=cfg.migration_cost, protect_startup=cfg.protect_startup, outages=cfg.outages,
-                     checkpoint_every=cfg.checkpoint_every, min_run=cfg.min_run,
-                     quota=Quota(cfg.quota_gpus or None, cfg.quota_jobs or None), **engine).run()
+                     checkpoint_every=cfg.checkpoint_every, min_run=cfg.min_run, **engine).run()
 
 
 def _run_parallel(cfg, opts, jobs, cluster, engine, parallel: int, bars) -> list[SimResult]:

@@ -111,6 +111,12 @@ def add_commands(sub) -> None:
     s.add_argument("-A", "--project", "--account", dest="project", default=None, metavar="NAME",
                    help="the project whose quota it counts against (Slurm's --account; default: the first project "
                    "that lists the user, if any; `elastictrain projects list`)")
+    s.add_argument("--gpu-type", default=None, metavar="TYPE",
+                   help="run only on nodes of this GPU type: a node's type (`elastictrain status` lists them) or one "
+                   "of its words, ignoring case (a100 runs on 'NVIDIA A100-SXM4-80GB' nodes); as Slurm's "
+                   "--gres=gpu:TYPE:N or a Kubernetes node selector")
+    s.add_argument("--gres", type=gres_spec, default=None, metavar="gpu[:TYPE][:N]",
+                   help="Slurm's spelling of --gpu-type and --gpus: gpu:a100:4 is --gpu-type a100 --gpus 4")
     s.add_argument("--begin", type=begin_time, default=None, metavar="TIME",
                    help="do not start it before TIME (Slurm's --begin): now+90m, now+2h, now+1d, 16:00 (today, or "
                    "tomorrow if past), 2026-11-28 or 2026-11-28T08:00 (local time)")
@@ -348,6 +354,14 @@ def _submit(args) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise ConfigError("give the script after --, e.g. elastictrain submit --gpus 2 -- train.py --lr 0.1")
+    gpu_type = args.gpu_type
+    if args.gres is not None:
+        t, n = args.gres
+        if t and gpu_type and t != gpu_type:
+            raise ConfigError(f"--gres names GPU type {t} and --gpu-type {gpu_type}: give one")
+        if args.gpus not in ("1", str(n)):
+            raise ConfigError(f"--gres asks for {n} GPU(s) and --gpus for {args.gpus}: give one")
+        gpu_type, args.gpus = gpu_type or t, str(n)
     lo, hi = _worker_range(args)
     env = {}
     for item in args.env:
@@ -369,7 +383,7 @@ def _submit(args) -> int:
                                "stage_times": _stage_file(args.profile) if args.profile else None,
                                "after": [a for item in args.after for a in item.split(",") if a],
                                "hold": args.hold, "array": args.array, "time_limit": args.time,
-                               "begin": args.begin, "project": args.project},
+                               "begin": args.begin, "project": args.project, "gpu_type": gpu_type},
                               JobSubmit)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid job: {exc}") from None
@@ -714,7 +728,8 @@ def _job_status(client, job: str, as_json: bool) -> int:
     if info is not None:
         print(f"job {info.id} ({info.name}) of {info.user}: {info.status}" + (" (stopping)" if info.stopping else "")
               + (f"; priority {info.priority}" if info.priority else "")
-              + (f"; project {info.project}" if info.project else ""))
+              + (f"; project {info.project}" if info.project else "")
+              + (f"; GPU type {info.gpu_type}" if info.gpu_type else ""))
         print(f"  command: {shlex.join(info.command)}  (in {info.workdir})")
         now = f" (this run: {info.workers})" if info.min_gpus != info.gpus and info.workers else ""
         print(f"  workers: {_gpus(info)}{now}; placement: {_where(info) or '-'}; run {info.run}; preemptions "
@@ -798,7 +813,9 @@ def _resource_table(workers) -> str:
 
 
 def _gpus(j) -> str:
-    return str(j.gpus) if j.min_gpus == j.gpus else f"{j.min_gpus}:{j.gpus}"
+    """Its workers (N, or MIN:MAX), and the GPU type it needs: 4 (a100)."""
+    n = str(j.gpus) if j.min_gpus == j.gpus else f"{j.min_gpus}:{j.gpus}"
+    return f"{n} ({j.gpu_type})" if getattr(j, "gpu_type", "") else n
 
 
 def _where(j) -> str:
@@ -959,6 +976,16 @@ def _update(args) -> int:
 def _time_or_unlimited(text: str) -> float:
     """``--time`` of ``update``: Slurm's format, or UNLIMITED / INFINITE (0: no limit)."""
     return 0.0 if text.strip().lower() in ("unlimited", "infinite") else slurm_time(text)
+
+
+def gres_spec(text: str) -> tuple:
+    """Slurm's GPU GRES request, ``gpu``, ``gpu:N``, ``gpu:TYPE`` or ``gpu:TYPE:N``: (TYPE or
+    None, N) (N: 1 where left out)."""
+    parts = text.split(":")
+    count = int(parts.pop()) if len(parts) > 1 and parts[-1].isdigit() else 1
+    if parts[0] != "gpu" or len(parts) > 2 or not 1 <= count <= 65536 or (len(parts) == 2 and not parts[1]):
+        raise argparse.ArgumentTypeError(f"{text!r}: use gpu:N or gpu:TYPE:N (Slurm's GRES form, e.g. gpu:a100:4)")
+    return (parts[1] if len(parts) == 2 else None), count
 
 
 def slurm_time(text: str) -> float:

@@ -149,6 +149,7 @@ class JobSpec:
     user: str = ""
     speeds: tuple = ()
     priority: int = 0  # its tier under priority preemption (policies/tiers.py); traces have none
+    gpu_type: str = ""  # the GPU type it must run on ("" any: policies/placement.py's type_matches)
 
     def __post_init__(self) -> None:
         s, i, t, g = self.submit_time, self.iterations, self.iteration_time, self.num_gpu
@@ -159,6 +160,8 @@ class JobSpec:
         if self.priority and not (isinstance(self.priority, int) and MIN_PRIORITY <= self.priority <= MAX_PRIORITY):
             raise ConfigError(f"job {self.job_id}: priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, "
                               f"got {self.priority!r}")
+        if self.gpu_type:
+            check_name("GPU type", self.gpu_type)
 
     @property
     def duration(self) -> float:

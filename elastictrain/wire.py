@@ -514,6 +514,9 @@ class JobSubmit(_Msg, omit_defaults=True):
     begin: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1e11)]] = None
     #: the project whose quota it counts against (Slurm's --account; None: its user's default)
     project: Optional[Name] = None
+    #: the GPU type it must run on (Slurm's --gres=gpu:TYPE:N): a node's type name or one of its
+    #: words, ignoring case (``a100`` runs on nodes of ``NVIDIA A100-SXM4-80GB``); None: any
+    gpu_type: Optional[Name] = None
 
 
 class JobUpdate(_Msg, omit_defaults=True):
@@ -608,6 +611,7 @@ class ClusterJobInfo(_Msg):
     exit_code: Optional[int] = None  # of the run that ended it (0: finished; None: not ended, or cancelled)
     runs_by_reason: dict[str, int] = {}  # runs after the first, by why each started (preempt, node_lost, ...)
     project: str = ""  # the project its quota is charged to ("": none)
+    gpu_type: str = ""  # the GPU type it must run on ("": any)
 
 
 class ClusterJobList(_Msg):

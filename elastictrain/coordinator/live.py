@@ -115,6 +115,7 @@ class JobRecord(msgspec.Struct):
     begin: float = 0.0  # the time it may start from (--begin; 0: at once)
     borrowing: bool = False  # admitted over its user's quota (--quota-borrow): preempted first
     project: str = ""  # the project whose quota it counts against ("": none)
+    gpu_type: str = ""  # the GPU type it must run on ("": any; policies/placement.py's type_matches)
 
     @property
     def grouped(self) -> bool:

@@ -131,8 +131,9 @@ class NodeBook:
         return tuple(n.offers() for n in self.by_index)
 
     def types(self) -> tuple:
-        kinds = {n.gpu_type for n in self.by_index}
-        return tuple(n.gpu_type or "gpu" for n in self.by_index) if len(kinds) > 1 else ()
+        """Each node's GPU type where any node names one (jobs may need a type: ``submit
+        --gpu-type``), else empty (one kind, unnamed)."""
+        return tuple(n.gpu_type or "gpu" for n in self.by_index) if any(n.gpu_type for n in self.by_index) else ()
 
     def name_of(self, index: int) -> str:
         return self.by_index[index].name

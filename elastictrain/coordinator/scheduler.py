@@ -37,6 +37,7 @@ from ..errors import BadRequestError, ConfigError, ConflictError, ForbiddenError
 from ..model import MAX_PRIORITY, check_name
 from ..policies.api import EMPTY, create, options_of
 from ..policies.tiers import BORROW_TIER, PriorityTiers
+from ..policies.placement import type_matches
 from ..runtime.stages import STAGES
 from ..scheduling import Entry, JobStatus, JobTable, Scheduler
 from ..sim.forecast import ForecastJob, forecast
@@ -297,7 +298,7 @@ class ClusterScheduler:
     # ------------------------------------------------------------------ records and entries
     def _entry(self, rec: JobRecord) -> Entry:
         e = Entry(rec.id, rec.workers or rec.gpus, rec.submit_time, model=rec.name, user=rec.user,
-                  min_gpu=rec.min_gpus, max_gpu=rec.gpus, priority=self.tier_of(rec))
+                  min_gpu=rec.min_gpus, max_gpu=rec.gpus, priority=self.tier_of(rec), gpu_type=rec.gpu_type)
         e.status = JobStatus(rec.status)
         e.attained, e.attained_gpu, e.accrued_at = rec.attained, rec.attained_gpu, rec.accrued_at or rec.submit_time
         e.pending, e.pending_since, e.start_time, e.preemptions = rec.pending, rec.pending_since, rec.start_time, \
@@ -703,7 +704,7 @@ class ClusterScheduler:
         now = self.clock.now()
         _check_begin(req.begin, now)
         project = self.projects.charge(user, req.project, who.role != "user")
-        self._check_size(user, project, req.gpus, req.min_gpus or req.gpus)
+        self._check_size(user, project, req.gpus, req.min_gpus or req.gpus, req.gpu_type or "")
         taken = self.c.members.jobs.keys() | self.records.keys()  # (an etrun job may have taken a name)
         self._seq += 1
         while str(self._seq) in taken or any(f"{self._seq}_{i}" in taken for i in tasks if i is not None):
@@ -719,6 +720,8 @@ class ClusterScheduler:
             by["begin"] = round(req.begin, 3)
         if project:
             by["project"] = project
+        if req.gpu_type:
+            by["gpu_type"] = req.gpu_type
         out = []
         for i in tasks:
             job_id, env = base, dict(req.env)
@@ -732,7 +735,7 @@ class ClusterScheduler:
                             run_as=run_as, allow_root=allow_root, after=after, hold=req.hold,
                             array=base if i is not None else "", array_limit=limit,
                             time_limit=req.time_limit or 0.0, begin=req.begin if (req.begin or 0.0) > now else 0.0,
-                            project=project)
+                            project=project, gpu_type=req.gpu_type or "")
             self.records[job_id] = rec
             self.c.members.create_job(job_id, 1, 65536)
             rec.admitted = False
@@ -855,7 +858,7 @@ class ClusterScheduler:
                 raise ConflictError(f"job {job} is {'running' if e.running else 'stopping'}; {what} applies to a "
                                     "waiting job (as Slurm's StartTime= and NumNodes=)")
         if req.gpus is not None:
-            self._check_size(rec.user, rec.project, req.gpus, req.min_gpus or req.gpus)
+            self._check_size(rec.user, rec.project, req.gpus, req.min_gpus or req.gpus, rec.gpu_type)
         _check_begin(req.begin, now, BadRequestError)
         if who.role != "admin":
             cap = self.quotas.max_priority(rec.user)
@@ -907,19 +910,31 @@ class ClusterScheduler:
         return (f"job {kept} has run {self.cfg.min_run:.0f} s, in {max(0.0, until - self.clock.now()):.0f} s (a run "
                 "is not preempted before: --preempt-exempt)")
 
-    def _check_size(self, user: str, project: str, gpus: int, min_gpus: int) -> None:
-        """A job of ``gpus`` (at least ``min_gpus``) workers could ever run here: the nodes have them,
-        and neither its project's quota nor its user's is smaller (with --quota-borrow it may borrow).
+    def _check_size(self, user: str, project: str, gpus: int, min_gpus: int, gpu_type: str = "") -> None:
+        """A job of ``gpus`` (at least ``min_gpus``) workers, on GPUs of ``gpu_type`` ("" any), could
+        ever run here: the nodes have them, and neither its project's quota nor its user's is smaller
+        (with --quota-borrow it may borrow).
 
         Raises:
             ConfigError: it never could, with the fix.
         """
         if min_gpus > gpus:
             raise ConfigError(f"min_gpus ({min_gpus}) must be <= gpus ({gpus})")
-        known = sum(n.slots for n in self.nodes.by_index)
-        if self.nodes.by_index and min_gpus > known:
+        nodes = self.nodes.by_index
+        known = sum(n.slots for n in nodes)
+        if nodes and min_gpus > known:
             raise ConfigError(f"the job needs {min_gpus} GPUs but the cluster's nodes have {known} in all; lower "
                               "--gpus, or add nodes first")
+        if gpu_type and nodes:  # (with no node yet, it waits for the nodes to register)
+            mine = sum(n.slots for n in nodes if type_matches(gpu_type, n.gpu_type))
+            kinds = ", ".join(sorted({n.gpu_type for n in nodes if n.gpu_type})) or "none: the nodes name no type"
+            if not mine:
+                raise ConfigError(f"no node has GPU type {gpu_type!r} (the nodes' types: {kinds}); give one of them "
+                                  "or one of its words to --gpu-type (e.g. a100 for 'NVIDIA A100-SXM4-80GB'), or "
+                                  "leave it out to run anywhere")
+            if min_gpus > mine:
+                raise ConfigError(f"the job needs {min_gpus} GPUs of type {gpu_type} but the nodes have {mine} of it; "
+                                  "lower --gpus, or add nodes of that type first")
         if self.cfg.quota_borrow:
             return
         pq = self.projects.projects[project].quota if project in self.projects.projects else None
@@ -1000,13 +1015,20 @@ class ClusterScheduler:
                               rec.attained_gpu, where, rec.preemptions, rec.restarts, rec.max_restarts, reason,
                               rec.step, rec.steps, rec.epochs, rec.iteration_time, rec.run, rec.stopping, info,
                               rec.workers, round(e.rate, 3) if e is not None and e.rate > 0 else None,
-                              list(rec.stage_times), rec.exit_code, dict(rec.runs_by_reason), rec.project)
+                              list(rec.stage_times), rec.exit_code, dict(rec.runs_by_reason), rec.project,
+                              rec.gpu_type)
 
     def _why_waiting(self, rec: JobRecord) -> str:
         """Why a queued or preempted job is not running, as far as the nodes tell (squeue's REASON)."""
         up = [n for n in self.nodes.by_index if n.state == "up"]
         unit = "slots" if up and all(n.kind == "slot" for n in up) else "GPUs"
         need = rec.min_gpus or rec.gpus
+        if rec.gpu_type and up:  # only its type's nodes serve it
+            mine = [n for n in up if type_matches(rec.gpu_type, n.gpu_type)]
+            if not mine:
+                return (f"needs GPU type {rec.gpu_type}: no node of that type is up (types up: "
+                        f"{', '.join(sorted({n.gpu_type or '-' for n in up}))}); it starts when one registers")
+            up, unit = mine, f"{rec.gpu_type} {unit}"
         if not up:
             return (f"no node is up to run it: start `elastictrain node` on a machine with {unit} (or, with an "
                     "engine, check that it offers nodes); it starts when one registers")

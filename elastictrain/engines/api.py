@@ -77,7 +77,9 @@ class EngineNode:
     """A node the engine offers: its GPUs (0 where it has none; its worker slots where ``kind`` is
     ``slot``, a CPU partition's), whether it is up (a down or failed node is not: it leaves, and
     its runs are requeued), and whether it is *cordoned* by the engine's own administrator
-    (Slurm's drain, ``kubectl cordon``): up, its runs go on, and nothing new is placed there."""
+    (Slurm's drain, ``kubectl cordon``): up, its runs go on, and nothing new is placed there. Its
+    GPU type: Slurm's GRES type (``gpu:a100:4``), Kubernetes' ``nvidia.com/gpu.product`` label,
+    Ray's ``accelerator_type:`` resource."""
 
     name: str
     gpus: int
@@ -85,6 +87,7 @@ class EngineNode:
     state: str = ""
     kind: str = "gpu"  # gpu | slot (what the coordinator's cluster view calls the units)
     cordoned: bool = False
+    gpu_type: str = ""  # its GPUs' type, where the engine names one (jobs may need it: submit --gpu-type)
 
 
 @dataclass(frozen=True)

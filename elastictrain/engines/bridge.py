@@ -129,8 +129,8 @@ class EngineBridge:
             book = self.sched.nodes.nodes.get(n.name)
             if n.up and n.gpus > 0:
                 if self.registered.get(n.name) != n.gpus or book is None or book.state != "up" or \
-                        book.instance != self.instance:
-                    self.sched.node_register(n.name, NodeRegister(n.gpus, self.instance, n.kind, "", n.name))
+                        book.instance != self.instance or book.gpu_type != n.gpu_type:
+                    self.sched.node_register(n.name, NodeRegister(n.gpus, self.instance, n.kind, n.gpu_type, n.name))
                     self.registered[n.name] = n.gpus
                 # an admin's drain or cordon in the engine: its runs go on, nothing new goes there
                 self.sched.engine_cordon(n.name, n.cordoned, f"{self.adapter.name} says the node is "

@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError
+from ..model import NAME_PATTERN
 from .api import (ACTIVE, ENDED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, combine_codes,
                   parse_run_name, run_name)
 from .k8s_manifests import (ANNOTATION_JOB, LABEL_COORDINATOR, LABEL_INDEX, LABEL_RUN, cpu_millis, pod_name, run_objects,
@@ -252,8 +253,10 @@ class KubernetesAdapter:
                 out.append(EngineNode(n.metadata.name, cpu_millis(alloc.get("cpu", "0")) // (1000 * per),
                                       ready, state, "slot", cordoned))
             else:
+                labels = (n.metadata.labels or {}) if n.metadata else {}
                 out.append(EngineNode(n.metadata.name, int(str(alloc.get("nvidia.com/gpu", "0")) or 0),
-                                      ready, state, cordoned=cordoned))
+                                      ready, state, cordoned=cordoned,
+                                      gpu_type=_gpu_type(labels.get("nvidia.com/gpu.product", ""))))
         return sorted(out, key=lambda e: e.name)
 
     # ------------------------------------------------------------------ runs
@@ -335,3 +338,10 @@ class KubernetesAdapter:
             if s.handle in handles or s.state == ACTIVE:
                 out.append(s)
         return out
+
+
+def _gpu_type(label: str) -> str:
+    """A node's GPU type from NVIDIA's GPU feature discovery label (``NVIDIA-A100-SXM4-80GB``), kept
+    where it is a valid name (model.check_name's rule), else none."""
+    return label if NAME_PATTERN.fullmatch(label or "") else ""
+

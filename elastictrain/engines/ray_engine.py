@@ -39,6 +39,7 @@ from typing import Optional
 import msgspec
 
 from ..errors import ConfigError, ElasticTrainError
+from ..model import NAME_PATTERN
 from .api import (ACTIVE, ENDED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, combine_codes,
                   parse_run_name, run_name)
 
@@ -146,7 +147,10 @@ class RayAdapter:
             if per:
                 out[name] = EngineNode(name, int(float(res.get("CPU", 0))) // per, up, "alive" if up else "dead", "slot")
             else:
-                out[name] = EngineNode(name, int(float(res.get("GPU", 0))), up, "alive" if up else "dead")
+                kinds = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]  # (Ray names it)
+                kind = kinds[0] if len(kinds) == 1 and NAME_PATTERN.fullmatch(kinds[0]) else ""
+                out[name] = EngineNode(name, int(float(res.get("GPU", 0))), up, "alive" if up else "dead",
+                                       gpu_type=kind)
         self._alive = alive
         return [out[k] for k in sorted(out)]
 

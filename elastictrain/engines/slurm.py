@@ -41,7 +41,7 @@ from .api import ACTIVE, ENDED, REQUEUED, EngineNode, RunLaunch, RunState, check
 from .api import parse_run_name as parse_job_name
 from .api import run_name as job_name
 
-__all__ = ["SlurmAdapter", "SlurmError", "parse_gres_gpus", "job_name", "parse_job_name"]
+__all__ = ["SlurmAdapter", "SlurmError", "parse_gres_gpus", "parse_gres_type", "job_name", "parse_job_name"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,17 @@ def parse_gres_gpus(gres: str) -> int:
         if fields and fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
             total += int(fields[-1])
     return total
+
+
+def parse_gres_type(gres: str) -> str:
+    """The GPU type a node's GRES names (``gpu:a100:4(S:0-1)``: a100); "" where it names none, or
+    several (a run asks for ``gpu:N`` on a node, which could then mix them)."""
+    kinds = set()
+    for part in (gres or "").split(","):
+        fields = part.split("(")[0].split(":")
+        if fields and fields[0] == "gpu" and len(fields) >= 2:
+            kinds.add(fields[1] if len(fields) >= 3 else "")
+    return kinds.pop() if len(kinds) == 1 else ""
 
 
 class SlurmAdapter:
@@ -138,7 +149,8 @@ class SlurmAdapter:
                 slots = int(cpus) // per if cpus.isdigit() else 0
                 seen[name] = EngineNode(name, slots, up, state, "slot", drained)
             else:
-                seen[name] = EngineNode(name, parse_gres_gpus(gres), up, state, cordoned=drained)
+                seen[name] = EngineNode(name, parse_gres_gpus(gres), up, state, cordoned=drained,
+                                        gpu_type=parse_gres_type(gres))
         if not seen:
             raise SlurmError(f"partition {self.partition!r} has no nodes (sinfo -p {self.partition}); check the name")
         return [seen[n] for n in sorted(seen)]

@@ -41,7 +41,7 @@ class LocalCluster:
     def __init__(self, tmp, policy: str, *policy_args: str, nodes: int = 2, slots: int = 2,
                  node_timeout: float = 6.0, slurm_conf: Optional[str] = None, partition: str = "low",
                  node_credentials: bool = False, python: str = sys.executable,
-                 ray_address: Optional[str] = None) -> None:
+                 ray_address: Optional[str] = None, node_types: tuple = ()) -> None:
         self.tmp = str(tmp)
         os.makedirs(self.tmp, exist_ok=True)
         self.engine = "slurm" if slurm_conf else "ray" if ray_address else "nodes"
@@ -56,6 +56,7 @@ class LocalCluster:
                                               env={"SLURM_CONF": slurm_conf} if slurm_conf else None)
         self.names = [f"n{i + 1}" for i in range(nodes)]
         self.slots = slots
+        self.node_types = dict(zip(self.names, node_types))  # node -> the GPU type it reports (--gpu-type)
         self.node_credentials, self.python = node_credentials, python
         self.node_tokens: dict[str, str] = {}  # node -> its token file
         self.daemons: dict = {}
@@ -97,7 +98,8 @@ class LocalCluster:
         log = open(os.path.join(self.tmp, f"{name}.log"), "ab")
         self.daemons[name] = subprocess.Popen(
             [self.python, "-m", "elastictrain", "node", "--slots", str(self.slots), "--name", name,
-             "--state-dir", os.path.join(self.tmp, f"state-{name}"), "--warm-spares", "0", "--poll-wait", "2"],
+             "--state-dir", os.path.join(self.tmp, f"state-{name}"), "--warm-spares", "0", "--poll-wait", "2",
+             *(("--gpu-type", self.node_types[name]) if name in self.node_types else ())],
             env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.tmp)
         log.close()
 

@@ -48,6 +48,8 @@ class JobView(msgspec.Struct, frozen=True, gc=False):
     ``speeds``: GPU type -> speed relative to ``iteration_time`` (empty: the same everywhere).
     ``rate``: measured throughput (samples/s from the shard cursors) over the latest
     ``rate_window`` seconds of the current run (live jobs; 0 in the simulator and until measured).
+    ``gpu_type``: the GPU type it must run on (Slurm's ``--gres=gpu:TYPE:N``, a Kubernetes node
+    selector); the mechanism refuses a decision that places it elsewhere (scheduling/plan.py).
     """
 
     job_id: Any
@@ -77,6 +79,7 @@ class JobView(msgspec.Struct, frozen=True, gc=False):
     peak_memory: float = 0.0  # bytes: the largest resident memory one of its workers reported (live jobs)
     starting: bool = False  # running, but its run has not trained its first step yet: no service accrues
     ready_at: Optional[float] = None  # while starting: when its first step is due, where known (the simulator)
+    gpu_type: str = ""  # the GPU type it must run on ("" any; placement.type_mask says which nodes match)
 
     @property
     def remaining_time(self) -> float:

@@ -52,6 +52,7 @@ from typing import Optional
 
 from ..errors import ConfigError
 from .api import ClusterSnapshot, Decision, JobView, register
+from .placement import any_node, type_mask
 
 __all__ = ["AutoScale", "marginal_efficiency"]
 
@@ -148,8 +149,12 @@ class AutoScale:
         self._now = s.now
         free = s.total_gpus
         notes: list = []
+        node_free = list(s.gpus_per_node)  # (for jobs that need a GPU type: only its nodes serve them)
         for j in s.running:
             free -= j.num_gpu
+            for n, g in j.placement:
+                if 0 <= n < len(node_free):
+                    node_free[n] -= g
         run, workers = {}, {}
         for j in s.jobs:
             if not j.running:
@@ -157,6 +162,8 @@ class AutoScale:
             p = self._plan(j)
             if j.elastic:
                 self._optimize(s, j, p, free, notes)
+                if j.gpu_type and p.target > j.num_gpu and p.target - j.num_gpu > _typed_free(s, j, node_free):
+                    p.target = j.num_gpu  # its type's nodes have no room to grow into
                 free -= p.target - j.num_gpu
             size = p.target if j.elastic else j.num_gpu
             if size == j.num_gpu:
@@ -171,8 +178,15 @@ class AutoScale:
             if size > free:
                 free += self._yield(s, size - free, run, workers, notes, j.job_id)
             if size <= free:
+                where = ((-1, size),)
+                if j.gpu_type:  # placed on its type's nodes now (a count of the cluster's GPUs says nothing there)
+                    where = any_node(size, node_free, None, type_mask(j.gpu_type, s.node_types))
+                    if where is None:
+                        continue
+                    for n, g in where:
+                        node_free[n] -= g
                 free -= size
-                run[j.job_id] = ((-1, size),)
+                run[j.job_id] = where
                 if j.elastic:
                     workers[j.job_id] = size
         limits = {}
@@ -305,3 +319,10 @@ def _rounded(d: dict) -> dict:
 
 register("autoscale", lambda **kw: AutoScale(**kw),
          ("threshold", "rate_window", "drop", "step", "yield_threshold", "memory_headroom", "cooldown"))
+
+
+def _typed_free(s: ClusterSnapshot, j: JobView, node_free: list) -> int:
+    """Free GPUs on the nodes of the GPU type ``j`` needs."""
+    mask = type_mask(j.gpu_type, s.node_types)
+    return sum(f for f, ok in zip(node_free, mask) if ok and f > 0)
+

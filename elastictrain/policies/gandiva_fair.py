@@ -45,7 +45,7 @@ from typing import Optional, Sequence
 
 from ..errors import ConfigError
 from .api import ClusterSnapshot, Decision, Restored, register
-from .placement import make_placer
+from .placement import make_placer, type_matches
 
 _LN2 = math.log(2.0)
 _PASS = attrgetter("pass_")
@@ -237,7 +237,8 @@ class GandivaFair:
         was = self._restored.pop(j.job_id, None) if self._restored else None
         if was is not None:
             pass_, home, gtype = was
-            if gtype in nodes_of and (home is None or (home in nodes_of[gtype] and caps[home] >= j.num_gpu)):
+            if gtype in nodes_of and (home is None or (home in nodes_of[gtype] and caps[home] >= j.num_gpu)) and \
+                    (not j.gpu_type or type_matches(j.gpu_type, gtype)):
                 return StrideJob(j.job_id, j.num_gpu, 1.0, pass_, home, gtype, j.user)
         return self._home(j, caps, nodes_of, by_type)
 
@@ -261,6 +262,10 @@ class GandivaFair:
             for j in s.jobs:
                 if j.job_id not in self._jobs:
                     self._jobs[j.job_id] = self._join(j, full, nodes_of, by_type)
+        if self._reshaped:  # the nodes changed: a job that waited for a GPU type no node had may have one now
+            for jid, sj in list(self._jobs.items()):
+                if sj.gtype not in nodes_of and jid in by_id:
+                    self._jobs[jid] = self._home(by_id[jid], full, nodes_of, by_type)
         fresh = bool(s.arrived) or bool(s.ended) or len(self._jobs) != known
         ids = tuple(by_id)  # the snapshot's job ids: what the cached groups and homes were built for
         self._event = self._event or fresh
@@ -451,12 +456,17 @@ class GandivaFair:
 
         # (a type too small for it now may be whole again later: a live node lost or cordoned; on
         # none it waits, central, until one is: the simulator sets aside jobs no type can ever hold)
-        fits = [t for t in nodes_of if by_type[t] >= j.num_gpu]
+        kinds = [t for t in nodes_of if type_matches(j.gpu_type, t)] if j.gpu_type else list(nodes_of)
+        if not kinds:  # it waits, central on a type of its own that no server serves, until one does
+            self._notes.append((j.job_id, {"decision": "wait", "why": (
+                f"needs GPU type {j.gpu_type}, and no node offers it now (types: {', '.join(nodes_of)})")}))
+            return StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, j.gpu_type, j.user)
+        fits = [t for t in kinds if by_type[t] >= j.num_gpu]
         if not fits:
             self._notes.append((j.job_id, {"decision": "wait", "why": (
                 f"needs {j.num_gpu} GPUs, more than any one GPU type offers now ({by_type}); gandiva-fair runs a "
                 "gang on one type, so it waits until one does")}))
-        gtype = min(fits or nodes_of, key=score)
+        gtype = min(fits or kinds, key=score)
         local = [n for n in nodes_of[gtype] if caps[n] >= j.num_gpu]
         sj = StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, gtype, j.user)
         if local:
@@ -705,7 +715,7 @@ class GandivaFair:
             self._next = s.now + self.quantum
         by_id = {j.job_id: j for j in s.jobs}
         for jid in gang_stride([self._jobs[j.job_id] for j in candidates], placer.total_free):
-            where = placer.place(by_id[jid].num_gpu, by_id[jid].skew)
+            where = placer.place(by_id[jid].num_gpu, by_id[jid].skew, (), by_id[jid].gpu_type)
             if where is None:  # fits by count but not by placement: undo its pass advance
                 sj = self._jobs[jid]
                 sj.pass_ -= sj.size / sj.tickets

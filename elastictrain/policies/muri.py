@@ -234,7 +234,7 @@ class Muri:
                 if trial.total_free == 0:
                     break
                 continue
-            if trial.place(g, j.skew) is not None:
+            if trial.place(g, j.skew, (), j.gpu_type) is not None:
                 chosen[g] = min(chosen[g] + self.k, len(buckets[g]))
         capacity = s.total_gpus - sum(u[0].num_gpu for u in units)
         demand = sum(g * n for g, n in chosen.items())
@@ -257,9 +257,9 @@ class Muri:
         for g, bucket in nodes.items():
             for grp in bucket:
                 parts = [grp]
-                if len(grp) > 1 and self.autosplit and \
-                        self.group_time(self._key(grp)) > sum(j.iteration_time for j in grp):
-                    parts = [[j] for j in grp]
+                if len(grp) > 1 and (len({j.gpu_type for j in grp}) > 1 or self.autosplit and
+                                     self.group_time(self._key(grp)) > sum(j.iteration_time for j in grp)):
+                    parts = [[j] for j in grp]  # (members share GPUs: they need the same GPU type)
                 groups += [(min(pos[j.job_id] for j in p), max(j.skew for j in p), p) for p in parts]
         groups.sort(key=lambda e: e[0])
 
@@ -267,7 +267,7 @@ class Muri:
         trial = make_placer(s, self.placement, self.packlimit)
         for u in units:
             trial.take(u[0].placement)
-        admitted = [e for e in groups if trial.place(e[2][0].num_gpu, e[1]) is not None]
+        admitted = [e for e in groups if trial.place(e[2][0].num_gpu, e[1], (), e[2][0].gpu_type) is not None]
         admitted.sort(key=lambda e: (-e[2][0].num_gpu, e[0]))
         placer = make_placer(s, self.placement, self.packlimit, self.sticky)
         run: dict[int, tuple] = {}
@@ -279,7 +279,7 @@ class Muri:
                 where = grp[0].placement
             else:
                 here = grp[0].placement if all(j.running and j.placement == grp[0].placement for j in grp) else ()
-                where = placer.place(grp[0].num_gpu, max(j.skew for j in grp), here)
+                where = placer.place(grp[0].num_gpu, max(j.skew for j in grp), here, grp[0].gpu_type)
             if where is None:
                 continue
             for j in grp:

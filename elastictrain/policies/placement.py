@@ -10,6 +10,10 @@
 * ``skew``: Tiresias: consolidate a job whose model skew (largest tensor / total) exceeds
   ``packlimit``; spread the others.
 
+A job that needs a GPU type (``JobView.gpu_type``: Slurm's ``--gres=gpu:a100:4``) goes only on
+the nodes of that type (:func:`type_mask`) in every mode; counting GPUs, it is placed on real
+nodes at once (a count of the whole cluster's GPUs says nothing about one type's).
+
 ``sticky`` (the live coordinator sets it; simulations leave it off, as the reference
 simulators do): a running job keeps its GPUs when they are still free, and a waiting job first
 tries the GPUs no running job holds, so a decision moves a running job (a restart on a real
@@ -18,11 +22,13 @@ cluster) only when it has to.
 
 from __future__ import annotations
 
+import re
+from functools import lru_cache
 from typing import Optional
 
 from ..errors import ConfigError
 
-__all__ = ["Placer", "make_placer", "PLACEMENTS", "best_node", "any_node"]
+__all__ = ["Placer", "make_placer", "PLACEMENTS", "best_node", "any_node", "type_matches", "type_mask"]
 
 PLACEMENTS = ("count", "consolidated", "spread", "skew")
 
@@ -31,7 +37,7 @@ class Placer:
     """Free-GPU bookkeeping for one decision. ``place(job)`` returns a placement or None."""
 
     def __init__(self, gpus_per_node: tuple[int, ...], nodes_per_switch: int, mode: str = "consolidated",
-                 packlimit: float = 0.5, sticky: bool = False, running: tuple = ()) -> None:
+                 packlimit: float = 0.5, sticky: bool = False, running: tuple = (), node_types: tuple = ()) -> None:
         if mode not in PLACEMENTS:
             raise ConfigError(f"placement {mode!r} is not one of {', '.join(PLACEMENTS)}")
         self.free = list(gpus_per_node)
@@ -42,6 +48,7 @@ class Placer:
         self.per_node = max(gpus_per_node) if gpus_per_node else 0
         self.max_free = self.per_node  # at least the most free GPUs on any node (fails a search in O(1))
         self.sticky = sticky
+        self.types = node_types  # each node's GPU type (empty: none named)
         self.soft = [0] * len(self.free)  # GPUs running jobs hold and have not been placed again yet
         if sticky:
             for j in running:
@@ -67,7 +74,7 @@ class Placer:
         for j in jobs:
             if self.total_free == 0:
                 break
-            where = place(j.num_gpu, j.skew, j.placement if j.running else ())
+            where = place(j.num_gpu, j.skew, j.placement if j.running else (), j.gpu_type)
             if where is not None:
                 run[j.job_id] = where
             elif strict:
@@ -86,6 +93,15 @@ class Placer:
             if total == 0:
                 break
             n = j.num_gpu
+            if j.gpu_type:  # only the nodes of its type
+                self.total_free, self.max_free = total, top
+                where = self.place(n, j.skew, (), j.gpu_type)
+                total, top = self.total_free, self.max_free
+                if where is not None:
+                    run[j.job_id] = where
+                elif strict:
+                    break
+                continue
             if n <= top:  # some node may have room: the first one that has takes it
                 i = 0
                 while i < nodes and free[i] < n:
@@ -108,11 +124,13 @@ class Placer:
         self.total_free, self.max_free = total, top
         return run
 
-    def place(self, num_gpu: int, skew: float = 0.0, current: tuple = ()) -> Optional[tuple]:
+    def place(self, num_gpu: int, skew: float = 0.0, current: tuple = (), gpu_type: str = "") -> Optional[tuple]:
         """A placement for a gang of ``num_gpu``, or None. ``current``: where the job runs now
-        (kept when the placer is sticky)."""
+        (kept when the placer is sticky); ``gpu_type``: the GPU type it needs ("" any)."""
         if num_gpu > self.total_free:
             return None
+        if gpu_type:
+            return self._typed(num_gpu, skew, current, gpu_type)
         if not self.sticky:  # the common path, kept short: simulations place millions of gangs
             mode = self.mode
             if mode == "count":
@@ -143,6 +161,32 @@ class Placer:
                 return self._take(out, num_gpu, soft=False)
         out = self._place(num_gpu, skew)
         return None if out is None else self._take(out, num_gpu, soft=True)
+
+    def _typed(self, num_gpu: int, skew: float, current: tuple, gpu_type: str) -> Optional[tuple]:
+        """:meth:`place` on the nodes of ``gpu_type`` alone: the others look full while it places."""
+        mask = type_mask(gpu_type, self.types)
+        free = self.free
+        mine = [f if ok else 0 for f, ok in zip(free, mask)]
+        if sum(mine) < num_gpu:
+            return None
+        if self.mode == "count":  # on real nodes: the count is the whole cluster's
+            keep = current and current[0][0] >= 0 and sum(g for _, g in current) == num_gpu and \
+                all(0 <= n < len(mine) and mine[n] >= g for n, g in current)
+            where = tuple(current) if keep else any_node(num_gpu, mine)
+        else:
+            total, top = self.total_free, self.max_free
+            self.free, self.total_free, self.max_free = mine, sum(mine), max(mine)
+            try:
+                where = self.place(num_gpu, skew, current)
+            finally:
+                self.free, self.total_free, self.max_free = free, total, top
+        if where is None:
+            return None
+        for node, g in where:
+            free[node] -= g
+        self.total_free -= num_gpu
+        self.max_free = max(free)
+        return where
 
     def _first_fit(self, num_gpu: int) -> Optional[tuple]:
         """Consolidated placement of a job of at most one node's GPUs, not sticky: the first node
@@ -224,7 +268,25 @@ class Placer:
 
 def make_placer(snapshot, mode: str, packlimit: float = 0.5, sticky: bool = False) -> Placer:
     return Placer(snapshot.gpus_per_node, snapshot.nodes_per_switch, mode, packlimit, sticky,
-                  snapshot.running if sticky else ())
+                  snapshot.running if sticky else (), snapshot.node_types)
+
+
+# ---------------------------------------------------------------------------- GPU types
+_WORDS = re.compile(r"[^a-z0-9]+")
+
+
+def type_matches(want: str, have: str) -> bool:
+    """Whether a node of GPU type ``have`` serves a job that needs ``want``: the same name, or one
+    of its words, ignoring case (``a100`` is served by ``NVIDIA A100-SXM4-80GB``, ``a10`` is not)."""
+    want, have = want.lower(), have.lower()
+    return want == have or want in _WORDS.split(have)
+
+
+@lru_cache(maxsize=256)
+def type_mask(want: str, node_types: tuple) -> tuple:
+    """For each node (``node_types``: each one's GPU type), whether a job needing ``want`` may
+    run there. No node does where the nodes name no type (``node_types`` empty)."""
+    return tuple(type_matches(want, t) for t in node_types)
 
 
 
@@ -241,11 +303,14 @@ def best_node(size: int, free: list, avoid: Optional[list] = None, gtype=None, t
     return best
 
 
-def any_node(size: int, free: list, avoid: Optional[list] = None) -> Optional[tuple]:
+def any_node(size: int, free: list, avoid: Optional[list] = None, mask: Optional[tuple] = None) -> Optional[tuple]:
     """Where a gang placed "on any node" goes: the best-fitting node without ``avoid``'s GPUs (GPUs
     a start there would wait for, or take from someone), else the best-fitting node, else spread
-    over the nodes with the most free GPUs first; None if the free GPUs do not add up. (``free``
-    is not changed.) Shared by the mechanism core's plan and the priority tiers."""
+    over the nodes with the most free GPUs first; None if the free GPUs do not add up. ``mask``:
+    the nodes it may use (a job's GPU type, :func:`type_mask`). (``free`` is not changed.) Shared
+    by the mechanism core's plan and the priority tiers."""
+    if mask is not None:
+        free = [f if ok else 0 for f, ok in zip(free, mask)] + [0] * (len(free) - len(mask))
     n = best_node(size, free, avoid) if avoid is not None else -1
     if n < 0:
         n = best_node(size, free)

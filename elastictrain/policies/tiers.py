@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 from ..model import MIN_PRIORITY
 from .api import ClusterSnapshot, Decision, Policy
-from .placement import any_node, best_node
+from .placement import any_node, best_node, type_mask
 
 __all__ = ["PriorityTiers", "BORROW_TIER"]
 
@@ -198,7 +198,8 @@ class PriorityTiers:
             if mine and mine[0][0] >= 0 and sum(g for _, g in mine) == size and all(avail[n] >= g for n, g in mine):
                 where = mine
             else:
-                where = any_node(size, avail, below)
+                mask = type_mask(view.gpu_type, types) if view is not None and view.gpu_type else None
+                where = any_node(size, avail, below, mask)
         elif len(where) == 1:
             n, g = where[0]
             fits = 0 <= n < len(avail) and avail[n] >= g

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .api import ClusterSnapshot, Decision, Restored, register
-from .placement import make_placer
+from .placement import any_node, make_placer, type_mask
 
 __all__ = ["Tiresias", "gittins_table"]
 
@@ -152,6 +152,7 @@ class Tiresias:
         # counting GPUs only, a running job is handed back its own placement: it stays where it is
         # (jobs here never share GPUs), and the mechanism need not resolve it again
         counting = self.placement == "count" and not sticky
+        typed: list = []  # (counting) jobs that need a GPU type, in the order visited
         for k, queue in enumerate(queues):
             if placer.total_free == 0 or not queue:
                 continue
@@ -182,9 +183,11 @@ class Tiresias:
                         continue
                     placer.total_free -= size
                     run[jid] = j.placement if j.running else ((-1, size),)
+                    if j.gpu_type:  # placed on its type's nodes once the running jobs kept are known
+                        typed.append(j)
                     placed.append(jid)
                     continue
-                where = place(j.num_gpu, j.skew, j.placement if j.running else ())
+                where = place(j.num_gpu, j.skew, j.placement if j.running else (), j.gpu_type)
                 if where is None:
                     skipped.append(jid)
                 else:
@@ -195,6 +198,8 @@ class Tiresias:
             # 2D-Gittins: the queue stays in key order
             if not gittins:
                 queue[:n] = placed + skipped
+        if typed:
+            _place_typed(typed, run, s)
         return Decision(run, self._wakeup(s, run))
 
     def _resort(self, s: ClusterSnapshot) -> None:
@@ -348,3 +353,27 @@ def _tiresias_g(distribution=None, **options) -> Tiresias:
 _OPTS = ("thresholds", "promote_knob", "placement", "packlimit", "sticky")
 register("tiresias-l", lambda **kw: Tiresias(**kw), _OPTS)
 register("tiresias-g", _tiresias_g, _OPTS + ("distribution", "delta"))
+
+
+def _place_typed(typed: list, run: dict, s: ClusterSnapshot) -> None:
+    """Counting GPUs, the jobs that need a GPU type go on real nodes of that type: a running one
+    stays where it runs, the others take the GPUs of their type that the rest of ``run`` leaves
+    (counted as a pool, a type's GPUs may be short: such a job waits this decision)."""
+    free = list(s.gpus_per_node)
+    mine = {j.job_id for j in typed}
+    for key, where in run.items():
+        if key not in mine:
+            for n, g in where:
+                if n >= 0:
+                    free[n] -= g
+    for j in typed:
+        mask = type_mask(j.gpu_type, s.node_types)
+        keep = j.running and all(0 <= n < len(free) and mask[n] and free[n] >= g for n, g in j.placement)
+        where = j.placement if keep else any_node(j.num_gpu, free, None, mask)
+        if where is None:
+            del run[j.job_id]
+            continue
+        run[j.job_id] = where
+        for n, g in where:
+            free[n] -= g
+

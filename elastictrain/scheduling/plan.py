@@ -5,7 +5,8 @@ and the rule) a decision that places a job that is not runnable, gives an elasti
 count outside its range, splits a gang (a placement whose GPUs do not add up to the job's
 workers), puts more GPUs on a node or in the cluster than the snapshot offers, or forms an
 invalid interleaving group (members must be 2+ placed jobs of one size on one placement, each
-in one group). It resolves "any node" placements (``(-1, gpus)``) to real nodes, keeping a
+in one group), or places a job that needs a GPU type on a node of another. It resolves "any
+node" placements (``(-1, gpus)``) to real nodes (within a job's GPU type), keeping a
 running job where it is, and returns the actions in a fixed order: preemptions first (in
 start order), then the placed jobs in the decision's order.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from ..errors import PolicyError
 from ..policies.api import ClusterSnapshot, Decision
-from ..policies.placement import any_node
+from ..policies.placement import any_node, type_mask
 from .api import MIGRATE, PREEMPT, REGROUP, RESIZE, START, Action
 from .table import JobTable
 
@@ -76,6 +77,8 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
                 raise PolicyError(f"policy {policy}: job {key!r} given {size!r} workers, outside its range "
                                   f"{lo}..{hi}")
         _check_placement(policy, key, where, size, nodes)
+        if view.gpu_type:
+            _check_type(policy, view, where, snap.node_types)
         if group_of and key in group_of and group_of[key][0] != key:
             continue  # a group's followers share its leader's GPUs
         total += size
@@ -86,8 +89,8 @@ def plan(table: JobTable, snap: ClusterSnapshot, decision: Decision, policy: str
                 used[node] += g
     _check_capacity(policy, total, used, caps)
 
-    resolved = _resolve(anywhere, run, get, used, caps, table.held_per_node(nodes) if table.stopping else None) \
-        if anywhere else None
+    resolved = _resolve(anywhere, run, get, used, caps, table.held_per_node(nodes) if table.stopping else None,
+                        snap.node_types) if anywhere else None
 
     # ---- actions: preemptions, then the placed jobs in decision order
     actions = [Action(PREEMPT, key, (), e.placement, e.num_gpu) for key, e in running.items()
@@ -153,6 +156,8 @@ def _plan_plain(table: JobTable, snap: ClusterSnapshot, decision: Decision, poli
                 continue
         view = get(key) or _not_runnable(policy, key)
         size = view.num_gpu
+        if view.gpu_type:  # the general path checks its GPU type (and resolves "any node" within it)
+            return None
         if len(where) == 1:  # one node: _check_placement's test, inline (most placements)
             node, g = where[0]
             if not (type(g) is int and g == size and type(node) is int and 0 <= node < nodes):
@@ -210,6 +215,17 @@ def _check_placement(policy: str, key, where: tuple, size: int, nodes: int) -> N
                           "is all or nothing)")
 
 
+def _check_type(policy: str, view, where: tuple, node_types: tuple) -> None:
+    """A job that needs a GPU type is placed only on nodes of that type ("any node" is resolved
+    within it)."""
+    mask = type_mask(view.gpu_type, node_types)
+    for node, _ in where:
+        if node >= 0 and not (node < len(mask) and mask[node]):
+            have = node_types[node] if node < len(node_types) else "unnamed"
+            raise PolicyError(f"policy {policy}: job {view.job_id!r} needs GPU type {view.gpu_type!r} but was placed "
+                              f"on node {node}, whose GPUs are {have!r}")
+
+
 def _check_capacity(policy: str, total: int, used: list, caps: tuple) -> None:
     if total > sum(caps):
         raise PolicyError(f"policy {policy} placed {total} GPUs on a cluster offering {sum(caps)}")
@@ -222,10 +238,11 @@ def _size(view, workers: dict) -> int:
     return -1 if view is None else workers.get(view.job_id, view.num_gpu)
 
 
-def _resolve(keys: list, run: dict, get, used: list[int], caps: tuple, held=None) -> dict:
+def _resolve(keys: list, run: dict, get, used: list[int], caps: tuple, held=None, node_types: tuple = ()) -> dict:
     """Real nodes for "any node" placements: a running job keeps its GPUs when they are free and
     its size is unchanged; the others take the best-fitting node, else the emptiest nodes,
-    preferring GPUs that no stopping job still ``held`` (a start there would wait)."""
+    preferring GPUs that no stopping job still ``held`` (a start there would wait); a job that
+    needs a GPU type, among the nodes of that type (those first: they have fewer choices)."""
     free = [c - u for c, u in zip(caps, used)]
     out, todo = {}, []
     for key in keys:
@@ -242,9 +259,10 @@ def _resolve(keys: list, run: dict, get, used: list[int], caps: tuple, held=None
                     free[n] -= g
                 out[key] = old
                 continue
-        todo.append((key, size))
-    for key, size in todo:
-        where = any_node(size, free, held)
+        todo.append((key, size, type_mask(view.gpu_type, node_types) if view.gpu_type else None))
+    todo.sort(key=lambda t: t[2] is None)  # (stable: otherwise in decision order)
+    for key, size, mask in todo:
+        where = any_node(size, free, held, mask)
         if where is None:  # cannot happen after the total check above; refuse rather than over-place
             raise PolicyError(f"job {key!r}: {size} GPUs do not fit in the free GPUs {free}")
         for n, g in where:

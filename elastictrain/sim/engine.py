@@ -51,6 +51,7 @@ from ..coordinator.quotas import Quota, QuotaBook
 from ..errors import ConfigError
 from ..model import JobSpec
 from ..policies.api import EMPTY, Policy
+from ..policies.placement import type_matches
 from ..scheduling import ClusterShape, Entry, JobStatus, JobTable, Scheduler
 from .backend import SimBackend
 from .cluster import ClusterSpec
@@ -120,6 +121,13 @@ class SimResult:
     extra: dict = field(default_factory=dict)
 
 
+def _typed_room(cluster: ClusterSpec, want: str, one_type: bool) -> int:
+    """The most GPUs a job needing GPU type ``want`` may get (``one_type``: a policy that runs a
+    gang on one GPU type: the largest matching type's)."""
+    per = [g for t, g in cluster.gpus_by_type.items() if type_matches(want, t)] if cluster.node_types else []
+    return (max(per, default=0) if one_type else sum(per))
+
+
 class Simulator:
     def __init__(self, jobs: list[JobSpec], cluster: ClusterSpec, policy: Policy, *,
                  restart_cost: Union[str, float, Callable[[Entry], float]] = 0.0,
@@ -145,6 +153,10 @@ class Simulator:
         for j in jobs:
             if j.num_gpu > limit:
                 self.rejected.append((j.job_id, f"needs {j.num_gpu} GPUs but {why}"))
+            elif j.gpu_type and j.num_gpu > _typed_room(cluster, j.gpu_type, getattr(policy, "single_type", False)):
+                self.rejected.append((j.job_id, f"needs {j.num_gpu} GPUs of type {j.gpu_type} but the cluster has "
+                                      f"{_typed_room(cluster, j.gpu_type, False)} (types: "
+                                      f"{', '.join(cluster.gpus_by_type) if cluster.node_types else 'none named'})"))
             elif self.quota is not None and self.quota.gpus is not None and j.num_gpu > self.quota.gpus:
                 self.rejected.append((j.job_id, f"needs {j.num_gpu} GPUs but a user's quota is {self.quota.gpus}"))
             else:
@@ -180,7 +192,8 @@ class Simulator:
     def _entry(self, s: JobSpec) -> Entry:
         e = Entry(s.job_id, s.num_gpu, s.submit_time, model=s.model, iteration_time=s.iteration_time * self.factor,
                   iterations=s.iterations, stage_times=s.stage_times, user=s.user, skew=SKEW.get(s.model, 0.0),
-                  speeds=MappingProxyType(dict(s.speeds)) if s.speeds else EMPTY, priority=s.priority)
+                  speeds=MappingProxyType(dict(s.speeds)) if s.speeds else EMPTY, priority=s.priority,
+                  gpu_type=s.gpu_type)
         e.data["spec"], e.data["gpus"] = s, s.num_gpu  # the size at submission (SimBackend's scaling)
         e.restart_cost = self.cost(e)
         return e

@@ -1,5 +1,5 @@
 """A real Slurm on this host for the tests: a private munged, slurmctld and three slurmd (nodes n1
-and n2, 2 fake GPUs each, partitions ``low`` and ``high``; n3, 4 CPUs and no GPU, partition
+and n2, 2 fake GPUs each, of GRES types a100 and v100, partitions ``low`` and ``high``; n3, 4 CPUs and no GPU, partition
 ``cpu``), started in about 2 s, stopped by PID.
 
 Needs root and Debian's ``slurmctld slurmd slurm-client munge`` (``make test`` installs them
@@ -58,7 +58,8 @@ KillWait=10
 SlurmdTimeout=10
 InactiveLimit=0
 MessageTimeout=10
-NodeName=n[1-2] NodeHostname={host} NodeAddr=127.0.0.1 Port={p1}-{p2} CPUs=8 RealMemory=4000 Gres=gpu:2 State=UNKNOWN
+NodeName=n1 NodeHostname={host} NodeAddr=127.0.0.1 Port={p1} CPUs=8 RealMemory=4000 Gres=gpu:a100:2 State=UNKNOWN
+NodeName=n2 NodeHostname={host} NodeAddr=127.0.0.1 Port={p2} CPUs=8 RealMemory=4000 Gres=gpu:v100:2 State=UNKNOWN
 NodeName=n3 NodeHostname={host} NodeAddr=127.0.0.1 Port={p3} CPUs=4 RealMemory=4000 State=UNKNOWN
 PartitionName=low Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=NO GraceTime=5
 PartitionName=high Nodes=n[1-2] MaxTime=INFINITE State=UP PriorityTier=10 OverSubscribe=NO
@@ -120,8 +121,8 @@ class SlurmKit:
         with open(self.conf, "w") as f:
             f.write(CONF.format(root=r, ctld=_free_port(), p1=p1, p2=p2, p3=_free_port(), host=socket.gethostname()))
         with open(os.path.join(r, "gres.conf"), "w") as f:
-            f.write(f"AutoDetect=off\nNodeName=n1 Name=gpu File={r}/fakegpu/gpu[0-1]\n"
-                    f"NodeName=n2 Name=gpu File={r}/fakegpu/gpu[2-3]\n")
+            f.write(f"AutoDetect=off\nNodeName=n1 Name=gpu Type=a100 File={r}/fakegpu/gpu[0-1]\n"
+                    f"NodeName=n2 Name=gpu Type=v100 File={r}/fakegpu/gpu[2-3]\n")
         munge = os.path.join(r, "munge")
         shutil.chown(munge, "munge", "munge")
         os.chmod(munge, 0o711)

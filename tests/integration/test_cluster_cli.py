@@ -336,3 +336,40 @@ def test_a_forecast_start_comes_true(tmp_path):
         assert abs(actual - predicted) <= max(3.0, 0.3 * (predicted - asked)), (asked, predicted, actual)
     finally:
         c.stop()
+
+
+def test_a_job_runs_only_on_nodes_of_the_gpu_type_it_asks_for(tmp_path):
+    """Slurm's --gres=gpu:a100:2 (and --gpu-type): a job goes only to nodes of its type, waits for
+    them while other nodes idle (status says so), and a type no node has is refused with the fix."""
+    c = Cluster(tmp_path, "fifo", nodes=2, slots=2, node_types=("NVIDIA-A100-SXM4", "Tesla-V100")).start()
+    try:
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+            f.write("import time\ntime.sleep(4.0)\n")
+        nodes = c.cli("status").stdout
+        assert "NVIDIA-A100-SXM4" in nodes and "Tesla-V100" in nodes, nodes
+        v1 = c.cli("submit", "--gres", "gpu:v100:2", "--", "nap.py").stdout.strip()
+        v2 = c.cli("submit", "--gpu-type", "V100", "--", "nap.py").stdout.strip()  # (a word of it, any case)
+        a = c.cli("submit", "--gres", "gpu:a100:1", "--", "nap.py").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(v1) == "running", 60, "the V100 job to run")
+        shown = c.cli("status", "--job", v2).stdout
+        assert "GPU type V100" in shown and "waiting for 1 V100 slots: 0 of 2 free" in shown, shown
+        assert "1 (V100)" in c.cli("status").stdout
+        c.wait(lambda st: all({j.id: j.status for j in st.jobs}.get(k) == "finished" for k in (v1, v2, a)), 90,
+               "every job to finish")
+        ran: dict = {}  # job -> the nodes its tasks were launched on
+        for e in c.client.events(0).events:
+            if e.kind == "launch":
+                ran.setdefault(e.job, set()).add(e.node)
+        assert ran.get(v1) == {"n2"} and ran.get(v2) == {"n2"} and ran.get(a) == {"n1"}, ran
+        assert c.client.cluster_job(v1).end_time <= c.client.cluster_job(v2).start_time  # it waited for n2
+        bad = c.cli("submit", "--gpu-type", "h100", "--", "nap.py", check=False)
+        assert bad.returncode == 2 and "no node has GPU type 'h100' (the nodes' types: NVIDIA-A100-SXM4, " \
+            "Tesla-V100)" in bad.stderr, bad.stderr
+        bad = c.cli("submit", "--gres", "gpu:a100:3", "--", "nap.py", check=False)
+        assert bad.returncode == 2 and "needs 3 GPUs of type a100 but the nodes have 2" in bad.stderr, bad.stderr
+        bad = c.cli("submit", "--gres", "gpu:a100:3", "--gpus", "2", "--", "nap.py", check=False)
+        assert bad.returncode == 2 and "--gres asks for 3 GPU(s) and --gpus for 2" in bad.stderr, bad.stderr
+        bad = c.cli("submit", "--gres", "tpu:4", "--", "nap.py", check=False)
+        assert bad.returncode == 2 and "use gpu:N or gpu:TYPE:N" in bad.stderr, bad.stderr
+    finally:
+        c.stop()

@@ -71,3 +71,10 @@ def test_the_eviction_and_node_loss_details_say_why():
     assert "node no longer exists" in w.states({})[0].detail
     w, handle, _ = _replay("image_pull")
     assert "ImagePullBackOff" in w.states({})[0].detail
+
+
+def test_a_nodes_gpu_type_is_its_gpu_product_label_where_that_is_a_name():
+    from elastictrain.engines.kubernetes_engine import _gpu_type
+
+    assert _gpu_type("NVIDIA-A100-SXM4-80GB") == "NVIDIA-A100-SXM4-80GB"  # (NVIDIA's GPU feature discovery)
+    assert _gpu_type("") == "" and _gpu_type("a b/c") == ""

@@ -4,7 +4,8 @@ tests/integration/test_slurm_engine.py)."""
 import pytest
 
 from elastictrain.engines.api import RunLaunch, warn_if_no_gpus
-from elastictrain.engines.slurm import SlurmAdapter, _expand, job_name, parse_gres_gpus, parse_job_name
+from elastictrain.engines.slurm import (SlurmAdapter, _expand, job_name, parse_gres_gpus, parse_gres_type,
+                                        parse_job_name)
 from elastictrain.errors import ConfigError
 from elastictrain.wire import Task
 
@@ -13,6 +14,12 @@ from elastictrain.wire import Task
                                          ("(null)", 0), ("", 0), ("gpu:a100:2,gpu:v100:1", 3), ("mps:100", 0)])
 def test_gpus_from_gres(gres, gpus):
     assert parse_gres_gpus(gres) == gpus
+
+
+@pytest.mark.parametrize("gres, kind", [("gpu:2", ""), ("gpu:a100:4(S:0-1)", "a100"), ("gpu:h100:2,shard:8", "h100"),
+                                         ("(null)", ""), ("gpu:a100:2,gpu:v100:1", ""), ("gpu:a100:1,gpu:a100:1", "a100")])
+def test_gpu_type_from_gres(gres, kind):
+    assert parse_gres_type(gres) == kind  # (a node of two types names none: a run there could mix them)
 
 
 def test_node_lists_and_job_names():

@@ -237,6 +237,8 @@ def add_commands(sub) -> None:
                     "or UNLIMITED (admin); below what it has held, its run stops now as TIMEOUT")
     up.add_argument("--gpus", default=None, metavar="N|MIN:MAX",
                     help="a waiting job's workers (Slurm's NumNodes=), as submit --gpus; within the quotas")
+    up.add_argument("--gpu-type", default=None, metavar="TYPE",
+                    help="a waiting job's GPU type (see submit --gpu-type; Slurm's Gres=); any: run anywhere")
     up.add_argument("--begin", type=begin_time, default=None, metavar="TIME",
                     help="a waiting job's begin time (Slurm's StartTime=), as submit --begin; now lets it start at "
                     "once")
@@ -951,16 +953,19 @@ def _requeue(args) -> int:
 def _update(args) -> int:
     from .wire import JobUpdate
 
-    if args.priority is None and args.time is None and args.begin is None and args.gpus is None:
-        raise ConfigError("update: nothing to change; give --priority N, --time LIMIT, --begin TIME or --gpus N")
+    if args.priority is None and args.time is None and args.begin is None and args.gpus is None and \
+            args.gpu_type is None:
+        raise ConfigError("update: nothing to change; give --priority N, --time LIMIT, --begin TIME, --gpus N or "
+                          "--gpu-type TYPE")
     lo, hi = _min_max(args.gpus) if args.gpus is not None else (None, None)
+    kind = None if args.gpu_type is None else "" if args.gpu_type.lower() == "any" else args.gpu_type
     client = _client(args)
     try:
         req = msgspec.convert({"priority": args.priority, "time_limit": args.time, "begin": args.begin, "gpus": hi,
-                               "min_gpus": lo if lo != hi else None}, JobUpdate)
+                               "min_gpus": lo if lo != hi else None, "gpu_type": kind}, JobUpdate)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"update: {exc}") from None
-    waiting_only = args.begin is not None or args.gpus is not None
+    waiting_only = args.begin is not None or args.gpus is not None or kind is not None
     # a job array's id: each of its tasks not ended (as scontrol update on an array; --begin, --gpus: those waiting)
     infos, _ = _each_task(client, args.job, lambda job: client.update_job(job, req),
                           _ENDED + (("running",) if waiting_only else ()),
@@ -968,7 +973,7 @@ def _update(args) -> int:
     for info in infos:
         limit = info.info.get("time_limit", "none")
         begin = f", begin {info.info['begin']}" if "begin" in info.info else ""
-        size = f", gpus {_gpus(info)}" if args.gpus is not None else ""
+        size = f", gpus {_gpus(info)}" if args.gpus is not None or kind is not None else ""
         print(f"job {info.id} updated: priority {info.priority}, time limit {limit}{begin}{size} ({info.status})")
     return 0
 

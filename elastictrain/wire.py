@@ -535,6 +535,8 @@ class JobUpdate(_Msg, omit_defaults=True):
     #: with ``gpus``: rigid, always ``gpus``)
     gpus: Optional[Gpus] = None
     min_gpus: Optional[Gpus] = None
+    #: a waiting job's GPU type (Slurm's Gres=gpu:TYPE:N, as ``JobSubmit.gpu_type``); "" lifts it (any)
+    gpu_type: Optional[Annotated[str, msgspec.Meta(pattern=rf"^(?:{NAME_RE})?\Z")]] = None
 
 
 class JobRequeue(_Msg, omit_defaults=True):

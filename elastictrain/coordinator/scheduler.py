@@ -257,7 +257,7 @@ class ClusterScheduler:
                             self._left(e.data["job"], e) if e.running else e.remaining_iterations,
                             e.user, e.priority, e.model, tuple(e.stage_times), tuple(e.speeds.items()),
                             e.attained, e.attained_gpu, e.preemptions, e.restart_cost,
-                            tuple(e.placement) if e.running else (), max(0.0, now - e.run_at))
+                            tuple(e.placement) if e.running else (), max(0.0, now - e.run_at), e.gpu_type)
                 for e in self.table.entries() if not e.stopping]
         policy = self._make_policy()
         if hasattr(policy, "set_tickets") and self.users.tickets:
@@ -838,7 +838,8 @@ class ClusterScheduler:
 
     def update(self, job: str, req: JobUpdate, who: Identity = ADMIN) -> ClusterJobInfo:
         """Change a job's priority or time limit (Slurm's ``scontrol update``), waiting or running, or a
-        waiting job's begin time or size (admitted again at its new size, within the nodes and quotas).
+        waiting job's begin time, size (admitted again at its new size, within the nodes and quotas) or
+        GPU type.
 
         As Slurm's, a user may only lower a time limit (none counts as the highest); a priority it may
         set as at submission: with ``--priority-preemption``, up to its highest (0 unless its quota says
@@ -846,19 +847,22 @@ class ClusterScheduler:
         The admin may set any. A new priority takes effect at once: admission order, and with
         ``--priority-preemption`` the job's tier (raised, it may preempt lower jobs; lowered, it may be
         preempted). A time limit below what the job has held ends its run at the next round (TIMEOUT)."""
-        if req.priority is None and req.time_limit is None and req.begin is None and req.gpus is None:
+        if req.priority is None and req.time_limit is None and req.begin is None and req.gpus is None and \
+                req.gpu_type is None:
             if req.min_gpus is not None:
                 raise BadRequestError("min_gpus alone: give the job's size too (--gpus N or MIN:MAX)")
             raise BadRequestError("nothing to change: give a priority (--priority N), a time limit (--time LIMIT), "
-                                  "a begin time (--begin TIME) or a size (--gpus N)")
+                                  "a begin time (--begin TIME), a size (--gpus N) or a GPU type (--gpu-type TYPE)")
         rec, e = self._open(job, "update")
         p, limit, now = req.priority, req.time_limit, self.clock.now()
-        for what, given in (("a begin time", req.begin), ("a size", req.gpus)):
+        for what, given in (("a begin time", req.begin), ("a size", req.gpus), ("a GPU type", req.gpu_type)):
             if given is not None and e is not None and (e.running or e.stopping):
                 raise ConflictError(f"job {job} is {'running' if e.running else 'stopping'}; {what} applies to a "
-                                    "waiting job (as Slurm's StartTime= and NumNodes=)")
-        if req.gpus is not None:
-            self._check_size(rec.user, rec.project, req.gpus, req.min_gpus or req.gpus, rec.gpu_type)
+                                    "waiting job (as Slurm's StartTime=, NumNodes= and Gres=)")
+        kind = rec.gpu_type if req.gpu_type is None else req.gpu_type
+        if req.gpus is not None or req.gpu_type is not None:
+            self._check_size(rec.user, rec.project, rec.gpus if req.gpus is None else req.gpus,
+                             (rec.min_gpus if req.gpus is None else req.min_gpus or req.gpus), kind)
         _check_begin(req.begin, now, BadRequestError)
         if who.role != "admin":
             cap = self.quotas.max_priority(rec.user)
@@ -887,6 +891,12 @@ class ClusterScheduler:
                 e = None
             rec.min_gpus, rec.gpus = size
             rec.workers = 0  # (its next run starts at the new size)
+        if kind != rec.gpu_type:
+            changed["gpu_type"] = f"{rec.gpu_type or 'any'} -> {kind or 'any'}"
+            if e is not None:  # admitted: admitted again, so the policy learns it anew (one that homes jobs by type)
+                self._unadmit(rec, e)
+                e = None
+            rec.gpu_type = kind
         begin = None if req.begin is None else (req.begin if req.begin > now else 0.0)
         if begin is not None and begin != rec.begin:
             changed["begin"] = f"{_begin_text(rec.begin)} -> {_begin_text(begin)}"

@@ -49,6 +49,7 @@ class ForecastJob:
     restart_cost: float = 0.0
     placement: tuple = ()  # where it runs now (empty: it waits)
     run_age: float = 0.0  # seconds since its run started (what a minimum run before preemption counts)
+    gpu_type: str = ""  # the GPU type it needs ("" any)
 
 
 @dataclass
@@ -95,7 +96,7 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
         else:  # on a node gone, or sharing its GPUs (an interleaving group's member): placed afresh
             where = ()
         specs.append(JobSpec(i, j.gpus, now, max(j.iterations, j.remaining, 1e-9), max(j.iteration_time, 1e-9),
-                             j.model, tuple(j.stage_times), j.user, tuple(j.speeds)))
+                             j.model, tuple(j.stage_times), j.user, tuple(j.speeds), gpu_type=j.gpu_type))
         prior[i] = {"attained": j.attained, "attained_gpu": j.attained_gpu, "preemptions": j.preemptions,
                     "remaining": max(j.remaining, 1e-9), "restart_cost": j.restart_cost, "placement": where,
                     "run_age": j.run_age, "priority": j.priority}

@@ -341,7 +341,7 @@ def test_a_forecast_start_comes_true(tmp_path):
 def test_a_job_runs_only_on_nodes_of_the_gpu_type_it_asks_for(tmp_path):
     """Slurm's --gres=gpu:a100:2 (and --gpu-type): a job goes only to nodes of its type, waits for
     them while other nodes idle (status says so), and a type no node has is refused with the fix."""
-    c = Cluster(tmp_path, "fifo", nodes=2, slots=2, node_types=("NVIDIA-A100-SXM4", "Tesla-V100")).start()
+    c = Cluster(tmp_path, "srtf", nodes=2, slots=2, node_types=("NVIDIA-A100-SXM4", "Tesla-V100")).start()
     try:
         with open(os.path.join(c.tmp, "nap.py"), "w") as f:
             f.write("import time\ntime.sleep(4.0)\n")
@@ -354,13 +354,19 @@ def test_a_job_runs_only_on_nodes_of_the_gpu_type_it_asks_for(tmp_path):
         shown = c.cli("status", "--job", v2).stdout
         assert "GPU type V100" in shown and "waiting for 1 V100 slots: 0 of 2 free" in shown, shown
         assert "1 (V100)" in c.cli("status").stdout
-        c.wait(lambda st: all({j.id: j.status for j in st.jobs}.get(k) == "finished" for k in (v1, v2, a)), 90,
+        w = c.cli("submit", "--gpu-type", "v100", "--", "nap.py").stdout.strip()  # waits too, then runs anywhere:
+        out = c.cli("update", w, "--gpu-type", "any").stdout  # (scontrol update Gres=)
+        assert re.search(rf"job {w} updated: .*, gpus 1 \((queued|running)\)", out), out  # (no type now)
+        bad = c.cli("update", v1, "--gpu-type", "a100", check=False)
+        assert bad.returncode == 2 and "a GPU type applies to a waiting job" in bad.stderr, bad.stderr
+        c.wait(lambda st: all({j.id: j.status for j in st.jobs}.get(k) == "finished" for k in (v1, v2, a, w)), 90,
                "every job to finish")
         ran: dict = {}  # job -> the nodes its tasks were launched on
         for e in c.client.events(0).events:
             if e.kind == "launch":
                 ran.setdefault(e.job, set()).add(e.node)
         assert ran.get(v1) == {"n2"} and ran.get(v2) == {"n2"} and ran.get(a) == {"n1"}, ran
+        assert ran.get(w) == {"n1"} and c.client.cluster_job(w).start_time < c.client.cluster_job(v2).start_time
         assert c.client.cluster_job(v1).end_time <= c.client.cluster_job(v2).start_time  # it waited for n2
         bad = c.cli("submit", "--gpu-type", "h100", "--", "nap.py", check=False)
         assert bad.returncode == 2 and "no node has GPU type 'h100' (the nodes' types: NVIDIA-A100-SXM4, " \

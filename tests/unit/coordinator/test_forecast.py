@@ -181,3 +181,19 @@ def test_borrowers_forecast_and_a_job_bigger_than_its_quota_may_borrow(tmp_path)
     assert w.s.records[big].borrowing
     got = {j.id: j for j in asyncio.run(w.s.forecast()).jobs}
     assert got[big].start is not None and got[big].start >= got[a].end - 1e-6, got  # once a's GPUs are free
+
+
+@pytest.mark.parametrize("policy", ["fifo-be", "srtf", "gandiva-ts"])
+def test_a_job_that_needs_a_gpu_type_is_forecast_to_wait_for_it(policy):
+    """The A100 node is free, but job b needs a V100: it starts when job a leaves the V100 node
+    (job c, of no type, takes the A100s at once)."""
+    jobs = [ForecastJob("a", 2, 0.0, 1.0, 100.0, 30.0, placement=((1, 2),), gpu_type="v100"),
+            ForecastJob("b", 2, 1.0, 1.0, 50.0, 50.0, gpu_type="V100"),
+            ForecastJob("c", 2, 2.0, 1.0, 50.0, 50.0)]
+    f = forecast(create(policy), jobs, (2, 2), ("NVIDIA-A100", "Tesla-V100"))
+    assert f.complete and not f.never, (f.stopped, f.never)
+    assert f.start["a"] == 0.0 and f.start["c"] == pytest.approx(0.0, abs=1e-6)
+    assert f.start["b"] == pytest.approx(30.0, abs=1.0) and f.end["b"] == pytest.approx(80.0, abs=1.0)
+    f = forecast(create(policy), [ForecastJob("d", 1, 0.0, 1.0, 5.0, 5.0, gpu_type="h100")], (2, 2),
+                 ("NVIDIA-A100", "Tesla-V100"))
+    assert "needs 1 GPUs of type h100 but the cluster has 0" in f.never["d"]

@@ -133,3 +133,17 @@ def test_a_gpu_type_is_a_name():
 
 def test_the_live_shape_carries_types():
     assert ClusterShape((4,), 1, ("x",)).node_types == ("x",)
+
+
+def test_a_native_trace_carries_the_gpu_type_column(tmp_path):
+    from elastictrain.sim.synth import write_native
+    from elastictrain.sim.traces import TraceError, load_trace
+
+    jobs = [JobSpec(0, 2, 0.0, 10.0, 1.0, "m", (), "u", gpu_type="a100"), JobSpec(1, 1, 1.0, 10.0, 1.0)]
+    path = write_native(jobs, str(tmp_path / "t.csv"))
+    assert [j.gpu_type for j in load_trace(path)] == ["a100", ""]
+    assert "gpu_type" not in open(write_native(jobs[1:], str(tmp_path / "u.csv"))).readline()  # (only where used)
+    with open(tmp_path / "bad.csv", "w") as f:
+        f.write("job_id,num_gpu,submit_time,iterations,iteration_time,gpu_type\n0,1,0,10,1.0,a 100\n")
+    with pytest.raises(TraceError, match="bad.csv:2: GPU type name 'a 100' is invalid"):
+        load_trace(str(tmp_path / "bad.csv"))

@@ -112,7 +112,7 @@ def add_commands(sub) -> None:
                    help="the project whose quota it counts against (Slurm's --account; default: the first project "
                    "that lists the user, if any; `elastictrain projects list`)")
     s.add_argument("--gpu-type", default=None, metavar="TYPE",
-                   help="run only on nodes of this GPU type: a node's type (`elastictrain status` lists them) or one "
+                   help="run only on nodes of this GPU type: a node's type (`elastictrain nodes list` shows them) or one "
                    "of its words, ignoring case (a100 runs on 'NVIDIA A100-SXM4-80GB' nodes); as Slurm's "
                    "--gres=gpu:TYPE:N or a Kubernetes node selector")
     s.add_argument("--gres", type=gres_spec, default=None, metavar="gpu[:TYPE][:N]",
@@ -180,10 +180,12 @@ def add_commands(sub) -> None:
     uacc.add_argument("--json", action="store_true", help="machine-readable output")
     usub.add_parser("whoami", help="who the coordinator takes this credential for")
 
-    nd = sub.add_parser("nodes", help="(admin) node credentials (a node daemon may only register, poll and report "
-                        "its own node) and cordons")
+    nd = sub.add_parser("nodes", help="the nodes (list), and (admin) node credentials (a node daemon may only "
+                        "register, poll and report its own node) and cordons")
     _connection(nd)
     nsub = nd.add_subparsers(dest="nodes_command", required=True)
+    nlist = nsub.add_parser("list", help="every node: state, GPU type, slots used and free, jobs (sinfo -N)")
+    nlist.add_argument("--json", action="store_true", help="machine-readable output")
     nadd = nsub.add_parser("add", help="a credential for node NAME (shown once; any earlier one is revoked)")
     nadd.add_argument("name")
     nadd.add_argument("--token-out", default=None, metavar="FILE",
@@ -493,16 +495,7 @@ def _status(args) -> int:
           f"slot(s) up, {st.decisions} decisions" + (f", {st.failures} failed" if st.failures else ""))
     if st.nodes:
         print()
-        rows = [("node", "state", "kind", "type", "slots", "used", "free", "jobs")]
-        for n in st.nodes:
-            state = n.state if not n.cordoned_until else f"cordoned {max(0.0, n.cordoned_until - st.now):.0f} s"
-            rows.append((n.name, state, n.kind, n.gpu_type or "-", str(n.slots), str(n.used),
-                         str(max(0, n.slots - n.used) if n.state == "up" and not n.cordoned_until else 0),
-                         ",".join(n.jobs) or "-"))
-        print(table(rows, right_align=False))
-        for n in st.nodes:
-            if n.cordoned_until:
-                print(f"  node {n.name} is cordoned (nothing new is placed there): {n.cordon_why}")
+        _node_table(st)
     now = st.now
     groups = [("running", [j for j in jobs if j.status == "running"]),
               ("queued", [j for j in jobs if j.status in ("queued", "preempted")])]
@@ -593,8 +586,31 @@ def _cordon_seconds(text: str) -> float:
     return v
 
 
+def _node_table(st) -> None:
+    """The nodes of a ``ClusterStatus``, a row each (``status`` and ``nodes list``)."""
+    rows = [("node", "state", "kind", "type", "slots", "used", "free", "jobs")]
+    for n in st.nodes:
+        state = n.state if not n.cordoned_until else f"cordoned {max(0.0, n.cordoned_until - st.now):.0f} s"
+        rows.append((n.name, state, n.kind, n.gpu_type or "-", str(n.slots), str(n.used),
+                     str(max(0, n.slots - n.used) if n.state == "up" and not n.cordoned_until else 0),
+                     ",".join(n.jobs) or "-"))
+    print(table(rows, right_align=False))
+    for n in st.nodes:
+        if n.cordoned_until:
+            print(f"  node {n.name} is cordoned (nothing new is placed there): {n.cordon_why}")
+
+
 def _nodes(args) -> int:
     client = _client(args)
+    if args.nodes_command == "list":
+        st = client.cluster_status()
+        if args.json:
+            print(msgspec.json.encode(st.nodes).decode())
+        elif st.nodes:
+            _node_table(st)
+        else:
+            print("no nodes: start `elastictrain node` on a machine (or give the coordinator an engine)")
+        return 0
     if args.nodes_command == "add":
         _show_token(client.add_node(args.name), args.token_out)
     elif args.nodes_command in ("cordon", "drain"):

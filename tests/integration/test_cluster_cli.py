@@ -345,8 +345,9 @@ def test_a_job_runs_only_on_nodes_of_the_gpu_type_it_asks_for(tmp_path):
     try:
         with open(os.path.join(c.tmp, "nap.py"), "w") as f:
             f.write("import time\ntime.sleep(4.0)\n")
-        nodes = c.cli("status").stdout
-        assert "NVIDIA-A100-SXM4" in nodes and "Tesla-V100" in nodes, nodes
+        nodes = c.cli("nodes", "list").stdout.splitlines()  # sinfo -N
+        assert nodes[0].split()[:4] == ["node", "state", "kind", "type"], nodes
+        assert [r.split()[3] for r in nodes[1:]] == ["NVIDIA-A100-SXM4", "Tesla-V100"], nodes
         v1 = c.cli("submit", "--gres", "gpu:v100:2", "--", "nap.py").stdout.strip()
         v2 = c.cli("submit", "--gpu-type", "V100", "--", "nap.py").stdout.strip()  # (a word of it, any case)
         a = c.cli("submit", "--gres", "gpu:a100:1", "--", "nap.py").stdout.strip()

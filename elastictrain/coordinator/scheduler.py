@@ -259,6 +259,8 @@ class ClusterScheduler:
                             e.attained, e.attained_gpu, e.preemptions, e.restart_cost,
                             tuple(e.placement) if e.running else (), max(0.0, now - e.run_at), e.gpu_type)
                 for e in self.table.entries() if not e.stopping]
+        later = self._arrivals(now)  # not admitted yet: they arrive at their begin time, or after jobs they wait for
+        jobs += later.values()
         policy = self._make_policy()
         if hasattr(policy, "set_tickets") and self.users.tickets:
             policy.set_tickets(dict(self.users.tickets))
@@ -274,16 +276,53 @@ class ClusterScheduler:
                 continue
             start, end = f.start.get(rec.id), f.end.get(rec.id)
             why = f.never.get(rec.id, "")
-            if rec.id in self.admission.waiting:
+            if rec.id in later:
+                why = "" if start is not None else why or (
+                    f"not admitted: {self.admission.why(rec)}; it does not arrive within the forecast")
+            elif rec.id in self.admission.waiting:
                 why = f"not admitted: {self.admission.why(rec)}"
             elif self.table.get(rec.id) is not None and self.table.get(rec.id).stopping:
                 why = "stopping: placed again once its workers have exited"
             out.append(ForecastInfo(rec.id, rec.name, rec.user, rec.status, rec.gpus,
                                     None if start is None else now + start, None if end is None else now + end,
-                                    why, self._forecast_assumes(rec)))
+                                    why, self._forecast_assumes(rec) + (self._arrival_assumes(rec) if rec.id in later
+                                                                        else [])))
         if f.stopped:
             log.warning("forecast: the simulation stopped early: %s", f.stopped)
         return ClusterForecast(self.cfg.policy, now, now + f.reached, f.complete, round(f.wall, 3), out, f.stopped)
+
+    def _arrivals(self, now: float) -> dict[str, ForecastJob]:
+        """The jobs not admitted yet that a forecast lets arrive: those that wait only for their begin
+        time (--begin) or for jobs to finish or end (--after JOB, JOB:any, singleton). Each as the
+        policy would see it once admitted (its measured or assumed step time and work left), by id."""
+        out = {}
+        for rec in sorted(self.admission.waiting.values(), key=lambda r: r.seq):
+            if rec.hold:
+                continue
+            left, never = self.admission.waits_for(rec) if rec.after else ([], "")
+            if never or (rec.begin <= now and not left) or any(f"{j}:notok" in rec.after for j in left):
+                continue  # (waits for a quota or its array's %N, or for a failure: not forecast)
+            it = rec.iteration_time or (sum(rec.given_stages) if rec.given_stages else ASSUMED_ITERATION_TIME)
+            total = self._total_steps(rec)
+            if total is None:
+                total = rec.step + (rec.time_limit or ASSUMED_REMAINING) / it
+            left_steps = max(total - rec.step, 1.0)
+            out[rec.id] = ForecastJob(rec.id, rec.workers or rec.gpus, rec.submit_time, it, max(total, 1.0),
+                                      left_steps, rec.user, self.tier_of(rec), rec.name, tuple(rec.given_stages),
+                                      tuple(self._speeds(rec.name).items()), rec.attained, rec.attained_gpu,
+                                      rec.preemptions, gpu_type=rec.gpu_type, begin=rec.begin, after=tuple(left))
+        return out
+
+    def _arrival_assumes(self, rec: JobRecord) -> list[str]:
+        """What a forecast assumes of a job it lets arrive later (:meth:`_arrivals`)."""
+        out = []
+        if rec.begin > self.clock.now():
+            out.append("it is admitted at its begin time")
+        if rec.after:
+            out.append("it is admitted once the jobs it runs after end, as this forecast has them")
+        if self.quotas.own or self.quotas.default.limited or self.projects.limited or rec.array_limit:
+            out.append("its quota (and its array's %N) admit it then")
+        return out
 
     def _forecast_assumes(self, rec: JobRecord) -> list[str]:
         """What a forecast assumes of ``rec`` (what it did not measure or was not told)."""

@@ -35,7 +35,9 @@ received per GPU type (``extra["timeline"]``), for fairness over time. ``quota``
 jobs wait outside the policy's view until that user's admitted jobs fit it, as under the
 coordinator's ``--quota-gpus``/``--quota-jobs`` (the same rule, ``coordinator/quotas.py``: by
 priority, then arrival; a job counts its GPUs from admission to its end); their wait counts as
-queueing. A job bigger than the quota is set aside, with the reason.
+queueing. A job bigger than the quota is set aside, with the reason. ``after``: job id -> the
+jobs it runs after (Slurm's ``--dependency=afterok``): it arrives at its submit time or when
+the last of them finished, whichever is later (never, if one never does).
 """
 
 from __future__ import annotations
@@ -137,7 +139,8 @@ class Simulator:
                  window: Optional[float] = None, decisions: Optional[list] = None,
                  protect_startup: bool = True, outages: Sequence[tuple] = (),
                  checkpoint_every: Optional[float] = None, min_run: float = 0.0,
-                 prior: Optional[dict] = None, quota: Optional[Quota] = None) -> None:
+                 prior: Optional[dict] = None, quota: Optional[Quota] = None,
+                 after: Optional[dict] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
@@ -181,6 +184,7 @@ class Simulator:
         # attained, attained_gpu, preemptions, remaining (iterations), restart_cost, placement (running), and
         # run_age (seconds its run has run: what min_run counts), priority (any int: the tier a policy sees)
         self.prior = prior or {}
+        self.after = {k: frozenset(v) for k, v in (after or {}).items() if v}  # job id -> the ids it runs after
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
         elif callable(restart_cost):
@@ -233,6 +237,10 @@ class Simulator:
         if changes and every_ckpt:
             backend.runs = {}
         gate = _QuotaGate(self.quota) if self.quota is not None else None
+        after = self.after
+        parked: dict = {}  # job id -> (its spec, the jobs it still waits to finish): arrived, not admitted
+        waiting_on: dict = {}  # job id -> the parked jobs that wait for it
+        ended_ids: set = set()  # (with after) the jobs that finished
         stalled = 0  # events in a row without progress (the watchdog)
         idle, idle_from = 0, 0.0  # events in a row in which time advanced but no work was done
         while idx < n or len(table):
@@ -257,7 +265,16 @@ class Simulator:
                 wakeup = None
             if next_round <= now:
                 next_round = now + interval
+            released = []  # parked jobs whose last dependency finished now
             for e in finished:
+                if after:
+                    ended_ids.add(e.key)
+                    for k in waiting_on.pop(e.key, ()):
+                        spec, deps = parked[k]
+                        deps.discard(e.key)
+                        if not deps:
+                            del parked[k]
+                            released.append(spec)
                 if log is not None:
                     log.append((now, "finish", e.key, ()))
                 table.end(e.key, JobStatus.FINISHED, now)
@@ -291,9 +308,19 @@ class Simulator:
                         backend.forget(e.key)
                         rejected.append((e.key, f"needs {e.num_gpu} GPUs but {why}"))
             arrivals = idx
-            while idx < n and specs[idx].submit_time <= now:
-                spec = specs[idx]
-                idx += 1
+            while idx < n and specs[idx].submit_time <= now or released:
+                if idx < n and specs[idx].submit_time <= now:
+                    spec = specs[idx]
+                    idx += 1
+                    if after and spec.job_id in after:
+                        deps = set(after[spec.job_id] - ended_ids)
+                        if deps:  # it waits for them to finish (--after), outside the policy's view
+                            parked[spec.job_id] = (spec, deps)
+                            for d in deps:
+                                waiting_on.setdefault(d, []).append(spec.job_id)
+                            continue
+                else:  # (released by a finish in this event)
+                    spec = released.pop(0)
                 if spec.num_gpu > room:
                     rejected.append((spec.job_id, f"needs {spec.num_gpu} GPUs but {why}"))
                     continue
@@ -365,7 +392,8 @@ class Simulator:
         timeline = backend.timeline
         return SimResult(self.policy.name, done, now, events, util, cluster.total_gpus, backend.lost,
                          time.perf_counter() - t_wall, {"service_by_user": service,
-                                                         "unfinished": len(table), "migrations": backend.migrations,
+                                                         "unfinished": len(table) + len(parked),
+                                                         "migrations": backend.migrations,
                                                          "timeline": [timeline[k] for k in sorted(timeline)],
                                                          "rejected": rejected,
                                                          "outage_preemptions": outage_preemptions,

@@ -5,9 +5,11 @@ its own policy decides on: every admitted job with its GPUs, service, progress, 
 assumed) step time and work left, the running ones where they run; the nodes as they are (a node
 down or drained offers nothing); and a fresh instance of its policy carrying the running one's
 memory (``export_state``, its jobs renamed to the simulation's ids) and the users' tickets. The
-simulator's engine runs that policy from now on, on the coordinator's clock, with no new
-arrivals, until every job ended, ``horizon`` seconds passed or ``budget`` seconds of wall time
-were spent; each job's first start and its end are read off the decisions.
+simulator's engine runs that policy from now on, on the coordinator's clock, until every job
+ended, ``horizon`` seconds passed or ``budget`` seconds of wall time were spent; each job's first
+start and its end are read off the decisions. The jobs submitted but not admitted yet because of
+a begin time (``--begin``) or jobs they run after (``--after``) arrive in it then: at their begin
+time, once those jobs finished in it (``ForecastJob.begin``, ``after``). No other job arrives.
 
 It is a forecast, not a promise: jobs submitted later, failures, a job's real work left (where it
 gave no ``--steps``/``--epochs``, the coordinator assumes, and says so) and measured speeds that
@@ -50,6 +52,8 @@ class ForecastJob:
     placement: tuple = ()  # where it runs now (empty: it waits)
     run_age: float = 0.0  # seconds since its run started (what a minimum run before preemption counts)
     gpu_type: str = ""  # the GPU type it needs ("" any)
+    begin: float = 0.0  # (not admitted yet) the time it may arrive from, on the jobs' clock (0: now)
+    after: tuple = ()  # (not admitted yet) the keys of the jobs it arrives after, once they finished
 
 
 @dataclass
@@ -95,12 +99,18 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
                 free[n] -= g
         else:  # on a node gone, or sharing its GPUs (an interleaving group's member): placed afresh
             where = ()
-        specs.append(JobSpec(i, j.gpus, now, max(j.iterations, j.remaining, 1e-9), max(j.iteration_time, 1e-9),
+        specs.append(JobSpec(i, j.gpus, max(now, j.begin), max(j.iterations, j.remaining, 1e-9),
+                             max(j.iteration_time, 1e-9),
                              j.model, tuple(j.stage_times), j.user, tuple(j.speeds), gpu_type=j.gpu_type))
         prior[i] = {"attained": j.attained, "attained_gpu": j.attained_gpu, "preemptions": j.preemptions,
                     "remaining": max(j.remaining, 1e-9), "restart_cost": j.restart_cost, "placement": where,
                     "run_age": j.run_age, "priority": j.priority}
         keys.append(j.key)
+    index = {key: i for i, key in enumerate(keys)}
+    after = {}
+    for i, j in enumerate(jobs):
+        if j.after:  # (one it waits for that the forecast does not hold never finishes in it: it never arrives)
+            after[i] = {index.get(k, -1) for k in j.after}
     if memory is not None:
         state, views = memory
         policy.import_state(state, views, rename={key: i for i, key in enumerate(keys)})
@@ -111,7 +121,7 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
             raise _OutOfTime(t)
 
     sim = Simulator(specs, cluster, policy, decisions=log, until=now + horizon, progress=tick, prior=prior,
-                    min_run=min_run)
+                    min_run=min_run, after=after)
     try:
         res = sim.run()
         out.reached, out.complete = max(res.makespan - now, 0.0), not res.extra["unfinished"]

@@ -197,3 +197,45 @@ def test_a_job_that_needs_a_gpu_type_is_forecast_to_wait_for_it(policy):
     f = forecast(create(policy), [ForecastJob("d", 1, 0.0, 1.0, 5.0, 5.0, gpu_type="h100")], (2, 2),
                  ("NVIDIA-A100", "Tesla-V100"))
     assert "needs 1 GPUs of type h100 but the cluster has 0" in f.never["d"]
+
+
+def test_jobs_not_admitted_yet_arrive_in_the_forecast_at_their_begin_time_or_after_their_dependencies(tmp_path):
+    """squeue --start for a pipeline: job b runs after job a (--after), c after b, d from a begin time
+    (--begin); each gets a start. A held job, one waiting for a failure and one for the quota do not."""
+    w = TierWorld(tmp_path, preempt=False, policy="srtf", nodes=1, slots=2)
+    a = w.submit(2, steps=100)
+    w.s.tick()
+    w.run_all()
+    _steps(w, a, 2.0, 20)  # 2 s a step: a ends in 160 s
+    b = w.submit(2, steps=30, after=[a])  # 30 s (1 s a step, assumed)
+    c = w.submit(1, steps=10, after=[b])
+    d = w.submit(1, steps=10, begin=w.clock.now() + 500.0)
+    held = w.submit(1, steps=10, hold=True)
+    notok = w.submit(1, steps=10, after=[f"{a}:notok"])
+    w.s.tick()
+    f = asyncio.run(w.s.forecast())
+    got = {j.id: j for j in f.jobs}
+    assert f.complete, f.stopped
+    assert got[b].start == pytest.approx(got[a].end, abs=1e-6) and got[b].end - got[b].start == pytest.approx(30, 1)
+    assert got[c].start == pytest.approx(got[b].end, abs=1e-6)
+    assert got[d].start == pytest.approx(w.clock.now() + 500.0, abs=1.0)
+    assert "it is admitted once the jobs it runs after end, as this forecast has them" in got[c].assumed
+    assert "it is admitted at its begin time" in got[d].assumed and not got[d].why
+    assert got[held].start is None and got[held].why.startswith("not admitted: on hold")
+    assert got[notok].start is None and "to fail" in got[notok].why
+    assert w.status(b) == "queued" and b in w.s.admission.waiting  # (a read: nothing was admitted)
+
+
+def test_the_engine_admits_a_job_once_the_jobs_it_runs_after_finished():
+    from elastictrain.model import JobSpec
+    from elastictrain.sim.cluster import ClusterSpec
+    from elastictrain.sim.engine import Simulator
+
+    jobs = [JobSpec(0, 1, 0.0, 100.0, 1.0), JobSpec(1, 1, 0.0, 50.0, 1.0), JobSpec(2, 1, 10.0, 10.0, 1.0),
+            JobSpec(3, 8, 0.0, 10.0, 1.0), JobSpec(4, 1, 0.0, 10.0, 1.0)]
+    r = Simulator(jobs, ClusterSpec(1, 1, 4), create("srtf"), after={1: [0], 2: [0, 1], 4: [3]}).run()
+    end = {j.job_id: j.end_time for j in r.jobs}
+    start = {j.job_id: j.start_time for j in r.jobs}
+    assert start[1] == end[0] == 100.0 and start[2] == end[1] == 150.0  # (job 2 also waits past its submit time)
+    assert 3 not in end and 4 not in end and r.extra["unfinished"] == 1  # job 3 never runs: 4 never arrives
+    assert [k for k, _ in r.extra["rejected"]] == [3]

@@ -215,7 +215,7 @@ class Admission:
                 s._emit("within_quota", rec.id, "", user=rec.user)
         self.borrowers &= {k for k in self.borrowers if k in s.records}
 
-    def _array_full(self, rec: JobRecord) -> bool:
+    def array_full(self, rec: JobRecord) -> bool:
         return bool(rec.array_limit) and self.arrays.get(rec.array, 0) >= rec.array_limit
 
     def why(self, rec: JobRecord) -> str:
@@ -233,7 +233,7 @@ class Admission:
             single = f"; singleton: one job named {_single(rec)[1]} of user {rec.user} at a time" \
                 if "singleton" in rec.after else ""
             return f"waiting for job{'s' if len(left) > 1 else ''} {', '.join(left)} to {what} (--after{single})"
-        if self._array_full(rec):
+        if self.array_full(rec):
             return (f"waiting: array {rec.array} runs at most {rec.array_limit} tasks at once (--array ...%"
                     f"{rec.array_limit})")
         return self.quota_why(rec)

@@ -20,6 +20,7 @@ are re-adopted (their agents' rendezvous rounds are durable too).
 
 from __future__ import annotations
 
+import copy
 import asyncio
 import json
 import logging
@@ -257,7 +258,9 @@ class ClusterScheduler:
                             self._left(e.data["job"], e) if e.running else e.remaining_iterations,
                             e.user, e.priority, e.model, tuple(e.stage_times), tuple(e.speeds.items()),
                             e.attained, e.attained_gpu, e.preemptions, e.restart_cost,
-                            tuple(e.placement) if e.running else (), max(0.0, now - e.run_at), e.gpu_type)
+                            tuple(e.placement) if e.running else (), max(0.0, now - e.run_at), e.gpu_type,
+                            project=e.data["job"].project,
+                            counted=0 if e.key in self.admission.borrowers else e.max_gpu)
                 for e in self.table.entries() if not e.stopping]
         later = self._arrivals(now)  # not admitted yet: they arrive at their begin time, or after jobs they wait for
         jobs += later.values()
@@ -267,9 +270,16 @@ class ClusterScheduler:
         memory = None
         if hasattr(self.policy, "export_state") and hasattr(policy, "import_state"):  # (a copy: JSON, as stored)
             memory = (json.loads(self._memory()), self._views())
+        quotas = None
+        if not self.cfg.quota_borrow and (self.quotas.own or self.quotas.default.limited or self.projects.limited):
+            # (copies: the forecast runs in a thread; with --quota-borrow nobody waits for a quota)
+            book, projects = copy.copy(self.quotas), copy.deepcopy(self.projects) if self.projects.limited else None
+            book.own = dict(book.own)
+            quotas = (book, projects, self.admission.usage(), self.admission.project_usage() if projects else {})
         shape = self.backend.shape()
         f = await asyncio.to_thread(forecast, policy, jobs, shape.gpus_per_node, shape.node_types,
-                                    budget=FORECAST_BUDGET, min_run=self.cfg.min_run, now=now, memory=memory)
+                                    budget=FORECAST_BUDGET, min_run=self.cfg.min_run, now=now, memory=memory,
+                                    quotas=quotas)
         out = []
         for rec in self.records.values():
             if rec.status in _ENDED_NAMES:
@@ -292,16 +302,17 @@ class ClusterScheduler:
         return ClusterForecast(self.cfg.policy, now, now + f.reached, f.complete, round(f.wall, 3), out, f.stopped)
 
     def _arrivals(self, now: float) -> dict[str, ForecastJob]:
-        """The jobs not admitted yet that a forecast lets arrive: those that wait only for their begin
-        time (--begin) or for jobs to finish or end (--after JOB, JOB:any, singleton). Each as the
-        policy would see it once admitted (its measured or assumed step time and work left), by id."""
+        """The jobs not admitted yet that a forecast lets arrive: those that wait for their begin time
+        (--begin), for jobs to finish or end (--after JOB, JOB:any, singleton) or for a quota (the
+        forecast's quotas admit them). Each as the policy would see it once admitted (its measured or
+        assumed step time and work left), by id."""
         out = {}
         for rec in sorted(self.admission.waiting.values(), key=lambda r: r.seq):
             if rec.hold:
                 continue
             left, never = self.admission.waits_for(rec) if rec.after else ([], "")
-            if never or (rec.begin <= now and not left) or any(f"{j}:notok" in rec.after for j in left):
-                continue  # (waits for a quota or its array's %N, or for a failure: not forecast)
+            if never or any(f"{j}:notok" in rec.after for j in left) or self.admission.array_full(rec):
+                continue  # (waits for a failure, or for its array's %N: not forecast)
             it = rec.iteration_time or (sum(rec.given_stages) if rec.given_stages else ASSUMED_ITERATION_TIME)
             total = self._total_steps(rec)
             if total is None:
@@ -310,7 +321,8 @@ class ClusterScheduler:
             out[rec.id] = ForecastJob(rec.id, rec.workers or rec.gpus, rec.submit_time, it, max(total, 1.0),
                                       left_steps, rec.user, self.tier_of(rec), rec.name, tuple(rec.given_stages),
                                       tuple(self._speeds(rec.name).items()), rec.attained, rec.attained_gpu,
-                                      rec.preemptions, gpu_type=rec.gpu_type, begin=rec.begin, after=tuple(left))
+                                      rec.preemptions, gpu_type=rec.gpu_type, begin=rec.begin, after=tuple(left),
+                                      project=rec.project, counted=None)
         return out
 
     def _arrival_assumes(self, rec: JobRecord) -> list[str]:
@@ -320,8 +332,10 @@ class ClusterScheduler:
             out.append("it is admitted at its begin time")
         if rec.after:
             out.append("it is admitted once the jobs it runs after end, as this forecast has them")
-        if self.quotas.own or self.quotas.default.limited or self.projects.limited or rec.array_limit:
-            out.append("its quota (and its array's %N) admit it then")
+        if rec.begin <= self.clock.now() and not (rec.after and self.admission.waits_for(rec)[0]):
+            out.append("its quota admits it once the jobs admitted before it end, as this forecast has them")
+        if rec.array_limit:
+            out.append(f"its array's %{rec.array_limit} admits it then")
         return out
 
     def _forecast_assumes(self, rec: JobRecord) -> list[str]:

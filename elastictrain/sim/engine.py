@@ -35,7 +35,9 @@ received per GPU type (``extra["timeline"]``), for fairness over time. ``quota``
 jobs wait outside the policy's view until that user's admitted jobs fit it, as under the
 coordinator's ``--quota-gpus``/``--quota-jobs`` (the same rule, ``coordinator/quotas.py``: by
 priority, then arrival; a job counts its GPUs from admission to its end); their wait counts as
-queueing. A job bigger than the quota is set aside, with the reason. ``after``: job id -> the
+queueing. A job bigger than the quota is set aside, with the reason. A :class:`QuotaState`
+instead: each user's and project's quotas as a live coordinator has them, and the jobs admitted
+already (a forecast's). ``after``: job id -> the
 jobs it runs after (Slurm's ``--dependency=afterok``): it arrives at its submit time or when
 the last of them finished, whichever is later (never, if one never does).
 """
@@ -139,7 +141,7 @@ class Simulator:
                  window: Optional[float] = None, decisions: Optional[list] = None,
                  protect_startup: bool = True, outages: Sequence[tuple] = (),
                  checkpoint_every: Optional[float] = None, min_run: float = 0.0,
-                 prior: Optional[dict] = None, quota: Optional[Quota] = None,
+                 prior: Optional[dict] = None, quota: Union[Quota, "QuotaState", None] = None,
                  after: Optional[dict] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
@@ -152,7 +154,8 @@ class Simulator:
             limit = max(cluster.gpus_by_type.values())
             why = f"the policy runs a gang on one GPU type, and the largest type has {limit} GPUs"
         fits = []
-        self.quota = quota if quota is not None and quota.limited else None
+        self.state = quota if isinstance(quota, QuotaState) else None  # (the coordinator refused jobs too big)
+        self.quota = quota if isinstance(quota, Quota) and quota.limited else None
         for j in jobs:
             if j.num_gpu > limit:
                 self.rejected.append((j.job_id, f"needs {j.num_gpu} GPUs but {why}"))
@@ -236,7 +239,13 @@ class Simulator:
         every_ckpt = self.checkpoint_every
         if changes and every_ckpt:
             backend.runs = {}
-        gate = _QuotaGate(self.quota) if self.quota is not None else None
+        gate = _QuotaGate(QuotaState(QuotaBook({}, self.quota))) if self.quota is not None else \
+            _QuotaGate(self.state) if self.state is not None else None
+
+        def admit(spec: JobSpec) -> None:
+            e = table.add(self._entry(spec))
+            if spec.job_id in self.prior:
+                self._resume(e, self.prior[spec.job_id], table, backend)
         after = self.after
         parked: dict = {}  # job id -> (its spec, the jobs it still waits to finish): arrived, not admitted
         waiting_on: dict = {}  # job id -> the parked jobs that wait for it
@@ -324,12 +333,9 @@ class Simulator:
                 if spec.num_gpu > room:
                     rejected.append((spec.job_id, f"needs {spec.num_gpu} GPUs but {why}"))
                     continue
-                if gate is not None:  # it waits for its user's quota (admitted below)
-                    gate.arrive(spec)
+                if gate is not None and gate.arrive(spec):  # it waits for its user's quota (admitted below)
                     continue
-                e = table.add(self._entry(spec))
-                if spec.job_id in self.prior:
-                    self._resume(e, self.prior[spec.job_id], table, backend)
+                admit(spec)
             if gate is not None and (finished or idx > arrivals or reshaped):
                 for e in finished:
                     gate.leave(e)
@@ -337,7 +343,7 @@ class Simulator:
                     for spec in gate.set_aside(room):
                         rejected.append((spec.job_id, f"needs {spec.num_gpu} GPUs but {why}"))
                 for spec in gate.admit():
-                    table.add(self._entry(spec))
+                    admit(spec)
             if finished or idx > arrivals or backend.worked or not running:
                 idle = 0
             else:
@@ -496,30 +502,60 @@ class _Held:
     project: str = ""
 
 
-class _QuotaGate:
-    """Every user's quota (``Simulator(quota=)``): arrivals wait here until the user's admitted jobs
-    fit, admitted by the coordinator's own rule (``QuotaBook.admit``)."""
+@dataclass
+class QuotaState:
+    """Quotas as a live coordinator has them (``Simulator(quota=)`` for a forecast): each user's
+    (``book``, a QuotaBook) and each project's (``projects``, a ProjectBook, or None); what the jobs
+    admitted already count (``used``/``pused``: user or project -> [GPUs, jobs]); those jobs
+    (``admitted``: job id -> the GPUs it counts in ``used``, 0 for a borrower, which counts
+    nothing), which arrive without waiting; and each job's project (``project_of``)."""
 
-    def __init__(self, quota: Quota) -> None:
-        self.book = QuotaBook({}, quota)
+    book: QuotaBook
+    projects: Optional[object] = None
+    used: dict = field(default_factory=dict)
+    pused: dict = field(default_factory=dict)
+    admitted: dict = field(default_factory=dict)
+    project_of: dict = field(default_factory=dict)
+
+
+class _QuotaGate:
+    """Every user's quota (``Simulator(quota=)``), and its project's: arrivals wait here until the
+    admitted jobs leave them room, admitted by the coordinator's own rule (``QuotaBook.admit``)."""
+
+    def __init__(self, state: QuotaState) -> None:
+        self.s = state
+        self.book, self.projects = state.book, state.projects
+        self.used = {k: list(v) for k, v in state.used.items()}
+        self.pused = {k: list(v) for k, v in state.pused.items()}
+        self.counted = {k: g for k, g in state.admitted.items() if g}  # job -> GPUs it counts (until its end)
         self.waiting: list[_Held] = []
-        self.used: dict[str, list[int]] = {}
         self._seq = 0
 
-    def arrive(self, spec: JobSpec) -> None:
-        self.waiting.append(_Held(spec.user, spec.num_gpu, spec.priority, self._seq, spec))
+    def arrive(self, spec: JobSpec) -> bool:
+        """True: ``spec`` waits here (False: admitted already, it goes on)."""
+        if spec.job_id in self.s.admitted:
+            return False
+        self.waiting.append(_Held(spec.user, spec.num_gpu, spec.priority, self._seq, spec,
+                                  self.s.project_of.get(spec.job_id, "")))
         self._seq += 1
+        return True
 
     def leave(self, e: Entry) -> None:
-        u = self.used[e.user]
-        u[0] -= e.data["gpus"]
-        u[1] -= 1
+        g = self.counted.pop(e.key, 0)
+        if not g:
+            return
+        for book, key in ((self.used, e.user), (self.pused, self.s.project_of.get(e.key, ""))):
+            if key in book:
+                u = book[key]
+                u[0] -= g
+                u[1] -= 1
 
     def admit(self) -> list[JobSpec]:
         """The waiting jobs admitted now."""
         if not self.waiting:
             return []
-        admitted = self.book.admit(self.waiting, self.used)
+        admitted = self.book.admit(self.waiting, self.used, self.projects, self.pused)
+        self.counted.update((h.spec.job_id, h.gpus) for h in admitted)
         if not admitted:
             return []
         taken = {id(h) for h in admitted}

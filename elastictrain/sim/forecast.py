@@ -9,7 +9,9 @@ simulator's engine runs that policy from now on, on the coordinator's clock, unt
 ended, ``horizon`` seconds passed or ``budget`` seconds of wall time were spent; each job's first
 start and its end are read off the decisions. The jobs submitted but not admitted yet because of
 a begin time (``--begin``) or jobs they run after (``--after``) arrive in it then: at their begin
-time, once those jobs finished in it (``ForecastJob.begin``, ``after``). No other job arrives.
+time, once those jobs finished in it (``ForecastJob.begin``, ``after``); with quotas, a job that
+waits for its user's or project's quota is admitted when the jobs admitted before it leave room,
+by the coordinator's own rule. No other job arrives.
 
 It is a forecast, not a promise: jobs submitted later, failures, a job's real work left (where it
 gave no ``--steps``/``--epochs``, the coordinator assumes, and says so) and measured speeds that
@@ -25,7 +27,7 @@ from typing import Optional
 from ..model import JobSpec
 from ..policies.api import Policy
 from .cluster import ClusterSpec
-from .engine import Simulator
+from .engine import QuotaState, Simulator
 
 __all__ = ["ForecastJob", "Forecast", "forecast"]
 
@@ -54,6 +56,8 @@ class ForecastJob:
     gpu_type: str = ""  # the GPU type it needs ("" any)
     begin: float = 0.0  # (not admitted yet) the time it may arrive from, on the jobs' clock (0: now)
     after: tuple = ()  # (not admitted yet) the keys of the jobs it arrives after, once they finished
+    project: str = ""  # the project its quota counts against
+    counted: Optional[int] = 0  # (with quotas) admitted: the GPUs it counts (0: none); None: it waits for them
 
 
 @dataclass
@@ -73,11 +77,13 @@ class _OutOfTime(Exception):
 
 def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node_types: tuple = (), *,
              horizon: float = 30 * 86_400.0, budget: float = 2.0, min_run: float = 0.0, now: float = 0.0,
-             memory: Optional[tuple] = None) -> Forecast:
+             memory: Optional[tuple] = None, quotas: Optional[tuple] = None) -> Forecast:
     """Run ``policy`` on ``jobs`` over nodes offering ``gpus_per_node`` (0: down or drained) from
     ``now`` (the jobs' clock: the simulation runs on it, so times the policy remembers hold); see
     the module docstring. ``memory``: (``export_state()`` of the live policy, the live jobs' views),
-    imported into ``policy`` with the simulation's job ids."""
+    imported into ``policy`` with the simulation's job ids. ``quotas``: (QuotaBook, ProjectBook or
+    None, users' usage, projects' usage) as the coordinator counts them: a job not admitted
+    (``counted`` None) is admitted when they leave it room (the engine's ``QuotaState``)."""
     t0 = time.perf_counter()
     out = Forecast()
     nodes = len(gpus_per_node)
@@ -120,8 +126,14 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
         if time.perf_counter() - t0 > budget:
             raise _OutOfTime(t)
 
+    state = None
+    if quotas is not None:
+        book, projects, used, pused = quotas
+        state = QuotaState(book, projects, used, pused,
+                           {i: j.counted for i, j in enumerate(jobs) if j.counted is not None},
+                           {i: j.project for i, j in enumerate(jobs) if j.project})
     sim = Simulator(specs, cluster, policy, decisions=log, until=now + horizon, progress=tick, prior=prior,
-                    min_run=min_run, after=after)
+                    min_run=min_run, after=after, quota=state)
     try:
         res = sim.run()
         out.reached, out.complete = max(res.makespan - now, 0.0), not res.extra["unfinished"]

@@ -239,3 +239,30 @@ def test_the_engine_admits_a_job_once_the_jobs_it_runs_after_finished():
     assert start[1] == end[0] == 100.0 and start[2] == end[1] == 150.0  # (job 2 also waits past its submit time)
     assert 3 not in end and 4 not in end and r.extra["unfinished"] == 1  # job 3 never runs: 4 never arrives
     assert [k for k, _ in r.extra["rejected"]] == [3]
+
+
+def test_a_job_waiting_for_its_quota_is_forecast_to_start_when_the_jobs_before_it_leave_room(tmp_path):
+    """squeue --start under a quota: alice's quota is 2 GPUs and her first job holds them; her second
+    waits though 2 slots are free, and is forecast to start when the first ends. Bob's job, charged to
+    a project of one job that carol's job fills, waits for carol's."""
+    from elastictrain.wire import ProjectSet
+
+    from .test_quotas import QuotaWorld
+
+    w = QuotaWorld(tmp_path, policy="srtf", nodes=1, slots=6, quota_gpus=2)
+    w.s.set_project("vision", ProjectSet(jobs=1, users=["bob", "carol"]))
+    a = w.submit(2, steps=100)
+    c = w.submit(1, user="carol", steps=50)
+    w.s.tick()
+    w.run_all()
+    _steps(w, a, 2.0, 20)  # a ends in 160 s
+    _steps(w, c, 1.0, 10)  # c in 40 s
+    b = w.submit(2, steps=30)
+    bob = w.submit(1, user="bob", steps=10)
+    w.s.tick()
+    assert b in w.s.admission.waiting and bob in w.s.admission.waiting
+    got = {j.id: j for j in asyncio.run(w.s.forecast()).jobs}
+    assert got[b].start == pytest.approx(got[a].end, abs=1e-6), got[b]
+    assert got[bob].start == pytest.approx(got[c].end, abs=1e-6), got[bob]
+    assert any("its quota admits it once the jobs admitted before it end" in x for x in got[b].assumed)
+    assert b in w.s.admission.waiting  # (a read)

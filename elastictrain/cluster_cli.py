@@ -112,8 +112,8 @@ def add_commands(sub) -> None:
                    help="the project whose quota it counts against (Slurm's --account; default: the first project "
                    "that lists the user, if any; `elastictrain projects list`)")
     s.add_argument("--gpu-type", default=None, metavar="TYPE",
-                   help="run only on nodes of this GPU type: a node's type (`elastictrain nodes list` shows them) or one "
-                   "of its words, ignoring case (a100 runs on 'NVIDIA A100-SXM4-80GB' nodes); as Slurm's "
+                   help="run only on nodes of this GPU type: a node's type (`elastictrain nodes list` shows them) or "
+                   "some of its words, ignoring case (a100 runs on 'NVIDIA A100-SXM4-80GB' nodes); as Slurm's "
                    "--gres=gpu:TYPE:N or a Kubernetes node selector")
     s.add_argument("--gres", type=gres_spec, default=None, metavar="gpu[:TYPE][:N]",
                    help="Slurm's spelling of --gpu-type and --gpus: gpu:a100:4 is --gpu-type a100 --gpus 4")

@@ -514,8 +514,8 @@ class JobSubmit(_Msg, omit_defaults=True):
     begin: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1e11)]] = None
     #: the project whose quota it counts against (Slurm's --account; None: its user's default)
     project: Optional[Name] = None
-    #: the GPU type it must run on (Slurm's --gres=gpu:TYPE:N): a node's type name or one of its
-    #: words, ignoring case (``a100`` runs on nodes of ``NVIDIA A100-SXM4-80GB``); None: any
+    #: the GPU type it must run on (Slurm's --gres=gpu:TYPE:N): words of a node's type, in a row,
+    #: ignoring case (``a100`` runs on nodes of ``NVIDIA A100-SXM4-80GB``); None: any
     gpu_type: Optional[Name] = None
 
 

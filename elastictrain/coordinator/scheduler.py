@@ -20,8 +20,8 @@ are re-adopted (their agents' rendezvous rounds are durable too).
 
 from __future__ import annotations
 
-import copy
 import asyncio
+import copy
 import json
 import logging
 import os
@@ -993,7 +993,7 @@ class ClusterScheduler:
             kinds = ", ".join(sorted({n.gpu_type for n in nodes if n.gpu_type})) or "none: the nodes name no type"
             if not mine:
                 raise ConfigError(f"no node has GPU type {gpu_type!r} (the nodes' types: {kinds}); give one of them "
-                                  "or one of its words to --gpu-type (e.g. a100 for 'NVIDIA A100-SXM4-80GB'), or "
+                                  "or some of its words to --gpu-type (e.g. a100 for 'NVIDIA A100-SXM4-80GB'), or "
                                   "leave it out to run anywhere")
             if min_gpus > mine:
                 raise ConfigError(f"the job needs {min_gpus} GPUs of type {gpu_type} but the nodes have {mine} of it; "

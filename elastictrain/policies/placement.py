@@ -276,10 +276,13 @@ _WORDS = re.compile(r"[^a-z0-9]+")
 
 
 def type_matches(want: str, have: str) -> bool:
-    """Whether a node of GPU type ``have`` serves a job that needs ``want``: the same name, or one
-    of its words, ignoring case (``a100`` is served by ``NVIDIA A100-SXM4-80GB``, ``a10`` is not)."""
-    want, have = want.lower(), have.lower()
-    return want == have or want in _WORDS.split(have)
+    """Whether a node of GPU type ``have`` serves a job that needs ``want``: ``want``'s words are
+    words of ``have``, in a row, ignoring case (``a100`` and ``A100-SXM4-80GB`` are served by
+    ``NVIDIA A100-SXM4-80GB``; ``a10`` and ``80gb-a100`` are not)."""
+    mine, theirs = _WORDS.split(want.lower()), _WORDS.split(have.lower())
+    mine = [w for w in mine if w]
+    n = len(mine)
+    return n > 0 and any(theirs[i:i + n] == mine for i in range(len(theirs) - n + 1))
 
 
 @lru_cache(maxsize=256)

@@ -22,11 +22,12 @@ CLUSTER = ClusterSpec(1, 4, 4, TYPES, (4, 4, 4, 4))
 OPTIONS = {"tiresias-g": {"distribution": [100.0, 500.0, 2000.0, 8000.0, 30000.0]}}
 
 
-def test_a_type_matches_its_name_or_one_of_its_words_ignoring_case():
+def test_a_type_matches_words_of_the_nodes_type_in_a_row_ignoring_case():
     assert type_matches("a100", "NVIDIA A100-SXM4-80GB")
-    assert type_matches("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB") is False  # a word, or the whole name
+    assert type_matches("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB")  # (nvidia-smi's name without the vendor)
     assert type_matches("nvidia a100-sxm4-80gb", "NVIDIA A100-SXM4-80GB")
-    assert not type_matches("a10", "NVIDIA A100-SXM4-80GB")
+    assert not type_matches("a10", "NVIDIA A100-SXM4-80GB") and not type_matches("80gb-a100", "NVIDIA A100-SXM4-80GB")
+    assert not type_matches("a100-40gb", "NVIDIA A100-SXM4-80GB") and not type_matches("-", "NVIDIA A100")
     assert type_matches("v100", "Tesla V100-SXM2-32GB") and not type_matches("v100", "NVIDIA A100-SXM4-80GB")
     assert type_mask("a100", TYPES) == (True, True, False, False)
     assert type_mask("a100", ()) == ()  # nodes that name no type serve no typed job

@@ -17,7 +17,8 @@ def test_gpus_from_gres(gres, gpus):
 
 
 @pytest.mark.parametrize("gres, kind", [("gpu:2", ""), ("gpu:a100:4(S:0-1)", "a100"), ("gpu:h100:2,shard:8", "h100"),
-                                         ("(null)", ""), ("gpu:a100:2,gpu:v100:1", ""), ("gpu:a100:1,gpu:a100:1", "a100")])
+                                         ("(null)", ""), ("gpu:a100:2,gpu:v100:1", ""),
+                                         ("gpu:a100:1,gpu:a100:1", "a100")])
 def test_gpu_type_from_gres(gres, kind):
     assert parse_gres_type(gres) == kind  # (a node of two types names none: a run there could mix them)
 

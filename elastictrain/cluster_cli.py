@@ -833,7 +833,7 @@ def _resource_table(workers) -> str:
 def _gpus(j) -> str:
     """Its workers (N, or MIN:MAX), and the GPU type it needs: 4 (a100)."""
     n = str(j.gpus) if j.min_gpus == j.gpus else f"{j.min_gpus}:{j.gpus}"
-    return f"{n} ({j.gpu_type})" if getattr(j, "gpu_type", "") else n
+    return f"{n} ({j.gpu_type})" if j.gpu_type else n
 
 
 def _where(j) -> str:

@@ -295,8 +295,8 @@ class ClusterScheduler:
                 why = "stopping: placed again once its workers have exited"
             out.append(ForecastInfo(rec.id, rec.name, rec.user, rec.status, rec.gpus,
                                     None if start is None else now + start, None if end is None else now + end,
-                                    why, self._forecast_assumes(rec) + (self._arrival_assumes(rec) if rec.id in later
-                                                                        else [])))
+                                    why, self._forecast_assumes(rec) + (self._arrival_assumes(rec, later[rec.id])
+                                                                        if rec.id in later else [])))
         if f.stopped:
             log.warning("forecast: the simulation stopped early: %s", f.stopped)
         return ClusterForecast(self.cfg.policy, now, now + f.reached, f.complete, round(f.wall, 3), out, f.stopped)
@@ -325,14 +325,14 @@ class ClusterScheduler:
                                       project=rec.project, counted=None)
         return out
 
-    def _arrival_assumes(self, rec: JobRecord) -> list[str]:
-        """What a forecast assumes of a job it lets arrive later (:meth:`_arrivals`)."""
+    def _arrival_assumes(self, rec: JobRecord, job: ForecastJob) -> list[str]:
+        """What a forecast assumes of a job it lets arrive later (``job``: as :meth:`_arrivals` gave it)."""
         out = []
-        if rec.begin > self.clock.now():
+        if job.begin > self.clock.now():
             out.append("it is admitted at its begin time")
         if rec.after:
             out.append("it is admitted once the jobs it runs after end, as this forecast has them")
-        if rec.begin <= self.clock.now() and not (rec.after and self.admission.waits_for(rec)[0]):
+        if job.begin <= self.clock.now() and not job.after:
             out.append("its quota admits it once the jobs admitted before it end, as this forecast has them")
         if rec.array_limit:
             out.append(f"its array's %{rec.array_limit} admits it then")

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from typing import Optional, Protocol
 
 from ..errors import ConfigError
+from ..model import NAME_PATTERN
 from ..wire import Task
 
 __all__ = ["EngineNode", "RunLaunch", "RunState", "EngineAdapter", "ACTIVE", "ENDED", "REQUEUED", "run_name",
-           "parse_run_name", "PREEMPTED", "combine_codes", "check_cpus_per_worker", "warn_if_no_gpus"]
+           "parse_run_name", "PREEMPTED", "combine_codes", "check_cpus_per_worker", "warn_if_no_gpus", "gpu_type_name"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,12 @@ def combine_codes(codes: list[Optional[int]]) -> Optional[int]:
     if failed:
         return failed[0]
     return PREEMPTED if PREEMPTED in known else 0
+
+
+def gpu_type_name(text: str) -> str:
+    """A node's GPU type as an engine names it (Kubernetes' ``nvidia.com/gpu.product`` label, Ray's
+    ``accelerator_type:`` resource), kept where it is a valid name (model.check_name's rule), else none."""
+    return text if NAME_PATTERN.fullmatch(text or "") else ""
 
 
 def check_cpus_per_worker(n) -> int:

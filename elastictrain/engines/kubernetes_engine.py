@@ -30,9 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 from ..errors import ConfigError, ElasticTrainError
-from ..model import NAME_PATTERN
 from .api import (ACTIVE, ENDED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, combine_codes,
-                  parse_run_name, run_name)
+                  gpu_type_name, parse_run_name, run_name)
 from .k8s_manifests import (ANNOTATION_JOB, LABEL_COORDINATOR, LABEL_INDEX, LABEL_RUN, cpu_millis, pod_name, run_objects,
                             secret_name)
 
@@ -256,7 +255,7 @@ class KubernetesAdapter:
                 labels = (n.metadata.labels or {}) if n.metadata else {}
                 out.append(EngineNode(n.metadata.name, int(str(alloc.get("nvidia.com/gpu", "0")) or 0),
                                       ready, state, cordoned=cordoned,
-                                      gpu_type=_gpu_type(labels.get("nvidia.com/gpu.product", ""))))
+                                      gpu_type=gpu_type_name(labels.get("nvidia.com/gpu.product", ""))))
         return sorted(out, key=lambda e: e.name)
 
     # ------------------------------------------------------------------ runs
@@ -338,10 +337,3 @@ class KubernetesAdapter:
             if s.handle in handles or s.state == ACTIVE:
                 out.append(s)
         return out
-
-
-def _gpu_type(label: str) -> str:
-    """A node's GPU type from NVIDIA's GPU feature discovery label (``NVIDIA-A100-SXM4-80GB``), kept
-    where it is a valid name (model.check_name's rule), else none."""
-    return label if NAME_PATTERN.fullmatch(label or "") else ""
-

@@ -39,9 +39,8 @@ from typing import Optional
 import msgspec
 
 from ..errors import ConfigError, ElasticTrainError
-from ..model import NAME_PATTERN
 from .api import (ACTIVE, ENDED, EngineNode, RunLaunch, RunState, check_cpus_per_worker, combine_codes,
-                  parse_run_name, run_name)
+                  gpu_type_name, parse_run_name, run_name)
 
 __all__ = ["RayAdapter", "RayEngineError", "node_name"]
 
@@ -148,7 +147,7 @@ class RayAdapter:
                 out[name] = EngineNode(name, int(float(res.get("CPU", 0))) // per, up, "alive" if up else "dead", "slot")
             else:
                 kinds = [k.split(":", 1)[1] for k in res if k.startswith("accelerator_type:")]  # (Ray names it)
-                kind = kinds[0] if len(kinds) == 1 and NAME_PATTERN.fullmatch(kinds[0]) else ""
+                kind = gpu_type_name(kinds[0]) if len(kinds) == 1 else ""
                 out[name] = EngineNode(name, int(float(res.get("GPU", 0))), up, "alive" if up else "dead",
                                        gpu_type=kind)
         self._alive = alive

@@ -62,23 +62,22 @@ class SlurmError(ElasticTrainError):
 
 def parse_gres_gpus(gres: str) -> int:
     """GPUs in a node's GRES (``gpu:2``, ``gpu:a100:4(S:0-1)``, ``gpu:2,shard:8``); 0 without."""
-    total = 0
-    for part in (gres or "").split(","):
-        fields = part.split("(")[0].split(":")
-        if fields and fields[0] == "gpu" and len(fields) >= 2 and fields[-1].isdigit():
-            total += int(fields[-1])
-    return total
+    return sum(int(fields[-1]) for fields in _gpu_parts(gres) if fields[-1].isdigit())
 
 
 def parse_gres_type(gres: str) -> str:
     """The GPU type a node's GRES names (``gpu:a100:4(S:0-1)``: a100); "" where it names none, or
     several (a run asks for ``gpu:N`` on a node, which could then mix them)."""
-    kinds = set()
+    kinds = {fields[1] if len(fields) >= 3 else "" for fields in _gpu_parts(gres)}
+    return kinds.pop() if len(kinds) == 1 else ""
+
+
+def _gpu_parts(gres: str):
+    """The ``gpu`` entries of a GRES string, each as its fields (``gpu:a100:4(S:0-1)``: gpu, a100, 4)."""
     for part in (gres or "").split(","):
         fields = part.split("(")[0].split(":")
-        if fields and fields[0] == "gpu" and len(fields) >= 2:
-            kinds.add(fields[1] if len(fields) >= 3 else "")
-    return kinds.pop() if len(kinds) == 1 else ""
+        if fields[0] == "gpu" and len(fields) >= 2:
+            yield fields
 
 
 class SlurmAdapter:

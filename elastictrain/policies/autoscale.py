@@ -52,7 +52,7 @@ from typing import Optional
 
 from ..errors import ConfigError
 from .api import ClusterSnapshot, Decision, JobView, register
-from .placement import any_node, type_mask
+from .placement import any_node, only, type_mask
 
 __all__ = ["AutoScale", "marginal_efficiency"]
 
@@ -323,6 +323,5 @@ register("autoscale", lambda **kw: AutoScale(**kw),
 
 def _typed_free(s: ClusterSnapshot, j: JobView, node_free: list) -> int:
     """Free GPUs on the nodes of the GPU type ``j`` needs."""
-    mask = type_mask(j.gpu_type, s.node_types)
-    return sum(f for f, ok in zip(node_free, mask) if ok and f > 0)
+    return sum(f for f in only(node_free, type_mask(j.gpu_type, s.node_types)) if f > 0)
 

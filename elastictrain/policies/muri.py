@@ -174,7 +174,8 @@ class Muri:
         Raises:
             ValueError, TypeError, KeyError: a malformed state (the caller starts afresh).
         """
-        key = Restored(jobs, rename).id
+        now = Restored(jobs, rename)
+        key = now.id
         rank = {key(k): int(r) for k, r in state["rank"] if key(k) is not None}
         last, data = None, state["last"]
         if data is not None:
@@ -185,7 +186,7 @@ class Muri:
                              tuple(int(g) for g in data["gpus"]),
                              {key(k): tuple(float(t) for t in p) for k, p in data["profiles"] if key(k) is not None})
         self._rank, self._next, self._last = rank, int(state["next"]), last
-        self._known = Restored(jobs, rename).ids()
+        self._known = now.ids()
 
     # ---- one decision
     def decide(self, s: ClusterSnapshot) -> Decision:

@@ -28,7 +28,8 @@ from typing import Optional
 
 from ..errors import ConfigError
 
-__all__ = ["Placer", "make_placer", "PLACEMENTS", "best_node", "any_node", "type_matches", "type_mask"]
+__all__ = ["Placer", "make_placer", "PLACEMENTS", "best_node", "any_node", "holds", "only", "type_matches",
+           "type_mask"]
 
 PLACEMENTS = ("count", "consolidated", "spread", "skew")
 
@@ -164,15 +165,12 @@ class Placer:
 
     def _typed(self, num_gpu: int, skew: float, current: tuple, gpu_type: str) -> Optional[tuple]:
         """:meth:`place` on the nodes of ``gpu_type`` alone: the others look full while it places."""
-        mask = type_mask(gpu_type, self.types)
         free = self.free
-        mine = [f if ok else 0 for f, ok in zip(free, mask)]
+        mine = only(free, type_mask(gpu_type, self.types))
         if sum(mine) < num_gpu:
             return None
         if self.mode == "count":  # on real nodes: the count is the whole cluster's
-            keep = current and current[0][0] >= 0 and sum(g for _, g in current) == num_gpu and \
-                all(0 <= n < len(mine) and mine[n] >= g for n, g in current)
-            where = tuple(current) if keep else any_node(num_gpu, mine)
+            where = tuple(current) if holds(current, mine, num_gpu) else any_node(num_gpu, mine)
         else:
             total, top = self.total_free, self.max_free
             self.free, self.total_free, self.max_free = mine, sum(mine), max(mine)
@@ -313,7 +311,7 @@ def any_node(size: int, free: list, avoid: Optional[list] = None, mask: Optional
     the nodes it may use (a job's GPU type, :func:`type_mask`). (``free`` is not changed.) Shared
     by the mechanism core's plan and the priority tiers."""
     if mask is not None:
-        free = [f if ok else 0 for f, ok in zip(free, mask)] + [0] * (len(free) - len(mask))
+        free = only(free, mask)
     n = best_node(size, free, avoid) if avoid is not None else -1
     if n < 0:
         n = best_node(size, free)
@@ -329,3 +327,16 @@ def any_node(size: int, free: list, avoid: Optional[list] = None, mask: Optional
         if not left:
             break
     return tuple(take)
+
+
+def only(free: list, mask: tuple) -> list:
+    """``free`` (GPUs per node) on the nodes ``mask`` allows (a job's GPU type, :func:`type_mask`);
+    0 on the others."""
+    return [f if ok else 0 for f, ok in zip(free, mask)] + [0] * (len(free) - len(mask))
+
+
+def holds(where: tuple, free: list, size: int) -> bool:
+    """Whether a gang of ``size`` may stay ``where`` it runs: real nodes whose GPUs add up to its
+    size, all of them within ``free``."""
+    return bool(where) and where[0][0] >= 0 and sum(g for _, g in where) == size and \
+        all(0 <= n < len(free) and free[n] >= g for n, g in where)

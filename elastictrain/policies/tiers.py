@@ -29,7 +29,7 @@ from typing import Callable, Optional
 
 from ..model import MIN_PRIORITY
 from .api import ClusterSnapshot, Decision, Policy
-from .placement import any_node, best_node, type_mask
+from .placement import any_node, best_node, holds, type_mask
 
 __all__ = ["PriorityTiers", "BORROW_TIER"]
 
@@ -195,7 +195,7 @@ class PriorityTiers:
         size = sum(g for _, g in where)
         mine = tuple(view.placement) if view is not None and view.running else ()
         if where and where[0][0] < 0:  # any node
-            if mine and mine[0][0] >= 0 and sum(g for _, g in mine) == size and all(avail[n] >= g for n, g in mine):
+            if holds(mine, avail, size):
                 where = mine
             else:
                 mask = type_mask(view.gpu_type, types) if view is not None and view.gpu_type else None

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ConfigError
 from .api import ClusterSnapshot, Decision, Restored, register
-from .placement import any_node, make_placer, type_mask
+from .placement import any_node, holds, make_placer, only, type_mask
 
 __all__ = ["Tiresias", "gittins_table"]
 
@@ -368,8 +368,8 @@ def _place_typed(typed: list, run: dict, s: ClusterSnapshot) -> None:
                     free[n] -= g
     for j in typed:
         mask = type_mask(j.gpu_type, s.node_types)
-        keep = j.running and all(0 <= n < len(free) and mask[n] and free[n] >= g for n, g in j.placement)
-        where = j.placement if keep else any_node(j.num_gpu, free, None, mask)
+        where = j.placement if j.running and holds(j.placement, only(free, mask), j.num_gpu) else \
+            any_node(j.num_gpu, free, None, mask)
         if where is None:
             del run[j.job_id]
             continue

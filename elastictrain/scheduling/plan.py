@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..errors import PolicyError
 from ..policies.api import ClusterSnapshot, Decision
-from ..policies.placement import any_node, type_mask
+from ..policies.placement import any_node, holds, type_mask
 from .api import MIGRATE, PREEMPT, REGROUP, RESIZE, START, Action
 from .table import JobTable
 
@@ -249,16 +249,11 @@ def _resolve(keys: list, run: dict, get, used: list[int], caps: tuple, held=None
         view = get(key)
         size = run[key][0][1]
         old = view.placement
-        if old and view.running and old[0][0] >= 0:
-            ok, got = True, 0
+        if view.running and holds(old, free, size):
             for n, g in old:
-                got += g
-                ok = ok and free[n] >= g
-            if ok and got == size:
-                for n, g in old:
-                    free[n] -= g
-                out[key] = old
-                continue
+                free[n] -= g
+            out[key] = old
+            continue
         todo.append((key, size, type_mask(view.gpu_type, node_types) if view.gpu_type else None))
     todo.sort(key=lambda t: t[2] is None)  # (stable: otherwise in decision order)
     for key, size, mask in todo:

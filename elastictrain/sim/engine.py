@@ -154,14 +154,17 @@ class Simulator:
             limit = max(cluster.gpus_by_type.values())
             why = f"the policy runs a gang on one GPU type, and the largest type has {limit} GPUs"
         fits = []
-        self.state = quota if isinstance(quota, QuotaState) else None  # (the coordinator refused jobs too big)
-        self.quota = quota if isinstance(quota, Quota) and quota.limited else None
+        self.quota = quota if isinstance(quota, Quota) and quota.limited else None  # (the one quota of simulate)
+        # what the quota gate admits by (a forecast's QuotaState: the coordinator refused the jobs too big)
+        self.state = quota if isinstance(quota, QuotaState) else \
+            QuotaState(QuotaBook({}, self.quota)) if self.quota is not None else None
         for j in jobs:
             if j.num_gpu > limit:
                 self.rejected.append((j.job_id, f"needs {j.num_gpu} GPUs but {why}"))
             elif j.gpu_type and j.num_gpu > _typed_room(cluster, j.gpu_type, getattr(policy, "single_type", False)):
+                has = _typed_room(cluster, j.gpu_type, False)  # (in all: the message's figure)
                 self.rejected.append((j.job_id, f"needs {j.num_gpu} GPUs of type {j.gpu_type} but the cluster has "
-                                      f"{_typed_room(cluster, j.gpu_type, False)} (types: "
+                                      f"{has} (types: "
                                       f"{', '.join(cluster.gpus_by_type) if cluster.node_types else 'none named'})"))
             elif self.quota is not None and self.quota.gpus is not None and j.num_gpu > self.quota.gpus:
                 self.rejected.append((j.job_id, f"needs {j.num_gpu} GPUs but a user's quota is {self.quota.gpus}"))
@@ -239,8 +242,7 @@ class Simulator:
         every_ckpt = self.checkpoint_every
         if changes and every_ckpt:
             backend.runs = {}
-        gate = _QuotaGate(QuotaState(QuotaBook({}, self.quota))) if self.quota is not None else \
-            _QuotaGate(self.state) if self.state is not None else None
+        gate = _QuotaGate(self.state) if self.state is not None else None
 
         def admit(spec: JobSpec) -> None:
             e = table.add(self._entry(spec))

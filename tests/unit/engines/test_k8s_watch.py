@@ -74,7 +74,7 @@ def test_the_eviction_and_node_loss_details_say_why():
 
 
 def test_a_nodes_gpu_type_is_its_gpu_product_label_where_that_is_a_name():
-    from elastictrain.engines.kubernetes_engine import _gpu_type
+    from elastictrain.engines.api import gpu_type_name as _gpu_type
 
     assert _gpu_type("NVIDIA-A100-SXM4-80GB") == "NVIDIA-A100-SXM4-80GB"  # (NVIDIA's GPU feature discovery)
     assert _gpu_type("") == "" and _gpu_type("a b/c") == ""

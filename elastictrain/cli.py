@@ -170,6 +170,11 @@ def get_parser() -> argparse.ArgumentParser:
                    "user column); the others wait outside the policy's view, and their wait counts (0: no limit)")
     m.add_argument("--quota-jobs", type=int, default=0, metavar="N",
                    help="as `coordinator --quota-jobs`: each user has at most N jobs admitted (0: no limit)")
+    m.add_argument("--tickets", default=None, metavar="USER=N,...",
+                   help="gandiva-fair: users' tickets (the trace's user column; others have 1), as `users set`")
+    m.add_argument("--project-tickets", default=None, metavar="PROJECT=N,...",
+                   help="gandiva-fair: projects' tickets (the native trace's project column), as `projects set "
+                   "--tickets`: each is one share beside the users, split among its users with jobs")
     m.add_argument("--no-progress", action="store_true")
     m.add_argument("--parallel", type=int, default=1, help="run up to N policies at once, in separate processes")
 
@@ -507,11 +512,37 @@ def _outages(specs: list) -> tuple:
     return tuple(out)
 
 
+def _ticket_map(flag: str, text: str, kind: str) -> dict[str, float]:
+    """``NAME=N,...`` as {name: tickets}.
+
+    Raises:
+        ConfigError: a bad name, or a number not in (0, 1000000]."""
+    import math
+
+    from .model import check_name
+
+    out = {}
+    for part in filter(None, text.split(",")):
+        name, _, num = part.partition("=")
+        try:
+            value = float(num)
+        except ValueError:
+            value = math.nan
+        if not 0 < value <= 1_000_000:
+            raise ConfigError(f"{flag} {part!r}: write {kind.upper()}=N with N in (0, 1000000], e.g. {kind}1=2")
+        out[check_name(kind, name)] = value
+    return out
+
+
 def _simulate(args) -> None:
     from .sim.report import bins_table, by_priority, comparison_table, summarize, write_outputs
     from .sim.run import SimConfig, simulate
 
     opts = _policy_values(args)
+    for flag, key, kind in (("--tickets", "tickets", "user"), ("--project-tickets", "project_tickets", "project")):
+        given = getattr(args, key)
+        if given is not None:
+            opts[key] = _ticket_map(flag, given, kind)
     cfg = SimConfig(args.trace, args.cluster, [p for p in args.policy.split(",") if p], args.preset, args.format,
                     args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost,
                     protect_startup=not args.preempt_starting, min_run=args.preempt_exempt,

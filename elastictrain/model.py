@@ -150,6 +150,7 @@ class JobSpec:
     speeds: tuple = ()
     priority: int = 0  # its tier under priority preemption (policies/tiers.py); traces have none
     gpu_type: str = ""  # the GPU type it must run on ("" any: policies/placement.py's type_matches)
+    project: str = ""  # the project it is charged to ("" none: fair shares by project, policies/shares.py)
 
     def __post_init__(self) -> None:
         s, i, t, g = self.submit_time, self.iterations, self.iteration_time, self.num_gpu
@@ -162,6 +163,8 @@ class JobSpec:
                               f"got {self.priority!r}")
         if self.gpu_type:
             check_name("GPU type", self.gpu_type)
+        if self.project:
+            check_name("project", self.project)
 
     @property
     def duration(self) -> float:

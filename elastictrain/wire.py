@@ -841,6 +841,9 @@ class ProjectSet(_Msg, omit_defaults=True):
     gpus: Optional[Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]] = None
     jobs: Optional[Annotated[int, msgspec.Meta(ge=1, le=1_000_000)]] = None
     users: Optional[Annotated[list[Name], msgspec.Meta(max_length=10_000)]] = None
+    #: its fair-share tickets (Gandiva-fair: one share beside the users, split among its members with
+    #: jobs; policies/shares.py); 0: none, its jobs count against their users; None: as they were
+    tickets: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1_000_000.0)]] = None
     remove: bool = False
 
 
@@ -853,6 +856,8 @@ class ProjectInfo(_Msg):
     used_jobs: int
     queued: int  # its jobs waiting for admission
     gpu_hours: float = 0.0  # what its jobs the coordinator still keeps have received (sshare's usage, not decayed)
+    tickets: float = 0.0  # its fair-share tickets (0: none: its members' jobs count against them)
+    entitled: float = 0.0  # the share of the GPUs its tickets entitle it to, among the accounts with jobs (0: none)
 
 
 class ProjectList(_Msg):

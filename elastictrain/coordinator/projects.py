@@ -16,6 +16,7 @@ database; removing one leaves its jobs running, charged to nothing.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -35,6 +36,7 @@ MAX_MEMBERSHIPS = 100_000  # in all projects together (what `projects list` retu
 class Project:
     quota: Quota
     users: tuple[str, ...] = ()
+    tickets: float = 0.0  # fair-share tickets (0: none; policies/shares.py)
 
 
 class ProjectBook:
@@ -45,7 +47,8 @@ class ProjectBook:
         try:
             for name, p in json.loads(meta.get(META_KEY) or "{}").items():
                 self.projects[str(name)] = Project(Quota(p.get("gpus"), p.get("jobs")),
-                                                   tuple(str(u) for u in p.get("users", ())))
+                                                   tuple(str(u) for u in p.get("users", ())),
+                                                   max(0.0, float(p.get("tickets") or 0.0)))
         except (ValueError, TypeError, AttributeError, ConfigError):
             self.projects = {}  # unreadable (it was written by us): no project limits
 
@@ -53,8 +56,13 @@ class ProjectBook:
     def limited(self) -> bool:
         return any(p.quota.limited for p in self.projects.values())
 
-    def set(self, name: str, quota: Quota, users: Optional[list[str]]) -> str:
-        """Create or change project ``name`` (``users`` None: its members stay); returns the JSON to store.
+    def tickets(self) -> dict[str, float]:
+        """The projects that have fair-share tickets, and theirs."""
+        return {n: p.tickets for n, p in self.projects.items() if p.tickets > 0}
+
+    def set(self, name: str, quota: Quota, users: Optional[list[str]], tickets: Optional[float] = None) -> str:
+        """Create or change project ``name`` (``users``, ``tickets`` None: as they were); returns the JSON
+        to store.
 
         Raises:
             ConfigError: a bad name, or too many projects or members.
@@ -75,7 +83,11 @@ class ProjectBook:
         if total > MAX_MEMBERSHIPS:
             raise ConfigError(f"at most {MAX_MEMBERSHIPS} memberships in all projects together, and this makes "
                               f"{total}; remove members or projects first")
-        self.projects[name] = Project(quota, members)
+        if tickets is None:
+            tickets = old.tickets if old is not None else 0.0
+        elif not (0 <= tickets <= 1_000_000 and math.isfinite(tickets)):
+            raise ConfigError(f"tickets must be in [0, 1000000] (0: none), got {tickets!r}")
+        self.projects[name] = Project(quota, members, float(tickets))
         return self._json()
 
     def remove(self, name: str) -> str:
@@ -84,8 +96,8 @@ class ProjectBook:
         return self._json()
 
     def _json(self) -> str:
-        return json.dumps({n: {"gpus": p.quota.gpus, "jobs": p.quota.jobs, "users": list(p.users)}
-                           for n, p in self.projects.items()})
+        return json.dumps({n: {"gpus": p.quota.gpus, "jobs": p.quota.jobs, "users": list(p.users),
+                               **({"tickets": p.tickets} if p.tickets else {})} for n, p in self.projects.items()})
 
     def default_for(self, user: str) -> str:
         """The first project that lists ``user`` ("" if none)."""

@@ -39,6 +39,7 @@ from ..model import MAX_PRIORITY, check_name
 from ..policies.api import EMPTY, create, options_of
 from ..policies.tiers import BORROW_TIER, PriorityTiers
 from ..policies.placement import type_matches
+from ..policies.shares import account, account_tickets, split_account
 from ..runtime.stages import STAGES
 from ..scheduling import Entry, JobStatus, JobTable, Scheduler
 from ..sim.forecast import ForecastJob, forecast
@@ -126,6 +127,7 @@ class ClusterScheduler:
         self.quotas = QuotaBook(loaded.meta, Quota(cfg.quota_gpus or None, cfg.quota_jobs or None))
         self._hold_after_stop: set[str] = set()  # requeued with --hold: held once their runs stop
         self.projects = ProjectBook(loaded.meta)
+        self._share_tickets(self.policy)
         self.admission = Admission(self)  # who enters the job table, and when (admission.py)
         self.events = EventLog(self.store, loaded.last_event)
         self.logs = LogBook(self.store, loaded.log_bytes)
@@ -265,8 +267,7 @@ class ClusterScheduler:
         later = self._arrivals(now)  # not admitted yet: they arrive at their begin time, or after jobs they wait for
         jobs += later.values()
         policy = self._make_policy()
-        if hasattr(policy, "set_tickets") and self.users.tickets:
-            policy.set_tickets(dict(self.users.tickets))
+        self._share_tickets(policy)
         memory = None
         if hasattr(self.policy, "export_state") and hasattr(policy, "import_state"):  # (a copy: JSON, as stored)
             memory = (json.loads(self._memory()), self._views())
@@ -351,7 +352,8 @@ class ClusterScheduler:
     # ------------------------------------------------------------------ records and entries
     def _entry(self, rec: JobRecord) -> Entry:
         e = Entry(rec.id, rec.workers or rec.gpus, rec.submit_time, model=rec.name, user=rec.user,
-                  min_gpu=rec.min_gpus, max_gpu=rec.gpus, priority=self.tier_of(rec), gpu_type=rec.gpu_type)
+                  min_gpu=rec.min_gpus, max_gpu=rec.gpus, priority=self.tier_of(rec), gpu_type=rec.gpu_type,
+                  project=rec.project)
         e.status = JobStatus(rec.status)
         e.attained, e.attained_gpu, e.accrued_at = rec.attained, rec.attained_gpu, rec.accrued_at or rec.submit_time
         e.pending, e.pending_since, e.start_time, e.preemptions = rec.pending, rec.pending_since, rec.start_time, \
@@ -1142,6 +1144,21 @@ class ClusterScheduler:
             e = get(rec.id)
             yield rec.user, e.attained_gpu if e is not None else rec.attained_gpu
 
+    def _share_tickets(self, policy) -> None:
+        """Hand ``policy`` (one that shares GPU time by tickets) the users' and the projects' tickets."""
+        if hasattr(policy, "set_tickets"):
+            policy.set_tickets(dict(self.users.tickets), self.projects.tickets())
+
+    def _accounts(self) -> dict[str, int]:
+        """Each fair-share account's jobs not ended (policies/shares.py: a user, or a project with
+        tickets and its member)."""
+        projects, out = self.projects.tickets(), {}
+        for rec in self.records.values():
+            if rec.status not in _ENDED_NAMES:
+                a = account(rec.user, rec.project, projects)
+                out[a] = out.get(a, 0) + 1
+        return out
+
     def set_user(self, user: str, req: UserTickets) -> UserList:
         stored = self.users.set(user, req.tickets)
         self._emit("tickets", "", "", user=user, tickets=req.tickets, policy=self.cfg.policy)
@@ -1177,15 +1194,12 @@ class ClusterScheduler:
         return self.user_list(600.0)
 
     def user_list(self, window: float) -> UserList:
-        active: dict[str, int] = {}
-        for rec in self.records.values():
-            if rec.status not in _ENDED_NAMES:
-                active[rec.user] = active.get(rec.user, 0) + 1
+        active = self._accounts()
         running: dict[str, int] = {}
         for e in self.table.running.values():
             running[e.user] = running.get(e.user, 0) + e.num_gpu
         self.table.accrue(self.clock.now())
-        out = self.users.report(self.clock.now(), window, self._usage, active, running)
+        out = self.users.report(self.clock.now(), window, self._usage, active, running, self.projects.tickets())
         if not (self.quotas.own or self.quotas.default.limited or self.quotas.caps):
             return out
         used = self.admission.usage()
@@ -1206,17 +1220,23 @@ class ClusterScheduler:
     def set_project(self, name: str, req: ProjectSet) -> ProjectList:
         """(admin) Create, change or remove project ``name`` (projects.py)."""
         if req.remove:
-            if req.gpus is not None or req.jobs is not None or req.users is not None:
-                raise ConfigError("give --remove alone (it drops the project), or --gpus/--jobs/--users to set it")
+            if req.gpus is not None or req.jobs is not None or req.users is not None or req.tickets is not None:
+                raise ConfigError("give --remove alone (it drops the project), or --gpus/--jobs/--users/--tickets to "
+                                  "set it")
             if name not in self.projects.projects:
                 raise NotFoundError(f"no project {name!r}; `elastictrain projects list` shows them")
             stored = self.projects.remove(name)
             self._emit("project", "", "", project=name, removed=True)
         else:
-            stored = self.projects.set(name, Quota(req.gpus, req.jobs), req.users)
+            old = self.projects.projects.get(name)
+            quota = old.quota if old is not None and req.tickets is not None and req.gpus is None and \
+                req.jobs is None else Quota(req.gpus, req.jobs)  # (--tickets alone: the quota stays)
+            stored = self.projects.set(name, quota, req.users, req.tickets)
             p = self.projects.projects[name]
             self._emit("project", "", "", project=name, gpus=p.quota.gpus if p.quota.gpus is not None else "-",
-                       jobs=p.quota.jobs if p.quota.jobs is not None else "-", users=",".join(p.users[:64]))
+                       jobs=p.quota.jobs if p.quota.jobs is not None else "-", users=",".join(p.users[:64]),
+                       tickets=p.tickets)
+        self._share_tickets(self.policy)  # (its members' jobs count against the project's account, or their own)
         with self.store.transaction() as tx:
             tx.put_meta(PROJECTS_META, stored)
             self.events.write(tx)
@@ -1238,8 +1258,16 @@ class ClusterScheduler:
                 e = self.table.get(rec.id)
                 gpu_s[rec.project] = gpu_s.get(rec.project, 0.0) + (e.attained_gpu if e is not None else
                                                                     rec.attained_gpu)
+        tickets = self.projects.tickets()
+        weight = account_tickets(self._accounts(), self.users.tickets, self.users.default, tickets)
+        total, entitled = sum(weight.values()), {}
+        for a, w in weight.items():
+            project = split_account(a)[1]
+            if project:
+                entitled[project] = entitled.get(project, 0.0) + w / total
         return ProjectList([ProjectInfo(n, p.quota.gpus, p.quota.jobs, list(p.users), *used.get(n, (0, 0)),
-                                        queued.get(n, 0), round(gpu_s.get(n, 0.0) / 3600, 6))
+                                        queued.get(n, 0), round(gpu_s.get(n, 0.0) / 3600, 6), p.tickets,
+                                        entitled.get(n, 0.0))
                             for n, p in self.projects.projects.items()])
 
     def job_logs(self, job: str, after: int) -> LogList:

@@ -17,6 +17,7 @@ from typing import Callable, Iterable, Optional
 
 from ..errors import ConfigError
 from ..model import check_name
+from ..policies.shares import account_tickets, split_account
 from ..wire import UserInfo, UserList
 
 __all__ = ["UserBook", "META_KEY", "MAX_WINDOW"]
@@ -75,9 +76,12 @@ class UserBook:
             self._samples.popleft()
 
     def report(self, now: float, window: float, usage: Callable[[], Iterable[tuple[str, float]]],
-               active: dict[str, int], running: dict[str, int]) -> UserList:
+               active: dict[str, int], running: dict[str, int],
+               projects: Optional[dict[str, float]] = None) -> UserList:
         """Each user's tickets, entitlement and share over the last ``window`` seconds.
-        ``active``: each user's jobs not ended; ``running``: GPUs its running jobs hold now."""
+        ``active``: each fair-share account's jobs not ended (a user, or a project with tickets and
+        its member: policies/shares.py; ``projects`` gives those projects' tickets); ``running``:
+        GPUs each user's running jobs hold now. A user's entitlement sums its accounts'."""
         if not (0 < window <= MAX_WINDOW and math.isfinite(window)):
             raise ConfigError(f"window must be in (0, {MAX_WINDOW:.0f}] seconds, got {window!r}")
         self.sample(now, usage, force=True)
@@ -90,13 +94,19 @@ class UserBook:
         users = sorted(set(latest) | set(self.tickets))
         got = {u: max(0.0, latest.get(u, 0.0) - start.get(u, 0.0)) for u in users}
         total = sum(got.values())
-        weight = {u: self.tickets.get(u, self.default) for u in active}
-        wsum = sum(weight.values())
+        weight: dict[str, float] = {}
+        jobs: dict[str, int] = {}
+        wsum = 0.0
+        for a, w in account_tickets(active, self.tickets, self.default, projects or {}).items():
+            u = split_account(a)[0]
+            weight[u] = weight.get(u, 0.0) + w
+            jobs[u] = jobs.get(u, 0) + active[a]
+            wsum += w
         out = []
         for u in users:
             out.append(UserInfo(u, self.tickets.get(u, self.default), u in self.tickets,
                                 weight[u] / wsum if u in weight and wsum > 0 else 0.0,
-                                got[u] / total if total > 0 else 0.0, got[u], running.get(u, 0), active.get(u, 0)))
+                                got[u] / total if total > 0 else 0.0, got[u], running.get(u, 0), jobs.get(u, 0)))
         return UserList(out, now - start_t, self.used, self.default)
 
 

@@ -80,6 +80,7 @@ class JobView(msgspec.Struct, frozen=True, gc=False):
     starting: bool = False  # running, but its run has not trained its first step yet: no service accrues
     ready_at: Optional[float] = None  # while starting: when its first step is due, where known (the simulator)
     gpu_type: str = ""  # the GPU type it must run on ("" any; placement.type_mask says which nodes match)
+    project: str = ""  # the project it is charged to ("" none; fair shares by project: policies/shares.py)
 
     @property
     def remaining_time(self) -> float:

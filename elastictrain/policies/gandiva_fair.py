@@ -46,6 +46,7 @@ from typing import Optional, Sequence
 from ..errors import ConfigError
 from .api import ClusterSnapshot, Decision, Restored, register
 from .placement import make_placer, type_matches
+from .shares import account, account_tickets
 
 _LN2 = math.log(2.0)
 _PASS = attrgetter("pass_")
@@ -89,6 +90,10 @@ class GandivaFair:
 
     Args:
         tickets: tickets per user (``JobView.user``); users not listed get ``default_tickets``.
+        project_tickets: tickets per project (``JobView.project``): such a project is one share
+            beside the users, split among its members with jobs by their own tickets; its jobs
+            count against the account ``"project/user"`` (:mod:`.shares`). Jobs of other projects
+            count against their users.
         quantum: seconds between decisions.
         split: split stride (local per server + central) or one global stride.
         balance: migrate while (max - min) ticket load exceeds this fraction of the mean load.
@@ -118,8 +123,9 @@ class GandivaFair:
                  quantum: float = 60.0, placement: str = "consolidated", packlimit: float = 0.5,
                  split: bool = True, balance: float = 0.1, migrations: int = 4, trading: bool = True,
                  compensate: float = 3600.0, spread_backfill: bool = True, stretch: int = 1,
-                 name: str = "gandiva-fair") -> None:
-        if default_tickets <= 0 or any(t <= 0 for t in (tickets or {}).values()):
+                 name: str = "gandiva-fair", project_tickets: Optional[dict[str, float]] = None) -> None:
+        given = (*(tickets or {}).values(), *(project_tickets or {}).values())
+        if default_tickets <= 0 or any(not t > 0 for t in given):
             raise ConfigError("tickets must be positive")
         if quantum <= 0 or balance < 0 or migrations < 0:
             raise ConfigError("quantum must be > 0, balance and migrations >= 0")
@@ -128,6 +134,8 @@ class GandivaFair:
         if stretch > 1 and not split:
             raise ConfigError("stretch applies to split stride only (gandiva-fair, gandiva-fair-notrade)")
         self.tickets, self.default = dict(tickets or {}), default_tickets
+        self.project_tickets: dict[str, float] = dict(project_tickets or {})
+        self._rekey = False  # the projects' tickets changed: the jobs' accounts are read again
         self.quantum, self.placement, self.packlimit = quantum, placement, packlimit
         self.split, self.balance, self.max_moves, self.trading = split, balance, migrations, trading
         self.name = name
@@ -164,12 +172,15 @@ class GandivaFair:
         self._restored: dict = {}  # job id -> (pass, home, GPU type) from import_state, until it is seen
 
     # ------------------------------------------------------------------ shares
-    def set_tickets(self, tickets: dict[str, float]) -> None:
-        """Replace the users' tickets (the live coordinator's ``elastictrain users set``); the
-        entitlements are recomputed at the next decision."""
-        if any(not t > 0 for t in tickets.values()):
+    def set_tickets(self, tickets: dict[str, float], projects: Optional[dict[str, float]] = None) -> None:
+        """Replace the users' tickets (the live coordinator's ``elastictrain users set``) and, unless
+        None, the projects' (``projects set --tickets``); the entitlements are recomputed at the
+        next decision."""
+        if any(not t > 0 for t in (*tickets.values(), *(projects or {}).values())):
             raise ConfigError("tickets must be positive")
         self.tickets = dict(tickets)
+        if projects is not None and projects != self.project_tickets:
+            self.project_tickets, self._rekey = dict(projects), True
         self.inputs_changed()
 
     def inputs_changed(self) -> None:
@@ -177,14 +188,25 @@ class GandivaFair:
         trades) at the next decision."""
         self._users = None
 
-    def _user_tickets(self, u: str) -> float:
-        return self.tickets.get(u, self.default)
+    def _who(self, j) -> str:
+        """The account ``j``'s GPU time counts against (:func:`.shares.account`): its user, or its
+        project and user where its project has tickets."""
+        return account(j.user, j.project, self.project_tickets) if self.project_tickets else j.user
 
     def _entitle(self, s: ClusterSnapshot, by_type: dict[str, int]) -> None:
+        """Each account's entitlement to each GPU type (users, or projects' members), read again
+        when the accounts with jobs change. ("Users" below: accounts.)"""
+        if self._rekey:  # projects gained or lost tickets: the jobs known count against new accounts
+            self._rekey, self._groups_of = False, None
+            for j in s.jobs:
+                sj = self._jobs.get(j.job_id)
+                if sj is not None:
+                    sj.user = self._who(j)
         if self._users is not None and not s.arrived and not s.ended and len(s.jobs) == self._njobs:
             return  # the same jobs as last time (jobs being stopped are left out: the count changes)
         self._njobs = len(s.jobs)
-        users = frozenset(j.user for j in s.jobs)
+        who = [self._who(j) for j in s.jobs] if self.project_tickets else [j.user for j in s.jobs]
+        users = frozenset(who)
         if users == self._users:
             return
         self._users = users
@@ -192,12 +214,13 @@ class GandivaFair:
         if self.trading and len(by_type) > 1:  # a user's bid: the mean speeds of its jobs
             sums: dict[str, dict[str, float]] = {u: dict.fromkeys(by_type, 0.0) for u in users}
             count = dict.fromkeys(users, 0)
-            for j in s.jobs:
-                count[j.user] += 1
+            for j, u in zip(s.jobs, who):
+                count[u] += 1
                 for t in by_type:
-                    sums[j.user][t] += j.speeds.get(t, 1.0)
+                    sums[u][t] += j.speeds.get(t, 1.0)
             speed = {u: {t: v / count[u] for t, v in sums[u].items()} for u in users}
-        self.entitlement, self.trades = entitlements({u: self._user_tickets(u) for u in users}, by_type, speed)
+        tickets = account_tickets(users, self.tickets, self.default, self.project_tickets)
+        self.entitlement, self.trades = entitlements(tickets, by_type, speed)
 
     # ------------------------------------------------------------------ memory across restarts
     def export_state(self) -> dict:
@@ -239,7 +262,7 @@ class GandivaFair:
             pass_, home, gtype = was
             if gtype in nodes_of and (home is None or (home in nodes_of[gtype] and caps[home] >= j.num_gpu)) and \
                     (not j.gpu_type or type_matches(j.gpu_type, gtype)):
-                return StrideJob(j.job_id, j.num_gpu, 1.0, pass_, home, gtype, j.user)
+                return StrideJob(j.job_id, j.num_gpu, 1.0, pass_, home, gtype, self._who(j))
         return self._home(j, caps, nodes_of, by_type)
 
     # ------------------------------------------------------------------ decide
@@ -444,10 +467,11 @@ class GandivaFair:
     def _home(self, j, caps, nodes_of, by_type) -> StrideJob:
         """Place a newcomer: its GPU type (lowest demand / entitlement, ties to the faster), then
         its server (lowest ticket load), or the central queue if it is bigger than a server."""
-        ent = self.entitlement.get(j.user, {})
+        who = self._who(j)
+        ent = self.entitlement.get(who, {})
         demand: dict[str, float] = {}
         for sj in self._jobs.values():
-            if sj.user == j.user:
+            if sj.user == who:
                 demand[sj.gtype] = demand.get(sj.gtype, 0.0) + sj.size
 
         def score(t: str):
@@ -460,7 +484,7 @@ class GandivaFair:
         if not kinds:  # it waits, central on a type of its own that no server serves, until one does
             self._notes.append((j.job_id, {"decision": "wait", "why": (
                 f"needs GPU type {j.gpu_type}, and no node offers it now (types: {', '.join(nodes_of)})")}))
-            return StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, j.gpu_type, j.user)
+            return StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, j.gpu_type, who)
         fits = [t for t in kinds if by_type[t] >= j.num_gpu]
         if not fits:
             self._notes.append((j.job_id, {"decision": "wait", "why": (
@@ -468,7 +492,7 @@ class GandivaFair:
                 "gang on one type, so it waits until one does")}))
         gtype = min(fits or kinds, key=score)
         local = [n for n in nodes_of[gtype] if caps[n] >= j.num_gpu]
-        sj = StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, gtype, j.user)
+        sj = StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, gtype, who)
         if local:
             load = self._loads(local, caps)
             sj.home = min(local, key=lambda n: (load[n], n))
@@ -488,9 +512,11 @@ class GandivaFair:
             usage = self._usage
             for k in usage:
                 usage[k] *= decay
+            jobs = self._jobs if self.project_tickets else None  # (an account other than the user's)
             for j in s.running:
+                u = j.user if jobs is None else jobs[j.job_id].user
                 for n, g in j.placement:
-                    k = (j.user, types[n])
+                    k = (u, types[n])
                     usage[k] = usage.get(k, 0.0) + g * held
         self._last = s.now
 
@@ -697,12 +723,14 @@ class GandivaFair:
             if j.job_id not in self._jobs:  # a newcomer starts level with the others, neither ahead nor owed
                 was = self._restored.pop(j.job_id, None) if self._restored else None  # (or as restored)
                 self._jobs[j.job_id] = StrideJob(j.job_id, j.num_gpu, 1.0, floor if was is None else was[0],
-                                                 user=j.user)
+                                                 user=self._who(j))
+        who = [self._who(j) for j in s.jobs]
         per_user: dict[str, int] = {}
-        for j in s.jobs:
-            per_user[j.user] = per_user.get(j.user, 0) + 1
-        for j in s.jobs:
-            self._jobs[j.job_id].tickets = self._user_tickets(j.user) / per_user[j.user]
+        for u in who:
+            per_user[u] = per_user.get(u, 0) + 1
+        tickets = account_tickets(per_user, self.tickets, self.default, self.project_tickets)
+        for j, u in zip(s.jobs, who):
+            self._jobs[j.job_id].tickets = tickets[u] / per_user[u]
         placer = make_placer(s, self.placement, self.packlimit)
         run: dict[int, tuple] = {}
         candidates = s.jobs
@@ -724,8 +752,8 @@ class GandivaFair:
         return Decision(run, self._wake(s, run))
 
 
-_OPTIONS = ("tickets", "default_tickets", "quantum", "placement", "packlimit", "split", "balance", "migrations",
-            "compensate", "spread_backfill", "stretch")
+_OPTIONS = ("tickets", "project_tickets", "default_tickets", "quantum", "placement", "packlimit", "split", "balance",
+            "migrations", "compensate", "spread_backfill", "stretch")
 register("gandiva-fair", lambda **kw: GandivaFair(**kw), _OPTIONS)
 register("gandiva-fair-notrade", lambda **kw: GandivaFair(trading=False, name="gandiva-fair-notrade", **kw), _OPTIONS)
 register("gandiva-fair-global", lambda **kw: GandivaFair(split=False, name="gandiva-fair-global", **kw),

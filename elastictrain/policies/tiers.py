@@ -44,7 +44,7 @@ class PriorityTiers:
         first = make()
         self._tiers: dict[int, Policy] = {0: first}
         self._tier_of: dict = {}  # job key -> the tier it was last decided in
-        self._tickets: Optional[dict] = None
+        self._tickets: Optional[tuple] = None  # (users', projects') from set_tickets
         self.name = first.name
         for attr in ("first_step_events", "single_type", "needs", "rate_window", "default"):
             if hasattr(first, attr):
@@ -65,13 +65,15 @@ class PriorityTiers:
         if pol is None:
             pol = self._tiers[p] = self._make()
             if self._tickets is not None:
-                pol.set_tickets(self._tickets)
+                pol.set_tickets(*self._tickets)
         return pol
 
-    def _set_tickets(self, tickets: dict) -> None:
-        self._tickets = dict(tickets)
+    def _set_tickets(self, tickets: dict, projects: Optional[dict] = None) -> None:
+        if projects is None and self._tickets is not None:
+            projects = self._tickets[1]  # (left out: as they were)
+        self._tickets = (dict(tickets), projects)
         for pol in self._tiers.values():
-            pol.set_tickets(tickets)
+            pol.set_tickets(tickets, projects)
 
     def _annotate(self, key) -> dict:
         pol = self._tiers.get(self._tier_of.get(key, 0))

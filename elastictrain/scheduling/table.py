@@ -43,12 +43,13 @@ class Entry:
                  "iteration_time", "iterations", "remaining_iterations", "attained", "attained_gpu", "running",
                  "stopping", "placement", "held", "start_time", "end_time", "pending_since", "pending",
                  "preemptions", "stage_times", "skew", "speeds", "restart_cost", "group", "status", "accrued_at",
-                 "seq", "slowdown", "rate", "rate_window", "peak_memory", "ready_at", "run_at", "data", "gpu_type")
+                 "seq", "slowdown", "rate", "rate_window", "peak_memory", "ready_at", "run_at", "data", "gpu_type",
+                 "project")
 
     def __init__(self, key, num_gpu: int, submit_time: float, *, model: str = "", iteration_time: float = 1.0,
                  iterations: float = 1.0, stage_times: tuple = (), user: str = "", skew: float = 0.0,
                  speeds=EMPTY, restart_cost: float = 0.0, min_gpu: int = 0, max_gpu: int = 0,
-                 priority: int = 0, gpu_type: str = "") -> None:
+                 priority: int = 0, gpu_type: str = "", project: str = "") -> None:
         if not isinstance(num_gpu, int) or num_gpu < 1:
             raise ConfigError(f"job {key!r}: num_gpu must be an integer >= 1, got {num_gpu!r}")
         self.key, self.num_gpu, self.submit_time = key, num_gpu, submit_time
@@ -82,6 +83,7 @@ class Entry:
         self.run_at = 0.0  # when its current (or last) run was started (Scheduler's min_run counts from it)
         self.data: dict = {}  # the backend's own per-job state
         self.gpu_type = gpu_type  # the GPU type it must run on ("" any)
+        self.project = project  # the project it is charged to ("" none)
 
     def view(self, starting: bool = False) -> JobView:
         """Its policy view; ``starting``: its run has not trained yet (``JobTable.starting``)."""
@@ -90,7 +92,7 @@ class Entry:
                        self.start_time, self.pending_since, self.preemptions, self.stage_times, self.user, self.skew,
                        self.speeds, self.restart_cost, self.min_gpu, self.max_gpu, self.priority, self.rate,
                        self.rate_window, self.peak_memory, starting, self.ready_at if starting else None,
-                       self.gpu_type)
+                       self.gpu_type, self.project)
 
     def __repr__(self) -> str:
         return f"Entry({self.key!r}, gpus={self.num_gpu}, {self.status.value}{', stopping' if self.stopping else ''})"

@@ -203,7 +203,7 @@ class Simulator:
         e = Entry(s.job_id, s.num_gpu, s.submit_time, model=s.model, iteration_time=s.iteration_time * self.factor,
                   iterations=s.iterations, stage_times=s.stage_times, user=s.user, skew=SKEW.get(s.model, 0.0),
                   speeds=MappingProxyType(dict(s.speeds)) if s.speeds else EMPTY, priority=s.priority,
-                  gpu_type=s.gpu_type)
+                  gpu_type=s.gpu_type, project=s.project)
         e.data["spec"], e.data["gpus"] = s, s.num_gpu  # the size at submission (SimBackend's scaling)
         e.restart_cost = self.cost(e)
         return e

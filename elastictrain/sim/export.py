@@ -40,7 +40,8 @@ def jobs_to_trace(jobs) -> tuple[list[JobSpec], list[str]]:
     out = []
     for i, (j, steps, it) in enumerate(sorted(usable, key=lambda x: (x[0].submit_time, x[0].id))):
         out.append(JobSpec(i, j.gpus, round(j.submit_time - t0, 3), float(steps), float(it), j.name,
-                           tuple(j.stage_times), user=j.user, priority=j.priority, gpu_type=j.gpu_type))
+                           tuple(j.stage_times), user=j.user, priority=j.priority, gpu_type=j.gpu_type,
+                           project=j.project))
     return out, left_out
 
 

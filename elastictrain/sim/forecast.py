@@ -107,7 +107,8 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
             where = ()
         specs.append(JobSpec(i, j.gpus, max(now, j.begin), max(j.iterations, j.remaining, 1e-9),
                              max(j.iteration_time, 1e-9),
-                             j.model, tuple(j.stage_times), j.user, tuple(j.speeds), gpu_type=j.gpu_type))
+                             j.model, tuple(j.stage_times), j.user, tuple(j.speeds), gpu_type=j.gpu_type,
+                             project=j.project))
         prior[i] = {"attained": j.attained, "attained_gpu": j.attained_gpu, "preemptions": j.preemptions,
                     "remaining": max(j.remaining, 1e-9), "restart_cost": j.restart_cost, "placement": where,
                     "run_age": j.run_age, "priority": j.priority}

@@ -100,11 +100,11 @@ def write_outputs(results: Sequence[SimResult], out_dir: str) -> list[str]:
         with open(p, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["job_id", "num_gpu", "model", "submit_time", "start_time", "end_time", "jct", "duration",
-                        "preemptions", "pending_time"])
+                        "preemptions", "pending_time", "user", "gpu_seconds"])
             for j in r.jobs:
                 w.writerow([j.job_id, j.num_gpu, j.model, f"{j.submit_time:.3f}", f"{j.start_time:.3f}",
                             f"{j.end_time:.3f}", f"{j.jct:.3f}", f"{j.duration:.3f}", j.preemptions,
-                            f"{j.pending_time:.3f}"])
+                            f"{j.pending_time:.3f}", j.user, f"{j.gpu_seconds:.3f}"])
         paths.append(p)
     paths += _plots(results, out_dir)
     return paths

@@ -67,12 +67,13 @@ def write_native(jobs: list[JobSpec], path: str) -> str:
     w = csv.writer(buf, lineterminator="\n")
     prio = any(j.priority for j in jobs)  # (the columns only where some job has one)
     kind = any(j.gpu_type for j in jobs)
+    proj = any(j.project for j in jobs)
     w.writerow(["job_id", "num_gpu", "submit_time", "iterations", "iteration_time", "model", "user", "stage_times"]
-               + ["priority"] * prio + ["gpu_type"] * kind)
+               + ["priority"] * prio + ["gpu_type"] * kind + ["project"] * proj)
     for j in jobs:
         w.writerow([j.job_id, j.num_gpu, repr(j.submit_time), repr(float(j.iterations)), repr(j.iteration_time),
                     j.model, j.user, ";".join(repr(x) for x in j.stage_times)] + [j.priority] * prio
-                   + [j.gpu_type] * kind)
+                   + [j.gpu_type] * kind + [j.project] * proj)
     data = buf.getvalue().encode()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = path + ".tmp"

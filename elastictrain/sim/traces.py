@@ -189,8 +189,8 @@ def _native_fast(path: str) -> Optional[list[JobSpec]]:
         if not all(c in header for c in _NATIVE):
             return None
         pick = itemgetter(*(header.index(c) for c in _NATIVE))
-        model, user, stages, prio, kind = (header.index(c) if c in header else -1
-                                           for c in ("model", "user", "stage_times", "priority", "gpu_type"))
+        model, user, stages, prio, kind, proj = (header.index(c) if c in header else -1 for c in (
+            "model", "user", "stage_times", "priority", "gpu_type", "project"))
         width = len(header)
         try:
             for row in reader:
@@ -209,7 +209,7 @@ def _native_fast(path: str) -> Optional[list[JobSpec]]:
                     return None
                 out.append(JobSpec(job, gpus, submit, its, it, row[model] if model >= 0 else "", st,
                                    row[user] if user >= 0 else "", priority=int(row[prio]) if prio >= 0 else 0,
-                                   gpu_type=row[kind] if kind >= 0 else ""))
+                                   gpu_type=row[kind] if kind >= 0 else "", project=row[proj] if proj >= 0 else ""))
         except (ValueError, ConfigError):
             return None
     return sorted(out, key=_ARRIVAL)
@@ -224,7 +224,7 @@ def _native_checked(path: str) -> list[JobSpec]:
             _num(path, ln, r, "job_id", int), _num(path, ln, r, "num_gpu", int), _num(path, ln, r, "submit_time"),
             _num(path, ln, r, "iterations"), _num(path, ln, r, "iteration_time"), r.get("model", ""), stages,
             r.get("user", ""), priority=_num(path, ln, r, "priority", int) if r.get("priority") else 0,
-            gpu_type=r.get("gpu_type") or "")))
+            gpu_type=r.get("gpu_type") or "", project=r.get("project") or "")))
     return sorted(out, key=_ARRIVAL)
 
 

@@ -276,6 +276,12 @@ def test_a_projects_quota_is_shared_by_its_members(tmp_path):
         assert "project vision" in shown and "waiting for project vision's quota (1 GPU)" in shown, shown
         listed = c.cli("projects", "list").stdout.splitlines()
         assert listed[1].split()[:6] == ["vision", "1", "-", "1", "1", "1"], listed
+        listed = c.cli("projects", "set", "vision", "--tickets", "2").stdout.splitlines()  # fair share by project
+        row = listed[2].split()
+        assert row[:6] == ["vision", "1", "-", "1", "1", "1"] and row[7:] == ["2", "100.0%", "alice,bob"], \
+            listed  # (the quota stays; only vision has jobs)
+        bad = c.cli("projects", "set", "vision", "--tickets", "-1", check=False)
+        assert bad.returncode == 2 and "tickets" in bad.stderr and ">= 0.0" in bad.stderr, bad.stderr
         other = c.cli("submit", "--user", "carol", "--hold", "--", "nap.py").stdout.strip()  # in no project
         ids = [line.split()[0] for line in c.cli("status", "-u", "bob", "-t", "PD").stdout.splitlines() if line]
         assert b in ids and a not in ids and other not in ids, ids  # squeue -u bob -t PD

@@ -123,3 +123,35 @@ def test_the_project_book_is_bounded():
     book.set("p0", Quota(), ["x"])  # (replacing a project's members counts them once)
     assert ProjectBook({mod.META_KEY: book._json()}).projects["p0"].users == ("x",)
     assert ProjectBook({mod.META_KEY: "not json"}).projects == {}
+
+
+def test_a_project_with_tickets_is_one_fair_share_beside_the_users_and_survives_a_restart(tmp_path):
+    from .test_users import _drive
+
+    w = QuotaWorld(tmp_path, policy="gandiva-fair", nodes=1, slots=4, quantum=10.0, compensate=0.0,
+                   node_timeout=1000.0)
+    w.s.set_project("vision", ProjectSet(users=["alice", "bob"], tickets=1.0))
+    assert w.s.policy.project_tickets == {"vision": 1.0}
+    for user in ("alice", "alice", "bob", "bob", "carol", "carol"):
+        w.submit(1, user=user)  # alice's and bob's are charged to vision, their default project
+    _drive(w, 400)
+    by = {u.user: u for u in w.s.user_list(300.0).users}
+    assert (by["alice"].entitled, by["bob"].entitled, by["carol"].entitled) == pytest.approx((0.25, 0.25, 0.5))
+    assert by["carol"].share == pytest.approx(0.5, abs=0.08) and by["alice"].share == pytest.approx(0.25, abs=0.08)
+    assert by["alice"].jobs == 2
+    (listed,) = w.s.project_list().projects
+    assert (listed.tickets, listed.entitled) == (1.0, pytest.approx(0.5))
+    assert [e.detail["tickets"] for e in w.s.events.list(0).events if e.kind == "project"] == [1.0]
+    w.s._flush(everything=True)
+    w.restart()
+    assert w.s.policy.project_tickets == {"vision": 1.0}
+    w.s.set_project("vision", ProjectSet(gpus=8))  # tickets left out: they stay
+    assert w.s.project_list().projects[0].tickets == 1.0
+    w.s.set_project("vision", ProjectSet(tickets=0))  # none: alice and bob count as themselves again
+    assert w.s.policy.project_tickets == {}
+    by = {u.user: u for u in w.s.user_list(300.0).users}
+    assert by["carol"].entitled == pytest.approx(1 / 3) and w.s.project_list().projects[0].entitled == 0.0
+    with pytest.raises(ConfigError, match="give --remove alone"):
+        w.s.set_project("vision", ProjectSet(tickets=1.0, remove=True))
+    with pytest.raises(ConfigError, match=r"tickets must be in \[0, 1000000\]"):
+        w.s.set_project("vision", ProjectSet(tickets=float("nan")))

@@ -1,0 +1,48 @@
+"""Fair-share accounts: whom a job's GPU time counts against, and each account's tickets.
+
+Shares are one level of projects deep, as Slurm's fair-share tree of accounts over users: a
+project with tickets (``elastictrain projects set P --tickets N``) is one entry beside the users,
+and its tickets are split among its members that have jobs, in proportion to their own tickets
+(``users set U --tickets N``; the default for users not set). A job charged to such a project
+counts against the account ``"P/U"`` (its project, its user); any other job against its user.
+
+So with project ``vision`` at 2 tickets (alice at 1, bob at 3, both with jobs) and carol alone at
+1: vision is entitled to 2/3 of the GPUs (alice 1/6, bob 1/2) and carol to 1/3, however many users
+or jobs vision has. (Names cannot hold ``/``: ``model.check_name``; an account is unambiguous.)
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+__all__ = ["account", "account_tickets", "split_account"]
+
+
+def account(user: str, project: str, projects: Mapping[str, float]) -> str:
+    """The account a job of ``user`` charged to ``project`` counts against: ``"project/user"``
+    where ``projects`` (project -> tickets) gives that project tickets, else ``user``."""
+    return f"{project}/{user}" if project and project in projects else user
+
+
+def split_account(name: str) -> tuple[str, str]:
+    """(user, project) of an :func:`account` name (project "" for a user's own account)."""
+    project, _, user = name.rpartition("/")
+    return user, project
+
+
+def account_tickets(accounts: Iterable[str], users: Mapping[str, float], default: float,
+                    projects: Mapping[str, float]) -> dict[str, float]:
+    """Each of ``accounts``' tickets (the accounts with jobs): a user's own (``users``, else
+    ``default``); a project's split among its accounts here by their users' own tickets."""
+    out: dict[str, float] = {}
+    members: dict[str, list[str]] = {}
+    for a in accounts:
+        user, project = split_account(a)
+        out[a] = users.get(user, default)
+        if project in projects:  # (an account of a project whose tickets were since removed: the user's own)
+            members.setdefault(project, []).append(a)
+    for project, names in members.items():
+        total = sum(out[a] for a in names)
+        for a in names:
+            out[a] = projects[project] * out[a] / total
+    return out

@@ -19,6 +19,7 @@ import msgspec
 
 from ._text import table
 from .errors import ConfigError, ConflictError, NotFoundError
+from .model import check_gpu_type
 
 __all__ = ["add_commands", "run_command"]
 
@@ -114,7 +115,8 @@ def add_commands(sub) -> None:
     s.add_argument("--gpu-type", default=None, metavar="TYPE",
                    help="run only on nodes of this GPU type: a node's type (`elastictrain nodes list` shows them) or "
                    "some of its words, ignoring case (a100 runs on 'NVIDIA A100-SXM4-80GB' nodes); as Slurm's "
-                   "--gres=gpu:TYPE:N or a Kubernetes node selector")
+                   "--gres=gpu:TYPE:N or a Kubernetes node selector; a100|h100: nodes of either (Slurm's "
+                   "--constraint; a gang may span both)")
     s.add_argument("--gres", type=gres_spec, default=None, metavar="gpu[:TYPE][:N]",
                    help="Slurm's spelling of --gpu-type and --gpus: gpu:a100:4 is --gpu-type a100 --gpus 4")
     s.add_argument("--begin", type=begin_time, default=None, metavar="TIME",
@@ -366,6 +368,8 @@ def _submit(args) -> int:
         if args.gpus not in ("1", str(n)):
             raise ConfigError(f"--gres asks for {n} GPU(s) and --gpus for {args.gpus}: give one")
         gpu_type, args.gpus = gpu_type or t, str(n)
+    if gpu_type is not None:
+        check_gpu_type(gpu_type)  # (the coordinator checks it too: here the message names the forms)
     lo, hi = _worker_range(args)
     env = {}
     for item in args.env:
@@ -974,7 +978,7 @@ def _update(args) -> int:
         raise ConfigError("update: nothing to change; give --priority N, --time LIMIT, --begin TIME, --gpus N or "
                           "--gpu-type TYPE")
     lo, hi = _min_max(args.gpus) if args.gpus is not None else (None, None)
-    kind = None if args.gpu_type is None else "" if args.gpu_type.lower() == "any" else args.gpu_type
+    kind = None if args.gpu_type is None else "" if args.gpu_type.lower() == "any" else check_gpu_type(args.gpu_type)
     client = _client(args)
     try:
         req = msgspec.convert({"priority": args.priority, "time_limit": args.time, "begin": args.begin, "gpus": hi,

@@ -13,7 +13,8 @@ from functools import cached_property
 
 from .errors import ConfigError
 
-__all__ = ["DatasetSpec", "JobSpec", "NAME_RE", "CHECKPOINT_RE", "NAME_PATTERN", "check_name"]
+__all__ = ["DatasetSpec", "JobSpec", "NAME_RE", "CHECKPOINT_RE", "NAME_PATTERN", "check_name", "GPU_TYPE_RE",
+           "check_gpu_type"]
 
 #: The one rule for names that become part of a URL, a file name or a database key: jobs,
 #: datasets, nodes, users (1-128 characters) and checkpoint ids (1-255). ASCII letters, digits and
@@ -24,6 +25,10 @@ MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # a job's priority (submit --priority;
 CHECKPOINT_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}"
 NAME_PATTERN = re.compile(NAME_RE)
 _CHECKPOINT = re.compile(CHECKPOINT_RE)
+#: the GPU type a job needs: a name, or up to 8 alternatives joined by ``|`` (Slurm's
+#: ``--constraint "a100|h100"``: any of them)
+GPU_TYPE_RE = rf"{NAME_RE}(?:\|{NAME_RE}){{0,7}}"
+_GPU_TYPE = re.compile(GPU_TYPE_RE)
 
 
 def check_name(kind: str, value: str) -> str:
@@ -38,6 +43,18 @@ def check_name(kind: str, value: str) -> str:
             f"{kind} name {value!r} is invalid: use 1-{most} characters from [A-Za-z0-9._-], "
             "starting with a letter or digit"
         )
+    return value
+
+
+def check_gpu_type(value: str) -> str:
+    """Return ``value`` if it is a valid GPU type for a job (:data:`GPU_TYPE_RE`).
+
+    Raises:
+        ConfigError: it is not one name or up to 8 names joined by ``|``.
+    """
+    if not isinstance(value, str) or not _GPU_TYPE.fullmatch(value):
+        raise ConfigError(f"GPU type name {value!r} is invalid: use 1-128 characters from [A-Za-z0-9._-], starting "
+                          "with a letter or digit, or up to 8 such names joined by | for any of them (e.g. a100|h100)")
     return value
 
 
@@ -162,7 +179,7 @@ class JobSpec:
             raise ConfigError(f"job {self.job_id}: priority must be an integer from {MIN_PRIORITY} to {MAX_PRIORITY}, "
                               f"got {self.priority!r}")
         if self.gpu_type:
-            check_name("GPU type", self.gpu_type)
+            check_gpu_type(self.gpu_type)
         if self.project:
             check_name("project", self.project)
 

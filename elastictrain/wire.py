@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Optional
 
 import msgspec
 
-from .model import CHECKPOINT_RE, MAX_PRIORITY, MIN_PRIORITY, NAME_RE, DatasetSpec
+from .model import CHECKPOINT_RE, GPU_TYPE_RE, MAX_PRIORITY, MIN_PRIORITY, NAME_RE, DatasetSpec
 
 API_VERSION = 1
 
@@ -41,6 +41,8 @@ WorldSize = Annotated[int, msgspec.Meta(ge=1, le=65536)]
 Gpus = Annotated[int, msgspec.Meta(ge=1, le=65536)]
 Seconds = Annotated[float, msgspec.Meta(ge=0.0, le=1e12)]
 Name = Annotated[str, msgspec.Meta(pattern=rf"^{NAME_RE}\Z")]
+#: a job's GPU type: a name, or up to 8 alternatives joined by "|" (model.GPU_TYPE_RE)
+GpuType = Annotated[str, msgspec.Meta(pattern=rf"^{GPU_TYPE_RE}\Z")]
 #: a checkpoint id: it names a directory and a database key
 CheckpointName = Annotated[str, msgspec.Meta(pattern=rf"^{CHECKPOINT_RE}\Z")]
 Token = Annotated[str, msgspec.Meta(min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+\Z")]
@@ -515,8 +517,9 @@ class JobSubmit(_Msg, omit_defaults=True):
     #: the project whose quota it counts against (Slurm's --account; None: its user's default)
     project: Optional[Name] = None
     #: the GPU type it must run on (Slurm's --gres=gpu:TYPE:N): words of a node's type, in a row,
-    #: ignoring case (``a100`` runs on nodes of ``NVIDIA A100-SXM4-80GB``); None: any
-    gpu_type: Optional[Name] = None
+    #: ignoring case (``a100`` runs on nodes of ``NVIDIA A100-SXM4-80GB``); ``a100|h100``: any of
+    #: them (Slurm's --constraint; a gang may span both); None: any
+    gpu_type: Optional[GpuType] = None
 
 
 class JobUpdate(_Msg, omit_defaults=True):
@@ -536,7 +539,7 @@ class JobUpdate(_Msg, omit_defaults=True):
     gpus: Optional[Gpus] = None
     min_gpus: Optional[Gpus] = None
     #: a waiting job's GPU type (Slurm's Gres=gpu:TYPE:N, as ``JobSubmit.gpu_type``); "" lifts it (any)
-    gpu_type: Optional[Annotated[str, msgspec.Meta(pattern=rf"^(?:{NAME_RE})?\Z")]] = None
+    gpu_type: Optional[Annotated[str, msgspec.Meta(pattern=rf"^(?:{GPU_TYPE_RE})?\Z")]] = None
 
 
 class JobRequeue(_Msg, omit_defaults=True):

@@ -276,11 +276,15 @@ _WORDS = re.compile(r"[^a-z0-9]+")
 def type_matches(want: str, have: str) -> bool:
     """Whether a node of GPU type ``have`` serves a job that needs ``want``: ``want``'s words are
     words of ``have``, in a row, ignoring case (``a100`` and ``A100-SXM4-80GB`` are served by
-    ``NVIDIA A100-SXM4-80GB``; ``a10`` and ``80gb-a100`` are not)."""
-    mine, theirs = _WORDS.split(want.lower()), _WORDS.split(have.lower())
-    mine = [w for w in mine if w]
-    n = len(mine)
-    return n > 0 and any(theirs[i:i + n] == mine for i in range(len(theirs) - n + 1))
+    ``NVIDIA A100-SXM4-80GB``; ``a10`` and ``80gb-a100`` are not). ``want`` may list alternatives
+    joined by ``|`` (``a100|h100``): a node of any of them serves it."""
+    theirs = _WORDS.split(have.lower())
+    for one in want.lower().split("|"):
+        mine = [w for w in _WORDS.split(one) if w]
+        n = len(mine)
+        if n > 0 and any(theirs[i:i + n] == mine for i in range(len(theirs) - n + 1)):
+            return True
+    return False
 
 
 @lru_cache(maxsize=256)

@@ -386,5 +386,17 @@ def test_a_job_runs_only_on_nodes_of_the_gpu_type_it_asks_for(tmp_path):
         assert bad.returncode == 2 and "--gres asks for 3 GPU(s) and --gpus for 2" in bad.stderr, bad.stderr
         bad = c.cli("submit", "--gres", "tpu:4", "--", "nap.py", check=False)
         assert bad.returncode == 2 and "use gpu:N or gpu:TYPE:N" in bad.stderr, bad.stderr
+        # alternatives (Slurm's --constraint "a100|h100"): any of the types, a gang may span them
+        either = c.cli("submit", "--gpu-type", "h100|v100", "--gpus", "2", "--", "nap.py", "0.5").stdout.strip()
+        mixed = c.cli("submit", "--gpu-type", "a100|v100", "--gpus", "3", "--", "nap.py", "0.5").stdout.strip()
+        c.wait(lambda st: all({j.id: j.status for j in st.jobs}.get(k) == "finished" for k in (either, mixed)), 90,
+               "the jobs of either type to finish")
+        ran = {}
+        for e in c.client.events(0).events:
+            if e.kind == "launch":
+                ran.setdefault(e.job, set()).add(e.node)
+        assert ran.get(either) == {"n2"} and ran.get(mixed) == {"n1", "n2"}, ran
+        bad = c.cli("submit", "--gpu-type", "a100||v100", "--", "nap.py", check=False)
+        assert bad.returncode == 2 and "or up to 8 such names joined by | for any of them" in bad.stderr, bad.stderr
     finally:
         c.stop()

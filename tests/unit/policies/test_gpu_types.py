@@ -19,6 +19,7 @@ from elastictrain.errors import ConfigError
 # two nodes of A100s (driver names) and two of V100s, 4 GPUs each, one switch
 TYPES = ("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", "Tesla V100-SXM2-32GB", "Tesla V100-SXM2-32GB")
 CLUSTER = ClusterSpec(1, 4, 4, TYPES, (4, 4, 4, 4))
+CLUSTER3 = ClusterSpec(1, 6, 4, TYPES + ("NVIDIA H100 80GB HBM3",) * 2, (4,) * 6)  # and two nodes of H100s
 OPTIONS = {"tiresias-g": {"distribution": [100.0, 500.0, 2000.0, 8000.0, 30000.0]}}
 
 
@@ -31,6 +32,8 @@ def test_a_type_matches_words_of_the_nodes_type_in_a_row_ignoring_case():
     assert type_matches("v100", "Tesla V100-SXM2-32GB") and not type_matches("v100", "NVIDIA A100-SXM4-80GB")
     assert type_mask("a100", TYPES) == (True, True, False, False)
     assert type_mask("a100", ()) == ()  # nodes that name no type serve no typed job
+    assert type_mask("v100|h100", TYPES + ("NVIDIA H100 80GB HBM3",)) == (False, False, True, True, True)
+    assert not type_matches("a100|h100", "Tesla V100-SXM2-32GB") and type_matches("H100|a10", "NVIDIA H100 PCIe")
 
 
 def test_the_placer_uses_only_the_nodes_of_a_jobs_type():
@@ -69,14 +72,14 @@ def test_plan_refuses_a_job_placed_on_another_type_and_resolves_any_node_within_
     assert where["a"] == ((2, 2),) and where["b"][0][0] in (0, 1)
 
 
-def _trace(seed, n=60):
+def _trace(seed, n=60, kinds=("", "", "a100", "v100")):
     rng = random.Random(seed)
     t, jobs = 0.0, []
     for i in range(n):
         t += rng.expovariate(1 / 200)
         jobs.append(JobSpec(i, rng.choice([1, 1, 2, 4, 8]), t, rng.randint(10, 3000), rng.uniform(0.1, 2.0),
                             rng.choice(["vgg16", "resnet50"]), (0.1, 0.2, 0.05), f"u{i % 3}",
-                            gpu_type=rng.choice(["", "", "a100", "v100"])))
+                            gpu_type=rng.choice(kinds)))
     return jobs
 
 
@@ -85,7 +88,7 @@ class TypeChecked:
     too: the simulator runs strict, so a violation fails the run either way)."""
 
     def __init__(self, inner):
-        self.inner, self.name, self.placed = inner, inner.name, 0
+        self.inner, self.name, self.placed, self.where = inner, inner.name, 0, {}
 
     def decide(self, s):
         d = self.inner.decide(s)
@@ -95,6 +98,7 @@ class TypeChecked:
                 mask = type_mask(j.gpu_type, s.node_types)
                 assert all(n < 0 or mask[n] for n, _ in where), (key, j.gpu_type, where)
                 self.placed += 1
+                self.where.setdefault(j.gpu_type, set()).update(n for n, _ in where)
         return d
 
     def __getattr__(self, name):
@@ -115,6 +119,13 @@ def test_every_policy_runs_typed_jobs_on_their_type_only(name, placement):
     big = {j.job_id for j in jobs if j.gpu_type and j.num_gpu > 8}
     assert sorted(r.job_id for r in result.jobs) == sorted(j.job_id for j in jobs if j.job_id not in big)
     assert policy.placed > 0
+    # alternatives (Slurm's --constraint "a100|h100"): on a third type's nodes too, never on the V100s
+    jobs = _trace(4, kinds=("", "a100|h100", "v100", "h100"))
+    policy = TypeChecked(create(name, **opts))
+    result = Simulator(jobs, CLUSTER3, policy, restart_cost=5.0).run()
+    assert sorted(r.job_id for r in result.jobs) == [j.job_id for j in jobs]
+    used = policy.where["a100|h100"]
+    assert used <= {0, 1, 4, 5} and used & {0, 1} and used & {4, 5}, policy.where  # both types served it
 
 
 def test_the_simulator_sets_aside_a_job_whose_type_cannot_hold_it():
@@ -127,9 +138,13 @@ def test_the_simulator_sets_aside_a_job_whose_type_cannot_hold_it():
     assert "needs 12 GPUs of type v100 but the cluster has 8" in why[1]
 
 
-def test_a_gpu_type_is_a_name():
+def test_a_gpu_type_is_a_name_or_alternatives():
     with pytest.raises(ConfigError, match="GPU type name 'a 100' is invalid"):
         JobSpec(0, 1, 0.0, 10, 1.0, gpu_type="a 100")
+    assert JobSpec(0, 1, 0.0, 10, 1.0, gpu_type="a100|h100").gpu_type == "a100|h100"
+    for bad in ("a100||h100", "a100|", "|h100", "|".join("abcdefghi")):
+        with pytest.raises(ConfigError, match="up to 8 such names joined by |"):
+            JobSpec(0, 1, 0.0, 10, 1.0, gpu_type=bad)
 
 
 def test_the_live_shape_carries_types():

@@ -7,7 +7,10 @@ its ``start``/``resume`` to the event that ends it (``preempted``, ``finish``, `
 ``fail``, ``cancel``); a ``resize`` or ``move`` ends one interval and begins another with the new
 placement. A user's entitlement in a window is its ticket share among the users with a job alive
 in that window, times the GPU-seconds all jobs used there (the work-conserving fair share), so
-``received / entitled`` is 1.0 when GPU time followed the tickets exactly.
+``received / entitled`` is 1.0 when GPU time followed the tickets exactly. With projects' tickets,
+shares are those of the fair-share accounts (policies/shares.py: a job charged to a project with
+tickets counts against the project's share, split among its members with jobs), summed per user.
+The tickets are today's (users' and projects'), applied to the whole log.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from __future__ import annotations
 import csv
 import os
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Iterable, Optional
 
+from ..policies.shares import account, account_tickets, split_account
 from .fairness import pyplot, save_png
 
 __all__ = ["LiveFairness", "live_fairness", "write_live_report"]
@@ -45,9 +49,12 @@ class LiveFairness:
 
 
 def live_fairness(events: Iterable, tickets: dict[str, float], default: float, window: float,
-                  now: float) -> LiveFairness:
-    """Build the report from event records (``time``, ``kind``, ``job``, ``detail``)."""
+                  now: float, projects: Optional[dict[str, float]] = None) -> LiveFairness:
+    """Build the report from event records (``time``, ``kind``, ``job``, ``detail``); ``projects``:
+    the projects' tickets (those with none left out)."""
+    projects = projects or {}
     user_of: dict[str, str] = {}
+    account_of: dict[str, str] = {}
     alive: dict[str, list] = {}  # job -> [submitted, ended or None]
     open_runs: dict[str, tuple[float, int]] = {}
     spans: list[tuple[str, float, float, int]] = []  # (user, from, to, GPUs)
@@ -57,6 +64,7 @@ def live_fairness(events: Iterable, tickets: dict[str, float], default: float, w
         job = e.job
         if e.kind == "submit":
             user_of[job] = str(e.detail.get("user") or "default")
+            account_of[job] = account(user_of[job], str(e.detail.get("project") or ""), projects)
             alive[job] = [e.time, None]
         elif e.kind in _STARTS or e.kind in _CHANGES:
             if job in open_runs:
@@ -86,12 +94,17 @@ def live_fairness(events: Iterable, tickets: dict[str, float], default: float, w
             overlap = min(b, hi) - max(a, t)
             if overlap > 0:
                 got[u] += overlap * g
-        active = {user_of[j] for j, (s, end) in alive.items() if s < hi and (end is None or end > t)}
+        active = {account_of[j] for j, (s, end) in alive.items() if s < hi and (end is None or end > t)}
         used = sum(got.values())
-        wsum = sum(tickets.get(u, default) for u in active)
+        weight = account_tickets(active, tickets, default, projects)
+        wsum = sum(weight.values())
+        mine: dict[str, float] = {}
+        for a, w in weight.items():
+            u = split_account(a)[0]
+            mine[u] = mine.get(u, 0.0) + w
         ratios = {}
         for u in users:
-            share = tickets.get(u, default) / wsum if u in active and wsum > 0 else 0.0
+            share = mine[u] / wsum if u in mine and wsum > 0 else 0.0
             entitled[u] += share * used
             received[u] += got[u]
             ratios[u] = got[u] / (share * used) if share > 0 and used > 0 else 0.0

@@ -139,6 +139,14 @@ def test_a_project_with_tickets_is_one_fair_share_beside_the_users_and_survives_
     assert (by["alice"].entitled, by["bob"].entitled, by["carol"].entitled) == pytest.approx((0.25, 0.25, 0.5))
     assert by["carol"].share == pytest.approx(0.5, abs=0.08) and by["alice"].share == pytest.approx(0.25, abs=0.08)
     assert by["alice"].jobs == 2
+    from elastictrain.sim.fairness_live import live_fairness
+
+    events = w.s.events.list(0).events  # fairness --from-coordinator: by the accounts, summed per user
+    r = live_fairness(events, {}, 1.0, 200.0, w.clock.now(), {"vision": 1.0})
+    assert all(r.ratio(u) == pytest.approx(1.0, abs=0.15) for u in ("alice", "bob", "carol")), r
+    assert r.entitled["carol"] == pytest.approx(r.entitled["alice"] + r.entitled["bob"], rel=0.01)
+    by_user = live_fairness(events, {}, 1.0, 200.0, w.clock.now())  # (users' tickets alone: carol gets more)
+    assert by_user.ratio("carol") == pytest.approx(1.5, abs=0.2)
     (listed,) = w.s.project_list().projects
     assert (listed.tickets, listed.entitled) == (1.0, pytest.approx(0.5))
     assert [e.detail["tickets"] for e in w.s.events.list(0).events if e.kind == "project"] == [1.0]

@@ -207,19 +207,25 @@ def add_commands(sub) -> None:
     nunc = nsub.add_parser("uncordon", help="lift node NAME's cordon")
     nunc.add_argument("name")
 
-    c = sub.add_parser("cancel", help="cancel a job (its workers are stopped)")
+    c = sub.add_parser("cancel", help="cancel jobs (their workers are stopped): by id, or every job the filters "
+                       "match (scancel -u USER -t PD)")
     _connection(c)
-    c.add_argument("job", help="a job id, or a job array's (every task still queued or running)")
+    c.add_argument("jobs", nargs="*", metavar="job",
+                   help="job ids, or a job array's (every task still queued or running)")
+    _filters(c, "only")
     for verb, what in (("hold", "keep a waiting job from running until it is released (scontrol hold)"),
                        ("release", "let a held job run (scontrol release)")):
         h = sub.add_parser(verb, help=what)
         _connection(h)
-        h.add_argument("job", help=f"a job id, or a job array's (every {'waiting' if verb == 'hold' else 'held'} task)")
+        h.add_argument("jobs", nargs="*", metavar="job",
+                       help=f"job ids, or a job array's (every {'waiting' if verb == 'hold' else 'held'} task)")
+        _filters(h, "only")
 
     rq = sub.add_parser("requeue", help="stop a running job and queue it again (scontrol requeue): it checkpoints, and "
                         "the policy places it again")
     _connection(rq)
-    rq.add_argument("job", help="a job id, or a job array's (every running task)")
+    rq.add_argument("jobs", nargs="*", metavar="job", help="job ids, or a job array's (every running task)")
+    _filters(rq, "only")
     rq.add_argument("--hold", action="store_true",
                     help="and hold it once it has stopped, its GPUs free for others until `elastictrain release JOB` "
                     "(scontrol requeuehold)")
@@ -270,15 +276,16 @@ def add_commands(sub) -> None:
     ev.add_argument("-f", "--follow", action="store_true", help="keep printing new events (Ctrl-C to stop)")
 
 
-def _filters(p: argparse.ArgumentParser) -> None:
-    """squeue's and sacct's job filters (see :func:`_job_filter`)."""
-    p.add_argument("-u", "--user", default=None, help="only this user's jobs (comma-separated for several)")
-    p.add_argument("--me", action="store_true", help="only my jobs (the token's user), as squeue --me")
+def _filters(p: argparse.ArgumentParser, verb: str = "only") -> None:
+    """squeue's, sacct's and scancel's job filters (see :func:`_job_filter`)."""
+    p.add_argument("-u", "--user", default=None, help=f"{verb} this user's jobs (comma-separated for several)")
+    p.add_argument("--me", action="store_true", help=f"{verb} my jobs (the token's user), as squeue --me")
     p.add_argument("-t", "--state", default=None,
-                   help="only jobs in these states, comma-separated: " + ",".join(_STATES)
+                   help=f"{verb} jobs in these states, comma-separated: " + ",".join(_STATES)
                    + " (or Slurm's: PENDING/PD, RUNNING/R, COMPLETED/CD, FAILED/F, CANCELLED/CA)")
     p.add_argument("-A", "--project", "--account", dest="project", default=None,
-                   help="only jobs charged to these projects (comma-separated)")
+                   help=f"{verb} jobs charged to these projects (comma-separated)")
+    p.add_argument("-n", "--name", default=None, help=f"{verb} jobs of these names (comma-separated), as squeue -n")
 
 
 _SLURM_STATES = {"pending": ("queued", "preempted"), "pd": ("queued", "preempted"), "r": ("running",),
@@ -304,8 +311,62 @@ def _job_filter(args, client):
     if args.me:
         users = (users or set()) | {client.whoami().name}
     projects = set(p for p in args.project.split(",") if p) if args.project else None
+    names = set(n for n in args.name.split(",") if n) if args.name else None
     return lambda j: ((states is None or j.status in states) and (users is None or j.user in users)
-                      and (projects is None or j.project in projects))
+                      and (projects is None or j.project in projects) and (names is None or j.name in names))
+
+
+def _filtered(args) -> bool:
+    """Whether any of :func:`_filters`' filters is given."""
+    return bool(args.user or args.me or args.state or args.project or args.name)
+
+
+def _bulk(args, client, act, skip: tuple, single) -> int:
+    """``act`` (job id -> ClusterJobInfo) on each job ``args`` selects, printing ``done(info)``:
+    ``single(job)`` for each id given (a job array's id: its tasks), as before; with filters,
+    every job they match (restricted to the ids given, and their arrays' tasks) whose status is not
+    in ``skip``, as scancel -u/-t/-A/-n. A job that changed meanwhile (a 409) is passed over; one
+    refused (a 403, a 404) is said on stderr and the rest go on (exit status 1).
+
+    Raises:
+        ConfigError: no id and no filter."""
+    from .errors import ElasticTrainError
+
+    if not args.jobs and not _filtered(args):
+        raise ConfigError(f"{args.command}: give job ids, or filters (-u USER, --me, -t STATE, -A PROJECT, -n NAME) "
+                          "to act on every job they match")
+    if not _filtered(args):
+        if len(args.jobs) == 1:
+            single(args.jobs[0])
+            return 0
+        failed = 0
+        for job in args.jobs:
+            try:
+                single(job)
+            except ElasticTrainError as exc:
+                print(f"elastictrain: error: job {job}: {exc}", file=sys.stderr)
+                failed += 1
+        return 1 if failed else 0
+    keep = _job_filter(args, client)
+    wanted = set(args.jobs)
+    me = client.whoami()  # a user's filter without -u selects its own jobs (the others would be refused)
+    mine = me.name if me.role == "user" and not args.user else None
+    picked = [j for j in client.cluster_jobs().jobs if keep(j) and j.status not in skip
+              and (not wanted or j.id in wanted or j.id.rpartition("_")[0] in wanted)
+              and (mine is None or j.user == mine)]
+    if not picked:
+        print(f"no job to {args.command} matches")
+        return 0
+    failed = 0
+    for j in picked:
+        try:
+            act(j.id)
+        except ConflictError:
+            continue  # (it changed meanwhile: ended, started, ...)
+        except ElasticTrainError as exc:
+            print(f"elastictrain: error: job {j.id}: {exc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
 
 
 def _client(args, timeout: float = 10.0):
@@ -948,26 +1009,38 @@ def _history(args) -> int:
 
 def _cancel(args) -> int:
     client = _client(args)
-    # a job array's id: each of its tasks still queued or running (as scancel; one that ended meanwhile is passed over)
-    infos, tasks = _each_task(client, args.job, client.cancel, _ENDED)
-    if tasks is not None and not infos:
-        raise ConflictError(f"job array {args.job}: each of its {len(tasks)} tasks has ended; nothing to cancel")
-    for info in infos:
+
+    def act(job):
+        info = client.cancel(job)
         print(f"job {info.id} cancelled")
-    return 0
+        return info
+
+    def single(job):
+        # a job array's id: each of its tasks still queued or running (as scancel; one that ended meanwhile is
+        # passed over)
+        infos, tasks = _each_task(client, job, act, _ENDED)
+        if tasks is not None and not infos:
+            raise ConflictError(f"job array {job}: each of its {len(tasks)} tasks has ended; nothing to cancel")
+
+    return _bulk(args, client, act, _ENDED, single)
 
 
 def _requeue(args) -> int:
-    client = _client(args)
-    # a job array's id: each of its running tasks
-    infos, tasks = _each_task(client, args.job, lambda job: client.requeue_job(job, args.hold),
-                              ("queued", "preempted") + _ENDED)
-    if tasks is not None and not infos:
-        raise ConflictError(f"job array {args.job}: no task of its {len(tasks)} is running; nothing to requeue")
-    for info in infos:
+    client, skip = _client(args), ("queued", "preempted") + _ENDED
+
+    def act(job):
+        info = client.requeue_job(job, args.hold)
         print(f"job {info.id} requeued" + (" on hold: `elastictrain release` lets it run again" if args.hold else
                                            ": it checkpoints and is placed again"))
-    return 0
+        return info
+
+    def single(job):
+        # a job array's id: each of its running tasks
+        infos, tasks = _each_task(client, job, act, skip)
+        if tasks is not None and not infos:
+            raise ConflictError(f"job array {job}: no task of its {len(tasks)} is running; nothing to requeue")
+
+    return _bulk(args, client, act, skip, single)
 
 
 def _update(args) -> int:
@@ -1094,17 +1167,23 @@ def _each_task(client, job: str, act, skip: tuple, none_left_missing: bool = Fal
 
 
 def _hold(args) -> int:
-    client = _client(args)
-    act, done = (client.hold_job, "held") if args.command == "hold" else (client.release_job, "released")
-    # a job array's id: each of its waiting (hold) or held (release) tasks, as scontrol
-    infos, tasks = _each_task(client, args.job, act, ("running",) + _ENDED)
-    if tasks is not None and not infos:
-        raise ConflictError(f"job array {args.job}: no task of its {len(tasks)} is "
-                            + ("waiting, so none can be held (a hold applies to waiting tasks)"
-                               if args.command == "hold" else "on hold"))
-    for info in infos:
+    client, skip = _client(args), ("running",) + _ENDED
+    verb, done = (client.hold_job, "held") if args.command == "hold" else (client.release_job, "released")
+
+    def act(job):
+        info = verb(job)
         print(f"job {info.id} {done}: {info.reason or info.status}")
-    return 0
+        return info
+
+    def single(job):
+        # a job array's id: each of its waiting (hold) or held (release) tasks, as scontrol
+        infos, tasks = _each_task(client, job, act, skip)
+        if tasks is not None and not infos:
+            raise ConflictError(f"job array {job}: no task of its {len(tasks)} is "
+                                + ("waiting, so none can be held (a hold applies to waiting tasks)"
+                                   if args.command == "hold" else "on hold"))
+
+    return _bulk(args, client, act, skip, single)
 
 
 def _events(args) -> int:

@@ -4,6 +4,7 @@ cause; and the token on every route, reads included."""
 import http.client
 import json
 import os
+import pwd
 import re
 import subprocess
 import sys
@@ -302,6 +303,43 @@ def test_a_projects_quota_is_shared_by_its_members(tmp_path):
         assert heads and all(h[:4] == ["id", "name", "user", "project"] for h in heads), heads  # a column now
         assert c.client.cluster_job(a).end_time <= c.client.cluster_job(b).start_time
         assert c.cli("projects", "remove", "vision").stdout.startswith("project vision removed\nno projects")
+    finally:
+        c.stop()
+
+
+def test_cancel_hold_and_release_act_on_every_job_their_filters_match(tmp_path):
+    """scancel -u USER -t PD -n NAME, scancel ID ID: several jobs at once, by id or by filter; a job a
+    filter matches in a state the verb does not apply to is left alone; an id that is not there is
+    said and the rest go on."""
+    c = Cluster(tmp_path, "fifo", nodes=1, slots=1).start()
+    try:
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+            f.write("import time\ntime.sleep(60)\n")
+        run = c.cli("submit", "--user", "alice", "--", "nap.py").stdout.strip()
+        held = c.cli("submit", "--user", "alice", "--hold", "--", "nap.py").stdout.strip()
+        b1 = c.cli("submit", "--user", "bob", "--hold", "--", "nap.py").stdout.strip()
+        b2 = c.cli("submit", "--user", "bob", "--hold", "--name", "other", "--", "nap.py").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(run) == "running", 60, "alice's first job to run")
+        out = c.cli("release", "-u", "alice").stdout  # her held job; the running one is no hold's business
+        lines = out.splitlines()
+        assert len(lines) == 1 and lines[0].startswith(f"job {held} released"), out
+        out = c.cli("cancel", "-u", "bob", "-n", "other").stdout
+        assert out.strip() == f"job {b2} cancelled", out
+        me = pwd.getpwuid(os.geteuid()).pw_name  # (bob's login: a user's filters select its own jobs)
+        c.cli("users", "add", "bob", "--unix-user", me, "--token-out", "bob.token",
+              *(["--allow-root"] if os.geteuid() == 0 else []))
+        out = subprocess.run([sys.executable, "-m", "elastictrain", "cancel", "-t", "PD"], capture_output=True,
+                             text=True, timeout=60, cwd=c.tmp, env=dict(c.env(), ET_TOKEN_FILE="bob.token"))
+        assert out.returncode == 0 and out.stdout.strip() == f"job {b1} cancelled", out
+        out = c.cli("cancel", "-t", "PD").stdout  # the admin's: every waiting job, alice's released one
+        assert out.strip() == f"job {held} cancelled", out
+        assert c.cli("cancel", "--me", "-u", "nobody", "-t", "PD").stdout.strip() == "no job to cancel matches"
+        bad = c.cli("cancel", run, "404", check=False)
+        assert bad.returncode == 1 and f"job {run} cancelled" in bad.stdout and "job 404:" in bad.stderr, bad
+        status = {j.id: j.status for j in c.client.cluster_status().jobs}
+        assert [status[k] for k in (run, held, b1, b2)] == ["cancelled"] * 4, status
+        bad = c.cli("cancel", check=False)
+        assert bad.returncode == 2 and "give job ids, or filters (-u USER" in bad.stderr, bad.stderr
     finally:
         c.stop()
 

@@ -262,7 +262,8 @@ class ClusterScheduler:
                             e.attained, e.attained_gpu, e.preemptions, e.restart_cost,
                             tuple(e.placement) if e.running else (), max(0.0, now - e.run_at), e.gpu_type,
                             project=e.data["job"].project,
-                            counted=0 if e.key in self.admission.borrowers else e.max_gpu)
+                            counted=0 if e.key in self.admission.borrowers else e.max_gpu,
+                            array=e.data["job"].array, array_limit=e.data["job"].array_limit)
                 for e in self.table.entries() if not e.stopping]
         later = self._arrivals(now)  # not admitted yet: they arrive at their begin time, or after jobs they wait for
         jobs += later.values()
@@ -312,8 +313,8 @@ class ClusterScheduler:
             if rec.hold:
                 continue
             left, never = self.admission.waits_for(rec) if rec.after else ([], "")
-            if never or any(f"{j}:notok" in rec.after for j in left) or self.admission.array_full(rec):
-                continue  # (waits for a failure, or for its array's %N: not forecast)
+            if never or any(f"{j}:notok" in rec.after for j in left):
+                continue  # (waits for a failure: not forecast)
             it = rec.iteration_time or (sum(rec.given_stages) if rec.given_stages else ASSUMED_ITERATION_TIME)
             total = self._total_steps(rec)
             if total is None:
@@ -323,7 +324,8 @@ class ClusterScheduler:
                                       left_steps, rec.user, self.tier_of(rec), rec.name, tuple(rec.given_stages),
                                       tuple(self._speeds(rec.name).items()), rec.attained, rec.attained_gpu,
                                       rec.preemptions, gpu_type=rec.gpu_type, begin=rec.begin, after=tuple(left),
-                                      project=rec.project, counted=None)
+                                      project=rec.project, counted=None, array=rec.array,
+                                      array_limit=rec.array_limit)
         return out
 
     def _arrival_assumes(self, rec: JobRecord, job: ForecastJob) -> list[str]:

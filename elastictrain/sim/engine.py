@@ -39,7 +39,10 @@ queueing. A job bigger than the quota is set aside, with the reason. A :class:`Q
 instead: each user's and project's quotas as a live coordinator has them, and the jobs admitted
 already (a forecast's). ``after``: job id -> the
 jobs it runs after (Slurm's ``--dependency=afterok``): it arrives at its submit time or when
-the last of them finished, whichever is later (never, if one never does).
+the last of them finished, whichever is later (never, if one never does). ``arrays``: job id ->
+(array, N, admitted): at most N of an array's jobs are past this point at once (Slurm's
+``--array 0-15%N``); the others wait, in arrival order, until one of them ends (``admitted``: a
+job the live coordinator admitted already, which never waits here).
 """
 
 from __future__ import annotations
@@ -142,7 +145,7 @@ class Simulator:
                  protect_startup: bool = True, outages: Sequence[tuple] = (),
                  checkpoint_every: Optional[float] = None, min_run: float = 0.0,
                  prior: Optional[dict] = None, quota: Union[Quota, "QuotaState", None] = None,
-                 after: Optional[dict] = None) -> None:
+                 after: Optional[dict] = None, arrays: Optional[dict] = None) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
@@ -191,6 +194,7 @@ class Simulator:
         # run_age (seconds its run has run: what min_run counts), priority (any int: the tier a policy sees)
         self.prior = prior or {}
         self.after = {k: frozenset(v) for k, v in (after or {}).items() if v}  # job id -> the ids it runs after
+        self.arrays = dict(arrays or {})  # job id -> (array, most at once, admitted already)
         if restart_cost == "muri":
             self.cost = lambda j: MURI_RESTART_COST.get(j.num_gpu, {}).get(j.model, 10.0)
         elif callable(restart_cost):
@@ -252,6 +256,10 @@ class Simulator:
         parked: dict = {}  # job id -> (its spec, the jobs it still waits to finish): arrived, not admitted
         waiting_on: dict = {}  # job id -> the parked jobs that wait for it
         ended_ids: set = set()  # (with after) the jobs that finished
+        arrays = self.arrays
+        inflight: dict = {}  # (with arrays) array -> its jobs past the %N gate that have not ended
+        array_queue: dict = {}  # array -> the specs waiting for one of them to end, in arrival order
+        through: set = set()  # the jobs past the %N gate
         stalled = 0  # events in a row without progress (the watchdog)
         idle, idle_from = 0, 0.0  # events in a row in which time advanced but no work was done
         while idx < n or len(table):
@@ -278,6 +286,14 @@ class Simulator:
                 next_round = now + interval
             released = []  # parked jobs whose last dependency finished now
             for e in finished:
+                if arrays and e.key in through:
+                    a, most, _ = arrays[e.key]
+                    inflight[a] -= 1
+                    while array_queue.get(a) and inflight[a] < most:  # the array's next task takes the place
+                        spec = array_queue[a].pop(0)
+                        inflight[a] += 1
+                        through.add(spec.job_id)
+                        released.append(spec)
                 if after:
                     ended_ids.add(e.key)
                     for k in waiting_on.pop(e.key, ()):
@@ -335,6 +351,13 @@ class Simulator:
                 if spec.num_gpu > room:
                     rejected.append((spec.job_id, f"needs {spec.num_gpu} GPUs but {why}"))
                     continue
+                if arrays and spec.job_id in arrays and spec.job_id not in through:
+                    a, most, admitted = arrays[spec.job_id]
+                    if not admitted and inflight.get(a, 0) >= most:
+                        array_queue.setdefault(a, []).append(spec)  # it waits for one of its array's to end
+                        continue
+                    inflight[a] = inflight.get(a, 0) + 1
+                    through.add(spec.job_id)
                 if gate is not None and gate.arrive(spec):  # it waits for its user's quota (admitted below)
                     continue
                 admit(spec)
@@ -400,7 +423,8 @@ class Simulator:
         timeline = backend.timeline
         return SimResult(self.policy.name, done, now, events, util, cluster.total_gpus, backend.lost,
                          time.perf_counter() - t_wall, {"service_by_user": service,
-                                                         "unfinished": len(table) + len(parked),
+                                                         "unfinished": len(table) + len(parked)
+                                                         + sum(map(len, array_queue.values())),
                                                          "migrations": backend.migrations,
                                                          "timeline": [timeline[k] for k in sorted(timeline)],
                                                          "rejected": rejected,

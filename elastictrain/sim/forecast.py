@@ -11,7 +11,8 @@ start and its end are read off the decisions. The jobs submitted but not admitte
 a begin time (``--begin``) or jobs they run after (``--after``) arrive in it then: at their begin
 time, once those jobs finished in it (``ForecastJob.begin``, ``after``); with quotas, a job that
 waits for its user's or project's quota is admitted when the jobs admitted before it leave room,
-by the coordinator's own rule. No other job arrives.
+by the coordinator's own rule; a task of a job array held back by its ``%N`` is admitted when one
+of its array's admitted tasks ends (``ForecastJob.array``, ``array_limit``). No other job arrives.
 
 It is a forecast, not a promise: jobs submitted later, failures, a job's real work left (where it
 gave no ``--steps``/``--epochs``, the coordinator assumes, and says so) and measured speeds that
@@ -58,6 +59,8 @@ class ForecastJob:
     after: tuple = ()  # (not admitted yet) the keys of the jobs it arrives after, once they finished
     project: str = ""  # the project its quota counts against
     counted: Optional[int] = 0  # (with quotas) admitted: the GPUs it counts (0: none); None: it waits for them
+    array: str = ""  # the job array it is a task of ("" none)
+    array_limit: int = 0  # its array's %N: tasks admitted at once, at most (0: no limit)
 
 
 @dataclass
@@ -133,8 +136,11 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
         state = QuotaState(book, projects, used, pused,
                            {i: j.counted for i, j in enumerate(jobs) if j.counted is not None},
                            {i: j.project for i, j in enumerate(jobs) if j.project})
+    # an array's %N: a task not admitted yet waits until one of its array's admitted tasks ends
+    arrays = {i: (j.array, j.array_limit, j.counted is not None) for i, j in enumerate(jobs)
+              if j.array and j.array_limit}
     sim = Simulator(specs, cluster, policy, decisions=log, until=now + horizon, progress=tick, prior=prior,
-                    min_run=min_run, after=after, quota=state)
+                    min_run=min_run, after=after, quota=state, arrays=arrays)
     try:
         res = sim.run()
         out.reached, out.complete = max(res.makespan - now, 0.0), not res.extra["unfinished"]

@@ -266,3 +266,41 @@ def test_a_job_waiting_for_its_quota_is_forecast_to_start_when_the_jobs_before_i
     assert got[bob].start == pytest.approx(got[c].end, abs=1e-6), got[bob]
     assert any("its quota admits it once the jobs admitted before it end" in x for x in got[b].assumed)
     assert b in w.s.admission.waiting  # (a read)
+
+
+def test_an_arrays_tasks_held_back_by_its_limit_are_forecast_to_start_as_its_running_tasks_end(tmp_path):
+    """squeue --start for --array 0-3%2: two tasks run, 4 slots free; task 2 starts when the first
+    running task ends, task 3 when the next does (not at once, though the slots are free)."""
+    from elastictrain.wire import JobSubmit
+
+    w = TierWorld(tmp_path, preempt=False, policy="fifo", nodes=1, slots=4)
+    tasks = [j.id for j in w.s.submit_array(JobSubmit(["sweep.py"], str(tmp_path), name="sweep", array="0-3%2",
+                                                      steps=40)).jobs]
+    w.s.tick()
+    w.run_all()
+    _steps(w, tasks[0], 1.0, 10)  # 1 s a step: task 0 ends in 30 s
+    _steps(w, tasks[1], 2.0, 10)  # 2 s a step: task 1 in 60 s
+    assert [w.status(t) for t in tasks] == ["running", "running", "queued", "queued"]
+    f = asyncio.run(w.s.forecast())
+    got = {j.id: j for j in f.jobs}
+    assert f.complete, f.stopped
+    assert got[tasks[2]].start == pytest.approx(got[tasks[0]].end, abs=1e-6), got
+    assert got[tasks[3]].start == pytest.approx(min(got[tasks[1]].end, got[tasks[2]].end), abs=1e-6), got
+    assert got[tasks[3]].start > got[tasks[2]].start and not got[tasks[3]].why
+    assert "its array's %2 admits it then" in got[tasks[3]].assumed
+
+
+def test_the_engine_runs_at_most_n_of_an_arrays_jobs_at_once():
+    from elastictrain.model import JobSpec
+    from elastictrain.sim.cluster import ClusterSpec
+    from elastictrain.sim.engine import Simulator
+
+    jobs = [JobSpec(i, 1, 0.0, 10.0 * (i + 1), 1.0) for i in range(5)]
+    arrays = {i: ("a", 2, i == 4) for i in range(5)}  # job 4: admitted already (live), never held back
+    r = Simulator(jobs, ClusterSpec(1, 1, 8), create("fifo"), arrays=arrays).run()
+    start = {j.job_id: j.start_time for j in r.jobs}
+    end = {j.job_id: j.end_time for j in r.jobs}
+    # 0 and 1 fill the array's 2 and 4 is admitted over it: 2 waits until two of them ended (0 at 10 s,
+    # 1 at 20 s), 3 until one more did (2 and 4 at 50 s)
+    assert start[0] == start[1] == start[4] == 0.0 and (end[0], end[1], end[4]) == (10.0, 20.0, 50.0)
+    assert start[2] == end[1] and start[3] == 50.0 and r.extra["unfinished"] == 0

@@ -96,6 +96,7 @@ ACCESS: dict[str, dict[str, str]] = {
     "GET /v1/cluster/events": {"admin": ALLOW, "user": VIEW, "node": DENY, "worker": DENY},
     "GET /v1/cluster/forecast": {"admin": ALLOW, "user": VIEW, "node": DENY, "worker": DENY},
     "GET /v1/cluster/utilization": {"admin": ALLOW, "user": ALLOW, "node": DENY, "worker": DENY},
+    "GET /metrics": {"admin": ALLOW, "user": ALLOW, "node": DENY, "worker": DENY},
     "GET /v1/cluster/users": {"admin": ALLOW, "user": ALLOW, "node": DENY, "worker": DENY},
     "POST /v1/cluster/users/{user}": _ADMIN_ONLY,
     "POST /v1/cluster/users/{user}/quota": _ADMIN_ONLY,

@@ -285,6 +285,7 @@ class CoordinatorApp:
             "/v1/cluster/events": {"GET": R("GET", None, self._events, query=True, who=True)},
             "/v1/cluster/forecast": {"GET": R("GET", None, lambda: sched().forecast())},
             "/v1/cluster/utilization": {"GET": R("GET", None, lambda: sched().utilization())},
+            "/metrics": {"GET": R("GET", None, self._metrics)},
             "/v1/cluster/users": {"GET": R("GET", None, self._users, query=True)},
             "/v1/cluster/projects": {"GET": R("GET", None, lambda: sched().project_list())},
             "/v1/admin/accounts": {"GET": R("GET", None, self._accounts)},
@@ -367,6 +368,13 @@ class CoordinatorApp:
     def _sees(self, who: Identity, job: str) -> bool:
         """Whether ``who`` sees ``job``'s command, working directory, details and logs."""
         return self.c.access.may_see(who, self.c.owner(job) or "", job)
+
+    def _metrics(self) -> "_Text":
+        """Prometheus' text format (coordinator/metrics.py)."""
+        from .metrics import CONTENT_TYPE, render
+
+        text = render(__version__, self.c.store.kind, self.c.cluster)
+        return _Text(text.encode(), CONTENT_TYPE)
 
     def _users(self, query: dict):
         return self.c.scheduler().user_list(window_arg(query))
@@ -564,8 +572,11 @@ class CoordinatorApp:
             except ElasticTrainError as exc:
                 status, result = 503, Error("unavailable", f"{exc}; retry against another coordinator")
         codec = self._codec
-        body = codec.js_enc.encode(result) if as_json else codec.mp_enc.encode(result)
-        head = [(b"content-type", JSON if as_json else MSGPACK), (b"content-length", str(len(body)).encode())]
+        if isinstance(result, _Text):  # (GET /metrics)
+            body, kind = result.body, result.ctype
+        else:
+            body, kind = (codec.js_enc.encode(result), JSON) if as_json else (codec.mp_enc.encode(result), MSGPACK)
+        head = [(b"content-type", kind), (b"content-length", str(len(body)).encode())]
         if not authed:  # no keep-alive without the token: idle anonymous sockets cannot pile up
             head.append((b"connection", b"close"))
         await send({"type": "http.response.start", "status": status, "headers": head})
@@ -635,6 +646,14 @@ class CoordinatorApp:
             chunks.append(chunk)
             if not msg.get("more_body", False):
                 return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+@dataclass(frozen=True)
+class _Text:
+    """A reply that is text, not msgpack or JSON: its bytes and content type."""
+
+    body: bytes
+    ctype: bytes
 
 
 def _query(scope) -> dict:

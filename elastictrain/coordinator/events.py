@@ -40,9 +40,11 @@ class EventLog:
         # job -> its last event (seq, kind, node, detail, count): a repeat of it folds into it
         self._last: dict[str, tuple[int, str, str, str, int]] = {}
         self._folds: dict[int, str] = {}  # seq -> new detail of a row already written, folded since the last flush
+        self.counts: dict[str, int] = {}  # kind -> events emitted since this process started (GET /metrics)
 
     def emit(self, now: float, event: str, job: str = "", node: str = "", /, **detail) -> None:
         """Queue an event; it is written with the next flush (the change it describes)."""
+        self.counts[event] = self.counts.get(event, 0) + 1
         text = json.dumps(detail, sort_keys=True, default=str)
         last = self._last.get(job) if job else None
         if event in FOLDED and last is not None and last[1:4] == (event, node, text):

@@ -1,0 +1,82 @@
+"""``GET /metrics`` (coordinator/metrics.py): Prometheus' text format, every line of it checked
+against the format's grammar, and the figures against the scheduler's state they describe."""
+
+import re
+
+import pytest
+
+from elastictrain.coordinator.metrics import render
+from elastictrain.wire import ProjectSet
+
+from .test_quotas import QuotaWorld
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*"'
+                     r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*")*)\})? (-?[0-9.e+]+)$')
+
+
+def parse(text: str) -> dict:
+    """{(name, labels): value}, checking the format: a HELP and a TYPE before each family's samples,
+    counters named ..._total, every sample line well formed, each series once."""
+    assert text.endswith("\n")
+    out, family, kinds = {}, None, {}
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            family = line.split()[2]
+            assert family not in kinds, f"{family} twice"
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert name == family and kind in ("gauge", "counter"), line
+            assert kind != "counter" or name.endswith("_total"), line
+            kinds[name] = kind
+            continue
+        m = _SAMPLE.match(line)
+        assert m and m.group(1) == family, line
+        labels = tuple(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
+        key = (m.group(1), labels)
+        assert key not in out, f"{line}: a series twice"
+        out[key] = float(m.group(4))
+    return out
+
+
+def test_the_metrics_say_what_the_scheduler_holds(tmp_path):
+    w = QuotaWorld(tmp_path, policy="fifo", nodes=2, slots=2, quota_gpus=2)
+    w.s.set_project("vision", ProjectSet(gpus=3, users=["alice"]))
+    a = w.submit(2)  # alice's 2 GPUs: her quota is full
+    w.submit(1)  # waits for the quota
+    w.submit(1, user="bob", hold=True)
+    w.submit(1, user="bob", begin=w.clock.now() + 3600)
+    w.s.tick()
+    w.run_all()
+    w.clock.advance(30)
+    m = parse(render("1.2.3", "sqlite", w.s))
+    assert m[("elastictrain_info", (("version", "1.2.3"), ("store", "sqlite"), ("policy", "fifo")))] == 1
+    assert m[("elastictrain_jobs", (("state", "running"),))] == 1
+    assert m[("elastictrain_jobs", (("state", "queued"),))] == 3
+    waits = {k[1][0][1]: v for k, v in m.items() if k[0] == "elastictrain_jobs_waiting"}
+    assert waits == {"policy": 0, "hold": 1, "begin": 1, "dependency": 0, "array": 0, "quota": 1}
+    assert m[("elastictrain_queue_oldest_wait_seconds", ())] == pytest.approx(30.0)
+    assert m[("elastictrain_nodes", (("state", "up"),))] == 2
+    slots = {k[1][0][1]: v for k, v in m.items() if k[0] == "elastictrain_node_slots"}
+    used = {k[1][0][1]: v for k, v in m.items() if k[0] == "elastictrain_node_slots_used"}
+    assert slots == {"n1": 2, "n2": 2} and sum(used.values()) == 2
+    assert m[("elastictrain_user_gpus_running", (("user", "alice"),))] == 2
+    assert m[("elastictrain_user_jobs_waiting", (("user", "bob"),))] == 2
+    assert m[("elastictrain_project_gpus_admitted", (("project", "vision"),))] == 2
+    assert m[("elastictrain_project_gpus_quota", (("project", "vision"),))] == 3
+    assert m[("elastictrain_scheduler_decisions_total", ())] >= 1
+    assert m[("elastictrain_events_total", (("kind", "submit"),))] == 4
+    assert m[("elastictrain_events_total", (("kind", "start"),))] == 1
+    w.exit(a, 0)
+    w.s.tick()
+    m = parse(render("1.2.3", "sqlite", w.s))
+    assert m[("elastictrain_jobs", (("state", "finished"),))] == 1
+    assert m[("elastictrain_events_total", (("kind", "start"),))] == 2  # the quota's job started
+
+
+def test_label_values_are_escaped_and_a_coordinator_without_a_policy_says_only_what_it_is():
+    from elastictrain.coordinator.metrics import _label
+
+    assert _label('NVIDIA "A100"\\x\n') == 'NVIDIA \\"A100\\"\\\\x\\n'
+    m = parse(render("1.2.3", "postgres", None))
+    assert list(m) == [("elastictrain_info", (("version", "1.2.3"), ("store", "postgres"), ("policy", "")))]

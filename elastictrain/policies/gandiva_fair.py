@@ -136,6 +136,7 @@ class GandivaFair:
         self.tickets, self.default = dict(tickets or {}), default_tickets
         self.project_tickets: dict[str, float] = dict(project_tickets or {})
         self._rekey = False  # the projects' tickets changed: the jobs' accounts are read again
+        self._whose: dict = {}  # job id -> (user, project): what its account is made of
         self.quantum, self.placement, self.packlimit = quantum, placement, packlimit
         self.split, self.balance, self.max_moves, self.trading = split, balance, migrations, trading
         self.name = name
@@ -191,6 +192,7 @@ class GandivaFair:
     def _who(self, j) -> str:
         """The account ``j``'s GPU time counts against (:func:`.shares.account`): its user, or its
         project and user where its project has tickets."""
+        self._whose[j.job_id] = (j.user, j.project)
         return account(j.user, j.project, self.project_tickets) if self.project_tickets else j.user
 
     def _entitle(self, s: ClusterSnapshot, by_type: dict[str, int]) -> None:
@@ -198,10 +200,9 @@ class GandivaFair:
         when the accounts with jobs change. ("Users" below: accounts.)"""
         if self._rekey:  # projects gained or lost tickets: the jobs known count against new accounts
             self._rekey, self._groups_of = False, None
-            for j in s.jobs:
-                sj = self._jobs.get(j.job_id)
-                if sj is not None:
-                    sj.user = self._who(j)
+            for jid, sj in self._jobs.items():  # (jobs being stopped too: they are not in the snapshot)
+                user, project = self._whose.get(jid, (sj.user, ""))
+                sj.user = account(user, project, self.project_tickets)
         if self._users is not None and not s.arrived and not s.ended and len(s.jobs) == self._njobs:
             return  # the same jobs as last time (jobs being stopped are left out: the count changes)
         self._njobs = len(s.jobs)
@@ -269,6 +270,7 @@ class GandivaFair:
     def decide(self, s: ClusterSnapshot) -> Decision:
         for jid in s.ended:
             self._jobs.pop(jid, None)
+            self._whose.pop(jid, None)
             if self._restored:
                 self._restored.pop(jid, None)
         if not self.split:

@@ -321,16 +321,28 @@ def _filtered(args) -> bool:
     return bool(args.user or args.me or args.state or args.project or args.name)
 
 
-def _bulk(args, client, act, skip: tuple, single) -> int:
-    """``act`` (job id -> ClusterJobInfo) on each job ``args`` selects, printing ``done(info)``:
-    ``single(job)`` for each id given (a job array's id: its tasks), as before; with filters,
+def _bulk(args, client, call, skip: tuple, said, none_left) -> int:
+    """``call`` (job id -> ClusterJobInfo) on each job ``args`` selects, printing ``said(info)``:
+    each id given (a job array's id: each of its tasks whose status is not in ``skip``, as scontrol
+    does; ``none_left(array, tasks)`` is the 409's message where none is left), or with filters,
     every job they match (restricted to the ids given, and their arrays' tasks) whose status is not
-    in ``skip``, as scancel -u/-t/-A/-n. A job that changed meanwhile (a 409) is passed over; one
-    refused (a 403, a 404) is said on stderr and the rest go on (exit status 1).
+    in ``skip``, as scancel -u/-t/-A/-n. With filters, a job that changed meanwhile (a 409) is
+    passed over; with filters or several ids, one refused (a 403, a 404) is said on stderr and the
+    rest go on (exit status 1). A user's filters without ``-u`` select its own jobs.
 
     Raises:
         ConfigError: no id and no filter."""
     from .errors import ElasticTrainError
+
+    def act(job):
+        info = call(job)
+        print(said(info))
+        return info
+
+    def single(job):
+        infos, tasks = _each_task(client, job, act, skip)
+        if tasks is not None and not infos:
+            raise ConflictError(none_left(job, len(tasks)))
 
     if not args.jobs and not _filtered(args):
         raise ConfigError(f"{args.command}: give job ids, or filters (-u USER, --me, -t STATE, -A PROJECT, -n NAME) "
@@ -1009,38 +1021,18 @@ def _history(args) -> int:
 
 def _cancel(args) -> int:
     client = _client(args)
-
-    def act(job):
-        info = client.cancel(job)
-        print(f"job {info.id} cancelled")
-        return info
-
-    def single(job):
-        # a job array's id: each of its tasks still queued or running (as scancel; one that ended meanwhile is
-        # passed over)
-        infos, tasks = _each_task(client, job, act, _ENDED)
-        if tasks is not None and not infos:
-            raise ConflictError(f"job array {job}: each of its {len(tasks)} tasks has ended; nothing to cancel")
-
-    return _bulk(args, client, act, _ENDED, single)
+    # a job array's id: each of its tasks still queued or running (as scancel; one that ended meanwhile is passed over)
+    return _bulk(args, client, client.cancel, _ENDED, lambda info: f"job {info.id} cancelled",
+                 lambda job, n: f"job array {job}: each of its {n} tasks has ended; nothing to cancel")
 
 
 def _requeue(args) -> int:
-    client, skip = _client(args), ("queued", "preempted") + _ENDED
-
-    def act(job):
-        info = client.requeue_job(job, args.hold)
-        print(f"job {info.id} requeued" + (" on hold: `elastictrain release` lets it run again" if args.hold else
-                                           ": it checkpoints and is placed again"))
-        return info
-
-    def single(job):
-        # a job array's id: each of its running tasks
-        infos, tasks = _each_task(client, job, act, skip)
-        if tasks is not None and not infos:
-            raise ConflictError(f"job array {job}: no task of its {len(tasks)} is running; nothing to requeue")
-
-    return _bulk(args, client, act, skip, single)
+    client = _client(args)
+    then = " on hold: `elastictrain release` lets it run again" if args.hold else ": it checkpoints and is placed again"
+    # a job array's id: each of its running tasks
+    return _bulk(args, client, lambda job: client.requeue_job(job, args.hold), ("queued", "preempted") + _ENDED,
+                 lambda info: f"job {info.id} requeued{then}",
+                 lambda job, n: f"job array {job}: no task of its {n} is running; nothing to requeue")
 
 
 def _update(args) -> int:
@@ -1167,23 +1159,13 @@ def _each_task(client, job: str, act, skip: tuple, none_left_missing: bool = Fal
 
 
 def _hold(args) -> int:
-    client, skip = _client(args), ("running",) + _ENDED
-    verb, done = (client.hold_job, "held") if args.command == "hold" else (client.release_job, "released")
-
-    def act(job):
-        info = verb(job)
-        print(f"job {info.id} {done}: {info.reason or info.status}")
-        return info
-
-    def single(job):
-        # a job array's id: each of its waiting (hold) or held (release) tasks, as scontrol
-        infos, tasks = _each_task(client, job, act, skip)
-        if tasks is not None and not infos:
-            raise ConflictError(f"job array {job}: no task of its {len(tasks)} is "
-                                + ("waiting, so none can be held (a hold applies to waiting tasks)"
-                                   if args.command == "hold" else "on hold"))
-
-    return _bulk(args, client, act, skip, single)
+    client = _client(args)
+    hold = args.command == "hold"
+    # a job array's id: each of its waiting (hold) or held (release) tasks, as scontrol
+    return _bulk(args, client, client.hold_job if hold else client.release_job, ("running",) + _ENDED,
+                 lambda info: f"job {info.id} {'held' if hold else 'released'}: {info.reason or info.status}",
+                 lambda job, n: f"job array {job}: no task of its {n} is " + (
+                     "waiting, so none can be held (a hold applies to waiting tasks)" if hold else "on hold"))
 
 
 def _events(args) -> int:

@@ -218,22 +218,34 @@ class Admission:
     def array_full(self, rec: JobRecord) -> bool:
         return bool(rec.array_limit) and self.arrays.get(rec.array, 0) >= rec.array_limit
 
+    def waiting_on(self, rec: JobRecord) -> tuple[str, list]:
+        """What a job not admitted waits for first: hold, begin, dependency, array (its %N) or quota;
+        and, for a dependency, the jobs it still waits for."""
+        if rec.hold:
+            return "hold", []
+        if rec.begin > self.s.clock.now():
+            return "begin", []
+        left = self.waits_for(rec)[0] if rec.after else []
+        if left:
+            return "dependency", left
+        return ("array" if self.array_full(rec) else "quota"), []
+
     def why(self, rec: JobRecord) -> str:
         """Why a job not admitted waits (squeue's reason)."""
-        if rec.hold:
+        reason, left = self.waiting_on(rec)
+        if reason == "hold":
             return f"on hold: `elastictrain release {rec.id}` lets it run"
-        now = self.s.clock.now()
-        if rec.begin > now:
+        if reason == "begin":
+            now = self.s.clock.now()
             when = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(rec.begin))
             return f"waiting for its begin time (--begin): {when}, in {rec.begin - now:.0f} s"
-        left = self.waits_for(rec)[0]
         if left:
             what = "finish" if all(f"{j}:ok" in rec.after for j in left) else \
                 "fail" if all(f"{j}:notok" in rec.after for j in left) else "end"
             single = f"; singleton: one job named {_single(rec)[1]} of user {rec.user} at a time" \
                 if "singleton" in rec.after else ""
             return f"waiting for job{'s' if len(left) > 1 else ''} {', '.join(left)} to {what} (--after{single})"
-        if self.array_full(rec):
+        if reason == "array":
             return (f"waiting: array {rec.array} runs at most {rec.array_limit} tasks at once (--array ...%"
                     f"{rec.array_limit})")
         return self.quota_why(rec)

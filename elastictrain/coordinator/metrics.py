@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+from ..scheduling import JobStatus
+
 __all__ = ["render", "CONTENT_TYPE"]
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
-STATES = ("queued", "running", "preempted", "finished", "failed", "cancelled")
 WAITS = ("policy", "hold", "begin", "dependency", "array", "quota")
 
 
@@ -53,30 +54,16 @@ def render(version: str, store: str, sched: Optional[object], now: Optional[floa
     return "\n".join(out.lines) + "\n"
 
 
-def _wait_reason(sched, rec, now: float) -> str:
-    adm = sched.admission
-    if rec.id not in adm.waiting:
-        return "policy"  # admitted: the policy has not placed it
-    if rec.hold:
-        return "hold"
-    if rec.begin > now:
-        return "begin"
-    if rec.after and adm.waits_for(rec)[0]:
-        return "dependency"
-    if adm.array_full(rec):
-        return "array"
-    return "quota"
-
-
 def _cluster(out: _Out, sched, now: float) -> None:
-    states = dict.fromkeys(STATES, 0)
+    states = dict.fromkeys((s.value for s in JobStatus), 0)
     waits = dict.fromkeys(WAITS, 0)
     queued_by_user: dict[str, int] = {}
     oldest = None
     for rec in sched.records.values():
         states[rec.status] = states.get(rec.status, 0) + 1
         if rec.status in ("queued", "preempted"):
-            waits[_wait_reason(sched, rec, now)] += 1
+            adm = sched.admission  # (admitted: the policy has not placed it)
+            waits[adm.waiting_on(rec)[0] if rec.id in adm.waiting else "policy"] += 1
             queued_by_user[rec.user] = queued_by_user.get(rec.user, 0) + 1
             since = rec.pending_since
             oldest = since if oldest is None or since < oldest else oldest

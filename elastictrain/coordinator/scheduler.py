@@ -39,7 +39,7 @@ from ..model import MAX_PRIORITY, check_name
 from ..policies.api import EMPTY, create, options_of
 from ..policies.tiers import BORROW_TIER, PriorityTiers
 from ..policies.placement import type_matches
-from ..policies.shares import account, account_tickets, split_account
+from ..policies.shares import account, account_tickets, shares
 from ..runtime.stages import STAGES
 from ..scheduling import Entry, JobStatus, JobTable, Scheduler
 from ..sim.forecast import ForecastJob, forecast
@@ -1151,10 +1151,10 @@ class ClusterScheduler:
         if hasattr(policy, "set_tickets"):
             policy.set_tickets(dict(self.users.tickets), self.projects.tickets())
 
-    def _accounts(self) -> dict[str, int]:
+    def _accounts(self, projects: dict[str, float]) -> dict[str, int]:
         """Each fair-share account's jobs not ended (policies/shares.py: a user, or a project with
-        tickets and its member)."""
-        projects, out = self.projects.tickets(), {}
+        tickets (``projects``) and its member)."""
+        out: dict[str, int] = {}
         for rec in self.records.values():
             if rec.status not in _ENDED_NAMES:
                 a = account(rec.user, rec.project, projects)
@@ -1196,12 +1196,13 @@ class ClusterScheduler:
         return self.user_list(600.0)
 
     def user_list(self, window: float) -> UserList:
-        active = self._accounts()
+        projects = self.projects.tickets()
+        active = self._accounts(projects)
         running: dict[str, int] = {}
         for e in self.table.running.values():
             running[e.user] = running.get(e.user, 0) + e.num_gpu
         self.table.accrue(self.clock.now())
-        out = self.users.report(self.clock.now(), window, self._usage, active, running, self.projects.tickets())
+        out = self.users.report(self.clock.now(), window, self._usage, active, running, projects)
         if not (self.quotas.own or self.quotas.default.limited or self.quotas.caps):
             return out
         used = self.admission.usage()
@@ -1261,12 +1262,8 @@ class ClusterScheduler:
                 gpu_s[rec.project] = gpu_s.get(rec.project, 0.0) + (e.attained_gpu if e is not None else
                                                                     rec.attained_gpu)
         tickets = self.projects.tickets()
-        weight = account_tickets(self._accounts(), self.users.tickets, self.users.default, tickets)
-        total, entitled = sum(weight.values()), {}
-        for a, w in weight.items():
-            project = split_account(a)[1]
-            if project:
-                entitled[project] = entitled.get(project, 0.0) + w / total
+        active = self._accounts(tickets)
+        entitled = shares(account_tickets(active, self.users.tickets, self.users.default, tickets))[1]
         return ProjectList([ProjectInfo(n, p.quota.gpus, p.quota.jobs, list(p.users), *used.get(n, (0, 0)),
                                         queued.get(n, 0), round(gpu_s.get(n, 0.0) / 3600, 6), p.tickets,
                                         entitled.get(n, 0.0))

@@ -17,7 +17,7 @@ from typing import Callable, Iterable, Optional
 
 from ..errors import ConfigError
 from ..model import check_name
-from ..policies.shares import account_tickets, split_account
+from ..policies.shares import account_tickets, shares, split_account
 from ..wire import UserInfo, UserList
 
 __all__ = ["UserBook", "META_KEY", "MAX_WINDOW"]
@@ -94,18 +94,14 @@ class UserBook:
         users = sorted(set(latest) | set(self.tickets))
         got = {u: max(0.0, latest.get(u, 0.0) - start.get(u, 0.0)) for u in users}
         total = sum(got.values())
-        weight: dict[str, float] = {}
+        entitled = shares(account_tickets(active, self.tickets, self.default, projects or {}))[0]
         jobs: dict[str, int] = {}
-        wsum = 0.0
-        for a, w in account_tickets(active, self.tickets, self.default, projects or {}).items():
+        for a, n in active.items():
             u = split_account(a)[0]
-            weight[u] = weight.get(u, 0.0) + w
-            jobs[u] = jobs.get(u, 0) + active[a]
-            wsum += w
+            jobs[u] = jobs.get(u, 0) + n
         out = []
         for u in users:
-            out.append(UserInfo(u, self.tickets.get(u, self.default), u in self.tickets,
-                                weight[u] / wsum if u in weight and wsum > 0 else 0.0,
+            out.append(UserInfo(u, self.tickets.get(u, self.default), u in self.tickets, entitled.get(u, 0.0),
                                 got[u] / total if total > 0 else 0.0, got[u], running.get(u, 0), jobs.get(u, 0)))
         return UserList(out, now - start_t, self.used, self.default)
 

@@ -64,7 +64,9 @@ class StrideJob:
     pass_: float = 0.0
     home: Optional[int] = None  # home server (local jobs); None: central (bigger than a server)
     gtype: str = "gpu"  # GPU type it runs on
-    user: str = ""
+    user: str = ""  # the fair-share account it counts against: its user, or "project/user" (policies/shares.py)
+    owner: str = ""  # its user, and the project it is charged to: what ``user`` is made of
+    project: str = ""
 
 
 def gang_stride(queue: Sequence[StrideJob], free: int, quanta: int = 1) -> list[int]:
@@ -136,7 +138,6 @@ class GandivaFair:
         self.tickets, self.default = dict(tickets or {}), default_tickets
         self.project_tickets: dict[str, float] = dict(project_tickets or {})
         self._rekey = False  # the projects' tickets changed: the jobs' accounts are read again
-        self._whose: dict = {}  # job id -> (user, project): what its account is made of
         self.quantum, self.placement, self.packlimit = quantum, placement, packlimit
         self.split, self.balance, self.max_moves, self.trading = split, balance, migrations, trading
         self.name = name
@@ -192,21 +193,23 @@ class GandivaFair:
     def _who(self, j) -> str:
         """The account ``j``'s GPU time counts against (:func:`.shares.account`): its user, or its
         project and user where its project has tickets."""
-        self._whose[j.job_id] = (j.user, j.project)
         return account(j.user, j.project, self.project_tickets) if self.project_tickets else j.user
+
+    def _stride(self, j, pass_: float, home: Optional[int], gtype: str) -> StrideJob:
+        """``j``'s stride record (1 ticket until :meth:`_set_tickets`), counted against its account."""
+        return StrideJob(j.job_id, j.num_gpu, 1.0, pass_, home, gtype, self._who(j), j.user, j.project)
 
     def _entitle(self, s: ClusterSnapshot, by_type: dict[str, int]) -> None:
         """Each account's entitlement to each GPU type (users, or projects' members), read again
         when the accounts with jobs change. ("Users" below: accounts.)"""
         if self._rekey:  # projects gained or lost tickets: the jobs known count against new accounts
             self._rekey, self._groups_of = False, None
-            for jid, sj in self._jobs.items():  # (jobs being stopped too: they are not in the snapshot)
-                user, project = self._whose.get(jid, (sj.user, ""))
-                sj.user = account(user, project, self.project_tickets)
+            for sj in self._jobs.values():  # (jobs being stopped too: they are not in the snapshot)
+                sj.user = account(sj.owner, sj.project, self.project_tickets)
         if self._users is not None and not s.arrived and not s.ended and len(s.jobs) == self._njobs:
             return  # the same jobs as last time (jobs being stopped are left out: the count changes)
         self._njobs = len(s.jobs)
-        who = [self._who(j) for j in s.jobs] if self.project_tickets else [j.user for j in s.jobs]
+        who = [self._who(j) for j in s.jobs]
         users = frozenset(who)
         if users == self._users:
             return
@@ -263,14 +266,13 @@ class GandivaFair:
             pass_, home, gtype = was
             if gtype in nodes_of and (home is None or (home in nodes_of[gtype] and caps[home] >= j.num_gpu)) and \
                     (not j.gpu_type or type_matches(j.gpu_type, gtype)):
-                return StrideJob(j.job_id, j.num_gpu, 1.0, pass_, home, gtype, self._who(j))
+                return self._stride(j, pass_, home, gtype)
         return self._home(j, caps, nodes_of, by_type)
 
     # ------------------------------------------------------------------ decide
     def decide(self, s: ClusterSnapshot) -> Decision:
         for jid in s.ended:
             self._jobs.pop(jid, None)
-            self._whose.pop(jid, None)
             if self._restored:
                 self._restored.pop(jid, None)
         if not self.split:
@@ -486,7 +488,7 @@ class GandivaFair:
         if not kinds:  # it waits, central on a type of its own that no server serves, until one does
             self._notes.append((j.job_id, {"decision": "wait", "why": (
                 f"needs GPU type {j.gpu_type}, and no node offers it now (types: {', '.join(nodes_of)})")}))
-            return StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, j.gpu_type, who)
+            return self._stride(j, 0.0, None, j.gpu_type)
         fits = [t for t in kinds if by_type[t] >= j.num_gpu]
         if not fits:
             self._notes.append((j.job_id, {"decision": "wait", "why": (
@@ -494,7 +496,7 @@ class GandivaFair:
                 "gang on one type, so it waits until one does")}))
         gtype = min(fits or kinds, key=score)
         local = [n for n in nodes_of[gtype] if caps[n] >= j.num_gpu]
-        sj = StrideJob(j.job_id, j.num_gpu, 1.0, 0.0, None, gtype, who)
+        sj = self._stride(j, 0.0, None, gtype)
         if local:
             load = self._loads(local, caps)
             sj.home = min(local, key=lambda n: (load[n], n))
@@ -724,8 +726,7 @@ class GandivaFair:
         for j in (*s.arrived, *s.jobs) if len(self._jobs) != len(s.jobs) else s.arrived:
             if j.job_id not in self._jobs:  # a newcomer starts level with the others, neither ahead nor owed
                 was = self._restored.pop(j.job_id, None) if self._restored else None  # (or as restored)
-                self._jobs[j.job_id] = StrideJob(j.job_id, j.num_gpu, 1.0, floor if was is None else was[0],
-                                                 user=self._who(j))
+                self._jobs[j.job_id] = self._stride(j, floor if was is None else was[0], None, "gpu")
         who = [self._who(j) for j in s.jobs]
         per_user: dict[str, int] = {}
         for u in who:

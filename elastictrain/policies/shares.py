@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-__all__ = ["account", "account_tickets", "split_account"]
+__all__ = ["account", "account_tickets", "split_account", "shares"]
 
 
 def account(user: str, project: str, projects: Mapping[str, float]) -> str:
@@ -46,3 +46,17 @@ def account_tickets(accounts: Iterable[str], users: Mapping[str, float], default
         for a in names:
             out[a] = projects[project] * out[a] / total
     return out
+
+
+def shares(tickets: Mapping[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    """Accounts' tickets (:func:`account_tickets`) as fractions of their sum, summed per user and
+    per project (a user's own accounts counted under project ""): (by user, by project)."""
+    total = sum(tickets.values())
+    users: dict[str, float] = {}
+    projects: dict[str, float] = {}
+    for a, w in tickets.items():
+        user, project = split_account(a)
+        f = w / total
+        users[user] = users.get(user, 0.0) + f
+        projects[project] = projects.get(project, 0.0) + f
+    return users, projects

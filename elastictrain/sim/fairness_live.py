@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
-from ..policies.shares import account, account_tickets, split_account
+from ..policies.shares import account, account_tickets, shares
 from .fairness import pyplot, save_png
 
 __all__ = ["LiveFairness", "live_fairness", "write_live_report"]
@@ -96,15 +96,10 @@ def live_fairness(events: Iterable, tickets: dict[str, float], default: float, w
                 got[u] += overlap * g
         active = {account_of[j] for j, (s, end) in alive.items() if s < hi and (end is None or end > t)}
         used = sum(got.values())
-        weight = account_tickets(active, tickets, default, projects)
-        wsum = sum(weight.values())
-        mine: dict[str, float] = {}
-        for a, w in weight.items():
-            u = split_account(a)[0]
-            mine[u] = mine.get(u, 0.0) + w
+        mine = shares(account_tickets(active, tickets, default, projects))[0]
         ratios = {}
         for u in users:
-            share = mine[u] / wsum if u in mine and wsum > 0 else 0.0
+            share = mine.get(u, 0.0)
             entitled[u] += share * used
             received[u] += got[u]
             ratios[u] = got[u] / (share * used) if share > 0 and used > 0 else 0.0

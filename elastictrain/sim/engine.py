@@ -256,10 +256,7 @@ class Simulator:
         parked: dict = {}  # job id -> (its spec, the jobs it still waits to finish): arrived, not admitted
         waiting_on: dict = {}  # job id -> the parked jobs that wait for it
         ended_ids: set = set()  # (with after) the jobs that finished
-        arrays = self.arrays
-        inflight: dict = {}  # (with arrays) array -> its jobs past the %N gate that have not ended
-        array_queue: dict = {}  # array -> the specs waiting for one of them to end, in arrival order
-        through: set = set()  # the jobs past the %N gate
+        arrays = _ArrayGate(self.arrays) if self.arrays else None
         stalled = 0  # events in a row without progress (the watchdog)
         idle, idle_from = 0, 0.0  # events in a row in which time advanced but no work was done
         while idx < n or len(table):
@@ -286,14 +283,8 @@ class Simulator:
                 next_round = now + interval
             released = []  # parked jobs whose last dependency finished now
             for e in finished:
-                if arrays and e.key in through:
-                    a, most, _ = arrays[e.key]
-                    inflight[a] -= 1
-                    while array_queue.get(a) and inflight[a] < most:  # the array's next task takes the place
-                        spec = array_queue[a].pop(0)
-                        inflight[a] += 1
-                        through.add(spec.job_id)
-                        released.append(spec)
+                if arrays is not None:
+                    released += arrays.leave(e.key)  # the array's next tasks take its place
                 if after:
                     ended_ids.add(e.key)
                     for k in waiting_on.pop(e.key, ()):
@@ -351,13 +342,8 @@ class Simulator:
                 if spec.num_gpu > room:
                     rejected.append((spec.job_id, f"needs {spec.num_gpu} GPUs but {why}"))
                     continue
-                if arrays and spec.job_id in arrays and spec.job_id not in through:
-                    a, most, admitted = arrays[spec.job_id]
-                    if not admitted and inflight.get(a, 0) >= most:
-                        array_queue.setdefault(a, []).append(spec)  # it waits for one of its array's to end
-                        continue
-                    inflight[a] = inflight.get(a, 0) + 1
-                    through.add(spec.job_id)
+                if arrays is not None and arrays.arrive(spec):  # it waits for one of its array's to end
+                    continue
                 if gate is not None and gate.arrive(spec):  # it waits for its user's quota (admitted below)
                     continue
                 admit(spec)
@@ -424,7 +410,7 @@ class Simulator:
         return SimResult(self.policy.name, done, now, events, util, cluster.total_gpus, backend.lost,
                          time.perf_counter() - t_wall, {"service_by_user": service,
                                                          "unfinished": len(table) + len(parked)
-                                                         + sum(map(len, array_queue.values())),
+                                                         + (arrays.held() if arrays is not None else 0),
                                                          "migrations": backend.migrations,
                                                          "timeline": [timeline[k] for k in sorted(timeline)],
                                                          "rejected": rejected,
@@ -542,6 +528,48 @@ class QuotaState:
     pused: dict = field(default_factory=dict)
     admitted: dict = field(default_factory=dict)
     project_of: dict = field(default_factory=dict)
+
+
+class _ArrayGate:
+    """Job arrays' ``%N`` (``Simulator(arrays=)``: job id -> (array, N, admitted already)): at most N
+    of an array's jobs past this gate at once; the others wait, in arrival order, for one to end."""
+
+    def __init__(self, arrays: dict) -> None:
+        self.arrays = arrays
+        self.inflight: dict = {}  # array -> its jobs past the gate that have not ended
+        self.queue: dict = {}  # array -> the specs waiting, in arrival order
+        self.through: set = set()  # the jobs past the gate
+
+    def arrive(self, spec: JobSpec) -> bool:
+        """True: ``spec`` waits here (False: it goes on; a job of no array, or one past already)."""
+        got = self.arrays.get(spec.job_id)
+        if got is None or spec.job_id in self.through:
+            return False
+        a, most, admitted = got
+        if not admitted and self.inflight.get(a, 0) >= most:
+            self.queue.setdefault(a, []).append(spec)
+            return True
+        self._pass(a, spec)
+        return False
+
+    def leave(self, key) -> list[JobSpec]:
+        """Job ``key`` ended: the specs of its array that go on now."""
+        if key not in self.through:
+            return []
+        a, most, _ = self.arrays[key]
+        self.inflight[a] -= 1
+        out, waiting = [], self.queue.get(a)
+        while waiting and self.inflight[a] < most:
+            out.append(waiting.pop(0))
+            self._pass(a, out[-1])
+        return out
+
+    def held(self) -> int:
+        return sum(map(len, self.queue.values()))
+
+    def _pass(self, a, spec: JobSpec) -> None:
+        self.inflight[a] = self.inflight.get(a, 0) + 1
+        self.through.add(spec.job_id)
 
 
 class _QuotaGate:

@@ -271,6 +271,9 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
                    help="gandiva-fair (simulator): after the one-quantum decision at an arrival or an end, each quantum "
                    "spans N quanta until the next arrival or end (default 1: every quantum decided; fewer decisions "
                    "and preemptions, coarser slices; 64 replays a 50,000-job trace in under a minute)")
+    p.add_argument("--reservations", type=int, default=None,
+                   help="backfill: how many waiting jobs that do not fit get a reservation that the jobs behind them "
+                   "must not delay (default 1: EASY backfill; Slurm reserves for each of the first bf_max_job_test)")
     p.add_argument("--scale-threshold", type=float, default=None,
                    help="autoscale: least marginal efficiency of a step of workers that pays (default 0.3)")
     p.add_argument("--rate-window", type=float, default=None,
@@ -361,7 +364,7 @@ def _policy_values(args) -> dict:
             "threshold": args.scale_threshold, "rate_window": args.rate_window, "drop": args.scale_drop,
             "step": args.scale_step, "yield_threshold": args.yield_threshold, "stretch": args.stretch,
             "memory_headroom": args.memory_headroom, "cooldown": args.scale_cooldown,
-            "finish_hold": args.finish_hold}
+            "finish_hold": args.finish_hold, "reservations": args.reservations}
 
 
 def _env_patterns(given: list) -> list:

@@ -1113,6 +1113,10 @@ class ClusterScheduler:
                     f"GPUs the jobs within their quotas leave ({sum(free)} of {total} {unit} free now{hint}), and is "
                     "preempted first (--quota-borrow); it counts against the quota once the user's other jobs leave "
                     "room")
+        said = getattr(self.policy, "waiting_reason", None)  # the policy's own account (backfill's reservations)
+        why = said(rec.id, self.clock.now()) if said is not None else None
+        if why:
+            return why + hint
         if sum(free) < need:
             above = sum(e.num_gpu for e in self.table.running.values()
                         if e.priority > rec.priority) if self.cfg.priority_preemption else 0

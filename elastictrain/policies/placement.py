@@ -57,6 +57,13 @@ class Placer:
                     if 0 <= node < len(self.soft):
                         self.soft[node] += g
 
+    def reset(self, free: list, total: int, top: int) -> "Placer":
+        """Place from these free GPUs per node on (``total``: their sum, ``top``: their maximum), as
+        a fresh placer would with the nodes' capacities as they are: a backfill's window of time
+        (policies/backfill.py). Returns itself."""
+        self.free, self.total_free, self.max_free = list(free), total, top
+        return self
+
     def take(self, placement: tuple) -> None:
         """Reserve the GPUs of a job that keeps running where it is."""
         for node, g in placement:

@@ -56,6 +56,8 @@ class PriorityTiers:
             self.inputs_changed = lambda: [p.inputs_changed() for p in self._tiers.values()]
         if hasattr(first, "annotate"):
             self.annotate = self._annotate
+        if hasattr(first, "waiting_reason"):
+            self.waiting_reason = self._waiting_reason
         if hasattr(first, "export_state") and hasattr(first, "import_state"):
             self.export_state, self.import_state = self._export_state, self._import_state
 
@@ -78,6 +80,10 @@ class PriorityTiers:
     def _annotate(self, key) -> dict:
         pol = self._tiers.get(self._tier_of.get(key, 0))
         return pol.annotate(key) if pol is not None else {}
+
+    def _waiting_reason(self, key, now: float):
+        pol = self._tiers.get(self._tier_of.get(key, 0))
+        return pol.waiting_reason(key, now) if pol is not None else None
 
     def _export_state(self) -> dict:
         return {"tiers": {str(p): pol.export_state() for p, pol in self._tiers.items()}}

@@ -438,3 +438,30 @@ def test_a_job_runs_only_on_nodes_of_the_gpu_type_it_asks_for(tmp_path):
         assert bad.returncode == 2 and "or up to 8 such names joined by | for any of them" in bad.stderr, bad.stderr
     finally:
         c.stop()
+
+
+def test_backfill_lets_a_short_job_pass_a_blocked_one_and_says_why_a_long_one_waits(tmp_path):
+    """Slurm's sched/backfill: with `--policy backfill` a job that does not fit gets a reservation
+    from the running jobs' --time; a short job behind it starts now, a long one waits, and status
+    says which reservation each stands behind."""
+    c = Cluster(tmp_path, "backfill", nodes=1, slots=3).start()
+    try:
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+            f.write("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
+        a = c.cli("submit", "--gpus", "2", "--time", "1:00", "--", "nap.py", "60").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "running", 60, "the first job to run")
+        big = c.cli("submit", "--gpus", "3", "--time", "0:30", "--", "nap.py", "1").stdout.strip()
+        long = c.cli("submit", "--gpus", "1", "--time", "10:00", "--", "nap.py", "60").stdout.strip()
+        short = c.cli("submit", "--gpus", "1", "--time", "0:20", "--", "nap.py", "1").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(short) in ("running", "finished"), 60,
+               "the short job to start ahead of the blocked one")
+        st = {j.id: j for j in c.client.cluster_status().jobs}
+        assert st[big].status == "queued" and st[long].status == "queued", {k: v.status for k, v in st.items()}
+        assert st[big].reason.startswith("reserved (backfill): it starts in about "), st[big].reason
+        assert st[long].reason.startswith(f"behind job {big}'s reservation (backfill"), st[long].reason
+        assert "policy: reservation 3 GPUs (backfill)" in c.cli("status", "--job", big).stdout
+        kinds = [(e.kind, e.job) for e in c.client.events(0).events if e.kind == "plan"]
+        assert ("plan", short) in kinds, kinds  # the backfilled start is in the event log
+        c.cli("cancel", a, big, long)
+    finally:
+        c.stop()

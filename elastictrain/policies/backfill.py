@@ -1,0 +1,210 @@
+"""Backfill, as Slurm's ``sched/backfill``: FIFO that lets short jobs past a blocked one.
+
+Jobs start in queue order (arrival order; priorities are the tiers' of :mod:`.tiers`) while they
+fit, and a running job is never preempted. The first job that does not fit gets a *reservation*:
+the earliest time its gang fits as the running jobs' estimated ends free GPUs, and the GPUs it
+would take then. A job behind it starts now only where it leaves that reservation whole: it ends
+before the reservation begins, or it fits on GPUs the reservation does not need. With
+``reservations=N`` the first N jobs that do not fit get one each, every one planned around those
+before it: 1 is EASY backfill (the classic), more is what Slurm does (it reserves for each of the
+first ``bf_max_job_test`` jobs it tests; conservative backfill when every job gets one).
+
+Estimates are the jobs' remaining time (:attr:`.JobView.remaining_time`: on a live cluster what is
+left of ``--steps``/``--epochs`` at the measured step time, else the rest of ``--time``; a trace's
+durations in the simulator) plus a start's restart cost. Reservations are planned afresh at every
+decision, as Slurm's backfill cycle does: a job that runs past its estimate pushes them later, one
+that ends early brings them forward. With exact estimates (the simulator) the job at the head of
+the queue starts no later than the reservation it got there (a test holds it).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from typing import Optional
+
+from ..errors import ConfigError
+from .api import ClusterSnapshot, Decision, register
+from .placement import Placer
+
+__all__ = ["Backfill"]
+
+_SOON = 1.0  # seconds: when a running job past its estimate is taken to end
+
+
+def _room(free: list) -> int:
+    """The GPUs free in all (a node whose running jobs hold more than it offers now, one cordoned
+    or lost, counts none: not less than none)."""
+    return sum(f for f in free if f > 0)
+
+
+class _Timeline:
+    """Free GPUs per node from now on: ``free[i]`` holds from ``times[i]`` until ``times[i + 1]``
+    (the last one for ever)."""
+
+    def __init__(self, now: float, free: list, ends: list) -> None:
+        self.times, self.free = [now], [free]
+        for t, where in sorted(ends, key=lambda e: e[0]):
+            if t > self.times[-1]:
+                self.times.append(t)
+                self.free.append(list(self.free[-1]))
+            step = self.free[-1]
+            for n, g in where:
+                step[n] += g
+        self._prefix: list = [None] * len(self.times)  # k -> (least free over steps 0..k-1, its sum, its max)
+
+    def _cut(self, t: float) -> int:
+        """The index of the step that starts at ``t`` (split from the one it falls in)."""
+        i = bisect_right(self.times, t) - 1
+        if self.times[i] != t:
+            i += 1
+            self.times.insert(i, t)
+            self.free.insert(i, list(self.free[i - 1]))
+        return i
+
+    def take(self, where: tuple, start: float, end: float) -> None:
+        """``where``'s GPUs are held from ``start`` to ``end``."""
+        i, k = self._cut(start), self._cut(end)
+        for step in self.free[i:k]:
+            for n, g in where:
+                step[n] -= g
+        self._prefix = [None] * len(self.times)
+
+    def least(self, i: int, end: float) -> list:
+        """Per node, the fewest free GPUs from ``times[i]`` until ``end``."""
+        out = list(self.free[i])
+        for k in range(i + 1, bisect_left(self.times, end, i + 1)):
+            out = [a if a < b else b for a, b in zip(out, self.free[k])]
+        return out
+
+    def from_now(self, end: float) -> tuple:
+        """:meth:`least` from now (step 0) until ``end``, with its sum and maximum (cached: every
+        job of a long queue asks, and the timeline changes only when one starts)."""
+        k = max(1, bisect_left(self.times, end))
+        got = self._prefix[k - 1]
+        if got is None:
+            j = k - 1
+            while j > 0 and self._prefix[j - 1] is None:
+                j -= 1
+            out = list(self.free[0]) if j == 0 else list(self._prefix[j - 1][0])
+            for m in range(j, k):
+                if m:
+                    out = [a if a < b else b for a, b in zip(out, self.free[m])]
+                self._prefix[m] = (list(out), _room(out), max(out, default=0))
+            got = self._prefix[k - 1]
+        return got
+
+
+class Backfill:
+    """See the module docstring.
+
+    Args:
+        reservations: how many jobs that do not fit get a reservation (1: EASY backfill).
+        placement, packlimit: where a gang goes (:mod:`.placement`; not ``count``: a reservation
+            is of GPUs on nodes).
+    """
+
+    #: the running jobs' remaining time, and the waiting jobs' (the live loop says what it assumes)
+    needs = frozenset({"duration"})
+    #: a run's first step changes nothing a decision reads (its end estimate is the same from its
+    #: ready time as from its first step), so the simulator need not decide again then
+    first_step_events = False
+
+    def __init__(self, reservations: int = 1, placement: str = "consolidated", packlimit: float = 0.5) -> None:
+        if isinstance(reservations, bool) or not isinstance(reservations, int) or not 1 <= reservations <= 1000:
+            raise ConfigError(f"reservations must be a whole number from 1 to 1000, not {reservations!r}")
+        if placement == "count":
+            raise ConfigError("backfill reserves GPUs on nodes: use --placement consolidated, spread or skew, not count")
+        self.reservations, self.placement, self.packlimit = reservations, placement, packlimit
+        self.name = "backfill"
+        #: the last decision's reservations, in queue order: (job key, start, placement)
+        self.reserved: list[tuple] = []
+        self._free_now = 0  # GPUs left free by that decision
+
+    def decide(self, s: ClusterSnapshot) -> Decision:
+        now, caps = s.now, s.gpus_per_node
+        free = list(caps)
+        run: dict = {}
+        ends = []
+        for j in s.running:  # running jobs keep their GPUs until their estimated ends
+            run[j.job_id] = j.placement
+            for n, g in j.placement:
+                free[n] -= g
+            begins = j.ready_at if j.starting and j.ready_at is not None and j.ready_at > now else now
+            ends.append((max(begins + j.remaining_time, now + _SOON), j.placement))
+        line = _Timeline(now, free, ends)
+        placer = Placer(caps, s.nodes_per_switch, self.placement, self.packlimit, node_types=s.node_types)
+        reserved: list[tuple] = []
+        notes = []
+        _, free_now, top_now = line.from_now(now)  # (free now bounds every window from now)
+        small = self.placement == "consolidated" and not s.node_types  # a gang of one node's GPUs takes one node
+        per_node = placer.per_node
+        for j in s.jobs:
+            if j.running:
+                continue
+            size, need = j.num_gpu, j.remaining_time + j.restart_cost
+            if size > free_now or (small and size <= per_node and size > top_now):
+                if len(reserved) >= self.reservations:
+                    if top_now <= 0:
+                        break  # no GPU is free now, and no reservation is left to give: nothing else starts
+                    continue
+                where = None
+            else:
+                least, total, top = line.from_now(now + need)
+                where = placer.reset(least, total, top).place(size, j.skew, (), j.gpu_type) if size <= total else None
+            if where is not None:
+                run[j.job_id] = where
+                line.take(where, now, now + need)
+                _, free_now, top_now = line.from_now(now)
+                if reserved:
+                    notes.append((j.job_id, {"decision": "backfill", "why": (
+                        f"started ahead of job {reserved[0][0]}, whose reservation is in about "
+                        f"{reserved[0][1] - now:.0f} s: it ends before then or uses GPUs that reservation does not "
+                        "need")}))
+                continue
+            if len(reserved) < self.reservations:
+                got = self._reserve(line, placer, j, need)
+                if got is not None:
+                    line.take(got[1], got[0], got[0] + need)
+                    reserved.append((j.job_id, *got))
+        self.reserved, self._free_now = reserved, free_now
+        return Decision(run, notes=tuple(notes))
+
+    @staticmethod
+    def _reserve(line: _Timeline, placer: Placer, j, need: float) -> Optional[tuple]:
+        """The earliest (start, placement) at which ``j`` fits for ``need`` seconds: a start falls
+        where GPUs free up (a fit between two such times fits at the earlier one too)."""
+        size = j.num_gpu
+        for i, start in enumerate(line.times):
+            if not i:
+                continue  # (now: it did not fit)
+            least = line.least(i, start + need)
+            total = _room(least)
+            if total >= size:
+                where = placer.reset(least, total, max(least)).place(size, j.skew, (), j.gpu_type)
+                if where is not None:
+                    return start, where
+        return None
+
+    # ------------------------------------------------------------------ what status says
+    def annotate(self, key) -> dict:
+        for jid, start, where in self.reserved:
+            if jid == key:
+                return {"reservation": f"{sum(g for _, g in where)} GPUs (backfill)"}
+        return {}
+
+    def waiting_reason(self, key, now: float) -> Optional[str]:
+        """Why ``key`` waits, in the terms of the last decision (None: not known here)."""
+        if not self.reserved:
+            return None
+        head, at, _ = self.reserved[0]
+        for jid, start, where in self.reserved:
+            if jid == key:
+                return (f"reserved (backfill): it starts in about {max(start - now, 0.0):.0f} s, when the running jobs' "
+                        f"estimated ends free {sum(g for _, g in where)} GPUs for it; the jobs behind it start first "
+                        "only where they end before then or use other GPUs")
+        return (f"behind job {head}'s reservation (backfill; it starts in about {max(at - now, 0.0):.0f} s): "
+                f"{self._free_now} GPUs are free, and it starts now only where it ends before that reservation "
+                "or fits on GPUs it does not need (its estimate: the rest of its --steps/--epochs, or of --time)")
+
+
+register("backfill", lambda **kw: Backfill(**kw), ("reservations", "placement", "packlimit"))

@@ -1,0 +1,155 @@
+"""Backfill (policies/backfill.py): short jobs pass a blocked one without delaying it."""
+
+import random
+
+import pytest
+
+from elastictrain.errors import ConfigError
+from elastictrain.model import JobSpec
+from elastictrain.policies import create
+from elastictrain.sim.cluster import ClusterSpec
+from elastictrain.sim.engine import Simulator
+
+
+class HeadWatch:
+    """Wraps a backfill and keeps, for each job, the start of the reservation it got when it
+    first stood at the head of the queue (the first reservation of a decision)."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.first_step_events = inner, inner.name, inner.first_step_events
+        self.needs, self.head = inner.needs, {}
+
+    def decide(self, s):
+        d = self.inner.decide(s)
+        if self.inner.reserved:
+            key, start, _ = self.inner.reserved[0]
+            self.head.setdefault(key, start)
+        return d
+
+
+def starts(jobs, policy, cluster=ClusterSpec(1, 1, 4), **kw):
+    r = Simulator(jobs, cluster, create(policy) if isinstance(policy, str) else policy, **kw).run()
+    return {j.job_id: j.start_time for j in r.jobs}
+
+
+def test_a_short_job_passes_a_blocked_one_and_a_long_one_does_not():
+    # 4 GPUs: job 0 holds 2 until t=100; job 1 needs 4 (it waits for job 0: reserved at 100);
+    # job 2 needs 2 for 50 s (ends before 100: it starts at once); job 3 needs 2 for 500 s (it would
+    # hold job 1's GPUs past 100: it waits for job 1)
+    jobs = [JobSpec(0, 2, 0.0, 100, 1.0), JobSpec(1, 4, 1.0, 100, 1.0), JobSpec(2, 2, 2.0, 50, 1.0),
+            JobSpec(3, 2, 3.0, 500, 1.0)]
+    bf = starts(jobs, "backfill")
+    assert bf[2] == 2.0 and bf[1] == 100.0 and bf[3] == 200.0, bf
+    fifo = starts(jobs, "yarn-cs")  # strict FIFO: the short job waits behind the blocked one
+    assert fifo[2] == 200.0, fifo
+    be = starts(jobs, "fifo-be")  # best effort: the long job starts when the short one ends, the big one waits
+    assert be[3] == 52.0 and be[1] == 552.0, be
+
+
+def test_a_job_may_use_gpus_the_reservation_does_not_need():
+    # 2 nodes of 4: job 0 holds node 0 until 100, job 1 node 1 until 51; job 2 (8 GPUs) is reserved
+    # at 100 (both nodes); job 3 (1 GPU, 1000 s) would hold one of them past 100: it waits
+    jobs = [JobSpec(0, 4, 0.0, 100, 1.0), JobSpec(1, 4, 1.0, 50, 1.0), JobSpec(2, 8, 2.0, 100, 1.0),
+            JobSpec(3, 1, 3.0, 1000, 1.0)]
+    got = starts(jobs, "backfill", ClusterSpec(1, 2, 4))
+    assert got[1] == 1.0 and got[2] == 100.0 and got[3] == 200.0, got
+    # with a 2-GPU head instead, reserved on node 0 at 100, a long 1-GPU job fits beside it on node 1
+    jobs = [JobSpec(0, 4, 0.0, 100, 1.0), JobSpec(1, 3, 1.0, 1000, 1.0), JobSpec(2, 2, 2.0, 100, 1.0),
+            JobSpec(3, 1, 3.0, 1000, 1.0)]
+    got = starts(jobs, "backfill", ClusterSpec(1, 2, 4))
+    assert got[1] == 1.0 and got[2] == 100.0 and got[3] == 3.0, got
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("reservations", [1, 3])
+def test_the_head_of_the_queue_starts_no_later_than_its_reservation(seed, reservations):
+    rng = random.Random(seed)
+    jobs, t = [], 0.0
+    for i in range(120):
+        t += rng.expovariate(1 / 40)
+        size = rng.choice([1, 1, 1, 2, 2, 4, 4, 8, 12])
+        jobs.append(JobSpec(i, size, round(t, 3), rng.choice([20, 60, 300, 900, 3000]), rng.choice([0.5, 1.0, 2.0])))
+    watch = HeadWatch(create("backfill", reservations=reservations))
+    got = starts(jobs, watch, ClusterSpec(2, 2, 4), restart_cost=7.0)
+    assert len(watch.head) > 10  # jobs did wait at the head
+    late = {k: (got[k], start) for k, start in watch.head.items() if got[k] > start + 1e-6}
+    assert not late, late
+
+
+def test_it_beats_strict_fifo_and_does_not_starve_big_jobs_as_best_effort_does():
+    rng = random.Random(7)
+    jobs, t = [], 0.0
+    for i in range(300):
+        t += rng.expovariate(1 / 30)
+        big = rng.random() < 0.15
+        jobs.append(JobSpec(i, 16 if big else rng.choice([1, 2]), round(t, 3), rng.choice([60, 200, 600]), 1.0))
+    out = {}
+    for p in ("yarn-cs", "fifo-be", "backfill"):
+        r = Simulator(jobs, ClusterSpec(1, 4, 4), create(p)).run()
+        out[p] = (sum(j.jct for j in r.jobs) / len(r.jobs), max(j.queueing_delay for j in r.jobs if j.num_gpu == 16))
+    assert out["backfill"][0] < out["yarn-cs"][0], out  # short jobs pass blocked big ones
+    assert out["backfill"][1] < out["fifo-be"][1], out  # the big ones are not passed for ever
+
+
+def test_status_says_where_a_waiting_job_stands():
+    jobs = [JobSpec(0, 2, 0.0, 100, 1.0), JobSpec(1, 4, 1.0, 100, 1.0), JobSpec(2, 2, 3.0, 500, 1.0)]
+    bf = create("backfill")
+    seen = []
+
+    class Peek:
+        name, needs, first_step_events = bf.name, bf.needs, bf.first_step_events
+
+        def decide(self, s):
+            d = bf.decide(s)
+            seen.append((s.now, bf.waiting_reason(1, s.now), bf.waiting_reason(2, s.now), bf.annotate(1), d.notes))
+            return d
+
+    Simulator(jobs, ClusterSpec(1, 1, 4), Peek()).run()
+    now, head, behind, info, _ = next(x for x in seen if x[0] == 3.0)
+    assert "reserved (backfill): it starts in about 97 s" in head and "4 GPUs" in head
+    assert "behind job 1's reservation" in behind and "2 GPUs are free" in behind
+    assert info == {"reservation": "4 GPUs (backfill)"}
+
+
+def test_a_backfilled_start_is_noted_for_the_event_log():
+    jobs = [JobSpec(0, 2, 0.0, 100, 1.0), JobSpec(1, 4, 1.0, 100, 1.0), JobSpec(2, 2, 2.0, 50, 1.0)]
+    bf = create("backfill")
+    notes = []
+
+    class Peek:
+        name, needs, first_step_events = bf.name, bf.needs, bf.first_step_events
+
+        def decide(self, s):
+            d = bf.decide(s)
+            notes.extend(d.notes)
+            return d
+
+    Simulator(jobs, ClusterSpec(1, 1, 4), Peek()).run()
+    assert [(k, n["decision"]) for k, n in notes] == [(2, "backfill")]
+    assert "ahead of job 1, whose reservation is in about 98 s" in notes[0][1]["why"]
+
+
+@pytest.mark.parametrize("bad", [0, 1001, True, 2.5, "1"])
+def test_reservations_out_of_range_are_refused(bad):
+    with pytest.raises(ConfigError, match="reservations must be a whole number from 1 to 1000"):
+        create("backfill", reservations=bad)
+
+
+def test_count_placement_is_refused():
+    with pytest.raises(ConfigError, match="not count"):
+        create("backfill", placement="count")
+
+
+def test_a_node_that_offers_nothing_now_does_not_hide_the_others_free_gpus():
+    # node 0 was cordoned or lost (it offers 0) while job 0 still holds 2 of its GPUs: node 1's 4
+    # free GPUs are still free, and job 0's end frees nothing there
+    from elastictrain.policies.api import ClusterSnapshot, JobView
+
+    running = JobView(0, 2, 0.0, iterations=100, remaining_iterations=50, running=True, placement=((0, 2),))
+    big = JobView(1, 4, 1.0, iterations=100, remaining_iterations=100)
+    bigger = JobView(2, 6, 2.0, iterations=100, remaining_iterations=100)
+    s = ClusterSnapshot(10.0, (running, big, bigger), (0, 4), 2, arrived=(running, big, bigger), running=(running,))
+    bf = create("backfill")
+    d = bf.decide(s)
+    assert d.run == {0: ((0, 2),), 1: ((1, 4),)}
+    assert bf.reserved == []  # 6 GPUs never fit while node 0 offers none

@@ -171,7 +171,8 @@ def get_parser() -> argparse.ArgumentParser:
     m.add_argument("--quota-jobs", type=int, default=0, metavar="N",
                    help="as `coordinator --quota-jobs`: each user has at most N jobs admitted (0: no limit)")
     m.add_argument("--tickets", default=None, metavar="USER=N,...",
-                   help="gandiva-fair: users' tickets (the trace's user column; others have 1), as `users set`")
+                   help="gandiva-fair, multifactor: users' tickets (the trace's user column; others have 1), as "
+                   "`users set`")
     m.add_argument("--project-tickets", default=None, metavar="PROJECT=N,...",
                    help="gandiva-fair: projects' tickets (the native trace's project column), as `projects set "
                    "--tickets`: each is one share beside the users, split among its users with jobs")
@@ -274,6 +275,16 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reservations", type=int, default=None,
                    help="backfill: how many waiting jobs that do not fit get a reservation that the jobs behind them "
                    "must not delay (default 1: EASY backfill; Slurm reserves for each of the first bf_max_job_test)")
+    p.add_argument("--priority-weights", default=None, metavar="FACTOR=N,...",
+                   help="multifactor: the weights of age, fairshare, size and qos, as Slurm's PriorityWeight* (default "
+                   "age=1000,fairshare=10000,size=1000,qos=1000; those not given keep theirs)")
+    p.add_argument("--priority-half-life", type=float, default=None, metavar="SECONDS",
+                   help="multifactor: past GPU time counts half after this long (Slurm's PriorityDecayHalfLife; "
+                   "default 604800, 7 days)")
+    p.add_argument("--priority-max-age", type=float, default=None, metavar="SECONDS",
+                   help="multifactor: the wait at which the age factor is full (Slurm's PriorityMaxAge; default 7 days)")
+    p.add_argument("--priority-favor-small", action="store_true", default=None,
+                   help="multifactor: the size factor favours small jobs (Slurm's PriorityFavorSmall)")
     p.add_argument("--scale-threshold", type=float, default=None,
                    help="autoscale: least marginal efficiency of a step of workers that pays (default 0.3)")
     p.add_argument("--rate-window", type=float, default=None,
@@ -364,7 +375,23 @@ def _policy_values(args) -> dict:
             "threshold": args.scale_threshold, "rate_window": args.rate_window, "drop": args.scale_drop,
             "step": args.scale_step, "yield_threshold": args.yield_threshold, "stretch": args.stretch,
             "memory_headroom": args.memory_headroom, "cooldown": args.scale_cooldown,
-            "finish_hold": args.finish_hold, "reservations": args.reservations}
+            "finish_hold": args.finish_hold, "reservations": args.reservations,
+            "weights": _weights(args.priority_weights), "half_life": args.priority_half_life,
+            "max_age": args.priority_max_age, "favor_small": args.priority_favor_small}
+
+
+def _weights(text: Optional[str]) -> Optional[dict]:
+    """``--priority-weights age=N,...`` as {factor: weight} (the policy checks names and ranges)."""
+    if text is None:
+        return None
+    out = {}
+    for part in filter(None, text.split(",")):
+        name, _, num = part.partition("=")
+        try:
+            out[name.strip()] = float(num)
+        except ValueError:
+            raise ConfigError(f"--priority-weights {part!r}: write FACTOR=N, e.g. fairshare=10000") from None
+    return out
 
 
 def _env_patterns(given: list) -> list:

@@ -138,9 +138,7 @@ class Backfill:
         _, free_now, top_now = line.from_now(now)  # (free now bounds every window from now)
         small = self.placement == "consolidated" and not s.node_types  # a gang of one node's GPUs takes one node
         per_node = placer.per_node
-        for j in s.jobs:
-            if j.running:
-                continue
+        for j in self._queue(s):
             size, need = j.num_gpu, j.remaining_time + j.restart_cost
             if size > free_now or (small and size <= per_node and size > top_now):
                 if len(reserved) >= self.reservations:
@@ -168,6 +166,10 @@ class Backfill:
                     reserved.append((j.job_id, *got))
         self.reserved, self._free_now = reserved, free_now
         return Decision(run, notes=tuple(notes))
+
+    def _queue(self, s: ClusterSnapshot):
+        """The waiting jobs, in the order they start and get reservations: submission order."""
+        return (j for j in s.jobs if not j.running)
 
     @staticmethod
     def _reserve(line: _Timeline, placer: Placer, j, need: float) -> Optional[tuple]:

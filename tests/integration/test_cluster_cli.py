@@ -465,3 +465,26 @@ def test_backfill_lets_a_short_job_pass_a_blocked_one_and_says_why_a_long_one_wa
         c.cli("cancel", a, big, long)
     finally:
         c.stop()
+
+
+def test_multifactor_shows_each_waiting_jobs_priority_and_takes_users_tickets(tmp_path):
+    """Slurm's sprio: under `--policy multifactor` a waiting job's status shows its priority and the
+    weighted factors; `users set --tickets` gives the fair-share factor its shares."""
+    c = Cluster(tmp_path, "multifactor", nodes=1, slots=1).start()
+    try:
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+            f.write("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
+        a = c.cli("submit", "--user", "alice", "--time", "1:00", "--", "nap.py", "60").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "running", 60, "alice's job to run")
+        c.cli("users", "set", "bob", "--tickets", "3")
+        b = c.cli("submit", "--user", "bob", "--priority", "-1000", "--time", "0:10", "--", "nap.py", "1").stdout.strip()
+        c.wait(lambda st: "priority" in {j.id: j.info for j in st.jobs}.get(b, {}), 60, "bob's job to be ranked")
+        out = c.cli("status", "--job", b).stdout
+        m = re.search(r"policy: priority (\d+) \(age (\d+), fairshare (\d+), size (\d+), qos (\d+)\)", out)
+        assert m, out
+        # bob used nothing: fair share 10000; 1 slot of 1: size 1000; priority -1000: qos 0
+        assert [int(x) for x in m.groups()[2:]] == [10000, 1000, 0], out
+        assert "reservation 1 GPUs (backfill)" in out, out
+        c.cli("cancel", a, b)
+    finally:
+        c.stop()

@@ -282,7 +282,8 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
                    help="multifactor: past GPU time counts half after this long (Slurm's PriorityDecayHalfLife; "
                    "default 604800, 7 days)")
     p.add_argument("--priority-max-age", type=float, default=None, metavar="SECONDS",
-                   help="multifactor: the wait at which the age factor is full (Slurm's PriorityMaxAge; default 7 days)")
+                   help="multifactor: the wait at which the age factor is full (Slurm's PriorityMaxAge; default 7 "
+                   "days)")
     p.add_argument("--priority-favor-small", action="store_true", default=None,
                    help="multifactor: the size factor favours small jobs (Slurm's PriorityFavorSmall)")
     p.add_argument("--scale-threshold", type=float, default=None,

@@ -331,7 +331,8 @@ def _register_path(name: str) -> None:
 
 #: the shipped policies, by the module that registers them (imported when one of its names is
 #: asked for: a simulation of one policy does not import the others, nor numpy for Tiresias-G)
-_BUILTIN = {"fifo": ("yarn-cs", "fifo", "fifo-be"), "backfill": ("backfill",), "multifactor": ("multifactor",), "srtf": ("srtf", "srsf"), "tiresias": ("tiresias-l", "tiresias-g"),
+_BUILTIN = {"fifo": ("yarn-cs", "fifo", "fifo-be"), "backfill": ("backfill",), "multifactor": ("multifactor",),
+            "srtf": ("srtf", "srsf"), "tiresias": ("tiresias-l", "tiresias-g"),
             "timeslice": ("gandiva-ts",),
             "gandiva_fair": ("gandiva-fair", "gandiva-fair-notrade", "gandiva-fair-global"),
             "muri": ("muri-s", "muri-l", "muri-l-worst", "muri-l-noblossom"), "autoscale": ("autoscale",)}

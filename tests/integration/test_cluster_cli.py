@@ -477,7 +477,8 @@ def test_multifactor_shows_each_waiting_jobs_priority_and_takes_users_tickets(tm
         a = c.cli("submit", "--user", "alice", "--time", "1:00", "--", "nap.py", "60").stdout.strip()
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "running", 60, "alice's job to run")
         c.cli("users", "set", "bob", "--tickets", "3")
-        b = c.cli("submit", "--user", "bob", "--priority", "-1000", "--time", "0:10", "--", "nap.py", "1").stdout.strip()
+        b = c.cli("submit", "--user", "bob", "--priority", "-1000", "--time", "0:10", "--", "nap.py",
+                  "1").stdout.strip()
         c.wait(lambda st: "priority" in {j.id: j.info for j in st.jobs}.get(b, {}), 60, "bob's job to be ranked")
         out = c.cli("status", "--job", b).stdout
         m = re.search(r"policy: priority (\d+) \(age (\d+), fairshare (\d+), size (\d+), qos (\d+)\)", out)

@@ -204,6 +204,11 @@ def add_commands(sub) -> None:
                           help="how long nothing new goes there (default 86400: a day; at most 30 days); "
                           "`nodes uncordon` lifts it sooner")
         ncor.add_argument("--reason", default="", help="shown in status and the event log")
+        ncor.add_argument("--at", default=None, metavar="TIME",
+                          help="not now but from TIME (as submit --begin: now+2h, 22:00, 2026-12-01T06:00), for "
+                          "--for seconds: a maintenance window (Slurm's flags=maint reservation). Until then the "
+                          "node runs as usual, but backfill starts nothing there that would still run then; "
+                          "`nodes uncordon` cancels it")
     nunc = nsub.add_parser("uncordon", help="lift node NAME's cordon")
     nunc.add_argument("name")
 
@@ -675,6 +680,14 @@ def _node_table(st) -> None:
     for n in st.nodes:
         if n.cordoned_until:
             print(f"  node {n.name} is cordoned (nothing new is placed there): {n.cordon_why}")
+        if n.maint_start:
+            print(f"  node {n.name}: maintenance planned from {_clock(n.maint_start)} to {_clock(n.maint_end)}"
+                  + (" (drain)" if n.maint_drain else ""))
+
+
+def _clock(t: float) -> str:
+    """A UNIX time as local date and time to the second."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
 def _nodes(args) -> int:
@@ -692,7 +705,18 @@ def _nodes(args) -> int:
         _show_token(client.add_node(args.name), args.token_out)
     elif args.nodes_command in ("cordon", "drain"):
         drain = args.nodes_command == "drain"
-        n = client.cordon(args.name, args.seconds, args.reason[:256], drain)
+        at = None
+        if args.at is not None:
+            try:
+                at = begin_time(args.at)
+            except argparse.ArgumentTypeError as exc:
+                raise ConfigError(str(exc).replace("--begin", "--at")) from None
+        n = client.cordon(args.name, args.seconds, args.reason[:256], drain, at)
+        if n.maint_start:
+            print(f"node {n.name}: maintenance planned from {_clock(n.maint_start)} to {_clock(n.maint_end)}; "
+                  + ("its jobs are requeued then" if drain else "its jobs keep running then")
+                  + "; until then nothing starts there that would still run then (under backfill)")
+            return 0
         print(f"node {n.name}: cordoned for {n.cordoned_until - time.time():.0f} s (nothing new is placed there); "
               + ("its jobs are requeued: they checkpoint and resume elsewhere" if drain else
                  f"its {len(n.jobs)} job(s) keep running"))

@@ -648,15 +648,24 @@ class NodeInfo(_Msg, omit_defaults=True):
     #: ``elastictrain nodes cordon``); what runs there keeps running
     cordoned_until: float = 0.0
     cordon_why: str = ""
+    #: > 0: a maintenance window is planned: from ``maint_start`` to ``maint_end`` (UNIX times) the
+    #: node is cordoned (and drained with ``maint_drain``); backfill starts nothing there that would
+    #: still run then
+    maint_start: float = 0.0
+    maint_end: float = 0.0
+    maint_drain: bool = False
 
 
 class NodeCordon(_Msg, omit_defaults=True):
-    """(admin) Cordon a node: nothing new is placed on it for ``seconds`` (0: lift its cordon).
-    ``drain``: also requeue the jobs running there (they checkpoint and resume elsewhere)."""
+    """(admin) Cordon a node: nothing new is placed on it for ``seconds`` (0: lift its cordon, and
+    any maintenance planned). ``drain``: also requeue the jobs running there (they checkpoint and
+    resume elsewhere). ``at``: not now but from this UNIX time (a maintenance window, as Slurm's
+    ``flags=maint`` reservation), which replaces any planned before."""
 
     seconds: Annotated[float, msgspec.Meta(ge=0.0, le=30 * 86_400.0)]
     reason: Short = ""
     drain: bool = False
+    at: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1e11)]] = None
 
 
 class TaskState(_Msg):

@@ -135,7 +135,7 @@ class LiveBackend:
     # ------------------------------------------------------------------ Backend
     def shape(self) -> ClusterShape:
         caps = self.nodes.capacities()
-        return ClusterShape(caps, max(1, len(caps)), self.nodes.types())
+        return ClusterShape(caps, max(1, len(caps)), self.nodes.types(), self.nodes.windows())
 
     def refuses(self, a: Action) -> str:
         """Why ``a`` may not place its job where it says: a cordoned node where the job holds no

@@ -71,12 +71,17 @@ class Node(msgspec.Struct):
     cordon_end: float = 0.0  # ... and when that one ended (or ends)
     cordon_why: str = ""
     cordon_by: str = ""  # admin | straggler | engine (an engine's cordon is lifted when the engine lifts it)
+    maint_start: float = 0.0  # > 0: a planned maintenance window (nodes cordon/drain --at): its start...
+    maint_end: float = 0.0  # ... its end ...
+    maint_drain: bool = False  # ... whether its jobs are requeued at its start ...
+    maint_why: str = ""  # ... and why
 
     def info(self) -> NodeInfo:
         used = sum(t.slots for t in self.tasks if t.alive or (t.state == "pending" and t.wanted))
         jobs = sorted({j for t in self.tasks if t.wanted for j in t.owners})
         return NodeInfo(self.name, self.index, self.slots, used, self.kind, self.gpu_type, self.host, self.state,
-                        self.last_seen, jobs, self.cordoned_until, self.cordon_why)
+                        self.last_seen, jobs, self.cordoned_until, self.cordon_why, self.maint_start, self.maint_end,
+                        self.maint_drain)
 
     def offers(self) -> int:
         """The GPUs the scheduler may place on: none when not up; while cordoned, only those its
@@ -134,6 +139,33 @@ class NodeBook:
         """Each node's GPU type where any node names one (jobs may need a type: ``submit
         --gpu-type``), else empty (one kind, unnamed)."""
         return tuple(n.gpu_type or "gpu" for n in self.by_index) if any(n.gpu_type for n in self.by_index) else ()
+
+    def windows(self) -> tuple:
+        """The planned maintenance windows, ``((node index, start, end), ...)``: what backfill plans
+        around (policies/backfill.py)."""
+        return tuple((n.index, n.maint_start, n.maint_end) for n in self.by_index if n.maint_start)
+
+    def plan_maintenance(self, n: Node, start: float, end: float, drain: bool, why: str) -> None:
+        """From ``start`` to ``end`` node ``n`` is cordoned (``drain``: and its jobs requeued), replacing
+        any window planned before (:meth:`due_maintenance` says when it begins)."""
+        n.maint_start, n.maint_end, n.maint_drain, n.maint_why = start, end, drain, why[:500]
+        self._emit("node_maintenance_planned", "", n.name, start=round(start, 3), end=round(end, 3), drain=drain,
+                   why=n.maint_why)
+        self.dirty.add(n.name)
+
+    def cancel_maintenance(self, n: Node, why: str) -> None:
+        if n.maint_start:
+            n.maint_start, n.maint_end, n.maint_drain, n.maint_why = 0.0, 0.0, False, ""
+            self._emit("node_maintenance_cancelled", "", n.name, why=why)
+            self.dirty.add(n.name)
+
+    def due_maintenance(self, now: float) -> list[Node]:
+        """The nodes whose planned maintenance begins by ``now`` (the caller cordons them)."""
+        return [n for n in self.by_index if n.maint_start and now >= n.maint_start]
+
+    def next_maintenance(self) -> Optional[float]:
+        """When the next planned maintenance begins (the loop wakes then), or None."""
+        return min((n.maint_start for n in self.by_index if n.maint_start), default=None)
 
     def name_of(self, index: int) -> str:
         return self.by_index[index].name

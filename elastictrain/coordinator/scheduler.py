@@ -475,6 +475,14 @@ class ClusterScheduler:
         now = self.clock.now()
         if req.drain and not req.seconds:
             raise ConfigError("a drain cordons the node: give it seconds > 0 (how long nothing new goes there)")
+        if req.at is not None and req.at > now:  # a maintenance window, from then
+            if not req.seconds:
+                raise ConfigError("a maintenance window needs its length: give seconds > 0 (--for)")
+            why = req.reason or "maintenance planned by an administrator"
+            self.nodes.plan_maintenance(n, req.at, req.at + req.seconds, req.drain, why)
+            self._flush()
+            self.wake()
+            return n.info()
         if req.seconds > 0:
             why = req.reason or ("drained" if req.drain else "cordoned") + " by an administrator"
             self.nodes.cordon(n, req.seconds, now, why)
@@ -484,6 +492,7 @@ class ClusterScheduler:
                     self.backend.requeue(rec, "requeue", f"node {name} was drained ({why})", node=name)
         else:
             self.nodes.uncordon(n, now, req.reason or "uncordoned by an administrator")
+            self.nodes.cancel_maintenance(n, req.reason or "uncordoned by an administrator")
         self._flush()
         self.wake()
         return n.info()
@@ -1386,6 +1395,11 @@ class ClusterScheduler:
         """One decision now (also what the loop runs)."""
         now = self.clock.now()
         self._exits(self.nodes.expire(now))
+        for n in self.nodes.due_maintenance(now):  # a planned window begins: cordon (drain) it to its end
+            start, end, drain, why = n.maint_start, n.maint_end, n.maint_drain, n.maint_why
+            self.nodes.cancel_maintenance(n, "its maintenance begins")
+            if end > now:
+                self.cordon(n.name, NodeCordon(min(end - now, 30 * 86_400.0), f"maintenance: {why}"[:256], drain))
         self.table.accrue(now)
         self._next_timeout = None  # when the next running job reaches its --time (the loop wakes then)
         for e in [e for e in self.table.running.values() if e.data["job"].time_limit]:  # Slurm's --time
@@ -1440,6 +1454,9 @@ class ClusterScheduler:
                 due.append(self.sched.wakeup)
             if self._next_timeout is not None:
                 due.append(self._next_timeout)
+            maint = self.nodes.next_maintenance()
+            if maint is not None:  # a planned maintenance window: cordoned then
+                due.append(maint)
             begins = [r.begin for r in self.admission.waiting.values() if r.begin > now]
             if begins:  # a job's --begin: admitted then
                 due.append(min(begins))

@@ -136,6 +136,9 @@ class ClusterSnapshot(msgspec.Struct, frozen=True):
     running: tuple = ()  # JobView running before this decision
     node_types: tuple = ()  # GPU type of node i on a heterogeneous cluster (empty: one type)
     by_key: Optional[Mapping] = None
+    #: planned maintenance, ((node, start, end), ...): the node offers nothing from start to end
+    #: (``nodes drain NAME --at``); a policy that plans ahead (backfill) starts nothing there that would overlap
+    windows: tuple = ()
 
     def __post_init__(self) -> None:
         if self.by_key is None:

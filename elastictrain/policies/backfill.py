@@ -9,6 +9,9 @@ before the reservation begins, or it fits on GPUs the reservation does not need.
 before it: 1 is EASY backfill (the classic), more is what Slurm does (it reserves for each of the
 first ``bf_max_job_test`` jobs it tests; conservative backfill when every job gets one).
 
+A node's planned maintenance (``nodes drain NAME --at TIME --for SECONDS``: Slurm's ``flags=maint``
+reservation) is planned around the same way: nothing starts there that would still run then.
+
 Estimates are the jobs' remaining time (:attr:`.JobView.remaining_time`: on a live cluster what is
 left of ``--steps``/``--epochs`` at the measured step time, else the rest of ``--time``; a trace's
 durations in the simulator) plus a start's restart cost. Reservations are planned afresh at every
@@ -132,6 +135,9 @@ class Backfill:
             begins = j.ready_at if j.starting and j.ready_at is not None and j.ready_at > now else now
             ends.append((max(begins + j.remaining_time, now + _SOON), j.placement))
         line = _Timeline(now, free, ends)
+        for n, start, end in s.windows:  # planned maintenance: the node offers nothing then
+            if end > now and 0 <= n < len(caps) and caps[n] > 0:
+                line.take(((n, caps[n]),), max(start, now), end)
         placer = Placer(caps, s.nodes_per_switch, self.placement, self.packlimit, node_types=s.node_types)
         reserved: list[tuple] = []
         notes = []

@@ -386,7 +386,10 @@ class CoordinatorClient:
     def node_leave(self, name: str, req: NodeLeave) -> NodeInfo:
         return self._call("POST", f"/v1/cluster/nodes/{name}/leave", NodeInfo, req)
 
-    def cordon(self, name: str, seconds: float, reason: str = "", drain: bool = False) -> NodeInfo:
-        """(admin) Place nothing new on node ``name`` for ``seconds`` (0: lift its cordon); ``drain``:
-        also requeue the jobs running there (they resume elsewhere from their checkpoints)."""
-        return self._call("POST", f"/v1/cluster/nodes/{name}/cordon", NodeInfo, NodeCordon(seconds, reason, drain))
+    def cordon(self, name: str, seconds: float, reason: str = "", drain: bool = False,
+               at: Optional[float] = None) -> NodeInfo:
+        """(admin) Place nothing new on node ``name`` for ``seconds`` (0: lift its cordon and any
+        maintenance planned); ``drain``: also requeue the jobs running there (they resume elsewhere
+        from their checkpoints); ``at``: from that UNIX time instead of now (a maintenance window)."""
+        return self._call("POST", f"/v1/cluster/nodes/{name}/cordon", NodeInfo,
+                          NodeCordon(seconds, reason, drain, at))

@@ -68,11 +68,13 @@ class Action(msgspec.Struct, frozen=True):
 @dataclass(frozen=True)
 class ClusterShape:
     """The nodes a backend offers now: GPUs (or slots) of each node (0 while a node is down),
-    nodes per switch (for consolidated placement), GPU type of each node (empty: one type)."""
+    nodes per switch (for consolidated placement), GPU type of each node (empty: one type), and the
+    maintenance windows planned, ``((node, start, end), ...)``."""
 
     gpus_per_node: tuple
     nodes_per_switch: int = 1
     node_types: tuple = ()
+    windows: tuple = ()
 
     @property
     def total_gpus(self) -> int:

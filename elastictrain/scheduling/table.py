@@ -327,7 +327,7 @@ class Feed:
         arrived = tuple(views[k] for k in self.arrived if k in views)
         return ClusterSnapshot(now, JobsInOrder(views), shape.gpus_per_node, shape.nodes_per_switch, arrived,
                                tuple(self.ended), tuple(map(views.__getitem__, t.running)), shape.node_types,
-                               MappingProxyType(views))
+                               MappingProxyType(views), shape.windows)
 
     def consumed(self) -> None:
         """The policy decided on the last snapshot: forget the changes it has seen."""

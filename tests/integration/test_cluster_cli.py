@@ -489,3 +489,31 @@ def test_multifactor_shows_each_waiting_jobs_priority_and_takes_users_tickets(tm
         c.cli("cancel", a, b)
     finally:
         c.stop()
+
+
+def test_a_planned_maintenance_keeps_long_jobs_off_the_node_and_cordons_it_when_it_begins(tmp_path):
+    """Slurm's flags=maint reservation: `nodes drain NAME --at TIME --for S` plans a window; until it
+    begins backfill starts nothing there that would still run then (a short job may), and at its
+    start the node is cordoned for its length (and drained)."""
+    c = Cluster(tmp_path, "backfill", nodes=2, slots=1).start()
+    try:
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+            f.write("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
+        out = c.cli("nodes", "drain", "n1", "--at", "now+8", "--for", "60", "--reason", "BIOS update").stdout
+        assert out.startswith("node n1: maintenance planned from ") and "its jobs are requeued then" in out, out
+        assert "node n1: maintenance planned from" in c.cli("nodes", "list").stdout
+        long = c.cli("submit", "--time", "10:00", "--", "nap.py", "60").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(long) == "running", 60, "the long job to run")
+        assert {n.name for n in c.client.cluster_status().nodes if long in n.jobs} == {"n2"}  # (n1 comes first)
+        short = c.cli("submit", "--time", "0:03", "--", "nap.py", "1").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(short) == "finished", 60, "the short job on n1")
+        c.wait(lambda st: next(n for n in st.nodes if n.name == "n1").cordoned_until > 0, 30, "the window to begin")
+        n1 = next(n for n in c.client.cluster_status().nodes if n.name == "n1")
+        assert n1.cordon_why == "maintenance: BIOS update" and not n1.maint_start, n1
+        kinds = [(e.kind, e.node) for e in c.client.events(0).events if e.kind.startswith("node_")]
+        assert ("node_maintenance_planned", "n1") in kinds and kinds[-1] == ("node_cordoned", "n1"), kinds
+        bad = c.cli("nodes", "drain", "n2", "--at", "someday", check=False)
+        assert bad.returncode != 0 and "--at 'someday': give now+SPAN" in bad.stderr, bad.stderr
+        c.cli("cancel", long)
+    finally:
+        c.stop()

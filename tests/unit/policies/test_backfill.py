@@ -153,3 +153,23 @@ def test_a_node_that_offers_nothing_now_does_not_hide_the_others_free_gpus():
     d = bf.decide(s)
     assert d.run == {0: ((0, 2),), 1: ((1, 4),)}
     assert bf.reserved == []  # 6 GPUs never fit while node 0 offers none
+
+
+def test_nothing_starts_where_it_would_run_into_a_planned_maintenance():
+    # 2 nodes of 4, node 0 in maintenance from 100 to 400: a 1000-s job goes to node 1 (node 0 comes
+    # first otherwise); a 50-s job may use node 0 (it ends by 100); a 4-GPU 1000-s job cannot start
+    # on node 0 and is reserved node 0 from 400, after the maintenance
+    from elastictrain.policies.api import ClusterSnapshot, JobView
+
+    long = JobView(0, 2, 0.0, iterations=1000, remaining_iterations=1000)
+    short = JobView(1, 2, 1.0, iterations=50, remaining_iterations=50)
+    whole = JobView(2, 4, 2.0, iterations=1000, remaining_iterations=1000)
+    s = ClusterSnapshot(10.0, (long, short, whole), (4, 4), 2, arrived=(long, short, whole),
+                        windows=((0, 100.0, 400.0),))
+    bf = create("backfill")
+    d = bf.decide(s)
+    assert d.run == {0: ((1, 2),), 1: ((0, 2),)}, d.run
+    assert bf.reserved == [(2, 400.0, ((0, 4),))]  # node 0 after its maintenance (node 1 is busy until 1010)
+    # without the window the first two share node 0, and the 4-GPU job starts at once on node 1
+    d = bf.decide(ClusterSnapshot(10.0, (long, short, whole), (4, 4), 2, arrived=(long, short, whole)))
+    assert d.run == {0: ((0, 2),), 1: ((0, 2),), 2: ((1, 4),)} and bf.reserved == [], d.run

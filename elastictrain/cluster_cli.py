@@ -787,6 +787,9 @@ def _user_table(client, window: float, as_json: bool) -> int:
         ratio = f"{u.share / u.entitled:.2f}" if u.entitled > 0 else "-"
         rows.append((u.user, f"{u.tickets:g}" + ("" if u.set else " (default)"), f"{u.entitled:.1%}",
                      f"{u.share:.1%}", ratio, f"{u.gpu_seconds:.1f}", str(u.running_gpus), str(u.jobs)))
+    if any(u.fairshare is not None for u in ul.users):  # multifactor: sshare's effective usage and factor
+        rows = [r + q for r, q in zip(rows, [("usage (decayed)", "fairshare")] + [
+            (f"{u.usage:.1%}", f"{u.fairshare:.3f}") if u.fairshare is not None else ("-", "-") for u in ul.users])]
     if any(u.quota_gpus is not None or u.quota_jobs is not None or u.max_priority for u in ul.users):
         rows = [r + q for r, q in zip(rows, [("quota", "admitted GPUs", "waiting for quota")] + [
             (_quota_text(u), str(u.admitted_gpus), str(u.waiting_for_quota)) for u in ul.users])]

@@ -897,6 +897,10 @@ class UserInfo(_Msg, omit_defaults=True):
     #: GPUs its admitted jobs count against the quota, and its jobs waiting for the quota
     admitted_gpus: int = 0
     waiting_for_quota: int = 0
+    #: under multifactor (Slurm's sshare): its own account's share of the recent GPU time (decayed)
+    #: and fair-share factor at the last decision; None under other policies or without jobs or usage
+    usage: Optional[float] = None
+    fairshare: Optional[float] = None
 
 
 class UserList(_Msg):

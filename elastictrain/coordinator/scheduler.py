@@ -1216,6 +1216,12 @@ class ClusterScheduler:
             running[e.user] = running.get(e.user, 0) + e.num_gpu
         self.table.accrue(self.clock.now())
         out = self.users.report(self.clock.now(), window, self._usage, active, running, projects)
+        fair = getattr(self.policy, "fairshare", None)  # multifactor's, per account: sshare's columns
+        if fair is not None:
+            got = fair()
+            out = msgspec.structs.replace(out, users=[
+                msgspec.structs.replace(u, usage=got[u.user][1], fairshare=got[u.user][2]) if u.user in got else u
+                for u in out.users])
         if not (self.quotas.own or self.quotas.default.limited or self.quotas.caps):
             return out
         used = self.admission.usage()

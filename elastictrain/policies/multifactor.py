@@ -78,6 +78,7 @@ class Multifactor(Backfill):
         self._static: dict = {}  # job key -> what of its priority does not change while it waits (_fixed)
         self._gpus, self._projects_of = 0, None  # what _static was built for
         self._fair: dict = {}  # account -> fair-share factor, and when, at the last decision
+        self._detail: dict = {}  # account -> (its share of the tickets, of the decayed usage) then
         self._now = 0.0
 
     # ------------------------------------------------------------------ shares
@@ -139,7 +140,9 @@ class Multifactor(Backfill):
         total_t = sum(tickets.values())
         used = sum(self._usage.values())
         usage = self._usage
-        fair = {a: 2.0 ** (-(usage.get(a, 0.0) / used if used > 0 else 0.0) / (t / total_t)) for a, t in tickets.items()}
+        detail = {a: (t / total_t, usage.get(a, 0.0) / used if used > 0 else 0.0) for a, t in tickets.items()}
+        fair = {a: 2.0 ** (-u / share) for a, (share, u) in detail.items()}
+        self._detail = detail
         wa, wf, inv = w["age"], w["fairshare"], 1.0 / self.max_age
         prio = {}
         for j in s.jobs:
@@ -166,6 +169,11 @@ class Multifactor(Backfill):
         j, a, _, size, qos = self._static[key]
         age = min(max(self._now - j.submit_time, 0.0) / self.max_age, 1.0)
         return p, age, self._fair[a], size, qos
+
+    def fairshare(self) -> dict:
+        """Each account's (share of the tickets, share of the decayed usage, fair-share factor) at the
+        last decision, as Slurm's ``sshare`` shows them (accounts with jobs or usage then)."""
+        return {a: (share, u, self._fair[a]) for a, (share, u) in self._detail.items()}
 
     def _queue(self, s: ClusterSnapshot):
         """The waiting jobs by priority, highest first (ties: submission order)."""

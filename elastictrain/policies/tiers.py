@@ -58,6 +58,8 @@ class PriorityTiers:
             self.annotate = self._annotate
         if hasattr(first, "waiting_reason"):
             self.waiting_reason = self._waiting_reason
+        if hasattr(first, "fairshare"):  # (each tier counts its own usage: the default tier's is shown)
+            self.fairshare = lambda: self._tier(0).fairshare()
         if hasattr(first, "export_state") and hasattr(first, "import_state"):
             self.export_state, self.import_state = self._export_state, self._import_state
 

@@ -486,6 +486,9 @@ def test_multifactor_shows_each_waiting_jobs_priority_and_takes_users_tickets(tm
         # bob used nothing: fair share 10000; 1 slot of 1: size 1000; priority -1000: qos 0
         assert [int(x) for x in m.groups()[2:]] == [10000, 1000, 0], out
         assert "reservation 1 GPUs (backfill)" in out, out
+        # sshare: alice used all the GPU time, bob none; bob holds 3 of the 4 tickets
+        rows = {r.split()[0]: r.split() for r in c.cli("users", "list").stdout.splitlines()[2:]}
+        assert rows["alice"][-2:] == ["100.0%", "0.062"] and rows["bob"][-2:] == ["0.0%", "1.000"], rows
         c.cli("cancel", a, b)
     finally:
         c.stop()

@@ -94,6 +94,15 @@ def test_status_shows_each_factor_weighted():
     assert info["reservation"] == "1 GPUs (backfill)"
 
 
+def test_fairshare_reports_shares_usage_and_factor_as_sshare():
+    jobs = [JobSpec(0, 1, 0.0, 1000, 1.0, user="ana"), JobSpec(1, 1, 5.0, 10, 1.0, user="ben")]
+    pol = create("multifactor", tickets={"ben": 3})
+    Simulator(jobs, ClusterSpec(1, 1, 1), pol).run()
+    got = pol.fairshare()  # at the last decision (ana's end): ana used it all, ben holds 3 of 4 tickets
+    assert got["ana"] == (0.25, pytest.approx(1.0), pytest.approx(2 ** -4)), got
+    assert got["ben"][0] == 0.75 and got["ben"][1] == pytest.approx(0.0, abs=1e-12), got
+
+
 def test_usage_survives_a_restart():
     jobs = [JobSpec(i, 1, float(i), 1000, 1.0, user="ana") for i in range(4)]
     pol = create("multifactor")

@@ -159,6 +159,9 @@ def get_parser() -> argparse.ArgumentParser:
     m.add_argument("--outage", action="append", default=[], metavar="NODE:START:END",
                    help="node NODE (0-based) is lost from START to END seconds (END 'inf': for good); its jobs are "
                    "preempted; repeatable")
+    m.add_argument("--maintenance", action="append", default=[], metavar="NODE:START:END",
+                   help="as --outage, but planned: the policies know of it from the start (backfill and multifactor "
+                   "start nothing there that would still run then), as `nodes drain NAME --at`; repeatable")
     m.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS",
                    help="with --outage: a job lost with its node goes back to its last checkpoint, one every SECONDS "
                    "of training (default: it loses nothing)")
@@ -528,8 +531,8 @@ def _profile(args) -> int:
     return 0
 
 
-def _outages(specs: list) -> tuple:
-    """``--outage NODE:START:END`` as (node, start, end); the engine checks the numbers."""
+def _outages(specs: list, flag: str = "--outage") -> tuple:
+    """``--outage NODE:START:END`` (or ``flag``'s) as (node, start, end); the engine checks the numbers."""
     out = []
     for spec in specs:
         parts = spec.split(":")
@@ -538,7 +541,7 @@ def _outages(specs: list) -> tuple:
                 raise ValueError
             out.append((int(parts[0]), float(parts[1]), float(parts[2])))
         except ValueError:
-            raise ConfigError(f"--outage {spec!r}: write NODE:START:END (a node index and seconds, e.g. 3:3600:7200, "
+            raise ConfigError(f"{flag} {spec!r}: write NODE:START:END (a node index and seconds, e.g. 3:3600:7200, "
                               "or 3:3600:inf for a node that never comes back)") from None
     return tuple(out)
 
@@ -578,6 +581,7 @@ def _simulate(args) -> None:
                     args.interval, args.restart_cost, opts, args.spread_slowdown, args.migration_cost,
                     protect_startup=not args.preempt_starting, min_run=args.preempt_exempt,
                     outages=_outages(args.outage), checkpoint_every=args.checkpoint_every,
+                    maintenance=_outages(args.maintenance, "--maintenance"),
                     priority_preemption=args.priority_preemption, quota_gpus=args.quota_gpus,
                     quota_jobs=args.quota_jobs)
     results = simulate(cfg, progress=not args.no_progress, parallel=args.parallel)
@@ -593,11 +597,13 @@ def _simulate(args) -> None:
     if lines:
         print()
         print("\n".join(lines))
-    if cfg.outages:
+    if cfg.outages or cfg.maintenance:
         print()
+        what = " and maintenance" if cfg.maintenance and cfg.outages else " maintenance" if cfg.maintenance else \
+            " outages"
         for r in results:
             lost = f", {r.extra['outage_lost_seconds']:.0f} s of work lost with them" if cfg.checkpoint_every else ""
-            print(f"{r.policy}: {r.extra['outage_preemptions']} jobs preempted by node outages{lost}")
+            print(f"{r.policy}: {r.extra['outage_preemptions']} jobs preempted by node{what}{lost}")
     if args.out:
         for p in write_outputs(results, args.out):
             print(f"wrote {p}")

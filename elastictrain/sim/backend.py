@@ -66,7 +66,7 @@ class SimBackend:
     def set_capacities(self, gpus_per_node: tuple) -> None:
         """The GPUs each node offers from now on (a node lost offers 0: the engine's outages)."""
         shape = self._shape
-        self._shape = ClusterShape(gpus_per_node, shape.nodes_per_switch, shape.node_types)
+        self._shape = ClusterShape(gpus_per_node, shape.nodes_per_switch, shape.node_types, shape.windows)
 
     def start(self, e: Entry, a: Action) -> None:
         if self._plain and not a.group and e.num_gpu == e.data["gpus"]:  # _placed's common case, inline:

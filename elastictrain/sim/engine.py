@@ -21,6 +21,8 @@ above ``skew_sensitive``, e.g. VGG) placed across several nodes runs that many t
 
 Heterogeneous clusters (``ClusterSpec.node_types``): a job runs at its speed on the GPU type
 of its placement (``JobSpec.speeds``; a gang spanning types runs at the slowest member's).
+``planned``: outages known ahead (maintenance windows, ``simulate --maintenance``): the same, and
+the policy sees them from the start (``ClusterSnapshot.windows``: backfill plans around them).
 ``outages``: ``(node, start, end)`` seconds in which a node is lost (``end`` may be ``inf``): at
 ``start`` the jobs with GPUs on it are preempted (their progress kept, as from a checkpoint; the
 restart cost is paid when they start again) and the node offers 0 GPUs, as a live coordinator
@@ -145,7 +147,7 @@ class Simulator:
                  protect_startup: bool = True, outages: Sequence[tuple] = (),
                  checkpoint_every: Optional[float] = None, min_run: float = 0.0,
                  prior: Optional[dict] = None, quota: Union[Quota, "QuotaState", None] = None,
-                 after: Optional[dict] = None, arrays: Optional[dict] = None) -> None:
+                 after: Optional[dict] = None, arrays: Optional[dict] = None, planned: Sequence[tuple] = ()) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
@@ -184,7 +186,9 @@ class Simulator:
             raise ConfigError("migration_cost must be >= 0 and window > 0")
         self.migration_cost, self.window = float(migration_cost), window
         self.decisions = decisions  # if a list: (time, action kind or "finish", job id, group) appended
-        self.outages = check_outages(outages, cluster.nodes)
+        # planned ones are outages the policy knows of from the start (ClusterSnapshot.windows: maintenance)
+        self.planned = check_outages(planned, cluster.nodes)
+        self.outages = check_outages((*outages, *self.planned), cluster.nodes)
         if checkpoint_every is not None and not (checkpoint_every > 0 and math.isfinite(checkpoint_every)):
             raise ConfigError(f"checkpoint_every must be a number of seconds > 0, got {checkpoint_every!r}")
         self.checkpoint_every = checkpoint_every
@@ -218,7 +222,7 @@ class Simulator:
         cluster = self.cluster
         table = JobTable()
         clock = ManualClock(0.0)
-        shape = ClusterShape(cluster.capacities, cluster.nodes_per_switch, cluster.node_types)
+        shape = ClusterShape(cluster.capacities, cluster.nodes_per_switch, cluster.node_types, self.planned)
         backend = SimBackend(shape, table, clock, every=self.charge == "every_event",
                              spread_slowdown=self.spread_slowdown, skew_sensitive=self.skew_sensitive,
                              migration_cost=self.migration_cost, window=self.window)

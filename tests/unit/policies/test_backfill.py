@@ -173,3 +173,20 @@ def test_nothing_starts_where_it_would_run_into_a_planned_maintenance():
     # without the window the first two share node 0, and the 4-GPU job starts at once on node 1
     d = bf.decide(ClusterSnapshot(10.0, (long, short, whole), (4, 4), 2, arrived=(long, short, whole)))
     assert d.run == {0: ((0, 2),), 1: ((0, 2),), 2: ((1, 4),)} and bf.reserved == [], d.run
+
+
+def test_in_the_simulator_a_planned_maintenance_preempts_nothing_under_backfill():
+    rng = random.Random(3)
+    jobs, t = [], 0.0
+    for i in range(80):
+        t += rng.expovariate(1 / 60)
+        jobs.append(JobSpec(i, rng.choice([1, 2, 4]), round(t, 3), rng.choice([60, 300, 1200]), 1.0))
+    windows = ((0, 1000.0, 1500.0), (3, 2500.0, 4000.0))
+    surprise = Simulator(jobs, ClusterSpec(1, 4, 4), create("backfill"), outages=windows).run()
+    planned = Simulator(jobs, ClusterSpec(1, 4, 4), create("backfill"), planned=windows).run()
+    fifo = Simulator(jobs, ClusterSpec(1, 4, 4), create("fifo-be"), planned=windows).run()
+    assert surprise.extra["outage_preemptions"] > 0 and fifo.extra["outage_preemptions"] > 0
+    assert planned.extra["outage_preemptions"] == 0
+    assert len(planned.jobs) == len(jobs)
+    with pytest.raises(ConfigError, match="overlap"):
+        Simulator(jobs, ClusterSpec(1, 4, 4), create("backfill"), outages=((0, 1200.0, 1300.0),), planned=windows)

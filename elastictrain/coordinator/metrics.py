@@ -87,6 +87,9 @@ def _cluster(out: _Out, sched, now: float) -> None:
                [({"node": i.name}, i.used) for i in infos])
     out.family("elastictrain_node_cordoned", "gauge", "1 while nothing new is placed on the node.",
                [({"node": i.name}, int(i.cordoned_until > now)) for i in infos])
+    out.family("elastictrain_node_maintenance_start_seconds", "gauge",
+               "When a node's planned maintenance begins (UNIX time; nodes drain NAME --at), for nodes with one.",
+               [({"node": i.name}, i.maint_start) for i in infos if i.maint_start])
     running: dict[str, int] = {}
     for e in sched.table.running.values():
         running[e.user] = running.get(e.user, 0) + e.num_gpu

@@ -159,9 +159,16 @@ class NodeBook:
             self._emit("node_maintenance_cancelled", "", n.name, why=why)
             self.dirty.add(n.name)
 
-    def due_maintenance(self, now: float) -> list[Node]:
-        """The nodes whose planned maintenance begins by ``now`` (the caller cordons them)."""
-        return [n for n in self.by_index if n.maint_start and now >= n.maint_start]
+    def due_maintenance(self, now: float) -> list[tuple]:
+        """The planned maintenance windows that begin by ``now``, as (node, end, drain, why), no longer
+        planned: the caller cordons (drains) each node until its end."""
+        out = []
+        for n in self.by_index:
+            if n.maint_start and now >= n.maint_start:
+                out.append((n, n.maint_end, n.maint_drain, n.maint_why))
+                n.maint_start, n.maint_end, n.maint_drain, n.maint_why = 0.0, 0.0, False, ""
+                self.dirty.add(n.name)
+        return out
 
     def next_maintenance(self) -> Optional[float]:
         """When the next planned maintenance begins (the loop wakes then), or None."""

@@ -281,7 +281,7 @@ class ClusterScheduler:
         shape = self.backend.shape()
         f = await asyncio.to_thread(forecast, policy, jobs, shape.gpus_per_node, shape.node_types,
                                     budget=FORECAST_BUDGET, min_run=self.cfg.min_run, now=now, memory=memory,
-                                    quotas=quotas)
+                                    quotas=quotas, windows=shape.windows)
         out = []
         for rec in self.records.values():
             if rec.status in _ENDED_NAMES:
@@ -1401,9 +1401,7 @@ class ClusterScheduler:
         """One decision now (also what the loop runs)."""
         now = self.clock.now()
         self._exits(self.nodes.expire(now))
-        for n in self.nodes.due_maintenance(now):  # a planned window begins: cordon (drain) it to its end
-            start, end, drain, why = n.maint_start, n.maint_end, n.maint_drain, n.maint_why
-            self.nodes.cancel_maintenance(n, "its maintenance begins")
+        for n, end, drain, why in self.nodes.due_maintenance(now):  # a window begins: cordon (drain) it to its end
             if end > now:
                 self.cordon(n.name, NodeCordon(min(end - now, 30 * 86_400.0), f"maintenance: {why}"[:256], drain))
         self.table.accrue(now)

@@ -80,13 +80,15 @@ class _OutOfTime(Exception):
 
 def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node_types: tuple = (), *,
              horizon: float = 30 * 86_400.0, budget: float = 2.0, min_run: float = 0.0, now: float = 0.0,
-             memory: Optional[tuple] = None, quotas: Optional[tuple] = None) -> Forecast:
+             memory: Optional[tuple] = None, quotas: Optional[tuple] = None, windows: tuple = ()) -> Forecast:
     """Run ``policy`` on ``jobs`` over nodes offering ``gpus_per_node`` (0: down or drained) from
     ``now`` (the jobs' clock: the simulation runs on it, so times the policy remembers hold); see
     the module docstring. ``memory``: (``export_state()`` of the live policy, the live jobs' views),
     imported into ``policy`` with the simulation's job ids. ``quotas``: (QuotaBook, ProjectBook or
     None, users' usage, projects' usage) as the coordinator counts them: a job not admitted
-    (``counted`` None) is admitted when they leave it room (the engine's ``QuotaState``)."""
+    (``counted`` None) is admitted when they leave it room (the engine's ``QuotaState``). ``windows``:
+    the nodes' planned maintenance, ``((node, start, end), ...)`` on the jobs' clock: the node offers
+    nothing then, and its jobs there move (the engine's planned outages)."""
     t0 = time.perf_counter()
     out = Forecast()
     nodes = len(gpus_per_node)
@@ -139,8 +141,9 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
     # an array's %N: a task not admitted yet waits until one of its array's admitted tasks ends
     arrays = {i: (j.array, j.array_limit, j.counted is not None) for i, j in enumerate(jobs)
               if j.array and j.array_limit}
+    planned = tuple((n, max(a, now), b) for n, a, b in windows if 0 <= n < nodes and b > max(a, now))
     sim = Simulator(specs, cluster, policy, decisions=log, until=now + horizon, progress=tick, prior=prior,
-                    min_run=min_run, after=after, quota=state, arrays=arrays)
+                    min_run=min_run, after=after, quota=state, arrays=arrays, planned=planned)
     try:
         res = sim.run()
         out.reached, out.complete = max(res.makespan - now, 0.0), not res.extra["unfinished"]

@@ -604,6 +604,35 @@ def test_a_drain_cordons_the_node_and_requeues_its_jobs_which_resume_elsewhere(t
     assert ev and "node n1 was drained (firmware update)" in ev[0]["why"], ev
 
 
+def test_a_planned_maintenance_drains_the_node_when_it_begins_and_survives_a_restart(tmp_path):
+    w, a = _one_job_on_n1(tmp_path)  # (fifo: it does not plan ahead, so a stays on n1 until the window)
+    with pytest.raises(ConfigError, match="needs its length"):
+        w.s.cordon("n1", NodeCordon(0.0, at=w.clock.now() + 100))
+    info = w.s.cordon("n1", NodeCordon(600.0, "firmware", drain=True, at=w.clock.now() + 100))
+    assert info.maint_start == 1100.0 and info.maint_end == 1700.0 and info.maint_drain and not info.cordoned_until
+    assert w.s.nodes.windows() == ((0, 1100.0, 1700.0),) and w.s.backend.shape().windows == ((0, 1100.0, 1700.0),)
+    assert w.s.nodes.next_maintenance() == 1100.0
+    w.restart()  # the plan is the node's durable state
+    w.clock.advance(99)
+    w.s.tick()
+    assert w.status(a) == "running" and not w.s.job(a).stopping
+    w.clock.advance(1)  # it begins: cordoned to its end, and its job requeued
+    w.s.tick()
+    n1 = w.s.nodes.nodes["n1"]
+    assert n1.cordoned_until == 1700.0 and n1.cordon_why == "maintenance: firmware" and not n1.maint_start
+    assert w.s.job(a).stopping
+    w.exit(a, 75)
+    w.s.tick()
+    w.run_all()
+    assert _placed(w, a) == ["n2"]
+    # planned again, then cancelled by an uncordon (which also lifts the cordon)
+    w.s.cordon("n2", NodeCordon(60.0, at=w.clock.now() + 10))
+    w.s.cordon("n2", NodeCordon(0.0))
+    assert not w.s.nodes.nodes["n2"].maint_start and w.s.nodes.windows() == ()
+    kinds = [e.kind for e in w.s.events.list(0).events if "maintenance" in e.kind]
+    assert kinds == ["node_maintenance_planned", "node_maintenance_planned", "node_maintenance_cancelled"], kinds
+
+
 class _Scripted:
     """A policy whose decision the test writes (``plan(snapshot) -> {job: placement}``)."""
 

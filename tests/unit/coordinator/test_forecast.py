@@ -304,3 +304,17 @@ def test_the_engine_runs_at_most_n_of_an_arrays_jobs_at_once():
     # 1 at 20 s), 3 until one more did (2 and 4 at 50 s)
     assert start[0] == start[1] == start[4] == 0.0 and (end[0], end[1], end[4]) == (10.0, 20.0, 50.0)
     assert start[2] == end[1] and start[3] == 50.0 and r.extra["unfinished"] == 0
+
+
+@pytest.mark.parametrize("now", [0.0, 1.8e9])
+def test_a_planned_maintenance_window_is_in_the_forecast(now):
+    # 2 nodes of 1: under backfill the 1000-s job goes to node 1, away from node 0's window at +100..+400;
+    # the 50-s job fits on node 0 before it; the third waits for node 0's end of maintenance
+    jobs = [ForecastJob("long", 1, now, 1.0, 1000, 1000), ForecastJob("short", 1, now, 1.0, 50, 50),
+            ForecastJob("next", 1, now, 1.0, 500, 500)]
+    f = forecast(create("backfill"), jobs, (1, 1), now=now, windows=((0, now + 100, now + 400), (1, now - 5, now - 1)))
+    assert f.complete
+    assert f.start["long"] == pytest.approx(0.0) and f.start["short"] == pytest.approx(0.0)
+    assert f.start["next"] == pytest.approx(400.0), f.start  # after the window, not at the short job's end
+    plain = forecast(create("backfill"), jobs, (1, 1), now=now)
+    assert plain.start["next"] == pytest.approx(50.0), plain.start

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from elastictrain.coordinator.metrics import render
-from elastictrain.wire import ProjectSet
+from elastictrain.wire import NodeCordon, ProjectSet
 
 from .test_quotas import QuotaWorld
 
@@ -72,6 +72,12 @@ def test_the_metrics_say_what_the_scheduler_holds(tmp_path):
     m = parse(render("1.2.3", "sqlite", w.s))
     assert m[("elastictrain_jobs", (("state", "finished"),))] == 1
     assert m[("elastictrain_events_total", (("kind", "start"),))] == 2  # the quota's job started
+    assert not [k for k in m if k[0] == "elastictrain_node_maintenance_start_seconds"]
+    at = w.clock.now() + 600
+    w.s.cordon("n2", NodeCordon(3600.0, "firmware", True, at))  # planned: only a gauge until it begins
+    m = parse(render("1.2.3", "sqlite", w.s))
+    assert m[("elastictrain_node_maintenance_start_seconds", (("node", "n2"),))] == at
+    assert m[("elastictrain_node_cordoned", (("node", "n2"),))] == 0
 
 
 def test_label_values_are_escaped_and_a_coordinator_without_a_policy_says_only_what_it_is():

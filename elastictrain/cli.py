@@ -112,6 +112,9 @@ def get_parser() -> argparse.ArgumentParser:
                    "--gpus; more wait to be admitted); `elastictrain users quota NAME` sets a user's own (0: no limit)")
     c.add_argument("--quota-jobs", type=int, default=0, metavar="N",
                    help="with --policy: every user may have at most N jobs admitted at once (0: no limit)")
+    c.add_argument("--notify-allow", action="append", default=[], metavar="PATTERN",
+                   help="with --policy: URLs jobs may ask for notifications at (submit --notify), as shell patterns, "
+                   "e.g. 'https://hooks.slack.com/*'; repeatable (none: no notifications)")
     c.add_argument("--quota-borrow", action="store_true",
                    help="with --policy and quotas: a job over its user's quota is admitted anyway, on the GPUs the "
                    "jobs within their quotas leave, and preempted first when they need them (Kueue's borrowing); "
@@ -398,6 +401,17 @@ def _weights(text: Optional[str]) -> Optional[dict]:
     return out
 
 
+def _notify_patterns(given: list) -> list:
+    """``--notify-allow`` patterns: each an http(s) URL pattern of at most 2048 characters."""
+    out = []
+    for p in given:
+        if not p.startswith(("http://", "https://")) or len(p) > 2048 or any(c.isspace() for c in p):
+            raise ConfigError(f"--notify-allow {p[:200]!r}: give an http:// or https:// URL pattern, e.g. "
+                              "'https://hooks.slack.com/*'")
+        out.append(p)
+    return out
+
+
 def _env_patterns(given: list) -> list:
     import re
 
@@ -429,7 +443,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                         protect_startup=not args.preempt_starting, min_run=args.preempt_exempt,
                                         quota_gpus=args.quota_gpus, quota_jobs=args.quota_jobs,
                                         priority_preemption=args.priority_preemption,
-                                        quota_borrow=args.quota_borrow)
+                                        quota_borrow=args.quota_borrow,
+                                        notify_allow=tuple(_notify_patterns(args.notify_allow)))
             engine = _engine_config(args)
             serve(ServerConfig(engine=engine, host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                lease=args.lease, advertise_url=args.advertise_url,

@@ -117,6 +117,14 @@ def add_commands(sub) -> None:
                    "some of its words, ignoring case (a100 runs on 'NVIDIA A100-SXM4-80GB' nodes); as Slurm's "
                    "--gres=gpu:TYPE:N or a Kubernetes node selector; a100|h100: nodes of either (Slurm's "
                    "--constraint; a gang may span both)")
+    s.add_argument("--notify", default=None, metavar="URL",
+                   help="POST a JSON notification (with a Slack-style text line) to URL when the job ends, or as "
+                   "--notify-on says (Slurm's --mail-user, as a webhook); the coordinator must allow the URL "
+                   "(coordinator --notify-allow)")
+    s.add_argument("--notify-on", default=None, metavar="TYPES",
+                   help="what --notify is told of, comma-separated (Slurm's --mail-type): begin, end (finished, "
+                   "failed, cancelled, timed out), fail, requeue (preempted, drained, its node lost), all "
+                   "(default: end)")
     s.add_argument("--gres", type=gres_spec, default=None, metavar="gpu[:TYPE][:N]",
                    help="Slurm's spelling of --gpu-type and --gpus: gpu:a100:4 is --gpu-type a100 --gpus 4")
     s.add_argument("--begin", type=begin_time, default=None, metavar="TIME",
@@ -469,7 +477,8 @@ def _submit(args) -> int:
                                "stage_times": _stage_file(args.profile) if args.profile else None,
                                "after": [a for item in args.after for a in item.split(",") if a],
                                "hold": args.hold, "array": args.array, "time_limit": args.time,
-                               "begin": args.begin, "project": args.project, "gpu_type": gpu_type},
+                               "begin": args.begin, "project": args.project, "gpu_type": gpu_type,
+                               "notify": args.notify, "notify_on": _notify_on(args.notify_on)},
                               JobSubmit)
     except msgspec.ValidationError as exc:
         raise ConfigError(f"invalid job: {exc}") from None
@@ -1125,6 +1134,14 @@ def slurm_time(text: str) -> float:
     if not 0 < seconds <= 366 * 86_400:
         raise argparse.ArgumentTypeError(f"--time {text!r}: between 1 second and 366 days")
     return float(seconds)
+
+
+def _notify_on(text: Optional[str]) -> list:
+    """``--notify-on begin,end``: the types, checked (the message names them all)."""
+    from .coordinator.notify import check_types
+
+    given = [t.strip().lower() for t in (text or "").split(",") if t.strip()]
+    return check_types(given) if given else []
 
 
 def begin_time(text: str, now: Optional[float] = None) -> float:

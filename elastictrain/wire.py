@@ -520,6 +520,11 @@ class JobSubmit(_Msg, omit_defaults=True):
     #: ignoring case (``a100`` runs on nodes of ``NVIDIA A100-SXM4-80GB``); ``a100|h100``: any of
     #: them (Slurm's --constraint; a gang may span both); None: any
     gpu_type: Optional[GpuType] = None
+    #: where to POST its notifications (Slurm's --mail-user, as a webhook: coordinator/notify.py); the
+    #: coordinator's --notify-allow must allow it
+    notify: Optional[Annotated[str, msgspec.Meta(min_length=1, max_length=2048)]] = None
+    #: what to notify of (Slurm's --mail-type): begin, end, fail, requeue, all (default end)
+    notify_on: Annotated[list[Literal["begin", "end", "fail", "requeue", "all"]], msgspec.Meta(max_length=5)] = []
 
 
 class JobUpdate(_Msg, omit_defaults=True):

@@ -116,6 +116,8 @@ class JobRecord(msgspec.Struct):
     borrowing: bool = False  # admitted over its user's quota (--quota-borrow): preempted first
     project: str = ""  # the project whose quota it counts against ("": none)
     gpu_type: str = ""  # the GPU type it must run on ("": any; policies/placement.py's type_matches)
+    notify_url: str = ""  # where its notifications go ("": none; coordinator/notify.py) ...
+    notify_on: list[str] = []  # ... and of what (begin, end, fail, requeue, all)
 
     @property
     def grouped(self) -> bool:

@@ -27,6 +27,7 @@ import logging
 import os
 import re
 import time
+import urllib.parse
 from collections import deque
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -54,6 +55,7 @@ from .events import EventLog, LogBook
 from .live import ENDED_NAMES as _ENDED_NAMES
 from .live import JobRecord, LiveBackend
 from .nodes import Exit, NodeBook, TaskRec
+from .notify import Notifier, check_types, check_url
 from .admission import Admission
 from .arrays import parse_array
 from .projects import META_KEY as PROJECTS_META
@@ -107,6 +109,8 @@ class ClusterConfig:
     #: a job over its user's quota is admitted anyway, on GPUs nobody within a quota needs, and preempted
     #: first (Kueue's borrowing; admission.py)
     quota_borrow: bool = False
+    #: the URLs jobs' notifications may go to (shell patterns; none: no notifications; notify.py)
+    notify_allow: tuple = ()
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval <= 3600:
@@ -139,6 +143,8 @@ class ClusterScheduler:
         # job name -> GPU type -> measured seconds per step there (jobs of one name share it)
         self._type_times: dict[str, dict[str, float]] = {}
         self._seq = int(loaded.meta.get("job_seq", "0"))
+        # jobs' notifications (submit --notify): from the event log, after its durable cursor
+        self.notifier = Notifier(self.store, self.records, self._emit, loaded.meta) if cfg.notify_allow else None
         # what the status page draws (in memory): GPUs in use over time, each job's steps over time
         self._util: deque = deque(maxlen=UTIL_POINTS)
         self._step_hist: dict[str, deque] = {}
@@ -788,6 +794,12 @@ class ClusterScheduler:
             by["project"] = project
         if req.gpu_type:
             by["gpu_type"] = req.gpu_type
+        notify_url, notify_on = "", []
+        if req.notify is not None or req.notify_on:
+            if req.notify is None:
+                raise ConfigError("--notify-on needs --notify URL: where to post the notifications")
+            notify_url, notify_on = check_url(req.notify, self.cfg.notify_allow), check_types(req.notify_on)
+            by["notify"] = ",".join(notify_on)
         out = []
         for i in tasks:
             job_id, env = base, dict(req.env)
@@ -801,7 +813,8 @@ class ClusterScheduler:
                             run_as=run_as, allow_root=allow_root, after=after, hold=req.hold,
                             array=base if i is not None else "", array_limit=limit,
                             time_limit=req.time_limit or 0.0, begin=req.begin if (req.begin or 0.0) > now else 0.0,
-                            project=project, gpu_type=req.gpu_type or "")
+                            project=project, gpu_type=req.gpu_type or "", notify_url=notify_url,
+                            notify_on=notify_on)
             self.records[job_id] = rec
             self.c.members.create_job(job_id, 1, 65536)
             rec.admitted = False
@@ -1066,6 +1079,8 @@ class ClusterScheduler:
             info["time_limit"] = f"{rec.time_limit:.0f} s" + (f" ({used:.0f} s used)" if used is not None else "")
         if rec.begin > self.clock.now() and rec.status not in _ENDED_NAMES:
             info["begin"] = _begin_text(rec.begin)
+        if rec.notify_url:  # (the host only: a webhook's path is its secret)
+            info["notify"] = f"{','.join(rec.notify_on)} to {urllib.parse.urlsplit(rec.notify_url).hostname}"
         if rec.memory_limit:
             info["memory_limit"] = f"{rec.memory_limit / 2**20:.0f} MiB per worker (from its next start)"
         if rec.group_members:  # its current (or last) interleaving group, measured against the model
@@ -1451,6 +1466,16 @@ class ClusterScheduler:
     async def run(self) -> None:
         self._wake = asyncio.Event()
         self._wake.set()
+        if self.notifier is not None:
+            notes = asyncio.ensure_future(self.notifier.run(self.clock.now, self._flush))
+            try:
+                await self._run()
+            finally:
+                notes.cancel()
+        else:
+            await self._run()
+
+    async def _run(self) -> None:
         while True:
             now = self.clock.now()
             due = [self._next_round, now + 1.0]  # at least every second: node liveness

@@ -520,3 +520,42 @@ def test_a_planned_maintenance_keeps_long_jobs_off_the_node_and_cordons_it_when_
         c.cli("cancel", long)
     finally:
         c.stop()
+
+
+def test_a_job_posts_its_notifications_to_a_webhook(tmp_path):
+    """Slurm's --mail-type=ALL as a webhook: the coordinator posts the job's start and end to a real
+    HTTP server, as Slack's incoming webhooks take them; a URL it does not allow is refused."""
+    import http.server
+    import threading
+
+    got = []
+
+    class Hook(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            got.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/services/T0/B0/secret"
+    c = Cluster(tmp_path, "fifo", "--notify-allow", "http://127.0.0.1:*", nodes=1, slots=1).start()
+    try:
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+            f.write("import time\ntime.sleep(1)\n")
+        a = c.cli("submit", "--name", "nap", "--notify", url, "--notify-on", "all", "--", "nap.py").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "finished", 60, "the job to finish")
+        deadline = time.monotonic() + 20
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert [(g["job"], g["event"], g["status"]) for g in got] == [(a, "begin", "running"), (a, "end", "finished")]
+        assert got[1]["text"] == f"elastictrain job {a} (nap) of default: finished" and got[1]["exit_code"] == 0
+        bad = c.cli("submit", "--notify", "http://169.254.169.254/latest", "--", "nap.py", check=False)
+        assert bad.returncode != 0 and "not among the URLs this coordinator posts to" in bad.stderr, bad.stderr
+    finally:
+        c.stop()
+        srv.shutdown()
+        srv.server_close()

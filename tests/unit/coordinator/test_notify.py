@@ -1,0 +1,152 @@
+"""Job notifications (coordinator/notify.py): Slurm's --mail-type as webhooks, posted to a real
+local HTTP server; what is refused, retried, given up and sent again after a restart."""
+
+import http.server
+import json
+import threading
+
+import pytest
+
+from elastictrain.coordinator import notify
+from elastictrain.coordinator.app import Coordinator
+from elastictrain.coordinator.scheduler import ClusterConfig
+from elastictrain.coordinator.store import open_store
+from elastictrain.errors import ConfigError
+
+from .test_cluster_scheduler import World
+
+ALLOW = ("http://127.0.0.1:*",)
+
+
+class NotifyWorld(World):
+    def open(self):
+        self.c = Coordinator(open_store(str(self.tmp / "db")), self.clock,
+                             ClusterConfig(self.policy, dict(self.options), interval=1.0,
+                                           node_timeout=self.node_timeout, notify_allow=ALLOW))
+        self.s = self.c.cluster
+
+    def deliver(self):
+        """One look of the notifier: every notification due is posted now (as its loop does)."""
+        n = self.s.notifier
+        n.scan()
+        for item in n.due(self.clock.now()):
+            try:
+                notify.post(item.url, item.body, timeout=5.0)
+                error = None
+            except OSError as exc:
+                error = str(exc)
+            n.done(item, error, self.clock.now())
+        n.save()
+        self.s._flush()
+
+
+@pytest.fixture
+def receiver():
+    """A real HTTP server on 127.0.0.1 that keeps what is posted (and answers ``codes`` in turn)."""
+    got, codes = [], []
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            code = codes.pop(0) if codes else 200
+            if code == 200:
+                got.append(json.loads(body))
+            self.send_response(code)
+            if code == 302:
+                self.send_header("Location", "http://10.0.0.1/internal")
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/hook/SECRET", got, codes
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_urls_and_types_are_checked_with_the_fix():
+    assert notify.check_url("https://hooks.slack.com/x", ("https://hooks.slack.com/*",))
+    for url, match in [("ftp://h/x", "give an http:// or https:// URL"), ("http:///x", "with a host"),
+                       ("https://u:p@h/x", "user or password"), ("https://h/" + "x" * 3000, "at most 2048"),
+                       ("https://evil.example/x", "not among the URLs this coordinator posts to")]:
+        with pytest.raises(ConfigError, match=match):
+            notify.check_url(url, ("https://hooks.slack.com/*",))
+    with pytest.raises(ConfigError, match="--notify-allow"):
+        notify.check_url("https://hooks.slack.com/x", ())
+    assert notify.check_types([]) == ["end"] and notify.check_types(["fail", "fail", "begin"]) == ["fail", "begin"]
+    with pytest.raises(ConfigError, match="the types are begin, end, fail, requeue, all"):
+        notify.check_types(["later"])
+
+
+def test_a_job_is_notified_of_its_start_and_end_and_the_url_is_checked_at_submit(tmp_path, receiver):
+    url, got, _ = receiver
+    w = NotifyWorld(tmp_path, policy="fifo", nodes=1, slots=2)
+    a = w.submit(2, name="train", notify=url, notify_on=["begin", "end"])
+    quiet = w.submit(1, notify=url)  # (default: end only)
+    with pytest.raises(ConfigError, match="not among the URLs"):
+        w.submit(1, notify="http://10.1.2.3/hook")
+    with pytest.raises(ConfigError, match="needs --notify URL"):
+        w.submit(1, notify_on=["end"])
+    w.s.tick()
+    w.run_all()
+    w.deliver()
+    assert [(g["job"], g["event"], g["kind"]) for g in got] == [(a, "begin", "start")], got
+    assert got[0]["text"] == f"elastictrain job {a} (train) of default: running"
+    assert w.s.job(a).info["notify"] == f"begin,end to 127.0.0.1"  # (the host only: the path is a secret)
+    w.exit(a, 1)
+    w.s.tick()
+    w.deliver()
+    end = got[-1]
+    assert (end["event"], end["kind"], end["status"], end["exit_code"]) == ("end", "fail", "failed", 1), end
+    assert end["text"].startswith(f"elastictrain job {a} (train) of default: failed: ")
+    w.run_all()
+    w.exit(quiet, 0)
+    w.s.tick()
+    w.deliver()
+    assert [(g["job"], g["kind"]) for g in got][-1] == (quiet, "finish") and len(got) == 3, got
+
+
+def test_a_failed_post_is_tried_again_then_given_up_and_a_redirect_is_not_followed(tmp_path, receiver):
+    url, got, codes = receiver
+    w = NotifyWorld(tmp_path, policy="fifo", nodes=1, slots=1)
+    a = w.submit(1, notify=url, notify_on=["begin"])
+    codes.extend([500, 302])
+    w.s.tick()
+    w.run_all()
+    w.deliver()  # 500: tried again in 5 s
+    assert not got and len(w.s.notifier.pending) == 1
+    w.clock.advance(5)
+    w.deliver()  # a redirect to an inside address: not followed, a failure
+    assert not got and w.s.notifier.pending[0].tries == 2
+    w.clock.advance(30)
+    w.deliver()  # now it answers
+    assert [g["kind"] for g in got] == ["start"] and not w.s.notifier.pending
+    b = w.submit(1, notify="http://127.0.0.1:1/closed", notify_on=["all"])  # nothing listens there
+    w.exit(a, 0)
+    w.s.tick()
+    w.run_all()
+    for wait in (0, 5, 30, 120, 600):
+        w.clock.advance(wait)
+        w.deliver()
+    assert not w.s.notifier.pending and w.s.notifier.failed == 1
+    failed = [e for e in w.s.events.list(0).events if e.kind == "notify_failed"]
+    assert [(e.job, e.detail["kind"], e.detail["tries"]) for e in failed] == [(b, "start", 5)], failed
+
+
+def test_a_restart_sends_what_was_not_sent_yet(tmp_path, receiver):
+    url, got, _ = receiver
+    w = NotifyWorld(tmp_path, policy="fifo", nodes=1, slots=1)
+    a = w.submit(1, notify=url, notify_on=["all"])
+    w.s.tick()
+    w.run_all()
+    w.deliver()
+    assert [g["kind"] for g in got] == ["start"]
+    w.exit(a, 0)
+    w.s.tick()
+    w.s._flush()
+    w.restart()  # killed before it looked at the log again
+    w.deliver()
+    assert [g["kind"] for g in got] == ["start", "finish"], got  # the start is not sent twice

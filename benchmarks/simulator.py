@@ -8,7 +8,7 @@
    Philly-derived Muri traces, Poisson arrivals at 0.9 offered load on 64 GPUs) of 10,000 and
    50,000 jobs (``--quick``: 2,000 and 10,000): ``sim_synth<N>_<policy>_wall`` and the fitted
    growth exponent between the two sizes, ``sim_scaling_<policy>_exponent`` (1 = linear).
-   Targets on this machine at 50,000 jobs: SRTF, SRSF, FIFO, Tiresias-L/G <= 10 s; Muri-S/L and
+   Targets on this machine at 50,000 jobs: SRTF, SRSF, FIFO, backfill, Tiresias-L/G <= 10 s; Muri-S/L and
    Gandiva-fair <= 60 s. A run is stopped after ``--limit`` seconds and printed as ``timeout``.
    Gandiva-fair is timed twice: exact (a decision every 60-s quantum while a job waits: millions
    of decisions on a trace spanning years; on the larger trace stopped after ``--exact-limit``
@@ -38,11 +38,12 @@ from elastictrain.sim.run import SimConfig, simulate  # noqa: E402
 from elastictrain.sim.synth import synthesize, write_native  # noqa: E402
 
 TRACES = os.path.join(ROOT, "traces", "muri")
-SHIPPED_POLICIES = ["srtf", "srsf", "tiresias-l", "yarn-cs", "fifo-be", "gandiva-ts", "muri-s", "muri-l"]
+SHIPPED_POLICIES = ["srtf", "srsf", "tiresias-l", "yarn-cs", "fifo-be", "backfill", "multifactor", "gandiva-ts",
+                    "muri-s", "muri-l"]
 # (label, policy, options): gandiva-fair also with --stretch 64 (64-quantum slices while nothing
 # arrives or ends), whose mean JCT is compared with the exact run's where both finish
-SYNTH_POLICIES = [(p, p, {}) for p in ("srtf", "srsf", "fifo", "tiresias-l", "tiresias-g", "muri-s", "muri-l",
-                                       "gandiva-fair")] + [("gandiva-fair-stretch64", "gandiva-fair", {"stretch": 64})]
+SYNTH_POLICIES = [(p, p, {}) for p in ("srtf", "srsf", "fifo", "backfill", "multifactor", "tiresias-l", "tiresias-g",
+                                       "muri-s", "muri-l", "gandiva-fair")] + [("gandiva-fair-stretch64", "gandiva-fair", {"stretch": 64})]
 OPTIONS = {"distribution": os.path.join(ROOT, "traces", "tiresias", "yarn-gput1000.csv")}
 
 

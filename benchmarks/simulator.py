@@ -8,14 +8,15 @@
    Philly-derived Muri traces, Poisson arrivals at 0.9 offered load on 64 GPUs) of 10,000 and
    50,000 jobs (``--quick``: 2,000 and 10,000): ``sim_synth<N>_<policy>_wall`` and the fitted
    growth exponent between the two sizes, ``sim_scaling_<policy>_exponent`` (1 = linear).
-   Targets on this machine at 50,000 jobs: SRTF, SRSF, FIFO, backfill, Tiresias-L/G <= 10 s; Muri-S/L and
+   Targets on this machine at 50,000 jobs: SRTF, SRSF, FIFO, Tiresias-L/G <= 10 s; Muri-S/L and
    Gandiva-fair <= 60 s. A run is stopped after ``--limit`` seconds and printed as ``timeout``.
    Gandiva-fair is timed twice: exact (a decision every 60-s quantum while a job waits: millions
    of decisions on a trace spanning years; on the larger trace stopped after ``--exact-limit``
    s, 120 by default, twice its target) and ``--stretch 64`` (after the one-quantum decision at
    an arrival or an end, quanta of 64 until the next one), with its mean JCT over the exact
    run's where both finish (``..._avg_jct_vs_exact``): the stretched slices are coarser, so
-   results move.
+   results move. Backfill and multifactor (a timeline of reservations planned at every decision)
+   are timed without a target of their own.
 
 Prints ``name: value unit``.
 """

@@ -138,7 +138,9 @@ async function clusterView() {
   const pct = (x) => (100 * x).toFixed(1) + "%";
   let h = "policy " + esc(c.policy) + ", " + esc(c.decisions) + " decisions" +
     table(["node", "state", "GPU type", "slots", "in use", "jobs"],
-      c.nodes.map((n) => [n.name, n.cordoned_until ? "cordoned: " + (n.cordon_why || "-") : n.state,
+      c.nodes.map((n) => [n.name, (n.cordoned_until ? "cordoned: " + (n.cordon_why || "-") : n.state) +
+                          (n.maint_start ? "; maintenance planned " + new Date(n.maint_start * 1000).toLocaleString() +
+                           " to " + new Date(n.maint_end * 1000).toLocaleString() : ""),
                           n.gpu_type || n.kind, n.slots, n.used, n.jobs.join(" ")])) +
     "<h3>GPUs in use</h3>" + chart(util.times, [{values: util.values.used, color: "#4a7bd0"},
                                                  {values: util.values.total, color: "#bbb"}], "GPUs");

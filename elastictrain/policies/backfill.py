@@ -182,9 +182,10 @@ class Backfill:
         """The earliest (start, placement) at which ``j`` fits for ``need`` seconds: a start falls
         where GPUs free up (a fit between two such times fits at the earlier one too)."""
         size = j.num_gpu
+        free = line.free
         for i, start in enumerate(line.times):
-            if not i:
-                continue  # (now: it did not fit)
+            if not i or _room(free[i]) < size:
+                continue  # (now: it did not fit; or too few GPUs free at the window's start alone)
             least = line.least(i, start + need)
             total = _room(least)
             if total >= size:

@@ -82,6 +82,10 @@ def test_the_status_page_in_headless_chromium(tmp_path):
         c.client.cordon("n2", 600, "<b>fan</b> failure")
         cluster = browse(url, "--dump-dom").split("<h2>Cluster</h2>")[1].split("<h2>Scheduled jobs</h2>")[0]
         assert "<td>cordoned: &lt;b&gt;fan&lt;/b&gt; failure</td>" in cluster, cluster[:3000]
+        # a planned maintenance window too
+        c.client.cordon("n1", 600, "firmware", True, time.time() + 3600)
+        cluster = browse(url, "--dump-dom").split("<h2>Cluster</h2>")[1].split("<h2>Scheduled jobs</h2>")[0]
+        assert "; maintenance planned " in cluster, cluster[:3000]
 
 
 XSS = r"""

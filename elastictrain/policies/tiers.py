@@ -142,7 +142,8 @@ class PriorityTiers:
             sub = ClusterSnapshot(s.now, tuple(jobs), tuple(avail), s.nodes_per_switch,
                                   arrived=tuple(j for j in s.arrived if j.priority == p),
                                   ended=tuple(ended.get(p, ())),
-                                  running=tuple(j for j in s.running if j.priority == p), node_types=types)
+                                  running=tuple(j for j in s.running if j.priority == p), node_types=types,
+                                  windows=s.windows)
             d = self._tier(p).decide(sub)
             grouped = {}
             for grp in d.groups:

@@ -190,3 +190,15 @@ def test_in_the_simulator_a_planned_maintenance_preempts_nothing_under_backfill(
     assert len(planned.jobs) == len(jobs)
     with pytest.raises(ConfigError, match="overlap"):
         Simulator(jobs, ClusterSpec(1, 4, 4), create("backfill"), outages=((0, 1200.0, 1300.0),), planned=windows)
+
+
+def test_under_priority_tiers_each_tier_plans_around_the_maintenance_too():
+    from elastictrain.policies.api import ClusterSnapshot, JobView
+    from elastictrain.policies.tiers import PriorityTiers
+
+    high = JobView(0, 2, 0.0, iterations=1000, remaining_iterations=1000, priority=5)
+    low = JobView(1, 2, 1.0, iterations=1000, remaining_iterations=1000)
+    pol = PriorityTiers(lambda: create("backfill"))
+    s = ClusterSnapshot(10.0, (high, low), (4, 4), 2, arrived=(high, low), windows=((0, 100.0, 400.0),))
+    d = pol.decide(s)
+    assert d.run == {0: ((1, 2),), 1: ((1, 2),)}, d.run  # both kept off node 0, whose window comes first

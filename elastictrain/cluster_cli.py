@@ -112,11 +112,11 @@ def add_commands(sub) -> None:
     s.add_argument("-A", "--project", "--account", dest="project", default=None, metavar="NAME",
                    help="the project whose quota it counts against (Slurm's --account; default: the first project "
                    "that lists the user, if any; `elastictrain projects list`)")
-    s.add_argument("--gpu-type", default=None, metavar="TYPE",
+    s.add_argument("-C", "--gpu-type", "--constraint", dest="gpu_type", default=None, metavar="TYPE",
                    help="run only on nodes of this GPU type: a node's type (`elastictrain nodes list` shows them) or "
                    "some of its words, ignoring case (a100 runs on 'NVIDIA A100-SXM4-80GB' nodes); as Slurm's "
                    "--gres=gpu:TYPE:N or a Kubernetes node selector; a100|h100: nodes of either (Slurm's "
-                   "--constraint; a gang may span both)")
+                   "--constraint; a gang may span both); [a100|h100]: the whole gang on one of them")
     s.add_argument("--notify", default=None, metavar="URL",
                    help="POST a JSON notification (with a Slack-style text line) to URL when the job ends, or as "
                    "--notify-on says (Slurm's --mail-user, as a webhook); the coordinator must allow the URL "

@@ -26,8 +26,10 @@ CHECKPOINT_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}"
 NAME_PATTERN = re.compile(NAME_RE)
 _CHECKPOINT = re.compile(CHECKPOINT_RE)
 #: the GPU type a job needs: a name, or up to 8 alternatives joined by ``|`` (Slurm's
-#: ``--constraint "a100|h100"``: any of them)
-GPU_TYPE_RE = rf"{NAME_RE}(?:\|{NAME_RE}){{0,7}}"
+#: ``--constraint "a100|h100"``: any of them, a gang may mix them), or in brackets (``[a100|h100]``:
+#: any one of them, the whole gang on one)
+_ALTERNATIVES = rf"{NAME_RE}(?:\|{NAME_RE}){{0,7}}"
+GPU_TYPE_RE = rf"(?:{_ALTERNATIVES}|\[{_ALTERNATIVES}\])"
 _GPU_TYPE = re.compile(GPU_TYPE_RE)
 
 
@@ -54,7 +56,8 @@ def check_gpu_type(value: str) -> str:
     """
     if not isinstance(value, str) or not _GPU_TYPE.fullmatch(value):
         raise ConfigError(f"GPU type name {value!r} is invalid: use 1-128 characters from [A-Za-z0-9._-], starting "
-                          "with a letter or digit, or up to 8 such names joined by | for any of them (e.g. a100|h100)")
+                          "with a letter or digit, or up to 8 such names joined by | for any of them (e.g. a100|h100), "
+                          "in brackets for all of a job's GPUs on one of them ([a100|h100])")
     return value
 
 

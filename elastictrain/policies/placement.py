@@ -29,7 +29,7 @@ from typing import Optional
 from ..errors import ConfigError
 
 __all__ = ["Placer", "make_placer", "PLACEMENTS", "best_node", "any_node", "holds", "only", "type_matches",
-           "type_mask"]
+           "type_mask", "one_type", "groups"]
 
 PLACEMENTS = ("count", "consolidated", "spread", "skew")
 
@@ -172,8 +172,21 @@ class Placer:
 
     def _typed(self, num_gpu: int, skew: float, current: tuple, gpu_type: str) -> Optional[tuple]:
         """:meth:`place` on the nodes of ``gpu_type`` alone: the others look full while it places."""
+        masks = groups(type_mask(gpu_type, self.types))
+        if len(masks) > 1:  # one type of several ([a100|h100]): the first whose nodes hold it whole
+            if current and current[0][0] >= 0:  # (where it runs first: a sticky placer keeps it there)
+                masks = sorted(masks, key=lambda m: not (current[0][0] < len(m) and m[current[0][0]]))
+            for m in masks:
+                where = self._typed_on(num_gpu, skew, current, m)
+                if where is not None:
+                    return where
+            return None
+        return self._typed_on(num_gpu, skew, current, masks[0])
+
+    def _typed_on(self, num_gpu: int, skew: float, current: tuple, mask: tuple) -> Optional[tuple]:
+        """:meth:`_typed` on the nodes ``mask`` allows."""
         free = self.free
-        mine = only(free, type_mask(gpu_type, self.types))
+        mine = only(free, mask)
         if sum(mine) < num_gpu:
             return None
         if self.mode == "count":  # on real nodes: the count is the whole cluster's
@@ -284,21 +297,45 @@ def type_matches(want: str, have: str) -> bool:
     """Whether a node of GPU type ``have`` serves a job that needs ``want``: ``want``'s words are
     words of ``have``, in a row, ignoring case (``a100`` and ``A100-SXM4-80GB`` are served by
     ``NVIDIA A100-SXM4-80GB``; ``a10`` and ``80gb-a100`` are not). ``want`` may list alternatives
-    joined by ``|`` (``a100|h100``): a node of any of them serves it."""
+    joined by ``|`` (``a100|h100``): a node of any of them serves it (in brackets, ``[a100|h100]``,
+    too; :func:`type_mask` then keeps a gang on one of them)."""
+    return _alternative(want, have) >= 0
+
+
+def one_type(want: str) -> bool:
+    """Whether ``want`` keeps a gang on one of its alternatives (Slurm's ``[a100|h100]``)."""
+    return want.startswith("[")
+
+
+def _alternative(want: str, have: str) -> int:
+    """The index of the first of ``want``'s alternatives that a node of type ``have`` serves; -1: none."""
     theirs = _WORDS.split(have.lower())
-    for one in want.lower().split("|"):
+    for i, one in enumerate(want.strip("[]").lower().split("|")):
         mine = [w for w in _WORDS.split(one) if w]
         n = len(mine)
-        if n > 0 and any(theirs[i:i + n] == mine for i in range(len(theirs) - n + 1)):
-            return True
-    return False
+        if n > 0 and any(theirs[k:k + n] == mine for k in range(len(theirs) - n + 1)):
+            return i
+    return -1
 
 
 @lru_cache(maxsize=256)
 def type_mask(want: str, node_types: tuple) -> tuple:
     """For each node (``node_types``: each one's GPU type), whether a job needing ``want`` may
-    run there. No node does where the nodes name no type (``node_types`` empty)."""
+    run there. No node does where the nodes name no type (``node_types`` empty). For the one-type
+    form (``[a100|h100]``) each entry is instead the node's alternative, numbered from 1 (0: none
+    serves it): true where it may run, and :func:`any_node`, the placer and the mechanism's check
+    keep a gang on nodes of one number."""
+    if one_type(want):
+        return tuple(_alternative(want, t) + 1 for t in node_types)
     return tuple(type_matches(want, t) for t in node_types)
+
+
+def groups(mask: Optional[tuple]) -> tuple:
+    """The one-type form's masks, one per alternative that some node serves, in ``want``'s order
+    (:func:`type_mask`); ``(mask,)`` for any other."""
+    if not mask or not any(type(m) is int for m in mask):  # (bools: any of the types, mixed)
+        return (mask,)
+    return tuple(tuple(m == g for m in mask) for g in sorted({m for m in mask if m}))
 
 
 
@@ -322,7 +359,14 @@ def any_node(size: int, free: list, avoid: Optional[list] = None, mask: Optional
     the nodes it may use (a job's GPU type, :func:`type_mask`). (``free`` is not changed.) Shared
     by the mechanism core's plan and the priority tiers."""
     if mask is not None:
-        free = only(free, mask)
+        masks = groups(mask)
+        if len(masks) > 1:  # one type of several: the first that holds it whole
+            for m in masks:
+                where = any_node(size, free, avoid, m)
+                if where is not None:
+                    return where
+            return None
+        free = only(free, masks[0])
     n = best_node(size, free, avoid) if avoid is not None else -1
     if n < 0:
         n = best_node(size, free)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from ..errors import PolicyError
 from ..policies.api import ClusterSnapshot, Decision
-from ..policies.placement import any_node, holds, type_mask
+from ..policies.placement import any_node, holds, one_type, type_mask
 from .api import MIGRATE, PREEMPT, REGROUP, RESIZE, START, Action
 from .table import JobTable
 
@@ -224,6 +224,9 @@ def _check_type(policy: str, view, where: tuple, node_types: tuple) -> None:
             have = node_types[node] if node < len(node_types) else "unnamed"
             raise PolicyError(f"policy {policy}: job {view.job_id!r} needs GPU type {view.gpu_type!r} but was placed "
                               f"on node {node}, whose GPUs are {have!r}")
+    if one_type(view.gpu_type) and len({mask[node] for node, _ in where if node >= 0}) > 1:
+        raise PolicyError(f"policy {policy}: job {view.job_id!r} needs all its GPUs of one type of {view.gpu_type!r} "
+                          f"but was placed on {sorted({node_types[n] for n, _ in where if n >= 0})}")
 
 
 def _check_capacity(policy: str, total: int, used: list, caps: tuple) -> None:

@@ -128,6 +128,58 @@ def test_every_policy_runs_typed_jobs_on_their_type_only(name, placement):
     assert used <= {0, 1, 4, 5} and used & {0, 1} and used & {4, 5}, policy.where  # both types served it
 
 
+@pytest.mark.parametrize("name", ["yarn-cs", "fifo-be", "backfill", "multifactor", "srtf", "tiresias-l",
+                                  "tiresias-g", "gandiva-ts", "gandiva-fair", "gandiva-fair-global", "muri-s",
+                                  "autoscale"])
+@pytest.mark.parametrize("placement", [None, "count"])
+def test_every_policy_keeps_a_one_type_gang_on_one_of_its_types(name, placement):
+    """Slurm's --constraint "[a100|h100]": any one of them, the whole gang on it."""
+    opts = dict(OPTIONS.get(name, {}))
+    if placement and name not in ("gandiva-fair", "gandiva-fair-notrade", "autoscale", "backfill", "multifactor"):
+        opts["placement"] = placement
+    jobs = _trace(5, n=80, kinds=("", "[a100|h100]", "[a100|h100]", "v100"))
+    seen = []
+
+    class OneType(TypeChecked):
+        def decide(self, s):
+            d = super().decide(s)
+            for key, where in d.run.items():
+                j = s.by_key[key]
+                if j.gpu_type.startswith("["):
+                    mask = type_mask(j.gpu_type, s.node_types)
+                    kinds = {mask[n] for n, _ in where if n >= 0}
+                    assert len(kinds) <= 1, (key, where, s.node_types)
+                    seen.extend(kinds)
+            return d
+
+    policy = OneType(create(name, **opts))
+    result = Simulator(jobs, CLUSTER3, policy, restart_cost=5.0).run()
+    assert sorted(r.job_id for r in result.jobs) == [j.job_id for j in jobs]
+    if placement is None or name in ("gandiva-fair", "autoscale"):  # (count mode places "any node": the mechanism)
+        assert set(seen) == {1, 2}, set(seen)  # both types served such gangs, each gang on one
+
+
+def test_a_one_type_gang_goes_whole_to_one_type_or_waits():
+    types = TYPES[:1] + TYPES[2:3] + ("NVIDIA H100 80GB HBM3",)  # nodes: A100, V100, H100, 4 GPUs each
+    p = Placer((2, 4, 4), 3, "consolidated", node_types=types)  # the A100 node has 2 free
+    assert p.place(4, gpu_type="[a100|h100]") == ((2, 4),)  # whole on the H100s, not 2 + 2
+    p = Placer((4, 4, 4), 3, "spread", node_types=types)
+    assert p.place(6, gpu_type="a100|h100") is not None  # mixed: the two types together hold it
+    assert Placer((4, 4, 4), 3, "spread", node_types=types).place(6, gpu_type="[a100|h100]") is None
+    assert any_node(3, [2, 4, 2], None, type_mask("[a100|h100]", types)) is None  # 2 + 2 across types: no
+    assert any_node(2, [2, 4, 2], None, type_mask("[a100|h100]", types)) == ((0, 2),)
+    assert type_mask("[h100|a100]", types) == (2, 0, 1) and type_matches("[a100|h100]", "NVIDIA H100 PCIe")
+    # the mechanism refuses a decision that mixes them, and the simulator sets aside a gang no one type holds
+    table = JobTable()
+    table.add(Entry("a", 4, 0.0, gpu_type="[a100|h100]"))
+    snap = ClusterSnapshot(0.0, tuple(e.view() for e in table.entries()), (4, 4, 4), 3, node_types=types)
+    with pytest.raises(PolicyError, match="needs all its GPUs of one type of"):
+        plan(table, snap, Decision({"a": ((0, 2), (2, 2))}), "mine")
+    r = Simulator([JobSpec(0, 6, 0.0, 10, 1.0, gpu_type="[a100|h100]"), JobSpec(1, 6, 0.0, 10, 1.0,
+                   gpu_type="a100|h100")], ClusterSpec(1, 3, 4, types, (4, 4, 4)), create("srtf")).run()
+    assert [j.job_id for j in r.jobs] == [1] and "needs 6 GPUs of type [a100|h100]" in dict(r.extra["rejected"])[0]
+
+
 def test_the_simulator_sets_aside_a_job_whose_type_cannot_hold_it():
     jobs = [JobSpec(0, 2, 0.0, 10, 1.0, gpu_type="h100"), JobSpec(1, 12, 0.0, 10, 1.0, gpu_type="v100"),
             JobSpec(2, 8, 0.0, 10, 1.0, gpu_type="a100")]
@@ -142,7 +194,8 @@ def test_a_gpu_type_is_a_name_or_alternatives():
     with pytest.raises(ConfigError, match="GPU type name 'a 100' is invalid"):
         JobSpec(0, 1, 0.0, 10, 1.0, gpu_type="a 100")
     assert JobSpec(0, 1, 0.0, 10, 1.0, gpu_type="a100|h100").gpu_type == "a100|h100"
-    for bad in ("a100||h100", "a100|", "|h100", "|".join("abcdefghi")):
+    assert JobSpec(0, 1, 0.0, 10, 1.0, gpu_type="[a100|h100]").gpu_type == "[a100|h100]"
+    for bad in ("a100||h100", "a100|", "|h100", "|".join("abcdefghi"), "[a100|h100", "a100]", "[]", "[[a100]]"):
         with pytest.raises(ConfigError, match="up to 8 such names joined by |"):
             JobSpec(0, 1, 0.0, 10, 1.0, gpu_type=bad)
 

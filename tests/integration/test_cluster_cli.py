@@ -436,6 +436,13 @@ def test_a_job_runs_only_on_nodes_of_the_gpu_type_it_asks_for(tmp_path):
         assert ran.get(either) == {"n2"} and ran.get(mixed) == {"n1", "n2"}, ran
         bad = c.cli("submit", "--gpu-type", "a100||v100", "--", "nap.py", check=False)
         assert bad.returncode == 2 and "or up to 8 such names joined by | for any of them" in bad.stderr, bad.stderr
+        # in brackets (Slurm's -C "[a100|v100]"): all of it on one type, so 3 fit on neither
+        bad = c.cli("submit", "-C", "[a100|v100]", "--gpus", "3", "--", "nap.py", check=False)
+        assert bad.returncode == 2 and "needs 3 GPUs of type [a100|v100] but the nodes have 2" in bad.stderr, \
+            bad.stderr
+        one = c.cli("submit", "-C", "[h100|v100]", "--gpus", "2", "--", "nap.py", "0.5").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(one) == "finished", 90, "the one-type job")
+        assert {e.node for e in c.client.events(0).events if e.kind == "launch" and e.job == one} == {"n2"}
     finally:
         c.stop()
 

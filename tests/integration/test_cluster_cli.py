@@ -19,6 +19,12 @@ WORKER = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.ab
                       "torch_cluster_job.py")
 
 
+def _nap(c) -> None:
+    """``nap.py SECONDS`` in the cluster's directory: a job that sleeps that long."""
+    with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+        f.write("import sys, time\ntime.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 2.0)\n")
+
+
 @pytest.fixture
 def cluster(tmp_path):
     c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
@@ -389,8 +395,7 @@ def test_a_job_runs_only_on_nodes_of_the_gpu_type_it_asks_for(tmp_path):
     them while other nodes idle (status says so), and a type no node has is refused with the fix."""
     c = Cluster(tmp_path, "srtf", nodes=2, slots=2, node_types=("NVIDIA-A100-SXM4", "Tesla-V100")).start()
     try:
-        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
-            f.write("import sys, time\ntime.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 2.0)\n")
+        _nap(c)
         nodes = c.cli("nodes", "list").stdout.splitlines()  # sinfo -N
         assert nodes[0].split()[:4] == ["node", "state", "kind", "type"], nodes
         assert {r.split()[0]: r.split()[3] for r in nodes[1:]} == {"n1": "NVIDIA-A100-SXM4", "n2": "Tesla-V100"}, nodes
@@ -453,8 +458,7 @@ def test_backfill_lets_a_short_job_pass_a_blocked_one_and_says_why_a_long_one_wa
     says which reservation each stands behind."""
     c = Cluster(tmp_path, "backfill", nodes=1, slots=3).start()
     try:
-        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
-            f.write("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
+        _nap(c)
         a = c.cli("submit", "--gpus", "2", "--time", "1:00", "--", "nap.py", "60").stdout.strip()
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "running", 60, "the first job to run")
         big = c.cli("submit", "--gpus", "3", "--time", "0:30", "--", "nap.py", "1").stdout.strip()
@@ -479,8 +483,7 @@ def test_multifactor_shows_each_waiting_jobs_priority_and_takes_users_tickets(tm
     weighted factors; `users set --tickets` gives the fair-share factor its shares."""
     c = Cluster(tmp_path, "multifactor", nodes=1, slots=1).start()
     try:
-        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
-            f.write("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
+        _nap(c)
         a = c.cli("submit", "--user", "alice", "--time", "1:00", "--", "nap.py", "60").stdout.strip()
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "running", 60, "alice's job to run")
         c.cli("users", "set", "bob", "--tickets", "3")
@@ -507,8 +510,7 @@ def test_a_planned_maintenance_keeps_long_jobs_off_the_node_and_cordons_it_when_
     start the node is cordoned for its length (and drained)."""
     c = Cluster(tmp_path, "backfill", nodes=2, slots=1).start()
     try:
-        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
-            f.write("import sys, time\ntime.sleep(float(sys.argv[1]))\n")
+        _nap(c)
         out = c.cli("nodes", "drain", "n1", "--at", "now+8", "--for", "60", "--reason", "BIOS update").stdout
         assert out.startswith("node n1: maintenance planned from ") and "its jobs are requeued then" in out, out
         assert "node n1: maintenance planned from" in c.cli("nodes", "list").stdout
@@ -551,9 +553,8 @@ def test_a_job_posts_its_notifications_to_a_webhook(tmp_path):
     url = f"http://127.0.0.1:{srv.server_address[1]}/services/T0/B0/secret"
     c = Cluster(tmp_path, "fifo", "--notify-allow", "http://127.0.0.1:*", nodes=1, slots=1).start()
     try:
-        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
-            f.write("import time\ntime.sleep(1)\n")
-        a = c.cli("submit", "--name", "nap", "--notify", url, "--notify-on", "all", "--", "nap.py").stdout.strip()
+        _nap(c)
+        a = c.cli("submit", "--name", "nap", "--notify", url, "--notify-on", "all", "--", "nap.py", "1").stdout.strip()
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "finished", 60, "the job to finish")
         deadline = time.monotonic() + 20
         while len(got) < 2 and time.monotonic() < deadline:

@@ -91,21 +91,27 @@ def test_it_beats_strict_fifo_and_does_not_starve_big_jobs_as_best_effort_does()
     assert out["backfill"][1] < out["fifo-be"][1], out  # the big ones are not passed for ever
 
 
-def test_status_says_where_a_waiting_job_stands():
-    jobs = [JobSpec(0, 2, 0.0, 100, 1.0), JobSpec(1, 4, 1.0, 100, 1.0), JobSpec(2, 2, 3.0, 500, 1.0)]
+def peek(jobs, cluster, look):
+    """Run a backfill through the engine, calling ``look(snapshot, policy, decision)`` after each decision."""
     bf = create("backfill")
-    seen = []
 
     class Peek:
         name, needs, first_step_events = bf.name, bf.needs, bf.first_step_events
 
         def decide(self, s):
             d = bf.decide(s)
-            seen.append((s.now, bf.waiting_reason(1, s.now), bf.waiting_reason(2, s.now), bf.annotate(1), d.notes))
+            look(s, bf, d)
             return d
 
-    Simulator(jobs, ClusterSpec(1, 1, 4), Peek()).run()
-    now, head, behind, info, _ = next(x for x in seen if x[0] == 3.0)
+    Simulator(jobs, cluster, Peek()).run()
+
+
+def test_status_says_where_a_waiting_job_stands():
+    jobs = [JobSpec(0, 2, 0.0, 100, 1.0), JobSpec(1, 4, 1.0, 100, 1.0), JobSpec(2, 2, 3.0, 500, 1.0)]
+    seen = []
+    peek(jobs, ClusterSpec(1, 1, 4), lambda s, bf, d: seen.append(
+        (s.now, bf.waiting_reason(1, s.now), bf.waiting_reason(2, s.now), bf.annotate(1))))
+    now, head, behind, info = next(x for x in seen if x[0] == 3.0)
     assert "reserved (backfill): it starts in about 97 s" in head and "4 GPUs" in head
     assert "behind job 1's reservation" in behind and "2 GPUs are free" in behind
     assert info == {"reservation": "4 GPUs (backfill)"}
@@ -113,18 +119,8 @@ def test_status_says_where_a_waiting_job_stands():
 
 def test_a_backfilled_start_is_noted_for_the_event_log():
     jobs = [JobSpec(0, 2, 0.0, 100, 1.0), JobSpec(1, 4, 1.0, 100, 1.0), JobSpec(2, 2, 2.0, 50, 1.0)]
-    bf = create("backfill")
     notes = []
-
-    class Peek:
-        name, needs, first_step_events = bf.name, bf.needs, bf.first_step_events
-
-        def decide(self, s):
-            d = bf.decide(s)
-            notes.extend(d.notes)
-            return d
-
-    Simulator(jobs, ClusterSpec(1, 1, 4), Peek()).run()
+    peek(jobs, ClusterSpec(1, 1, 4), lambda s, bf, d: notes.extend(d.notes))
     assert [(k, n["decision"]) for k, n in notes] == [(2, "backfill")]
     assert "ahead of job 1, whose reservation is in about 98 s" in notes[0][1]["why"]
 

@@ -150,3 +150,37 @@ def test_a_restart_sends_what_was_not_sent_yet(tmp_path, receiver):
     w.restart()  # killed before it looked at the log again
     w.deliver()
     assert [g["kind"] for g in got] == ["start", "finish"], got  # the start is not sent twice
+
+
+def test_the_loop_posts_due_notifications_side_by_side_and_keeps_its_cursor(tmp_path):
+    """Notifier.run: a post that hangs until its timeout does not hold up the others."""
+    import asyncio
+    import time as _time
+
+    w = NotifyWorld(tmp_path, policy="fifo", nodes=1, slots=2)
+    a = w.submit(1, notify="http://127.0.0.1:9/slow", notify_on=["begin"])
+    b = w.submit(1, notify="http://127.0.0.1:9/fast", notify_on=["begin"])
+    w.s.tick()
+    w.run_all()
+    w.s._flush()
+    sent = []
+
+    def send(url, body):
+        if url.endswith("slow"):
+            _time.sleep(0.6)
+        sent.append((body["job"], _time.monotonic()))
+
+    n = notify.Notifier(w.s.store, w.s.records, w.s._emit, {}, send=send)
+
+    async def once():
+        task = asyncio.ensure_future(n.run(w.clock.now))
+        t0 = _time.monotonic()
+        while len(sent) < 2 and _time.monotonic() - t0 < 5:
+            await asyncio.sleep(0.05)
+        task.cancel()
+        return t0
+
+    t0 = asyncio.run(once())
+    got = dict(sent)
+    assert set(got) == {a, b} and got[b] - t0 < 0.5 < got[a] - t0, (got, t0)  # b was not held up by a
+    assert not n.pending and int(w.s.store.load().meta[notify.CURSOR_META]) == n.cursor

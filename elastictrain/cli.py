@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import sys
 from typing import Optional, Sequence
@@ -387,17 +388,29 @@ def _policy_values(args) -> dict:
             "max_age": args.priority_max_age, "favor_small": args.priority_favor_small}
 
 
+def _name_numbers(text: str) -> list[tuple[str, str, float]]:
+    """``NAME=N,...`` as (the part, NAME, N) each; N is NaN where it is not a number (the caller
+    says what it wants)."""
+    out = []
+    for part in filter(None, text.split(",")):
+        name, _, num = part.partition("=")
+        try:
+            value = float(num)
+        except ValueError:
+            value = math.nan
+        out.append((part, name, value))
+    return out
+
+
 def _weights(text: Optional[str]) -> Optional[dict]:
     """``--priority-weights age=N,...`` as {factor: weight} (the policy checks names and ranges)."""
     if text is None:
         return None
     out = {}
-    for part in filter(None, text.split(",")):
-        name, _, num = part.partition("=")
-        try:
-            out[name.strip()] = float(num)
-        except ValueError:
-            raise ConfigError(f"--priority-weights {part!r}: write FACTOR=N, e.g. fairshare=10000") from None
+    for part, name, value in _name_numbers(text):
+        if math.isnan(value):
+            raise ConfigError(f"--priority-weights {part!r}: write FACTOR=N, e.g. fairshare=10000")
+        out[name.strip()] = value
     return out
 
 
@@ -566,17 +579,10 @@ def _ticket_map(flag: str, text: str, kind: str) -> dict[str, float]:
 
     Raises:
         ConfigError: a bad name, or a number not in (0, 1000000]."""
-    import math
-
     from .model import check_name
 
     out = {}
-    for part in filter(None, text.split(",")):
-        name, _, num = part.partition("=")
-        try:
-            value = float(num)
-        except ValueError:
-            value = math.nan
+    for part, name, value in _name_numbers(text):
         if not 0 < value <= 1_000_000:
             raise ConfigError(f"{flag} {part!r}: write {kind.upper()}=N with N in (0, 1000000], e.g. {kind}1=2")
         out[check_name(kind, name)] = value

@@ -155,9 +155,12 @@ class NodeBook:
 
     def cancel_maintenance(self, n: Node, why: str) -> None:
         if n.maint_start:
-            n.maint_start, n.maint_end, n.maint_drain, n.maint_why = 0.0, 0.0, False, ""
+            self._unplan(n)
             self._emit("node_maintenance_cancelled", "", n.name, why=why)
-            self.dirty.add(n.name)
+
+    def _unplan(self, n: Node) -> None:
+        n.maint_start, n.maint_end, n.maint_drain, n.maint_why = 0.0, 0.0, False, ""
+        self.dirty.add(n.name)
 
     def due_maintenance(self, now: float) -> list[tuple]:
         """The planned maintenance windows that begin by ``now``, as (node, end, drain, why), no longer
@@ -166,8 +169,7 @@ class NodeBook:
         for n in self.by_index:
             if n.maint_start and now >= n.maint_start:
                 out.append((n, n.maint_end, n.maint_drain, n.maint_why))
-                n.maint_start, n.maint_end, n.maint_drain, n.maint_why = 0.0, 0.0, False, ""
-                self.dirty.add(n.name)
+                self._unplan(n)
         return out
 
     def next_maintenance(self) -> Optional[float]:

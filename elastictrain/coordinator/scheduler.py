@@ -39,7 +39,7 @@ from ..errors import BadRequestError, ConfigError, ConflictError, ForbiddenError
 from ..model import MAX_PRIORITY, check_name
 from ..policies.api import EMPTY, create, options_of
 from ..policies.tiers import BORROW_TIER, PriorityTiers
-from ..policies.placement import groups, one_type, type_mask, type_matches
+from ..policies.placement import one_type_room, type_matches
 from ..policies.shares import account, account_tickets, shares
 from ..runtime.stages import STAGES
 from ..scheduling import Entry, JobStatus, JobTable, Scheduler
@@ -1015,10 +1015,9 @@ class ClusterScheduler:
             raise ConfigError(f"the job needs {min_gpus} GPUs but the cluster's nodes have {known} in all; lower "
                               "--gpus, or add nodes first")
         if gpu_type and nodes:  # (with no node yet, it waits for the nodes to register)
-            mine = sum(n.slots for n in nodes if type_matches(gpu_type, n.gpu_type))
-            if one_type(gpu_type):  # [a100|h100]: all of it on one of them
-                mine = max((sum(n.slots for n, ok in zip(nodes, m) if ok)
-                            for m in groups(type_mask(gpu_type, tuple(n.gpu_type for n in nodes)))), default=0)
+            mine = one_type_room(gpu_type, tuple(n.gpu_type for n in nodes), tuple(n.slots for n in nodes))
+            if mine is None:  # (not [a100|h100], which is all of it on one of them)
+                mine = sum(n.slots for n in nodes if type_matches(gpu_type, n.gpu_type))
             kinds = ", ".join(sorted({n.gpu_type for n in nodes if n.gpu_type})) or "none: the nodes name no type"
             if not mine:
                 raise ConfigError(f"no node has GPU type {gpu_type!r} (the nodes' types: {kinds}); give one of them "

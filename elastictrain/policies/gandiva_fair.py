@@ -38,7 +38,6 @@ jobs of that type.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from operator import attrgetter
 from typing import Optional, Sequence
@@ -46,9 +45,8 @@ from typing import Optional, Sequence
 from ..errors import ConfigError
 from .api import ClusterSnapshot, Decision, Restored, register
 from .placement import make_placer, type_matches
-from .shares import account, account_tickets
+from .shares import account, account_tickets, decayed
 
-_LN2 = math.log(2.0)
 _PASS = attrgetter("pass_")
 _PASS_ID = attrgetter("pass_", "job_id")
 _TICKETS = attrgetter("tickets")
@@ -510,9 +508,7 @@ class GandivaFair:
         first step or at a live round adds no error; summing ``g * dt`` did: the part of an
         interval before a decision was decayed less than the same part of one long interval)."""
         if self._last is not None and self.compensate > 0:
-            dt = s.now - self._last
-            decay = 0.5 ** (dt / self.compensate)
-            held = (1.0 - decay) * self.compensate / _LN2  # one GPU held over dt, decayed to now
+            decay, held = decayed(s.now - self._last, self.compensate)  # (held: one GPU over the interval)
             usage = self._usage
             for k in usage:
                 usage[k] *= decay

@@ -27,11 +27,10 @@ from ..errors import ConfigError
 from ..model import MAX_PRIORITY, MIN_PRIORITY
 from .api import ClusterSnapshot, Decision, register
 from .backfill import Backfill
-from .shares import account, account_tickets
+from .shares import account, account_tickets, decayed
 
 __all__ = ["Multifactor", "FACTORS", "DEFAULT_WEIGHTS"]
 
-_LN2 = math.log(2.0)
 FACTORS = ("age", "fairshare", "size", "qos")
 #: as many a Slurm site sets them: fair share first, then age, size and QOS alike
 DEFAULT_WEIGHTS = {"age": 1000, "fairshare": 10000, "size": 1000, "qos": 1000}
@@ -98,8 +97,7 @@ class Multifactor(Backfill):
         """Decay the accounts' usage to now and add the GPU time of what ran since the last
         decision (each second of a GPU decayed by its age, integrated exactly)."""
         if self._last is not None and s.now > self._last:
-            decay = 0.5 ** ((s.now - self._last) / self.half_life)
-            held = (1.0 - decay) * self.half_life / _LN2
+            decay, held = decayed(s.now - self._last, self.half_life)
             usage = self._usage
             for a in list(usage):
                 usage[a] *= decay
@@ -116,7 +114,7 @@ class Multifactor(Backfill):
         self._charge(s)
         self._rank(s)
         d = super().decide(s)
-        by = s.by_key if s.by_key is not None else {j.job_id: j for j in s.jobs}
+        by = s.by_key
         self._ran = {k: (self._account(by[k]), sum(g for _, g in where)) for k, where in d.run.items() if k in by}
         return d
 

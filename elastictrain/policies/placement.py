@@ -29,7 +29,7 @@ from typing import Optional
 from ..errors import ConfigError
 
 __all__ = ["Placer", "make_placer", "PLACEMENTS", "best_node", "any_node", "holds", "only", "type_matches",
-           "type_mask", "one_type", "groups"]
+           "type_mask", "one_type", "groups", "one_type_room"]
 
 PLACEMENTS = ("count", "consolidated", "spread", "skew")
 
@@ -337,6 +337,13 @@ def groups(mask: Optional[tuple]) -> tuple:
         return (mask,)
     return tuple(tuple(m == g for m in mask) for g in sorted({m for m in mask if m}))
 
+
+def one_type_room(want: str, node_types: tuple, caps: tuple) -> Optional[int]:
+    """For the one-type form (``[a100|h100]``), the most GPUs a gang may get: the GPUs (``caps``,
+    per node) of its largest alternative. None for any other ``want``."""
+    if not one_type(want):
+        return None
+    return max((sum(c for c, ok in zip(caps, m) if ok) for m in groups(type_mask(want, node_types))), default=0)
 
 
 # ---------------------------------------------------------------------------- "any node" resolution

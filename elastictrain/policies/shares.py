@@ -13,9 +13,12 @@ or jobs vision has. (Names cannot hold ``/``: ``model.check_name``; an account i
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Mapping
 
-__all__ = ["account", "account_tickets", "split_account", "shares"]
+__all__ = ["account", "account_tickets", "split_account", "shares", "decayed"]
+
+_LN2 = math.log(2.0)
 
 
 def account(user: str, project: str, projects: Mapping[str, float]) -> str:
@@ -60,3 +63,11 @@ def shares(tickets: Mapping[str, float]) -> tuple[dict[str, float], dict[str, fl
         users[user] = users.get(user, 0.0) + f
         projects[project] = projects.get(project, 0.0) + f
     return users, projects
+
+
+def decayed(dt: float, half_life: float) -> tuple[float, float]:
+    """Usage decayed with ``half_life``, over ``dt`` seconds: (the factor earlier usage is multiplied
+    by, the GPU-seconds one GPU held through those seconds adds, each second decayed by its age,
+    integrated exactly: where decisions fall in between does not change the sum)."""
+    decay = 0.5 ** (dt / half_life)
+    return decay, (1.0 - decay) * half_life / _LN2

@@ -60,8 +60,7 @@ from ..coordinator.quotas import Quota, QuotaBook
 from ..errors import ConfigError
 from ..model import JobSpec
 from ..policies.api import EMPTY, Policy
-from ..policies.placement import groups, type_mask, type_matches
-from ..policies.placement import one_type as one_type_form
+from ..policies.placement import one_type_room, type_matches
 from ..scheduling import ClusterShape, Entry, JobStatus, JobTable, Scheduler
 from .backend import SimBackend
 from .cluster import ClusterSpec
@@ -134,10 +133,10 @@ class SimResult:
 def _typed_room(cluster: ClusterSpec, want: str, one_type: bool) -> int:
     """The most GPUs a job needing GPU type ``want`` may get (``one_type``: a policy that runs a
     gang on one GPU type: the largest matching type's)."""
+    one = one_type_room(want, tuple(cluster.node_types), cluster.capacities)  # [a100|h100]: all of it on one
+    if one is not None:
+        return one
     per = [g for t, g in cluster.gpus_by_type.items() if type_matches(want, t)] if cluster.node_types else []
-    if one_type_form(want) and cluster.node_types:  # [a100|h100]: all of it on one: the largest alternative's
-        return max((sum(g for g, ok in zip(cluster.capacities, m) if ok)
-                    for m in groups(type_mask(want, tuple(cluster.node_types)))), default=0)
     return (max(per, default=0) if one_type else sum(per))
 
 

@@ -166,6 +166,9 @@ def get_parser() -> argparse.ArgumentParser:
     m.add_argument("--maintenance", action="append", default=[], metavar="NODE:START:END",
                    help="as --outage, but planned: the policies know of it from the start (backfill and multifactor "
                    "start nothing there that would still run then), as `nodes drain NAME --at`; repeatable")
+    m.add_argument("--cordon", action="append", default=[], metavar="NODE:START:END",
+                   help="as --maintenance, but the node's running jobs run on: it takes nothing new from START to "
+                   "END, as `nodes cordon NAME --at`; repeatable")
     m.add_argument("--checkpoint-every", type=float, default=None, metavar="SECONDS",
                    help="with --outage: a job lost with its node goes back to its last checkpoint, one every SECONDS "
                    "of training (default: it loses nothing)")
@@ -603,6 +606,7 @@ def _simulate(args) -> None:
                     protect_startup=not args.preempt_starting, min_run=args.preempt_exempt,
                     outages=_outages(args.outage), checkpoint_every=args.checkpoint_every,
                     maintenance=_outages(args.maintenance, "--maintenance"),
+                    cordons=_outages(args.cordon, "--cordon"),
                     priority_preemption=args.priority_preemption, quota_gpus=args.quota_gpus,
                     quota_jobs=args.quota_jobs)
     results = simulate(cfg, progress=not args.no_progress, parallel=args.parallel)

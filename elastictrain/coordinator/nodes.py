@@ -145,6 +145,21 @@ class NodeBook:
         around (policies/backfill.py)."""
         return tuple((n.index, n.maint_start, n.maint_end) for n in self.by_index if n.maint_start)
 
+    def ahead(self, now: float) -> tuple:
+        """What a forecast runs on: each node's GPUs (a cordoned node's all of them: its cordon is a
+        window), and the windows ``(node, start, end, drain)``: planned maintenance, and the cordons in
+        force now, which take nothing new while the node's jobs run on (to ``now`` + 30 days at most)."""
+        caps = tuple(n.slots if n.state == "up" else 0 for n in self.by_index)
+        out = [(n.index, n.maint_start, n.maint_end, n.maint_drain) for n in self.by_index if n.maint_start]
+        for n in self.by_index:
+            if n.state == "up" and n.cordoned_until:
+                end = min(n.cordoned_until, now + 30 * 86_400.0)
+                if n.maint_start and n.maint_start < end:  # (a window planned inside it: the cordon runs to it)
+                    end = n.maint_start
+                if end > now:
+                    out.append((n.index, now, end, False))
+        return caps, tuple(out)
+
     def plan_maintenance(self, n: Node, start: float, end: float, drain: bool, why: str) -> None:
         """From ``start`` to ``end`` node ``n`` is cordoned (``drain``: and its jobs requeued), replacing
         any window planned before (:meth:`due_maintenance` says when it begins)."""

@@ -284,10 +284,10 @@ class ClusterScheduler:
             book, projects = copy.copy(self.quotas), copy.deepcopy(self.projects) if self.projects.limited else None
             book.own = dict(book.own)
             quotas = (book, projects, self.admission.usage(), self.admission.project_usage() if projects else {})
-        shape = self.backend.shape()
-        f = await asyncio.to_thread(forecast, policy, jobs, shape.gpus_per_node, shape.node_types,
+        caps, windows = self.nodes.ahead(now)  # (a cordoned node: its jobs run on, and nothing new comes)
+        f = await asyncio.to_thread(forecast, policy, jobs, caps, self.nodes.types(),
                                     budget=FORECAST_BUDGET, min_run=self.cfg.min_run, now=now, memory=memory,
-                                    quotas=quotas, windows=shape.windows)
+                                    quotas=quotas, windows=windows)
         out = []
         for rec in self.records.values():
             if rec.status in _ENDED_NAMES:

@@ -230,6 +230,7 @@ class Scheduler:
         self.deferred = []
         self.refused = {}
         instant = getattr(backend, "instant_stop", False)  # its stops complete at once (the simulator)
+        refuses = getattr(backend, "refuses", None)
         if instant and not table.stopping:  # nothing is ever deferred: starts after the rest
             starts = []
             free_moves = getattr(backend, "free_moves", False)  # its migrations keep the run training
@@ -239,12 +240,15 @@ class Scheduler:
                     table.preempt_now(a.key, now)
                 elif kind is START:
                     starts.append(a)
+                elif refuses is not None and self._refused(a, refuses):
+                    table.preempt_now(a.key, now)  # (a move the backend refuses is a stop, as below)
                 elif kind is MIGRATE and free_moves:
                     backend.moved(table.move(a.key, a.placement, a.group, a.workers, False), a)
                 else:
                     backend.restart(table.move(a.key, a.placement, a.group, a.workers), a)
             for a in starts:
-                backend.start(table.start(a.key, a.placement, a.group, now, a.workers), a)
+                if refuses is None or not self._refused(a, refuses):
+                    backend.start(table.start(a.key, a.placement, a.group, now, a.workers), a)
             return
         for a in actions:
             if a.kind is PREEMPT:
@@ -253,7 +257,6 @@ class Scheduler:
         if table.stopping:
             moving = {a.key for a in actions if a.kind is not PREEMPT}
             free = self._free(exclude=moving)
-        refuses = getattr(backend, "refuses", None)
         for a in actions:
             if a.kind is PREEMPT or a.kind is START:
                 continue

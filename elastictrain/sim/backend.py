@@ -48,6 +48,8 @@ class SimBackend:
         self.spread_slowdown, self.skew_sensitive = spread_slowdown, skew_sensitive
         self.migration_cost, self.window = migration_cost, window
         self.free_moves = not migration_cost  # a migration keeps the run training (Scheduler.act: moved())
+        self.refuses = None  # while nodes are cordoned: the check of a placement (Scheduler.act), as live
+        self._cordoned: frozenset = frozenset()
         self.owed: dict = {}  # on_start: restart seconds still to pay
         self.charge: dict = {}  # placed job -> restart seconds it pays (its group's, if grouped)
         self.lost = 0.0  # seconds lost to restarts and migrations
@@ -67,6 +69,19 @@ class SimBackend:
         """The GPUs each node offers from now on (a node lost offers 0: the engine's outages)."""
         shape = self._shape
         self._shape = ClusterShape(gpus_per_node, shape.nodes_per_switch, shape.node_types, shape.windows)
+
+    def cordon(self, nodes) -> None:
+        """From now on ``nodes`` are cordoned: a placement there is refused to a job that holds no
+        GPUs there (the live backend's ``refuses``: it waits, or a move becomes a stop)."""
+        self._cordoned = frozenset(nodes)
+        self.refuses = self._refuses if self._cordoned else None
+
+    def _refuses(self, a: Action) -> str:
+        cordoned = self._cordoned
+        for n, _ in a.placement:
+            if n in cordoned and all(m != n for m, _ in a.previous):
+                return f"node {n} is cordoned and takes no new job"
+        return ""
 
     def start(self, e: Entry, a: Action) -> None:
         if self._plain and not a.group and e.num_gpu == e.data["gpus"]:  # _placed's common case, inline:

@@ -23,6 +23,10 @@ Heterogeneous clusters (``ClusterSpec.node_types``): a job runs at its speed on 
 of its placement (``JobSpec.speeds``; a gang spanning types runs at the slowest member's).
 ``planned``: outages known ahead (maintenance windows, ``simulate --maintenance``): the same, and
 the policy sees them from the start (``ClusterSnapshot.windows``: backfill plans around them).
+``cordons``: ``(node, start, end)`` windows known ahead in which a node takes nothing new but its
+running jobs run on (``nodes cordon NAME --at``, ``simulate --cordon``): the node offers only the
+GPUs its running jobs hold, as a live cordoned node does, so it empties as they end; the policy
+sees them as it sees ``planned``.
 ``outages``: ``(node, start, end)`` seconds in which a node is lost (``end`` may be ``inf``): at
 ``start`` the jobs with GPUs on it are preempted (their progress kept, as from a checkpoint; the
 restart cost is paid when they start again) and the node offers 0 GPUs, as a live coordinator
@@ -62,6 +66,7 @@ from ..model import JobSpec
 from ..policies.api import EMPTY, Policy
 from ..policies.placement import one_type_room, type_matches
 from ..scheduling import ClusterShape, Entry, JobStatus, JobTable, Scheduler
+from ..scheduling.api import START
 from .backend import SimBackend
 from .cluster import ClusterSpec
 from .traces import SKEW
@@ -150,7 +155,8 @@ class Simulator:
                  protect_startup: bool = True, outages: Sequence[tuple] = (),
                  checkpoint_every: Optional[float] = None, min_run: float = 0.0,
                  prior: Optional[dict] = None, quota: Union[Quota, "QuotaState", None] = None,
-                 after: Optional[dict] = None, arrays: Optional[dict] = None, planned: Sequence[tuple] = ()) -> None:
+                 after: Optional[dict] = None, arrays: Optional[dict] = None, planned: Sequence[tuple] = (),
+                 cordons: Sequence[tuple] = ()) -> None:
         if charge not in ("on_start", "every_event"):
             raise ConfigError(f"charge must be on_start or every_event, got {charge!r}")
         if interval is not None and not (interval >= 1e-3 and math.isfinite(interval)):
@@ -192,6 +198,7 @@ class Simulator:
         # planned ones are outages the policy knows of from the start (ClusterSnapshot.windows: maintenance)
         self.planned = check_outages(planned, cluster.nodes)
         self.outages = check_outages((*outages, *self.planned), cluster.nodes)
+        self.cordons = check_outages(cordons, cluster.nodes, "cordon")
         if checkpoint_every is not None and not (checkpoint_every > 0 and math.isfinite(checkpoint_every)):
             raise ConfigError(f"checkpoint_every must be a number of seconds > 0, got {checkpoint_every!r}")
         self.checkpoint_every = checkpoint_every
@@ -225,7 +232,8 @@ class Simulator:
         cluster = self.cluster
         table = JobTable()
         clock = ManualClock(0.0)
-        shape = ClusterShape(cluster.capacities, cluster.nodes_per_switch, cluster.node_types, self.planned)
+        shape = ClusterShape(cluster.capacities, cluster.nodes_per_switch, cluster.node_types,
+                             tuple(sorted((*self.planned, *self.cordons))))
         backend = SimBackend(shape, table, clock, every=self.charge == "every_event",
                              spread_slowdown=self.spread_slowdown, skew_sensitive=self.skew_sensitive,
                              migration_cost=self.migration_cost, window=self.window)
@@ -241,14 +249,18 @@ class Simulator:
         next_round = interval if interval else inf
         advance, next_end, tick, running = backend.advance, backend.next_end, sched.tick, table.running
         used = 0
-        # node outages: (time, 1 down / 0 back, node), backs first at one time
+        # node outages: (time, 1 down / 0 back, node), backs first at one time; cordons: 3 begins / 2 ends
         changes = sorted([(a, 1, node) for node, a, _ in self.outages]
-                         + [(b, 0, node) for node, _, b in self.outages if b != inf])
+                         + [(b, 0, node) for node, _, b in self.outages if b != inf]
+                         + [(a, 3, node) for node, a, _ in self.cordons]
+                         + [(b, 2, node) for node, _, b in self.cordons if b != inf])
         oi, t_out = 0, changes[0][0] if changes else inf
         full = cluster.capacities
         caps, outage_preemptions, lost_work = list(full), 0, 0.0
         forever = {node for node, _, end in self.outages if end == inf}
         gone: set = set()  # nodes lost for good, so far
+        down: set = set()  # nodes lost now
+        cordoned: set = set()  # nodes cordoned now: they offer only what their running jobs hold
         rejected, room, why = list(self.rejected), inf, ""  # room: the largest gang that can still ever run
         every_ckpt = self.checkpoint_every
         if changes and every_ckpt:
@@ -310,11 +322,19 @@ class Simulator:
             reshaped = t_out <= now
             if reshaped:  # a node is lost, or back
                 while oi < len(changes) and changes[oi][0] <= now:
-                    _, down, node = changes[oi]
+                    _, kind, node = changes[oi]
                     oi += 1
-                    caps[node] = 0 if down else full[node]
-                    if not down:
+                    if kind >= 2:  # a cordon begins (its GPUs are counted below) or ends
+                        (cordoned.add if kind == 3 else cordoned.discard)(node)
+                        if kind == 2 and node not in down:
+                            caps[node] = full[node]
+                        backend.cordon(cordoned)
                         continue
+                    caps[node] = 0 if kind else full[node]
+                    if not kind:
+                        down.discard(node)
+                        continue
+                    down.add(node)
                     if node in forever:
                         gone.add(node)
                     for e in [e for e in running.values() if any(m == node for m, _ in e.placement)]:
@@ -325,7 +345,8 @@ class Simulator:
                         if log is not None:
                             log.append((now, "preempt", e.key, ()))
                 t_out = changes[oi][0] if oi < len(changes) else inf
-                backend.set_capacities(tuple(caps))
+                if not cordoned:
+                    backend.set_capacities(tuple(caps))
                 if gone:  # a job too big for what is left can never run: set aside, with the reason
                     room, why = self._room(gone)
                     for e in [e for e in table.entries() if e.num_gpu > room and not e.running]:
@@ -376,12 +397,16 @@ class Simulator:
                 stalled += 1
                 if stalled >= STALL_LIMIT:
                     raise SimulationStalled(self._stall_report(now, table, backend, wakeup))
+            if cordoned and self._cordon_caps(cordoned, down, caps, full, running) or reshaped and cordoned:
+                backend.set_capacities(tuple(caps))
             # ---- decide and apply
             if len(table):
                 events += 1
                 actions = tick()
                 if log is not None:
-                    log += [(now, a.kind.value, a.key, tuple(a.group)) for a in actions]
+                    refused = sched.refused  # (a start refused on a cordoned node waits; a move refused stops)
+                    log += [(now, a.kind.value if a.key not in refused else "preempt", a.key, tuple(a.group))
+                            for a in actions if a.key not in refused or a.kind is not START]
                 wakeup = sched.wakeup
                 # a run's first step is an event, as live: decide again then; for a policy that
                 # says a first step is no reason to decide (first_step_events False: every shipped
@@ -423,6 +448,23 @@ class Simulator:
                                                          "rejected": rejected,
                                                          "outage_preemptions": outage_preemptions,
                                                          "outage_lost_seconds": lost_work})
+
+    @staticmethod
+    def _cordon_caps(cordoned: set, down: set, caps: list, full: tuple, running: dict) -> bool:
+        """Each cordoned node offers the GPUs its running jobs hold (a group's once); whether
+        ``caps`` changed."""
+        held = dict.fromkeys(cordoned, 0)
+        for e in running.values():
+            if not e.group or e.group[0] == e.key:
+                for m, g in e.placement:
+                    if m in held:
+                        held[m] += g
+        changed = False
+        for node, h in held.items():
+            c = 0 if node in down else min(full[node], h)
+            if caps[node] != c:
+                caps[node], changed = c, True
+        return changed
 
     def _room(self, gone: set) -> tuple:
         """The largest gang the cluster can still run with nodes ``gone`` lost for good (on a policy
@@ -480,7 +522,7 @@ class Simulator:
                 "Report it with the trace: it is an engine or policy bug")
 
 
-def check_outages(outages: Sequence[tuple], nodes: int) -> tuple:
+def check_outages(outages: Sequence[tuple], nodes: int, what: str = "outage") -> tuple:
     """``(node, start, end)`` triples, checked: a node of the cluster, 0 <= start < end (end may be
     inf: never back), and one node's outages apart.
 
@@ -494,17 +536,17 @@ def check_outages(outages: Sequence[tuple], nodes: int) -> tuple:
             ok = isinstance(node, int) and not isinstance(node, bool) and 0 <= node < nodes
             start, end = float(start), float(end)
         except (TypeError, ValueError):
-            raise ConfigError(f"outage {o!r}: give (node, start, end) with start and end in seconds") from None
+            raise ConfigError(f"{what} {o!r}: give (node, start, end) with start and end in seconds") from None
         if not ok:
-            raise ConfigError(f"outage {o!r}: node must be a node index from 0 to {nodes - 1}")
+            raise ConfigError(f"{what} {o!r}: node must be a node index from 0 to {nodes - 1}")
         if not (0.0 <= start < end and math.isfinite(start)) or math.isnan(end):
-            raise ConfigError(f"outage {o!r}: need 0 <= start < end seconds (end may be inf: the node never comes "
+            raise ConfigError(f"{what} {o!r}: need 0 <= start < end seconds (end may be inf: the node never comes "
                               "back)")
         out.append((node, start, end))
     out.sort()
     for (n1, _, e1), (n2, s2, _) in zip(out, out[1:]):
         if n1 == n2 and s2 < e1:
-            raise ConfigError(f"outages of node {n1} overlap (one ends at {e1:g} s, the next starts at {s2:g} s): "
+            raise ConfigError(f"{what}s of node {n1} overlap (one ends at {e1:g} s, the next starts at {s2:g} s): "
                               "merge them")
     return tuple(out)
 

@@ -88,7 +88,8 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
     None, users' usage, projects' usage) as the coordinator counts them: a job not admitted
     (``counted`` None) is admitted when they leave it room (the engine's ``QuotaState``). ``windows``:
     the nodes' planned maintenance, ``((node, start, end), ...)`` on the jobs' clock: the node offers
-    nothing then, and its jobs there move (the engine's planned outages)."""
+    nothing then, and its jobs there move (the engine's planned outages); ``(node, start, end,
+    False)``: a cordon, which takes nothing new while its jobs run on (the engine's cordons)."""
     t0 = time.perf_counter()
     out = Forecast()
     nodes = len(gpus_per_node)
@@ -141,9 +142,13 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
     # an array's %N: a task not admitted yet waits until one of its array's admitted tasks ends
     arrays = {i: (j.array, j.array_limit, j.counted is not None) for i, j in enumerate(jobs)
               if j.array and j.array_limit}
-    planned = tuple((n, max(a, now), b) for n, a, b in windows if 0 <= n < nodes and b > max(a, now))
+    planned, cordons = [], []
+    for n, a, b, *drain in windows:
+        if 0 <= n < nodes and b > max(a, now):
+            (planned if not drain or drain[0] else cordons).append((n, max(a, now), b))
     sim = Simulator(specs, cluster, policy, decisions=log, until=now + horizon, progress=tick, prior=prior,
-                    min_run=min_run, after=after, quota=state, arrays=arrays, planned=planned)
+                    min_run=min_run, after=after, quota=state, arrays=arrays, planned=planned,
+                    cordons=cordons)
     try:
         res = sim.run()
         out.reached, out.complete = max(res.makespan - now, 0.0), not res.extra["unfinished"]

@@ -47,6 +47,7 @@ class SimConfig:
     quota_gpus: int = 0  # every user's admitted jobs count at most this many GPUs (0: no limit; coordinator/quotas.py)
     quota_jobs: int = 0  # every user's admitted jobs, at most (0: no limit)
     maintenance: tuple = ()  # (node, start, end): outages the policies know of ahead (Simulator's planned)
+    cordons: tuple = ()  # (node, start, end): the node takes nothing new, its jobs run on (Simulator's cordons)
 
 
 def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[SimResult]:
@@ -79,6 +80,7 @@ def simulate(cfg: SimConfig, progress: bool = True, parallel: int = 1) -> list[S
     jobs = load_trace(cfg.trace, cfg.trace_format)
     cluster = load_cluster(cfg.cluster)
     check_outages((*cfg.outages, *cfg.maintenance), cluster.nodes)
+    check_outages(cfg.cordons, cluster.nodes, "cordon")
     horizon = max(j.submit_time for j in jobs)
     if progress:  # a policy whose decisions grow with the simulated span says so before a long run
         span = horizon - min(j.submit_time for j in jobs)
@@ -111,7 +113,7 @@ def _run_one(name, opts, jobs, cluster, cfg: SimConfig, engine: dict, tick=None)
     return Simulator(jobs, cluster, policy, interval=cfg.interval, progress=tick, spread_slowdown=cfg.spread_slowdown,
                      migration_cost=cfg.migration_cost, protect_startup=cfg.protect_startup, outages=cfg.outages,
                      checkpoint_every=cfg.checkpoint_every, min_run=cfg.min_run, planned=cfg.maintenance,
-                     **engine).run()
+                     cordons=cfg.cordons, **engine).run()
 
 
 def _run_parallel(cfg, opts, jobs, cluster, engine, parallel: int, bars) -> list[SimResult]:

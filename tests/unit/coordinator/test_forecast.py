@@ -318,3 +318,38 @@ def test_a_planned_maintenance_window_is_in_the_forecast(now):
     assert f.start["next"] == pytest.approx(400.0), f.start  # after the window, not at the short job's end
     plain = forecast(create("backfill"), jobs, (1, 1), now=now)
     assert plain.start["next"] == pytest.approx(50.0), plain.start
+
+
+def test_a_cordon_lets_the_nodes_jobs_run_on_and_starts_nothing_there_in_the_forecast():
+    # one node of 1: a (200 s) runs on it, b (50 s) waits; a cordon from +100 to +400 (no drain) lets a
+    # run on to its end and b start only when the cordon ends; a drain there requeues a instead
+    jobs = [ForecastJob("a", 1, 0.0, 1.0, 200, 200, placement=((0, 1),)), ForecastJob("b", 1, 0.0, 1.0, 50, 50)]
+    cordon = forecast(create("fifo"), jobs, (1,), windows=((0, 100.0, 400.0, False),))
+    assert cordon.complete and cordon.end["a"] == pytest.approx(200.0)
+    assert cordon.start["b"] == pytest.approx(400.0) and cordon.end["b"] == pytest.approx(450.0)
+    drain = forecast(create("fifo"), jobs, (1,), windows=((0, 100.0, 400.0, True),))
+    assert drain.end["a"] == pytest.approx(500.0) and drain.start["b"] == pytest.approx(500.0)
+    assert forecast(create("fifo"), jobs, (1,)).start["b"] == pytest.approx(200.0)
+
+
+def test_a_node_cordoned_now_takes_nothing_new_in_the_forecast_until_its_cordon_ends(tmp_path):
+    from elastictrain.wire import NodeCordon
+
+    w = TierWorld(tmp_path, preempt=False, policy="fifo", nodes=2, slots=1)
+    a = w.submit(1, steps=100)
+    w.s.tick()
+    w.run_all()
+    _steps(w, a, 1.0, 10)  # 1 s a step: 90 s left, on n1
+    b = w.submit(1, steps=2000)  # on n2 (n1 is busy)
+    w.s.tick()
+    w.run_all()
+    _steps(w, b, 1.0, 5)
+    c = w.submit(1, steps=10)
+    w.s.cordon("n1", NodeCordon(600.0, "bad fan"))  # a runs on; nothing new goes there for 600 s
+    w.s.tick()
+    assert w.s.table.get(a).running and w.status(c) == "queued"
+    f = asyncio.run(w.s.forecast())
+    got = {j.id: j for j in f.jobs}
+    assert got[a].end - f.now == pytest.approx(85.0, abs=3.0)  # it runs on to its end (5 s passed since)
+    # c waits for the cordon's end (at 600 s), not for a's end, when n1 empties
+    assert got[c].start - f.now == pytest.approx(600.0, abs=3.0), got[c]

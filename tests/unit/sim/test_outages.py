@@ -118,3 +118,47 @@ def test_a_node_back_mid_slice_is_used_at_once(name):
     r = Simulator(two, ClusterSpec(1, 2, 1), create(name), outages=[(1, 0.0, 100.0)]).run()
     first, second = sorted(j.start_time for j in r.jobs)
     assert first == 0.0 and second <= 100.0  # (gandiva-fair slices the one GPU at 60 s already)
+
+
+class Running(Recorded):
+    """The policy, and at every decision the GPUs offered and where the jobs run (what took place)."""
+
+    def decide(self, s):
+        self.seen.append((s.now, s.gpus_per_node, {j.job_id: j.placement for j in s.running}))
+        return self.inner.decide(s)
+
+
+@pytest.mark.parametrize("name", ["fifo", "yarn-cs", "backfill", "multifactor", "srtf", "gandiva-ts"])
+def test_a_cordoned_node_keeps_its_jobs_and_takes_nothing_new(name):
+    # `nodes cordon NAME --at`: from 1,000 to 6,000 s node 1 offers only what its running jobs hold, so
+    # it empties as they end; nothing is preempted for it; a policy that preempts or moves a job there
+    # cannot give its GPUs to another (refused, as live); all its GPUs are offered again after it
+    policy = Running(create(name))
+    log = []
+    r = Simulator(jobs(), ClusterSpec(1, 4, 4), policy, restart_cost=5.0, cordons=[(1, 1000.0, 6000.0)],
+                  decisions=log).run()
+    assert sorted(j.job_id for j in r.jobs) == list(range(24)) and r.extra["outage_preemptions"] == 0
+    during = [(caps, run) for t, caps, run in policy.seen if 1000.0 < t < 6000.0]
+    on1 = lambda run: {k for k, where in run.items() if any(n == 1 for n, _ in where)}  # noqa: E731
+    before = [run for t, _, run in policy.seen if t <= 1000.0][-1]  # (as the cordon begins)
+    offered = [caps[1] for caps, _ in during]
+    held = sum(g for k in on1(before) for n, g in before[k] if n == 1)
+    assert during and offered[0] <= held
+    if name in ("backfill", "multifactor"):  # they know of it (ClusterSnapshot.windows): nothing runs into it
+        assert not on1(before) and not any(offered)
+    else:
+        assert on1(before) and offered[-1] < held  # it empties as its jobs end (or are preempted)
+    assert offered == sorted(offered, reverse=True)
+    for caps, run in during:
+        assert on1(run) <= on1(before) and sum(g for where in run.values() for n, g in where if n == 1) <= caps[1]
+    after = [caps for t, caps, _ in policy.seen if t >= 6000.0]
+    assert after and all(caps[1] == 4 for caps in after)
+    starts = {}
+    for t, kind, key, _ in log:
+        if kind == "start":
+            starts.setdefault(key, t)
+    assert starts == {j.job_id: j.start_time for j in r.jobs}  # (a start refused is not logged as one)
+    drained = Simulator(jobs(), ClusterSpec(1, 4, 4), create(name), restart_cost=5.0,
+                        planned=[(1, 1000.0, 6000.0)]).run()
+    # a drain (--maintenance) requeues them instead (backfill and multifactor ran none into it)
+    assert (drained.extra["outage_preemptions"] > 0) == bool(on1(before))

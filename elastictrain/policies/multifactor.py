@@ -15,7 +15,9 @@ plugin computes it (``sprio`` shows them; here ``status`` does):
 
 The jobs are then started, and reserved for, in that order by :class:`.Backfill`: nothing is
 preempted, and a job behind a reservation starts now only where it leaves it whole. The decayed
-usage is kept across a coordinator restart.
+usage is kept across a coordinator restart, and under ``--priority-preemption`` the tiers' instances
+share one (an account's GPU time counts whatever the priority of the jobs it ran, as Slurm's usage
+of an association counts every QOS).
 """
 
 from __future__ import annotations
@@ -35,6 +37,17 @@ FACTORS = ("age", "fairshare", "size", "qos")
 #: as many a Slurm site sets them: fair share first, then age, size and QOS alike
 DEFAULT_WEIGHTS = {"age": 1000, "fairshare": 10000, "size": 1000, "qos": 1000}
 _WEEK = 7 * 86400.0
+
+
+class _Ledger:
+    """The accounts' decayed GPU-seconds, and the runs each instance (a priority tier's) decided
+    last: the first instance to decide at a new time decays the usage to it and charges every
+    instance's runs since (``decayed``: each second of a GPU decayed by its age)."""
+
+    def __init__(self) -> None:
+        self.usage: dict[str, float] = {}  # account -> decayed GPU-seconds
+        self.last: Optional[float] = None
+        self.ran: dict = {}  # instance -> its last decision's runs: job key -> (account, GPUs)
 
 
 class Multifactor(Backfill):
@@ -70,9 +83,7 @@ class Multifactor(Backfill):
         self.half_life, self.max_age, self.favor_small = float(half_life), float(max_age), bool(favor_small)
         self.default = default_tickets
         self.set_tickets(dict(tickets or {}), dict(project_tickets or {}))
-        self._usage: dict[str, float] = {}  # account -> decayed GPU-seconds
-        self._last: Optional[float] = None
-        self._ran: Optional[dict] = None  # the last decision's runs: job key -> (account, GPUs)
+        self._ledger = _Ledger()  # (shared by the instances of priority tiers: share_usage)
         self.priority: dict = {}  # waiting job key -> its priority at the last decision
         self._static: dict = {}  # job key -> what of its priority does not change while it waits (_fixed)
         self._gpus, self._projects_of = 0, None  # what _static was built for
@@ -93,21 +104,32 @@ class Multifactor(Backfill):
     def _account(self, j) -> str:
         return account(j.user, j.project, self.project_tickets)
 
+    def share_usage(self, other: "Multifactor") -> None:
+        """Count usage in ``other``'s ledger (PriorityTiers: one per policy, whatever the tier)."""
+        self._ledger = other._ledger
+
+    def retire(self) -> None:
+        """This instance decides no more (its tier emptied): its runs were charged up to now."""
+        self._ledger.ran.pop(self, None)
+
     def _charge(self, s: ClusterSnapshot) -> None:
         """Decay the accounts' usage to now and add the GPU time of what ran since the last
         decision (each second of a GPU decayed by its age, integrated exactly)."""
-        if self._last is not None and s.now > self._last:
-            decay, held = decayed(s.now - self._last, self.half_life)
-            usage = self._usage
+        ledger = self._ledger
+        last = ledger.last
+        if last is not None and s.now > last:
+            decay, held = decayed(s.now - last, self.half_life)
+            usage = ledger.usage
             for a in list(usage):
                 usage[a] *= decay
                 if usage[a] < 1e-9:
                     del usage[a]
-            ran = self._ran if self._ran is not None else {
-                j.job_id: (self._account(j), sum(g for _, g in j.placement)) for j in s.running}
-            for a, g in ran.values():
-                usage[a] = usage.get(a, 0.0) + g * held
-        self._last = s.now if self._last is None else max(self._last, s.now)
+            if self not in ledger.ran:  # (its first decision since a restart: what runs now ran since)
+                ledger.ran[self] = {j.job_id: (self._account(j), sum(g for _, g in j.placement)) for j in s.running}
+            for ran in ledger.ran.values():
+                for a, g in ran.values():
+                    usage[a] = usage.get(a, 0.0) + g * held
+        ledger.last = s.now if last is None else max(last, s.now)
 
     # ------------------------------------------------------------------ decide
     def decide(self, s: ClusterSnapshot) -> Decision:
@@ -115,7 +137,8 @@ class Multifactor(Backfill):
         self._rank(s)
         d = super().decide(s)
         by = s.by_key
-        self._ran = {k: (self._account(by[k]), sum(g for _, g in where)) for k, where in d.run.items() if k in by}
+        self._ledger.ran[self] = {k: (self._account(by[k]), sum(g for _, g in where)) for k, where in d.run.items()
+                                  if k in by}
         return d
 
     def _rank(self, s: ClusterSnapshot) -> None:
@@ -128,7 +151,8 @@ class Multifactor(Backfill):
         if gpus != self._gpus or self.project_tickets != self._projects_of:
             static.clear()  # (the size factor's cluster, or the accounts, changed)
             self._gpus, self._projects_of = gpus, dict(self.project_tickets)
-        accounts = set(self._usage)
+        usage = self._ledger.usage
+        accounts = set(usage)
         for j in s.jobs:
             st = static.get(j.job_id)
             if st is None or st[0] is not j:
@@ -136,8 +160,7 @@ class Multifactor(Backfill):
             accounts.add(st[1])
         tickets = account_tickets(accounts, self.tickets, self.default, self.project_tickets)
         total_t = sum(tickets.values())
-        used = sum(self._usage.values())
-        usage = self._usage
+        used = sum(usage.values())
         detail = {a: (t / total_t, usage.get(a, 0.0) / used if used > 0 else 0.0) for a, t in tickets.items()}
         fair = {a: 2.0 ** (-u / share) for a, (share, u) in detail.items()}
         self._detail = detail
@@ -194,7 +217,8 @@ class Multifactor(Backfill):
     def export_state(self) -> dict:
         """The accounts' decayed usage and when it was counted (a coordinator restart keeps the
         fair share)."""
-        return {"usage": [[a, v] for a, v in self._usage.items()], "last": self._last}
+        ledger = self._ledger
+        return {"usage": [[a, v] for a, v in ledger.usage.items()], "last": ledger.last}
 
     def import_state(self, state: dict, jobs, rename: Optional[dict] = None) -> None:
         """Restore :meth:`export_state` (``jobs`` and ``rename`` are not needed: usage is by account).
@@ -206,7 +230,11 @@ class Multifactor(Backfill):
         if any(not (v >= 0 and math.isfinite(v)) for v in usage.values()):
             raise ValueError("usage must be finite and >= 0")
         last = state["last"]
-        self._usage, self._last, self._ran = usage, None if last is None else float(last), None
+        ledger = self._ledger  # (under tiers, shared: every tier's instance imports the same usage)
+        ledger.usage.clear()
+        ledger.usage.update(usage)
+        ledger.last = None if last is None else float(last)
+        ledger.ran.pop(self, None)
 
 
 register("multifactor", lambda **kw: Multifactor(**kw),

@@ -41,7 +41,7 @@ class PriorityTiers:
 
     def __init__(self, make: Callable[[], Policy]) -> None:
         self._make = make
-        first = make()
+        first = self._first = make()  # (kept: a policy's tiers share what it shares, share_usage)
         self._tiers: dict[int, Policy] = {0: first}
         self._tier_of: dict = {}  # job key -> the tier it was last decided in
         self._tickets: Optional[tuple] = None  # (users', projects') from set_tickets
@@ -58,8 +58,8 @@ class PriorityTiers:
             self.annotate = self._annotate
         if hasattr(first, "waiting_reason"):
             self.waiting_reason = self._waiting_reason
-        if hasattr(first, "fairshare"):  # (each tier counts its own usage: the default tier's is shown)
-            self.fairshare = lambda: self._tier(0).fairshare()
+        if hasattr(first, "fairshare"):
+            self.fairshare = self._fairshare
         if hasattr(first, "export_state") and hasattr(first, "import_state"):
             self.export_state, self.import_state = self._export_state, self._import_state
 
@@ -68,6 +68,8 @@ class PriorityTiers:
         pol = self._tiers.get(p)
         if pol is None:
             pol = self._tiers[p] = self._make()
+            if hasattr(pol, "share_usage"):  # one usage, whatever the tier (multifactor's fair share)
+                pol.share_usage(self._first)
             if self._tickets is not None:
                 pol.set_tickets(*self._tickets)
         return pol
@@ -78,6 +80,14 @@ class PriorityTiers:
         self._tickets = (dict(tickets), projects)
         for pol in self._tiers.values():
             pol.set_tickets(tickets, projects)
+
+    def _fairshare(self) -> dict:
+        """The accounts' fair share: their usage is one (share_usage); each account's share of the
+        tickets as the default tier counts it, else as the tier that last saw it."""
+        out: dict = {}
+        for p in sorted(self._tiers, key=lambda p: (p == 0, p)):
+            out.update(self._tiers[p].fairshare())
+        return out
 
     def _annotate(self, key) -> dict:
         pol = self._tiers.get(self._tier_of.get(key, 0))
@@ -173,7 +183,9 @@ class PriorityTiers:
         notes += self._preempted(s, run)
         known = set(self._tier_of.values())  # (jobs being stopped are known, not in the snapshot)
         for p in [p for p in self._tiers if p not in known]:
-            del self._tiers[p]  # every job of its priority ended: a new one starts a new instance
+            pol = self._tiers.pop(p)  # every job of its priority ended: a new one starts a new instance
+            if hasattr(pol, "retire"):
+                pol.retire()
         return Decision(run, min(wakeups, default=None), tuple(groups), slowdown, workers, tuple(notes), limits)
 
     @staticmethod

@@ -116,6 +116,23 @@ def test_usage_survives_a_restart():
         fresh.import_state({"usage": [["ana", -1.0]], "last": 0.0}, [])
 
 
+def test_under_priority_tiers_usage_is_one_whatever_the_priority():
+    from elastictrain.policies.tiers import PriorityTiers
+
+    # 1 GPU: ana's priority-5 job holds it from 0 to 1000; then ana's and ben's priority-0 jobs wait
+    # (ana's first): ana's GPU time at priority 5 counts in her fair share at priority 0, so ben's goes
+    # first, as Slurm counts an association's usage under every QOS
+    jobs = [JobSpec(0, 1, 0.0, 1000, 1.0, user="ana", priority=5), JobSpec(1, 1, 10.0, 100, 1.0, user="ana"),
+            JobSpec(2, 1, 11.0, 100, 1.0, user="ben")]
+    tiers = PriorityTiers(lambda: create("multifactor"))
+    got = run(jobs, tiers, ClusterSpec(1, 1, 1))
+    assert got[2].start_time == 1000.0 and got[1].start_time == 1100.0, got
+    share = tiers.fairshare()  # (the priority-5 tier's instance is gone: its usage stayed)
+    assert share["ana"][1] > 0.9 and share["ana"][2] < share["ben"][2], share
+    state = tiers.export_state()
+    assert {p: sorted(a for a, _ in t["usage"]) for p, t in state["tiers"].items()} == {"0": ["ana", "ben"]}
+
+
 @pytest.mark.parametrize("kw, match", [
     ({"weights": {"age": -1}}, "priority weight age=-1"),
     ({"weights": {"luck": 1}}, "the factors are age, fairshare, size, qos"),

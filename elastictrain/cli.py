@@ -76,6 +76,11 @@ def get_parser() -> argparse.ArgumentParser:
     c.add_argument("--slurm-partition", default=_env("ET_SLURM_PARTITION", None),
                    help="--backend slurm: the partition whose nodes are the cluster [ET_SLURM_PARTITION]")
     c.add_argument("--slurm-reservation", default=None, help="--backend slurm: also run inside this reservation")
+    c.add_argument("--slurm-accounts", action="store_true",
+                   help="--backend slurm: charge a job's runs to the Slurm account named as its project (submit -A: "
+                   "sbatch --account), so that sacct and sreport count them there; Slurm must know the accounts "
+                   "(sacctmgr) where it enforces associations. Default: the Slurm default account of the job's "
+                   "user")
     c.add_argument("--slurm-python", default=None,
                    help="--backend slurm: the Python the compute nodes run etrun with (default: this one)")
     c.add_argument("--ray-address", default=_env("ET_RAY_ADDRESS", None),
@@ -353,7 +358,7 @@ def _engine_config(args):
     if not args.slurm_partition:
         raise ConfigError("--backend slurm needs --slurm-partition NAME (`sinfo -s` lists the partitions)")
     return SlurmEngineConfig(args.slurm_partition, args.engine_state_dir, args.slurm_python,
-                             args.slurm_reservation, url, cpus_per_worker=cpus)
+                             args.slurm_reservation, url, cpus_per_worker=cpus, accounts=args.slurm_accounts)
 
 
 def _limits(args):

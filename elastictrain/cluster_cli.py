@@ -94,6 +94,8 @@ def add_commands(sub) -> None:
     s.add_argument("--engine-cpus-per-worker", "--slurm-cpus-per-worker", dest="engine_cpus_per_worker", type=int,
                    default=0, metavar="N", help="--dry-run: nodes without GPUs, N CPUs per worker (as the coordinator's "
                    "option)")
+    s.add_argument("--slurm-accounts", action="store_true",
+                   help="--dry-run: the project (-A) is the Slurm account (as the coordinator's option)")
     s.add_argument("--k8s-image", default=os.environ.get("ET_K8S_IMAGE", "IMAGE"),
                    help="--dry-run --backend kubernetes: the image [ET_K8S_IMAGE]")
     s.add_argument("--k8s-namespace", default=os.environ.get("ET_K8S_NAMESPACE", "default"),
@@ -535,13 +537,14 @@ def _dry_run_script(args, req) -> str:
 
         tasks = tuple(Task(**{**msgspec.structs.asdict(t), "token": "WORKER-CREDENTIAL-MINTED-AT-LAUNCH"})
                       for t in tasks)
-        secret, pods = run_objects(RunLaunch(job, 1, nodes, tasks), image=args.k8s_image,
+        secret, pods = run_objects(RunLaunch(job, 1, nodes, tasks, req.project or ""), image=args.k8s_image,
                                    coordinator=args.coordinator, namespace=args.k8s_namespace,
                                    cpus_per_worker=cpus)
         return manifests_yaml([secret, *pods])
     adapter = SlurmAdapter(args.slurm_partition, args.coordinator, "STATE_DIR",
-                           token_file=args.token_file or "TOKEN_FILE", cpus_per_worker=cpus)
-    return adapter.script(RunLaunch(job, 1, nodes, tasks))
+                           token_file=args.token_file or "TOKEN_FILE", cpus_per_worker=cpus,
+                           accounts=args.slurm_accounts)
+    return adapter.script(RunLaunch(job, 1, nodes, tasks, req.project or ""))
 
 
 def _worker_range(args) -> tuple[int, int]:

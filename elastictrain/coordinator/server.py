@@ -70,6 +70,7 @@ class SlurmEngineConfig:
     coordinator_url: Optional[str] = None  # the URL the compute nodes reach us at (default: the bound one)
     poll_interval: float = 1.0
     cpus_per_worker: int = 0  # a partition without GPUs: its CPUs, this many per worker
+    accounts: bool = False  # a job's project is its runs' Slurm account (--account)
     kind = "slurm"
 
 
@@ -302,7 +303,8 @@ def _engine(cfg: ServerConfig, coordinator: Coordinator, url: str, token: str):
             token_file = os.path.join(state, "token")
             write_token_file(token_file, token)
         adapter = SlurmAdapter(e.partition, target, state, token_file=token_file, python=e.python or sys.executable,
-                               reservation=e.reservation, tag=tag, cpus_per_worker=e.cpus_per_worker)
+                               reservation=e.reservation, tag=tag, cpus_per_worker=e.cpus_per_worker,
+                               accounts=e.accounts)
         log.info("Slurm engine: partition %s (%s), runs reach the coordinator at %s, scripts in %s", e.partition,
                  _units(e), target, state)
     return EngineBridge(adapter, coordinator.cluster, poll_interval=e.poll_interval)

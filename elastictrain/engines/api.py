@@ -106,6 +106,7 @@ class RunLaunch:
     run: int
     nodes: tuple[str, ...]
     tasks: tuple[Task, ...]
+    project: str = ""  # the job's project (submit -A): Slurm's --account with --slurm-accounts
 
 
 @dataclass

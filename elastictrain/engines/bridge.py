@@ -103,7 +103,9 @@ class EngineBridge:
             if key in self.runs or len(tasks) < next(iter(tasks.values())).nnodes:
                 continue  # launched already, or not every node's task is released yet
             order = sorted(tasks, key=lambda n: self.sched.nodes.nodes[n].index)
-            launch = RunLaunch(key[0], key[1], tuple(order), tuple(tasks[n] for n in order))
+            rec = self.sched.records.get(key[0])  # (none for an interleaving group's run)
+            launch = RunLaunch(key[0], key[1], tuple(order), tuple(tasks[n] for n in order),
+                               rec.project if rec is not None else "")
             handle = await self.adapter.launch(launch)
             self.runs[key] = _Run(handle, list(order), grace=launch.tasks[0].grace)
             log.info("job %s run %d launched as %s %s on %s", key[0], key[1], self.adapter.name, handle,

@@ -26,6 +26,7 @@ from ..wire import Task
 from .api import RunLaunch
 
 __all__ = ["run_objects", "cpu_millis", "manifests_yaml", "pod_name", "LABEL_JOB", "LABEL_RUN", "LABEL_COORDINATOR",
+           "LABEL_PROJECT",
            "ANNOTATION_JOB", "TOKEN_DIR", "default_namespace", "KILL_MARGIN"]
 
 LABEL_MANAGED = "app.kubernetes.io/managed-by"
@@ -33,6 +34,7 @@ LABEL_COORDINATOR = "elastictrain.io/coordinator"
 LABEL_JOB = "elastictrain.io/job"
 LABEL_RUN = "elastictrain.io/run"
 LABEL_INDEX = "elastictrain.io/node-index"
+LABEL_PROJECT = "elastictrain.io/project"  # the job's project (submit -A): what cost reports group pods by
 ANNOTATION_JOB = "elastictrain.io/job-id"  # the job id itself (a label value is capped at 63 characters)
 TOKEN_DIR = "/var/run/elastictrain"
 LOG_DIR = "/tmp/elastictrain"
@@ -119,6 +121,8 @@ def run_objects(run: RunLaunch, *, image: str, coordinator: str, namespace: str,
     meta_labels = labels(run.job, run.run, tag)
     annotations = {ANNOTATION_JOB: run.job}
     pod_labels, pod_annotations = dict(meta_labels), dict(annotations)
+    if run.project:
+        pod_labels[LABEL_PROJECT] = job_label(run.project)
     if kueue_queue:  # one workload of len(nodes) pods: Kueue admits the gang or nothing
         pod_labels.update({"kueue.x-k8s.io/queue-name": kueue_queue,
                            "kueue.x-k8s.io/pod-group-name": f"et-{_dns(run.job)}-r{run.run}"})

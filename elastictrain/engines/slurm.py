@@ -95,13 +95,16 @@ class SlurmAdapter:
         cpus_per_worker: schedule the partition's CPUs, not its GPUs: a node offers
             ``CPUs // cpus_per_worker`` worker slots, and a run asks for that many CPUs per worker
             (``--cpus-per-task``, no GRES). 0 (the default): GPUs, from each node's ``gpu`` GRES.
+        accounts: a run of a job with a project (``submit -A``) is charged to the Slurm account
+            of that name (``--account``; Slurm's accounting must know it where it enforces
+            associations). False: Slurm's default account of the job's user.
     """
 
     name = "slurm"
 
     def __init__(self, partition: str, coordinator: str, state_dir: str, *, token_file: Optional[str] = None,
                  python: str = sys.executable, reservation: Optional[str] = None, tag: str = "",
-                 cpus_per_worker: int = 0) -> None:
+                 cpus_per_worker: int = 0, accounts: bool = False) -> None:
         if not re.match(r"^[A-Za-z0-9._-]{1,128}$", partition or ""):
             raise ConfigError(f"--slurm-partition {partition!r}: give the name of a Slurm partition (sinfo lists them)")
         self.cpus_per_worker = check_cpus_per_worker(cpus_per_worker)  # 0: the nodes' GPUs
@@ -109,6 +112,7 @@ class SlurmAdapter:
         self.partition, self.coordinator, self.token_file = partition, coordinator, token_file
         self.state_dir, self.python, self.reservation = os.path.abspath(state_dir), python, reservation
         self.comment = f"elastictrain:{tag}" if tag else "elastictrain"  # whose jobs these are
+        self.accounts = accounts
         self._outputs: dict[str, str] = {}
         self._jobcomp: Optional[str] = None
 
@@ -164,6 +168,8 @@ class SlurmAdapter:
                   f"--comment={self.comment}"]
         if self.reservation:
             common.append(f"--reservation={self.reservation}")
+        if self.accounts and run.project:  # (a project's name is a checked name: no quoting needed)
+            common.append(f"--account={run.project}")
         if run.tasks[0].run_as:  # the user's own account (sbatch takes --uid and --gid from root only)
             common.append(f"--uid={run.tasks[0].run_as}")
             try:  # --uid alone keeps the submitter's group (root's, for a root coordinator): the account's own

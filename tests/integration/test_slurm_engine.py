@@ -86,19 +86,26 @@ def test_an_outside_scancel_cancels_the_job(cluster, slurm):
     assert cluster.client.cluster_job(job).status == "cancelled"  # not requeued, not failed
 
 
-def test_a_job_needing_a_gpu_type_runs_on_the_slurm_nodes_of_that_gres_type(cluster, slurm):
+def test_a_job_needing_a_gpu_type_runs_on_the_slurm_nodes_of_that_gres_type(tmp_path, slurm):
     """n1's GRES is gpu:a100:2, n2's gpu:v100:2: the coordinator reads the types from sinfo, and a
-    job submitted with --gres gpu:v100:2 gets a batch job pinned to n2 (and one with a100, to n1)."""
-    c = cluster
-    c.wait(lambda st: sorted(n.gpu_type for n in st.nodes) == ["a100", "v100"], 30, "the GRES types")
-    with open(os.path.join(c.tmp, "nap.py"), "w") as f:
-        f.write("import time\ntime.sleep(1.0)\n")
-    v = c.cli("submit", "--gres", "gpu:v100:2", "--", "nap.py").stdout.strip()
-    a = c.cli("submit", "--gpu-type", "a100", "--", "nap.py").stdout.strip()
-    c.wait(lambda st: all({j.id: j.status for j in st.jobs}.get(k) == "finished" for k in (v, a)), 120,
-           "both jobs to finish on Slurm")
-    ran = {k: {j["nodes"] for j in _ours(slurm, k, c)} for k in (v, a)}  # (squeue keeps ended jobs 300 s)
-    assert ran == {v: {"n2"}, a: {"n1"}}, ran
+    job submitted with --gres gpu:v100:2 gets a batch job pinned to n2 (and one with a100, to n1).
+    With --slurm-accounts, the job charged to project vision (-A) is Slurm's account vision."""
+    c = LocalCluster(tmp_path, "fifo", "--slurm-accounts", slurm_conf=slurm.conf).start()
+    try:
+        c.wait(lambda st: sorted(n.gpu_type for n in st.nodes) == ["a100", "v100"], 30, "the GRES types")
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
+            f.write("import time\ntime.sleep(1.0)\n")
+        c.cli("projects", "set", "vision", "--users", c.client.whoami().name)
+        v = c.cli("submit", "--gres", "gpu:v100:2", "-A", "vision", "--", "nap.py").stdout.strip()
+        a = c.cli("submit", "--gpu-type", "a100", "--", "nap.py").stdout.strip()
+        c.wait(lambda st: all({j.id: j.status for j in st.jobs}.get(k) == "finished" for k in (v, a)), 120,
+               "both jobs to finish on Slurm")
+        ran = {k: {j["nodes"] for j in _ours(slurm, k, c)} for k in (v, a)}  # (squeue keeps ended jobs 300 s)
+        assert ran == {v: {"n2"}, a: {"n1"}}, ran
+        accounts = {k: {j["account"] for j in _ours(slurm, k, c)} for k in (v, a)}
+        assert accounts[v] == {"vision"} and "vision" not in accounts[a], accounts
+    finally:
+        c.stop()
 
 
 def test_a_partition_without_gpus_runs_jobs_on_its_cpus(tmp_path, slurm):

@@ -38,7 +38,7 @@ def _cases():
              GroupMember(job="b", run=5, command=["b.py", "--x", "1"], workdir="/code", reason="resume", env={})]
     return {
         "one_node": RunLaunch("resnet", 3, ("gpu-a",), (_task("resnet", 4, 1),)),
-        "two_nodes": RunLaunch("bert", 3, ("gpu-a", "gpu-b"), (_task("bert", 2, 2), _task("bert", 2, 2))),
+        "two_nodes": RunLaunch("bert", 3, ("gpu-a", "gpu-b"), (_task("bert", 2, 2), _task("bert", 2, 2)), "vision"),
         "unequal_gpus": RunLaunch("Big_Job.v2", 3, ("gpu-a", "gpu-b"),
                                   (_task("Big_Job.v2", 3, 2, grace=12.5), _task("Big_Job.v2", 1, 2, grace=12.5))),
         "group_task": RunLaunch("g-1", 3, ("gpu-c",), (_task("g-1", 2, 1, group=group, run_as="root",
@@ -83,6 +83,8 @@ def test_manifests_match_the_golden_files(case):
             assert p["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
             assert p["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"] == str(len(run.nodes))
         assert len({p["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"] for p in pod_docs}) == 1
+    assert [p["metadata"]["labels"].get("elastictrain.io/project") for p in pod_docs] == [run.project or None] * len(
+        pod_docs)  # (the job's project, submit -A)
     assert (secret is None) == (not run.tasks[0].token)
     if secret is not None:  # the credential is in the Secret, never in the pod spec
         assert run.tasks[0].token not in yaml.safe_dump(pod_docs)

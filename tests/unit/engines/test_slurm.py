@@ -47,6 +47,10 @@ def test_the_batch_script_pins_the_placement_and_execs_srun(tmp_path):
     assert "'0.1 x'" in last and "--token-file /t/token" in last and "hetjob" not in s
     het = a.script(RunLaunch("j1", 4, ("n1", "n2"), (_task(2), _task(1))))
     assert het.count("#SBATCH hetjob") == 1 and "--het-group=0" in het and "--het-group=1" in het
+    assert "--account" not in a.script(RunLaunch("j1", 4, ("n1",), (_task(2, 1),), "vision"))  # (not asked for)
+    charged = SlurmAdapter("gpu", "http://c:7707", str(tmp_path), accounts=True)
+    assert "#SBATCH --account=vision" in charged.script(RunLaunch("j1", 4, ("n1",), (_task(2, 1),), "vision"))
+    assert "--account" not in charged.script(RunLaunch("j1", 4, ("n1",), (_task(2, 1),)))  # (no project)
 
 
 def test_a_bad_partition_name_is_refused():

@@ -5,7 +5,11 @@ Gauges read the scheduler's state when scraped: jobs by state, waiting jobs by w
 for, each node's slots offered and used, each user's running GPUs and queued jobs, each
 project's admitted GPUs and quota, the longest wait in the queue. Counters count since the
 coordinator started (Prometheus' ``rate()`` handles a restart): decisions, policy failures and
-events by kind. A coordinator without ``--policy`` exports only ``elastictrain_info``.
+events by kind. Histograms (:class:`Timings`, since the coordinator started too) time what an
+operator's SLOs are about: how long a job waited for each run, how long each run took from its
+launch to its first step (by why it started: recovery from a failure, a preemption...), and how
+long each scheduling decision took. A coordinator without ``--policy`` exports only
+``elastictrain_info``.
 
 Label values are names the coordinator validated (``model.check_name``) or a node's GPU type,
 escaped as the format requires.
@@ -17,10 +21,74 @@ from typing import Optional
 
 from ..scheduling import JobStatus
 
-__all__ = ["render", "CONTENT_TYPE"]
+__all__ = ["render", "CONTENT_TYPE", "Histogram", "Timings", "RUN_REASONS"]
 
 CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 WAITS = ("policy", "hold", "begin", "dependency", "array", "quota")
+
+
+#: why a run starts (``JobRecord.resume_reason``; the first run's is ``start``): the label values of
+#: the start-up histogram (anything else counts as ``other``: a label's values stay a fixed set)
+RUN_REASONS = ("start", "preempt", "failure", "node_lost", "requeue", "straggler", "migrate", "regroup",
+               "scale_up", "scale_down")
+
+
+class Histogram:
+    """A Prometheus histogram: cumulative counts of observations at or below each bound, their
+    sum and count, per value of one label (``label`` "": none)."""
+
+    def __init__(self, name: str, what: str, bounds: tuple, label: str = "") -> None:
+        self.name, self.what, self.bounds, self.label = name, what, tuple(float(b) for b in bounds), label
+        self.series: dict[str, list] = {}  # label value -> [counts per bound..., sum, count]
+
+    def observe(self, value: float, label: str = "") -> None:
+        if not value >= 0.0:  # (NaN, or a clock that went back: not a duration)
+            return
+        s = self.series.get(label)
+        if s is None:
+            s = self.series[label] = [0] * len(self.bounds) + [0.0, 0]
+        for i, b in enumerate(self.bounds):
+            if value <= b:
+                s[i] += 1
+        s[-2] += value
+        s[-1] += 1
+
+    def lines(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.what}", f"# TYPE {self.name} histogram"]
+        for value in sorted(self.series):
+            s = self.series[value]
+            tag = f'{self.label}="{_label(value)}",' if self.label else ""
+            for b, n in zip(self.bounds, s):
+                out.append(f'{self.name}_bucket{{{tag}le="{b!r}"}} {n}')
+            out.append(f'{self.name}_bucket{{{tag}le="+Inf"}} {s[-1]}')
+            tail = f"{{{tag[:-1]}}}" if tag else ""
+            out += [f"{self.name}_sum{tail} {float(s[-2])!r}", f"{self.name}_count{tail} {s[-1]}"]
+        return out
+
+
+class Timings:
+    """The coordinator's histograms (:func:`render` exports them)."""
+
+    def __init__(self) -> None:
+        self.wait = Histogram(
+            "elastictrain_job_wait_seconds", "Seconds a job waited for each of its runs: from its submission (or "
+            "preemption) to the decision that started it, by start (its first run) or resume.",
+            (1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400), "kind")
+        self.startup = Histogram(
+            "elastictrain_run_startup_seconds", "Seconds from a run's launch to its first step (imports, "
+            "rendezvous, checkpoint restore), by why it started: start, preempt, failure, node_lost, requeue, "
+            "straggler, migrate, regroup, scale_up, scale_down, other.",
+            (0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600), "reason")
+        self.decision = Histogram(
+            "elastictrain_scheduler_decision_seconds", "Wall time of each scheduling decision (the policy, the "
+            "checks, the actions).", (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5))
+
+    def ran(self, reason: str, seconds: float) -> None:
+        """A run trained its first step ``seconds`` after its launch; it started for ``reason``."""
+        self.startup.observe(seconds, reason if reason in RUN_REASONS else "other")
+
+    def all(self) -> tuple:
+        return self.wait, self.startup, self.decision
 
 
 def _label(value) -> str:
@@ -110,3 +178,5 @@ def _cluster(out: _Out, sched, now: float) -> None:
     out.family("elastictrain_events_total", "counter", "Scheduler events by kind since the coordinator started "
                "(start, preempted, resume, finish, fail, ...; `elastictrain events`).",
                [({"kind": k}, n) for k, n in sorted(sched.events.counts.items())])
+    for h in sched.timings.all():
+        out.lines += h.lines()

@@ -43,6 +43,7 @@ from ..policies.placement import one_type_room, type_matches
 from ..policies.shares import account, account_tickets, shares
 from ..runtime.stages import STAGES
 from ..scheduling import Entry, JobStatus, JobTable, Scheduler
+from ..scheduling.api import START
 from ..sim.forecast import ForecastJob, forecast
 from ..wire import (
     ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, ForecastInfo, GroupMember, JobRequeue,
@@ -54,6 +55,7 @@ from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check
 from .events import EventLog, LogBook
 from .live import ENDED_NAMES as _ENDED_NAMES
 from .live import JobRecord, LiveBackend
+from .metrics import Timings
 from .nodes import Exit, NodeBook, TaskRec
 from .notify import Notifier, check_types, check_url
 from .admission import Admission
@@ -134,6 +136,7 @@ class ClusterScheduler:
         self._share_tickets(self.policy)
         self.admission = Admission(self)  # who enters the job table, and when (admission.py)
         self.events = EventLog(self.store, loaded.last_event)
+        self.timings = Timings()  # GET /metrics' histograms (since this coordinator started)
         self.logs = LogBook(self.store, loaded.log_bytes)
         self.nodes = NodeBook(loaded.nodes, self._emit, cfg.node_timeout, self._task)
         self.records: dict[str, JobRecord] = {}
@@ -715,6 +718,8 @@ class ClusterScheduler:
             e, t0 = self.table.get(job), self.backend.run_started.get(job)
             if e is not None and t0 is not None and now > t0:
                 e.restart_cost = now - t0  # its start-up, measured: what a restart costs it (Muri's finish hold)
+            if t0 is not None:
+                self.timings.ran(rec.resume_reason if rec.run > 1 else "start", now - t0)
             self.table.began(job, now)  # its service counts from here: the start-up before was not service
             self.wake()  # a decision now: starts held back for it may go, its service-based wake-ups resume
         rec.step, rec.step_time, rec.step_run = req.step, now, rec.run
@@ -1441,7 +1446,14 @@ class ClusterScheduler:
         if self._hold_after_stop:
             self._hold_stopped()
         if len(self.table):
-            self.sched.tick()
+            t0 = time.perf_counter()
+            actions = self.sched.tick()
+            self.timings.decision.observe(time.perf_counter() - t0)
+            for a in actions:
+                e = self.table.get(a.key) if a.kind is START else None
+                if e is not None and e.running and e.run_at == now:  # (started: not deferred nor refused)
+                    rec = e.data["job"]
+                    self.timings.wait.observe(now - e.pending_since, "start" if rec.run == 1 else "resume")
             for key in self.sched.deferred:
                 self._emit("deferred", key, "", why="its GPUs are still held by stopping jobs")
             for key, why in self.sched.refused.items():

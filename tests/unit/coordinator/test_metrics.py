@@ -26,12 +26,13 @@ def parse(text: str) -> dict:
             continue
         if line.startswith("# TYPE "):
             _, _, name, kind = line.split()
-            assert name == family and kind in ("gauge", "counter"), line
+            assert name == family and kind in ("gauge", "counter", "histogram"), line
             assert kind != "counter" or name.endswith("_total"), line
             kinds[name] = kind
             continue
         m = _SAMPLE.match(line)
-        assert m and m.group(1) == family, line
+        assert m and (m.group(1) == family or kinds[family] == "histogram" and m.group(1) in (
+            f"{family}_bucket", f"{family}_sum", f"{family}_count")), line
         labels = tuple(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"', m.group(3) or ""))
         key = (m.group(1), labels)
         assert key not in out, f"{line}: a series twice"
@@ -86,3 +87,58 @@ def test_label_values_are_escaped_and_a_coordinator_without_a_policy_says_only_w
     assert _label('NVIDIA "A100"\\x\n') == 'NVIDIA \\"A100\\"\\\\x\\n'
     m = parse(render("1.2.3", "postgres", None))
     assert list(m) == [("elastictrain_info", (("version", "1.2.3"), ("store", "postgres"), ("policy", "")))]
+
+
+def histogram(m: dict, name: str, label: tuple = ()) -> tuple:
+    """(bucket bound -> cumulative count, sum, count) of one series, checked: cumulative counts
+    that never fall, and a +Inf bucket equal to the count."""
+    buckets = {}
+    for (n, labels), v in m.items():
+        if n == f"{name}_bucket" and labels[:-1] == label:
+            buckets[float(labels[-1][1])] = v
+    bounds = sorted(buckets)
+    assert bounds and bounds[-1] == float("inf")
+    assert [buckets[b] for b in bounds] == sorted(buckets[b] for b in bounds)
+    count = m[(f"{name}_count", label)]
+    assert buckets[float("inf")] == count
+    return buckets, m[(f"{name}_sum", label)], count
+
+
+def test_histograms_time_each_wait_each_start_up_and_each_decision(tmp_path):
+    from elastictrain.wire import JobRequeue, StepReport
+
+    w = QuotaWorld(tmp_path, policy="fifo", nodes=1, slots=2, node_timeout=3600.0)
+    a = w.submit(2)
+    b = w.submit(2)
+    w.clock.advance(40)
+    w.s.tick()  # a waited 40 s for its first run
+    w.run_all(train=False)
+    w.clock.advance(3)
+    w.c.step(a, StepReport(0, 1))  # its first step, 3 s after its launch
+    w.clock.advance(100)
+    w.s.requeue(a, JobRequeue(hold=True))  # an admin's requeue: a checkpoints and exits, b starts
+    w.s.tick()
+    w.exit(a, 75)
+    w.clock.advance(7)
+    w.s.tick()
+    w.run_all(train=False)
+    w.clock.advance(0.5)
+    w.c.step(b, StepReport(0, 1))
+    w.s.release(a)
+    w.exit(b, 0)
+    w.clock.advance(10)
+    w.s.tick()  # a again, 17.5 s after its requeue
+    w.run_all(train=False)
+    w.clock.advance(2)
+    w.c.step(a, StepReport(0, 2))
+    m = parse(render("1", "sqlite", w.s))
+    wait, total, n = histogram(m, "elastictrain_job_wait_seconds", (("kind", "start"),))
+    assert n == 2 and total == pytest.approx(40.0 + 150.0) and wait[60.0] == 1 and wait[300.0] == 2, wait
+    _, total, n = histogram(m, "elastictrain_job_wait_seconds", (("kind", "resume"),))
+    assert n == 1 and total == pytest.approx(17.5)
+    up, total, n = histogram(m, "elastictrain_run_startup_seconds", (("reason", "start"),))
+    assert n == 2 and total == pytest.approx(3.5) and up[0.5] == 1 and up[5.0] == 2, up
+    _, total, n = histogram(m, "elastictrain_run_startup_seconds", (("reason", "requeue"),))
+    assert n == 1 and total == pytest.approx(2.0)
+    _, total, n = histogram(m, "elastictrain_scheduler_decision_seconds")
+    assert n == m[("elastictrain_scheduler_decisions_total", ())] >= 3 and 0 < total < 10

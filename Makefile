@@ -4,6 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SUM := $(shell cksum pyproject.toml | cut -d' ' -f1)
 CORE := $(VENV)/.core-$(SUM)
+# pytest-xdist workers for `make test`: most tests wait on real processes (servers, workers, Slurm),
+# so 3 workers keep 2 cores busy (the tests on the one Slurm share a worker: tests/conftest.py)
+TEST_WORKERS ?= 3
 FULL := $(VENV)/.full-$(SUM)
 
 .PHONY: demo demo-cluster test test-slow test-horovod test-ray horovod bench install clean chromium slurm postgres \
@@ -71,7 +74,7 @@ postgres:
 
 # The default test run. pytest's exit code 5 ("no tests ran") fails it.
 test: $(FULL) bytecode chromium slurm postgres
-	$(PY) -m pytest -q -p no:cacheprovider --durations=25
+	$(PY) -m pytest -q -p no:cacheprovider --durations=25 -n $(TEST_WORKERS) --dist loadgroup
 
 test-slow: $(FULL) bytecode chromium slurm postgres
 	$(PY) -m pytest -q -p no:cacheprovider -m slow

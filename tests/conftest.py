@@ -153,3 +153,7 @@ def pytest_collection_modifyitems(config, items):
         spec = getattr(item, "callspec", None)
         if spec is not None and spec.params.get("db_url") == "postgresql" and item.originalname in _PG_IN_SLOW_RUN:
             item.add_marker(pytest.mark.slow)
+        # `make test` runs the tests on several pytest-xdist workers (--dist loadgroup): the tests on the
+        # session's Slurm share one worker, so that one Slurm runs them one at a time, as its 4 GPUs need
+        if "slurm" in item.fixturenames or (spec is not None and spec.params.get("engine_cluster") == "slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))

@@ -33,6 +33,10 @@ def add_parser(sub, connection: Callable[[argparse.ArgumentParser], None]) -> No
                     help="fair-share tickets (gandiva-fair): the project is one share beside the users, split among "
                     "its members with jobs by their own tickets (Slurm's fair-share tree); 0: none (left out: they "
                     "stay; given alone, the quota stays too)")
+    st.add_argument("--parent", default=None, metavar="PROJECT",
+                    help="make it a sub-project of PROJECT (Slurm's sub-account): its jobs count against PROJECT's "
+                    "quota too; '' makes it a top-level project again (left out: as it was; given alone, the quota "
+                    "stays)")
     rm = psub.add_parser("remove", help="(admin) drop a project (its jobs go on, charged to nothing)")
     rm.add_argument("name")
 
@@ -40,7 +44,7 @@ def add_parser(sub, connection: Callable[[argparse.ArgumentParser], None]) -> No
 def run(args, client) -> int:
     if args.projects_command == "set":  # the coordinator checks the names and the numbers (a 400 with the reason)
         users = None if args.users is None else [u for u in args.users.split(",") if u]
-        pl = client.set_project(args.name, args.gpus, args.jobs, users, args.tickets)
+        pl = client.set_project(args.name, args.gpus, args.jobs, users, args.tickets, args.parent)
         print(f"project {args.name} set")
     elif args.projects_command == "remove":
         pl = client.remove_project(args.name)
@@ -53,10 +57,11 @@ def run(args, client) -> int:
     if not pl.projects:
         print("no projects (an admin creates one: elastictrain projects set NAME --gpus N --users U1,U2)")
         return 0
-    rows = [("project", "GPUs", "jobs", "admitted GPUs", "admitted jobs", "waiting", "GPU-hours", "tickets",
+    rows = [("project", "parent", "GPUs", "jobs", "admitted GPUs", "admitted jobs", "waiting", "GPU-hours", "tickets",
              "entitled", "members")]
     for p in pl.projects:
-        rows.append((p.name, "-" if p.gpus is None else str(p.gpus), "-" if p.jobs is None else str(p.jobs),
+        rows.append((p.name, p.parent or "-", "-" if p.gpus is None else str(p.gpus),
+                     "-" if p.jobs is None else str(p.jobs),
                      str(p.used_gpus), str(p.used_jobs), str(p.queued), f"{p.gpu_hours:.3f}",
                      f"{p.tickets:g}" if p.tickets else "-", f"{p.entitled:.1%}" if p.tickets else "-",
                      ",".join(p.users) or "-"))

@@ -862,6 +862,8 @@ class ProjectSet(_Msg, omit_defaults=True):
     #: jobs; policies/shares.py); 0: none, its jobs count against their users; None: as they were
     tickets: Optional[Annotated[float, msgspec.Meta(ge=0.0, le=1_000_000.0)]] = None
     remove: bool = False
+    #: the project it is a sub-project of (its quota holds too; projects.py); "": none; None: as it was
+    parent: Optional[Annotated[str, msgspec.Meta(pattern=rf"^(|{NAME_RE})\Z")]] = None
 
 
 class ProjectInfo(_Msg):
@@ -875,6 +877,7 @@ class ProjectInfo(_Msg):
     gpu_hours: float = 0.0  # what its jobs the coordinator still keeps have received (sshare's usage, not decayed)
     tickets: float = 0.0  # its fair-share tickets (0: none: its members' jobs count against them)
     entitled: float = 0.0  # the share of the GPUs its tickets entitle it to, among the accounts with jobs (0: none)
+    parent: str = ""  # the project it is a sub-project of ("": none); its figures include its sub-projects'
 
 
 class ProjectList(_Msg):

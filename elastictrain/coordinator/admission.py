@@ -108,8 +108,11 @@ class Admission:
         return self._count(lambda e: e.user)
 
     def project_usage(self) -> dict[str, list[int]]:
-        """The same for each project."""
-        return self._count(lambda e: e.data["job"].project)
+        """The same for each project, its sub-projects' jobs included."""
+        used: dict[str, list[int]] = {}
+        for project, (g, n) in self._count(lambda e: e.data["job"].project).items():
+            self.s.projects.count(used, project, g, n)
+        return used
 
     def _count(self, key_of) -> dict[str, list[int]]:
         used: dict[str, list[int]] = {}

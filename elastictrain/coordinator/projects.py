@@ -10,6 +10,14 @@ charge any. A job is admitted when both its user's quota (``quotas.py``) and its
 room; with ``--quota-borrow`` one over either is admitted as a borrower. Projects are kept in the
 database; removing one leaves its jobs running, charged to nothing.
 
+A project may have a parent (``projects set vision --parent research``: Slurm's sub-account, whose
+parent's ``GrpTRES`` also holds): a job charged to ``vision`` counts against ``vision``'s quota and
+against ``research``'s, and is admitted only where every one of them has room, so a department caps
+its labs together. A parent's figures (admitted GPUs and jobs, waiting jobs, GPU-hours) include its
+sub-projects'. At most :data:`MAX_DEPTH` levels; no cycles; a project with sub-projects cannot be
+removed before them. Membership is per project (a member of ``research`` is not one of ``vision``),
+and fair-share tickets stay one level deep (a sub-project with tickets is one share beside the others).
+
 ("Project" and not "account": here an account is a user's login, ``/v1/admin/accounts``.)
 """
 
@@ -24,12 +32,13 @@ from ..errors import ConfigError, ForbiddenError
 from ..model import check_name
 from .quotas import Quota
 
-__all__ = ["Project", "ProjectBook", "META_KEY", "MAX_PROJECTS", "MAX_MEMBERS", "MAX_MEMBERSHIPS"]
+__all__ = ["Project", "ProjectBook", "META_KEY", "MAX_PROJECTS", "MAX_MEMBERS", "MAX_MEMBERSHIPS", "MAX_DEPTH"]
 
 META_KEY = "projects"
 MAX_PROJECTS = 10_000
 MAX_MEMBERS = 10_000  # in one project
 MAX_MEMBERSHIPS = 100_000  # in all projects together (what `projects list` returns stays bounded)
+MAX_DEPTH = 8  # levels of sub-projects, the top one included
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,7 @@ class Project:
     quota: Quota
     users: tuple[str, ...] = ()
     tickets: float = 0.0  # fair-share tickets (0: none; policies/shares.py)
+    parent: str = ""  # the project it is a sub-project of ("": none)
 
 
 class ProjectBook:
@@ -48,7 +58,7 @@ class ProjectBook:
             for name, p in json.loads(meta.get(META_KEY) or "{}").items():
                 self.projects[str(name)] = Project(Quota(p.get("gpus"), p.get("jobs")),
                                                    tuple(str(u) for u in p.get("users", ())),
-                                                   max(0.0, float(p.get("tickets") or 0.0)))
+                                                   max(0.0, float(p.get("tickets") or 0.0)), str(p.get("parent") or ""))
         except (ValueError, TypeError, AttributeError, ConfigError):
             self.projects = {}  # unreadable (it was written by us): no project limits
 
@@ -60,15 +70,41 @@ class ProjectBook:
         """The projects that have fair-share tickets, and theirs."""
         return {n: p.tickets for n, p in self.projects.items() if p.tickets > 0}
 
-    def set(self, name: str, quota: Quota, users: Optional[list[str]], tickets: Optional[float] = None) -> str:
-        """Create or change project ``name`` (``users``, ``tickets`` None: as they were); returns the JSON
-        to store.
+    def chain(self, name: str) -> list[str]:
+        """``name`` and its parents, up to the top (each once: a damaged store's cycle ends it)."""
+        out = []
+        while name and name not in out and len(out) < MAX_DEPTH:
+            out.append(name)
+            p = self.projects.get(name)
+            name = p.parent if p is not None else ""
+        return out
+
+    def set(self, name: str, quota: Quota, users: Optional[list[str]], tickets: Optional[float] = None,
+            parent: Optional[str] = None) -> str:
+        """Create or change project ``name`` (``users``, ``tickets``, ``parent`` None: as they were;
+        ``parent`` "": none); returns the JSON to store.
 
         Raises:
-            ConfigError: a bad name, or too many projects or members.
+            ConfigError: a bad name, or too many projects or members, or a parent that does not exist,
+            would make a cycle or too deep a tree.
         """
         check_name("project", name)
         old = self.projects.get(name)
+        if parent is None:
+            parent = old.parent if old is not None else ""
+        elif parent:
+            check_name("project", parent)
+            if parent not in self.projects:
+                raise ConfigError(f"no project {parent!r} to be the parent of {name!r}; create it first "
+                                  f"(`elastictrain projects set {parent}`)")
+            above = self.chain(parent)
+            if name in above:
+                raise ConfigError(f"project {parent!r} is {name!r} or one of its sub-projects: a project cannot be "
+                                  "its own parent")
+            below = self._depth_below(name)
+            if len(above) + 1 + below > MAX_DEPTH:
+                raise ConfigError(f"projects nest at most {MAX_DEPTH} levels deep, and under {parent!r} project "
+                                  f"{name!r} would make {len(above) + 1 + below}")
         if users is None:
             members = old.users if old is not None else ()
         else:
@@ -87,17 +123,27 @@ class ProjectBook:
             tickets = old.tickets if old is not None else 0.0
         elif not (0 <= tickets <= 1_000_000 and math.isfinite(tickets)):
             raise ConfigError(f"tickets must be in [0, 1000000] (0: none), got {tickets!r}")
-        self.projects[name] = Project(quota, members, float(tickets))
+        self.projects[name] = Project(quota, members, float(tickets), parent)
         return self._json()
 
+    def _depth_below(self, name: str) -> int:
+        """Levels of sub-projects under ``name`` (0: none)."""
+        kids = [n for n, p in self.projects.items() if p.parent == name]
+        return 1 + max(self._depth_below(k) for k in kids) if kids else 0
+
     def remove(self, name: str) -> str:
-        """Raises: KeyError: no such project."""
+        """Raises: KeyError: no such project. ConfigError: it has sub-projects."""
+        kids = [n for n, p in self.projects.items() if p.parent == name]
+        if name in self.projects and kids:
+            raise ConfigError(f"project {name} has sub-projects ({', '.join(kids[:5])}): remove them, or give them "
+                              f"another parent (`elastictrain projects set {kids[0]} --parent ''`), first")
         del self.projects[name]
         return self._json()
 
     def _json(self) -> str:
         return json.dumps({n: {"gpus": p.quota.gpus, "jobs": p.quota.jobs, "users": list(p.users),
-                               **({"tickets": p.tickets} if p.tickets else {})} for n, p in self.projects.items()})
+                               **({"tickets": p.tickets} if p.tickets else {}),
+                               **({"parent": p.parent} if p.parent else {})} for n, p in self.projects.items()})
 
     def default_for(self, user: str) -> str:
         """The first project that lists ``user`` ("" if none)."""
@@ -123,17 +169,31 @@ class ProjectBook:
         return project
 
     def fits(self, project: str, used: dict[str, list[int]], gpus: int) -> bool:
-        p = self.projects.get(project) if project else None
-        if p is None:
-            return True
-        u = used.get(project, (0, 0))
-        return p.quota.fits(u[0], u[1], gpus)
+        """Whether one more job of ``gpus`` charged to ``project`` fits its quota and its parents'
+        (``used``: each project's admitted [GPUs, jobs], its sub-projects' included)."""
+        for name in self.chain(project):
+            p = self.projects.get(name)
+            if p is not None:
+                u = used.get(name, (0, 0))
+                if not p.quota.fits(u[0], u[1], gpus):
+                    return False
+        return True
+
+    def count(self, used: dict[str, list[int]], project: str, gpus: int, jobs: int = 1) -> None:
+        """Count a job of ``gpus`` (``jobs`` -1: take one away) in ``used``, for its project and each parent."""
+        for name in self.chain(project):
+            u = used.setdefault(name, [0, 0])
+            u[0] += gpus
+            u[1] += jobs
 
     def why(self, rec, used: dict[str, list[int]]) -> str:
-        """Why ``rec`` waits for its project's quota ("" if it does not)."""
-        p = self.projects.get(rec.project) if rec.project else None
-        full = p.quota.full(*used.get(rec.project, (0, 0)), rec.gpus) if p is not None else []
-        if not full:
-            return ""
-        return (f"waiting for project {rec.project}'s quota ({p.quota.text()}): {' and '.join(full)}. It is admitted "
-                f"when they end, or when an admin raises it (`elastictrain projects set {rec.project} --gpus N`)")
+        """Why ``rec`` waits for its project's quota, or a parent's ("" if it does not)."""
+        for name in self.chain(rec.project):
+            p = self.projects.get(name)
+            full = p.quota.full(*used.get(name, (0, 0)), rec.gpus) if p is not None else []
+            if full:
+                what = f"project {name}'s quota" if name == rec.project else \
+                    f"the quota of project {name}, which project {rec.project} is under"
+                return (f"waiting for {what} ({p.quota.text()}): {' and '.join(full)}. It is admitted when they "
+                        f"end, or when an admin raises it (`elastictrain projects set {name} --gpus N`)")
+        return ""

@@ -151,9 +151,7 @@ class QuotaBook:
         if projects is not None and rec.project:
             if not projects.fits(rec.project, pused, rec.gpus):
                 return False
-            p = pused.setdefault(rec.project, [0, 0])
-            p[0] += rec.gpus
-            p[1] += 1
+            projects.count(pused, rec.project, rec.gpus)  # (its parents' too)
         u[0] += rec.gpus
         u[1] += 1
         return True

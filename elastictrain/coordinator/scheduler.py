@@ -1033,11 +1033,13 @@ class ClusterScheduler:
                                   "lower --gpus, or add nodes of that type first")
         if self.cfg.quota_borrow:
             return
-        pq = self.projects.projects[project].quota if project in self.projects.projects else None
-        if pq is not None and pq.gpus is not None and gpus > pq.gpus:
-            raise ConfigError(f"the job asks for {gpus} GPUs (--gpus) but project {project}'s quota is {pq.gpus}: "
-                              f"it could never be admitted; lower --gpus to {pq.gpus} or less, or ask an admin to "
-                              f"raise it (`elastictrain projects set {project} --gpus {gpus}`)")
+        for name in self.projects.chain(project):  # (its project's quota, and each parent's)
+            pq = self.projects.projects[name].quota if name in self.projects.projects else None
+            if pq is not None and pq.gpus is not None and gpus > pq.gpus:
+                under = f" (project {project} is under it)" if name != project else ""
+                raise ConfigError(f"the job asks for {gpus} GPUs (--gpus) but project {name}'s quota is {pq.gpus}"
+                                  f"{under}: it could never be admitted; lower --gpus to {pq.gpus} or less, or ask an "
+                                  f"admin to raise it (`elastictrain projects set {name} --gpus {gpus}`)")
         quota = self.quotas.of(user)
         if quota.gpus is not None and gpus > quota.gpus:
             raise ConfigError(f"the job asks for {gpus} GPUs (--gpus) but user {user}'s quota is {quota.gpus}: "
@@ -1264,22 +1266,23 @@ class ClusterScheduler:
     def set_project(self, name: str, req: ProjectSet) -> ProjectList:
         """(admin) Create, change or remove project ``name`` (projects.py)."""
         if req.remove:
-            if req.gpus is not None or req.jobs is not None or req.users is not None or req.tickets is not None:
-                raise ConfigError("give --remove alone (it drops the project), or --gpus/--jobs/--users/--tickets to "
-                                  "set it")
+            if req.gpus is not None or req.jobs is not None or req.users is not None or req.tickets is not None \
+                    or req.parent is not None:
+                raise ConfigError("give --remove alone (it drops the project), or --gpus/--jobs/--users/--tickets/"
+                                  "--parent to set it")
             if name not in self.projects.projects:
                 raise NotFoundError(f"no project {name!r}; `elastictrain projects list` shows them")
             stored = self.projects.remove(name)
             self._emit("project", "", "", project=name, removed=True)
         else:
             old = self.projects.projects.get(name)
-            quota = old.quota if old is not None and req.tickets is not None and req.gpus is None and \
-                req.jobs is None else Quota(req.gpus, req.jobs)  # (--tickets alone: the quota stays)
-            stored = self.projects.set(name, quota, req.users, req.tickets)
+            keep = (req.tickets is not None or req.parent is not None) and req.gpus is None and req.jobs is None
+            quota = old.quota if old is not None and keep else Quota(req.gpus, req.jobs)  # (--tickets alone: kept)
+            stored = self.projects.set(name, quota, req.users, req.tickets, req.parent)
             p = self.projects.projects[name]
             self._emit("project", "", "", project=name, gpus=p.quota.gpus if p.quota.gpus is not None else "-",
                        jobs=p.quota.jobs if p.quota.jobs is not None else "-", users=",".join(p.users[:64]),
-                       tickets=p.tickets)
+                       tickets=p.tickets, parent=p.parent)
         self._share_tickets(self.policy)  # (its members' jobs count against the project's account, or their own)
         with self.store.transaction() as tx:
             tx.put_meta(PROJECTS_META, stored)
@@ -1292,22 +1295,24 @@ class ClusterScheduler:
     def project_list(self) -> ProjectList:
         used = self.admission.project_usage()
         queued: dict[str, int] = {}
+        chain = self.projects.chain  # (a parent's figures include its sub-projects')
         for rec in self.admission.waiting.values():
-            if rec.project:
-                queued[rec.project] = queued.get(rec.project, 0) + 1
+            for name in chain(rec.project):
+                queued[name] = queued.get(name, 0) + 1
         self.table.accrue(self.clock.now())
         gpu_s: dict[str, float] = {}
         for rec in self.records.values():
             if rec.project:
                 e = self.table.get(rec.id)
-                gpu_s[rec.project] = gpu_s.get(rec.project, 0.0) + (e.attained_gpu if e is not None else
-                                                                    rec.attained_gpu)
+                got = e.attained_gpu if e is not None else rec.attained_gpu
+                for name in chain(rec.project):
+                    gpu_s[name] = gpu_s.get(name, 0.0) + got
         tickets = self.projects.tickets()
         active = self._accounts(tickets)
         entitled = shares(account_tickets(active, self.users.tickets, self.users.default, tickets))[1]
         return ProjectList([ProjectInfo(n, p.quota.gpus, p.quota.jobs, list(p.users), *used.get(n, (0, 0)),
                                         queued.get(n, 0), round(gpu_s.get(n, 0.0) / 3600, 6), p.tickets,
-                                        entitled.get(n, 0.0))
+                                        entitled.get(n, 0.0), p.parent)
                             for n, p in self.projects.projects.items()])
 
     def job_logs(self, job: str, after: int) -> LogList:

@@ -351,10 +351,12 @@ class CoordinatorClient:
         return self._call("GET", "/v1/cluster/projects", ProjectList)
 
     def set_project(self, name: str, gpus: Optional[int] = None, jobs: Optional[int] = None,
-                    users: Optional[list[str]] = None, tickets: Optional[float] = None) -> ProjectList:
-        """(admin) Create or change project ``name``: its quota (None: no limit), members and fair-share
-        tickets (None: kept; tickets 0: none)."""
-        return self._call("POST", f"/v1/cluster/projects/{name}", ProjectList, ProjectSet(gpus, jobs, users, tickets))
+                    users: Optional[list[str]] = None, tickets: Optional[float] = None,
+                    parent: Optional[str] = None) -> ProjectList:
+        """(admin) Create or change project ``name``: its quota (None: no limit), members, fair-share
+        tickets and parent project (None: kept; tickets 0: none; parent "": none)."""
+        return self._call("POST", f"/v1/cluster/projects/{name}", ProjectList,
+                          ProjectSet(gpus, jobs, users, tickets, parent=parent))
 
     def remove_project(self, name: str) -> ProjectList:
         return self._call("POST", f"/v1/cluster/projects/{name}", ProjectList, ProjectSet(remove=True))

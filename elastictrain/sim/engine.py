@@ -647,11 +647,13 @@ class _QuotaGate:
         g = self.counted.pop(e.key, 0)
         if not g:
             return
-        for book, key in ((self.used, e.user), (self.pused, self.s.project_of.get(e.key, ""))):
-            if key in book:
-                u = book[key]
-                u[0] -= g
-                u[1] -= 1
+        if e.user in self.used:
+            u = self.used[e.user]
+            u[0] -= g
+            u[1] -= 1
+        project = self.s.project_of.get(e.key, "")
+        if project and self.projects is not None:
+            self.projects.count(self.pused, project, -g, -1)  # (its parents' too)
 
     def admit(self) -> list[JobSpec]:
         """The waiting jobs admitted now."""

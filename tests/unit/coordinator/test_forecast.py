@@ -353,3 +353,24 @@ def test_a_node_cordoned_now_takes_nothing_new_in_the_forecast_until_its_cordon_
     assert got[a].end - f.now == pytest.approx(85.0, abs=3.0)  # it runs on to its end (5 s passed since)
     # c waits for the cordon's end (at 600 s), not for a's end, when n1 empties
     assert got[c].start - f.now == pytest.approx(600.0, abs=3.0), got[c]
+
+
+def test_a_job_waiting_for_a_parent_projects_quota_is_forecast_to_start_when_room_is_made(tmp_path):
+    """lab is under dept, which admits 1 job at once: carol's job (lab) runs; bob's (lab too) waits for
+    dept's quota though lab has no limit, and is forecast to start when carol's ends."""
+    from elastictrain.wire import ProjectSet
+
+    from .test_quotas import QuotaWorld
+
+    w = QuotaWorld(tmp_path, policy="srtf", nodes=1, slots=6)
+    w.s.set_project("dept", ProjectSet(jobs=1))
+    w.s.set_project("lab", ProjectSet(users=["bob", "carol"], parent="dept"))
+    c = w.submit(1, user="carol", steps=50)
+    w.s.tick()
+    w.run_all()
+    _steps(w, c, 1.0, 10)  # c ends in 40 s
+    bob = w.submit(1, user="bob", steps=10)
+    w.s.tick()
+    assert bob in w.s.admission.waiting and "project dept, which project lab is under" in w.s.job(bob).reason
+    got = {j.id: j for j in asyncio.run(w.s.forecast()).jobs}
+    assert got[bob].start == pytest.approx(got[c].end, abs=1e-6), got[bob]

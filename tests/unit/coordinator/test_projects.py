@@ -108,6 +108,61 @@ def test_with_borrowing_a_job_over_its_projects_quota_borrows_and_counts_once_th
     assert ("within_quota", b) in [(e.kind, e.job) for e in w.s.events.list(0).events]
 
 
+def test_a_sub_projects_jobs_count_against_its_parents_quota_too(tmp_path):
+    # research caps its labs together at 3 GPUs; vision (2 GPUs of its own) and nlp are under it
+    w = QuotaWorld(tmp_path, policy="fifo", nodes=2, slots=4, node_timeout=1000.0)
+    w.s.set_project("research", ProjectSet(gpus=3, users=["carol"]))
+    w.s.set_project("vision", ProjectSet(gpus=2, users=["alice"], parent="research"))
+    w.s.set_project("nlp", ProjectSet(users=["bob"], parent="research"))
+    a = _submit(w, "alice", 2)
+    b = _submit(w, "bob", 1)  # research: 2 + 1 = 3, full
+    c = _submit(w, "bob", 1)  # nlp has no limit of its own, but research is full
+    d = _submit(w, "alice", 1)  # vision is full (and research)
+    e = _submit(w, "dave", 4)  # in no project
+    w.s.tick()
+    assert w.placed() == {a, b, e}
+    why = w.s.job(c).reason
+    assert "the quota of project research, which project nlp is under (3 GPUs)" in why and \
+        "elastictrain projects set research --gpus N" in why, why
+    assert "waiting for project vision's quota (2 GPUs)" in w.s.job(d).reason
+    listed = {p.name: p for p in w.s.project_list().projects}
+    assert (listed["research"].used_gpus, listed["research"].used_jobs, listed["research"].queued) == (3, 2, 2)
+    assert (listed["vision"].parent, listed["vision"].used_gpus, listed["nlp"].used_gpus) == ("research", 2, 1)
+    w.run_all()
+    w.exit(b, 0)  # research has a GPU again: nlp's c fits it (vision's d is still over vision's own)
+    w.s.tick()
+    assert c in w.s.table and d not in w.s.table
+    w.s.set_project("vision", ProjectSet(parent=""))  # vision on its own: its quota stays, research's is lifted
+    assert {p.name: (p.parent, p.gpus) for p in w.s.project_list().projects}["vision"] == ("", 2)
+    w.s._flush(everything=True)
+    w.restart()
+    assert {p.name: p.parent for p in w.s.project_list().projects} == {"research": "", "vision": "", "nlp": "research"}
+    with pytest.raises(ConfigError, match=r"project research has sub-projects \(nlp\): remove them"):
+        w.s.set_project("research", ProjectSet(remove=True))
+    with pytest.raises(ConfigError, match="no project 'physics' to be the parent of 'nlp'"):
+        w.s.set_project("nlp", ProjectSet(parent="physics"))
+    with pytest.raises(ConfigError, match="a project cannot be its own parent"):
+        w.s.set_project("research", ProjectSet(parent="nlp"))
+    with pytest.raises(ConfigError, match="a project cannot be its own parent"):
+        w.s.set_project("nlp", ProjectSet(parent="nlp"))
+
+
+def test_projects_nest_at_most_eight_levels():
+    from elastictrain.coordinator.projects import MAX_DEPTH, ProjectBook
+    from elastictrain.coordinator.quotas import Quota
+
+    book = ProjectBook({})
+    book.set("p0", Quota(), [])
+    for i in range(1, MAX_DEPTH):
+        book.set(f"p{i}", Quota(), [], parent=f"p{i - 1}")
+    assert book.chain(f"p{MAX_DEPTH - 1}") == [f"p{i}" for i in reversed(range(MAX_DEPTH))]
+    with pytest.raises(ConfigError, match="nest at most 8 levels"):
+        book.set("deeper", Quota(), [], parent=f"p{MAX_DEPTH - 1}")
+    book.set("top", Quota(), [])
+    with pytest.raises(ConfigError, match="nest at most 8 levels"):  # (p0's tree under top: 9 levels)
+        book.set("p0", Quota(), [], parent="top")
+
+
 def test_the_project_book_is_bounded():
     from elastictrain.coordinator import projects as mod
     from elastictrain.coordinator.projects import ProjectBook

@@ -684,11 +684,13 @@ def _live_fairness(args) -> None:
     users = client.users(600.0)
     now = client.cluster_status().now
     try:  # (the projects' tickets: a user's login may not read them; its report is then by users' tickets)
-        projects = {p.name: p.tickets for p in client.projects().projects if p.tickets}
+        listed = client.projects().projects
+        projects = {p.name: p.tickets for p in listed if p.tickets}
+        parents = {p.name: p.parent for p in listed if p.parent}
     except ElasticTrainError:
-        projects = {}
+        projects, parents = {}, {}
     r = live_fairness(events, {u.user: u.tickets for u in users.users if u.set}, users.default_tickets,
-                      args.window, now, projects)
+                      args.window, now, projects, parents)
     print(f"live cluster at {args.from_coordinator}: {len(events)} events over {r.end - r.start:.0f} s, "
           f"{len(r.timeline)} window(s) of {args.window:g} s")
     rows = [("user", "tickets", "GPU-s", "entitled GPU-s", "received / entitled")]

@@ -30,8 +30,9 @@ def add_parser(sub, connection: Callable[[argparse.ArgumentParser], None]) -> No
                     help="its members, who may charge it (submit --project); a user's default project is the first "
                     "that lists it (left out: they stay)")
     st.add_argument("--tickets", type=float, default=None,
-                    help="fair-share tickets (gandiva-fair): the project is one share beside the users, split among "
-                    "its members with jobs by their own tickets (Slurm's fair-share tree); 0: none (left out: they "
+                    help="fair-share tickets (gandiva-fair, multifactor): the project is one share beside the users "
+                    "(or, under a parent with tickets, a share of the parent's), split among its members with jobs by "
+                    "their own tickets (Slurm's fair-share tree); 0: none (left out: they "
                     "stay; given alone, the quota stays too)")
     st.add_argument("--parent", default=None, metavar="PROJECT",
                     help="make it a sub-project of PROJECT (Slurm's sub-account): its jobs count against PROJECT's "

@@ -15,8 +15,9 @@ parent's ``GrpTRES`` also holds): a job charged to ``vision`` counts against ``v
 against ``research``'s, and is admitted only where every one of them has room, so a department caps
 its labs together. A parent's figures (admitted GPUs and jobs, waiting jobs, GPU-hours) include its
 sub-projects'. At most :data:`MAX_DEPTH` levels; no cycles; a project with sub-projects cannot be
-removed before them. Membership is per project (a member of ``research`` is not one of ``vision``),
-and fair-share tickets stay one level deep (a sub-project with tickets is one share beside the others).
+removed before them. Membership is per project (a member of ``research`` is not one of ``vision``).
+Fair-share tickets follow the tree (policies/shares.py): a sub-project's tickets are its share of
+its parent's, as in Slurm's fair-share tree.
 
 ("Project" and not "account": here an account is a user's login, ``/v1/admin/accounts``.)
 """
@@ -69,6 +70,10 @@ class ProjectBook:
     def tickets(self) -> dict[str, float]:
         """The projects that have fair-share tickets, and theirs."""
         return {n: p.tickets for n, p in self.projects.items() if p.tickets > 0}
+
+    def parents(self) -> dict[str, str]:
+        """Each sub-project's parent (the fair-share tree: policies/shares.py)."""
+        return {n: p.parent for n, p in self.projects.items() if p.parent}
 
     def chain(self, name: str) -> list[str]:
         """``name`` and its parents, up to the top (each once: a damaged store's cycle ends it)."""

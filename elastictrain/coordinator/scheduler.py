@@ -1186,15 +1186,16 @@ class ClusterScheduler:
     def _share_tickets(self, policy) -> None:
         """Hand ``policy`` (one that shares GPU time by tickets) the users' and the projects' tickets."""
         if hasattr(policy, "set_tickets"):
-            policy.set_tickets(dict(self.users.tickets), self.projects.tickets())
+            policy.set_tickets(dict(self.users.tickets), self.projects.tickets(), self.projects.parents())
 
     def _accounts(self, projects: dict[str, float]) -> dict[str, int]:
         """Each fair-share account's jobs not ended (policies/shares.py: a user, or a project with
         tickets (``projects``) and its member)."""
         out: dict[str, int] = {}
+        parents = self.projects.parents()
         for rec in self.records.values():
             if rec.status not in _ENDED_NAMES:
-                a = account(rec.user, rec.project, projects)
+                a = account(rec.user, rec.project, projects, parents)
                 out[a] = out.get(a, 0) + 1
         return out
 
@@ -1239,7 +1240,8 @@ class ClusterScheduler:
         for e in self.table.running.values():
             running[e.user] = running.get(e.user, 0) + e.num_gpu
         self.table.accrue(self.clock.now())
-        out = self.users.report(self.clock.now(), window, self._usage, active, running, projects)
+        out = self.users.report(self.clock.now(), window, self._usage, active, running, projects,
+                                self.projects.parents())
         fair = getattr(self.policy, "fairshare", None)  # multifactor's, per account: sshare's columns
         if fair is not None:
             got = fair()
@@ -1309,7 +1311,12 @@ class ClusterScheduler:
                     gpu_s[name] = gpu_s.get(name, 0.0) + got
         tickets = self.projects.tickets()
         active = self._accounts(tickets)
-        entitled = shares(account_tickets(active, self.users.tickets, self.users.default, tickets))[1]
+        ticketed = shares(account_tickets(active, self.users.tickets, self.users.default, tickets,
+                                          self.projects.parents()))[1]
+        entitled: dict[str, float] = {}  # (a parent's share holds its sub-projects')
+        for name, f in ticketed.items():
+            for above in chain(name):
+                entitled[above] = entitled.get(above, 0.0) + f
         return ProjectList([ProjectInfo(n, p.quota.gpus, p.quota.jobs, list(p.users), *used.get(n, (0, 0)),
                                         queued.get(n, 0), round(gpu_s.get(n, 0.0) / 3600, 6), p.tickets,
                                         entitled.get(n, 0.0), p.parent)

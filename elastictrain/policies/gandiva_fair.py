@@ -135,6 +135,7 @@ class GandivaFair:
             raise ConfigError("stretch applies to split stride only (gandiva-fair, gandiva-fair-notrade)")
         self.tickets, self.default = dict(tickets or {}), default_tickets
         self.project_tickets: dict[str, float] = dict(project_tickets or {})
+        self.project_parents: dict[str, str] = {}  # sub-project -> its parent (set_tickets; shares.py's tree)
         self._rekey = False  # the projects' tickets changed: the jobs' accounts are read again
         self.quantum, self.placement, self.packlimit = quantum, placement, packlimit
         self.split, self.balance, self.max_moves, self.trading = split, balance, migrations, trading
@@ -172,15 +173,18 @@ class GandivaFair:
         self._restored: dict = {}  # job id -> (pass, home, GPU type) from import_state, until it is seen
 
     # ------------------------------------------------------------------ shares
-    def set_tickets(self, tickets: dict[str, float], projects: Optional[dict[str, float]] = None) -> None:
+    def set_tickets(self, tickets: dict[str, float], projects: Optional[dict[str, float]] = None,
+                    parents: Optional[dict[str, str]] = None) -> None:
         """Replace the users' tickets (the live coordinator's ``elastictrain users set``) and, unless
-        None, the projects' (``projects set --tickets``); the entitlements are recomputed at the
-        next decision."""
+        None, the projects' (``projects set --tickets``) and which project is under which (``projects
+        set --parent``); the entitlements are recomputed at the next decision."""
         if any(not t > 0 for t in (*tickets.values(), *(projects or {}).values())):
             raise ConfigError("tickets must be positive")
         self.tickets = dict(tickets)
         if projects is not None and projects != self.project_tickets:
             self.project_tickets, self._rekey = dict(projects), True
+        if parents is not None and parents != self.project_parents:
+            self.project_parents, self._rekey = dict(parents), True
         self.inputs_changed()
 
     def inputs_changed(self) -> None:
@@ -191,7 +195,8 @@ class GandivaFair:
     def _who(self, j) -> str:
         """The account ``j``'s GPU time counts against (:func:`.shares.account`): its user, or its
         project and user where its project has tickets."""
-        return account(j.user, j.project, self.project_tickets) if self.project_tickets else j.user
+        return account(j.user, j.project, self.project_tickets, self.project_parents) if self.project_tickets \
+            else j.user
 
     def _stride(self, j, pass_: float, home: Optional[int], gtype: str) -> StrideJob:
         """``j``'s stride record (1 ticket until :meth:`_set_tickets`), counted against its account."""
@@ -203,7 +208,7 @@ class GandivaFair:
         if self._rekey:  # projects gained or lost tickets: the jobs known count against new accounts
             self._rekey, self._groups_of = False, None
             for sj in self._jobs.values():  # (jobs being stopped too: they are not in the snapshot)
-                sj.user = account(sj.owner, sj.project, self.project_tickets)
+                sj.user = account(sj.owner, sj.project, self.project_tickets, self.project_parents)
         if self._users is not None and not s.arrived and not s.ended and len(s.jobs) == self._njobs:
             return  # the same jobs as last time (jobs being stopped are left out: the count changes)
         self._njobs = len(s.jobs)
@@ -221,7 +226,7 @@ class GandivaFair:
                 for t in by_type:
                     sums[u][t] += j.speeds.get(t, 1.0)
             speed = {u: {t: v / count[u] for t, v in sums[u].items()} for u in users}
-        tickets = account_tickets(users, self.tickets, self.default, self.project_tickets)
+        tickets = account_tickets(users, self.tickets, self.default, self.project_tickets, self.project_parents)
         self.entitlement, self.trades = entitlements(tickets, by_type, speed)
 
     # ------------------------------------------------------------------ memory across restarts
@@ -727,7 +732,8 @@ class GandivaFair:
         per_user: dict[str, int] = {}
         for u in who:
             per_user[u] = per_user.get(u, 0) + 1
-        tickets = account_tickets(per_user, self.tickets, self.default, self.project_tickets)
+        tickets = account_tickets(per_user, self.tickets, self.default, self.project_tickets,
+                                  self.project_parents)
         for j, u in zip(s.jobs, who):
             self._jobs[j.job_id].tickets = tickets[u] / per_user[u]
         placer = make_placer(s, self.placement, self.packlimit)

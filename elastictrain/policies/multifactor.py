@@ -82,6 +82,7 @@ class Multifactor(Backfill):
                 raise ConfigError(f"{what} must be a number of seconds from 1 to 32000000 (about a year), not {v!r}")
         self.half_life, self.max_age, self.favor_small = float(half_life), float(max_age), bool(favor_small)
         self.default = default_tickets
+        self.project_parents: dict[str, str] = {}  # sub-project -> its parent (set_tickets; shares.py's tree)
         self.set_tickets(dict(tickets or {}), dict(project_tickets or {}))
         self._ledger = _Ledger()  # (shared by the instances of priority tiers: share_usage)
         self.priority: dict = {}  # waiting job key -> its priority at the last decision
@@ -92,17 +93,19 @@ class Multifactor(Backfill):
         self._now = 0.0
 
     # ------------------------------------------------------------------ shares
-    def set_tickets(self, tickets: dict, projects: Optional[dict] = None) -> None:
+    def set_tickets(self, tickets: dict, projects: Optional[dict] = None, parents: Optional[dict] = None) -> None:
         """The users' tickets (``users set``) and, unless None, the projects' (``projects set
-        --tickets``): the fair-share factor's shares."""
+        --tickets``) and which project is under which (``--parent``): the fair-share factor's shares."""
         if self.default <= 0 or any(not t > 0 for t in (*tickets.values(), *(projects or {}).values())):
             raise ConfigError("tickets must be positive")
         self.tickets = dict(tickets)
         if projects is not None:
             self.project_tickets = dict(projects)
+        if parents is not None:
+            self.project_parents = dict(parents)
 
     def _account(self, j) -> str:
-        return account(j.user, j.project, self.project_tickets)
+        return account(j.user, j.project, self.project_tickets, self.project_parents)
 
     def share_usage(self, other: "Multifactor") -> None:
         """Count usage in ``other``'s ledger (PriorityTiers: one per policy, whatever the tier)."""
@@ -148,9 +151,9 @@ class Multifactor(Backfill):
         static = self._static
         for key in s.ended:
             static.pop(key, None)
-        if gpus != self._gpus or self.project_tickets != self._projects_of:
+        if gpus != self._gpus or (self.project_tickets, self.project_parents) != self._projects_of:
             static.clear()  # (the size factor's cluster, or the accounts, changed)
-            self._gpus, self._projects_of = gpus, dict(self.project_tickets)
+            self._gpus, self._projects_of = gpus, (dict(self.project_tickets), dict(self.project_parents))
         usage = self._ledger.usage
         accounts = set(usage)
         for j in s.jobs:
@@ -158,7 +161,8 @@ class Multifactor(Backfill):
             if st is None or st[0] is not j:
                 st = static[j.job_id] = self._fixed(j, gpus)
             accounts.add(st[1])
-        tickets = account_tickets(accounts, self.tickets, self.default, self.project_tickets)
+        tickets = account_tickets(accounts, self.tickets, self.default, self.project_tickets,
+                                  self.project_parents)
         total_t = sum(tickets.values())
         used = sum(usage.values())
         detail = {a: (t / total_t, usage.get(a, 0.0) / used if used > 0 else 0.0) for a, t in tickets.items()}

@@ -49,9 +49,10 @@ class LiveFairness:
 
 
 def live_fairness(events: Iterable, tickets: dict[str, float], default: float, window: float,
-                  now: float, projects: Optional[dict[str, float]] = None) -> LiveFairness:
+                  now: float, projects: Optional[dict[str, float]] = None,
+                  parents: Optional[dict[str, str]] = None) -> LiveFairness:
     """Build the report from event records (``time``, ``kind``, ``job``, ``detail``); ``projects``:
-    the projects' tickets (those with none left out)."""
+    the projects' tickets (those with none left out); ``parents``: each sub-project's parent."""
     projects = projects or {}
     user_of: dict[str, str] = {}
     account_of: dict[str, str] = {}
@@ -64,7 +65,7 @@ def live_fairness(events: Iterable, tickets: dict[str, float], default: float, w
         job = e.job
         if e.kind == "submit":
             user_of[job] = str(e.detail.get("user") or "default")
-            account_of[job] = account(user_of[job], str(e.detail.get("project") or ""), projects)
+            account_of[job] = account(user_of[job], str(e.detail.get("project") or ""), projects, parents)
             alive[job] = [e.time, None]
         elif e.kind in _STARTS or e.kind in _CHANGES:
             if job in open_runs:
@@ -96,7 +97,7 @@ def live_fairness(events: Iterable, tickets: dict[str, float], default: float, w
                 got[u] += overlap * g
         active = {account_of[j] for j, (s, end) in alive.items() if s < hi and (end is None or end > t)}
         used = sum(got.values())
-        mine = shares(account_tickets(active, tickets, default, projects))[0]
+        mine = shares(account_tickets(active, tickets, default, projects, parents))[0]
         ratios = {}
         for u in users:
             share = mine.get(u, 0.0)

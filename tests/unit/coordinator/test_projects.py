@@ -218,3 +218,24 @@ def test_a_project_with_tickets_is_one_fair_share_beside_the_users_and_survives_
         w.s.set_project("vision", ProjectSet(tickets=1.0, remove=True))
     with pytest.raises(ConfigError, match=r"tickets must be in \[0, 1000000\]"):
         w.s.set_project("vision", ProjectSet(tickets=float("nan")))
+
+
+def test_sub_projects_with_tickets_share_their_parents_share(tmp_path):
+    # research (1) over vision (1) and nlp (1); carol alone: research and carol half each, and
+    # research's half split between vision's alice and nlp's erin; the policy gets the tree too
+    w = QuotaWorld(tmp_path, policy="gandiva-fair", nodes=1, slots=4, node_timeout=1000.0)
+    w.s.set_project("research", ProjectSet(tickets=1.0))
+    w.s.set_project("vision", ProjectSet(users=["alice"], tickets=1.0, parent="research"))
+    w.s.set_project("nlp", ProjectSet(users=["erin"], tickets=1.0, parent="research"))
+    assert w.s.policy.project_parents == {"vision": "research", "nlp": "research"}
+    for user in ("alice", "erin", "carol"):
+        w.submit(1, user=user)
+    w.s.tick()
+    by = {u.user: u for u in w.s.user_list(300.0).users}
+    assert (by["alice"].entitled, by["erin"].entitled, by["carol"].entitled) == pytest.approx((0.25, 0.25, 0.5))
+    listed = {p.name: p.entitled for p in w.s.project_list().projects}
+    assert listed == pytest.approx({"research": 0.5, "vision": 0.25, "nlp": 0.25})  # (research's holds its labs')
+    w.s.set_project("nlp", ProjectSet(parent=""))  # nlp beside research: a third each
+    assert w.s.policy.project_parents == {"vision": "research"}
+    by = {u.user: u for u in w.s.user_list(300.0).users}
+    assert (by["alice"].entitled, by["erin"].entitled, by["carol"].entitled) == pytest.approx((1 / 3,) * 3)

@@ -27,12 +27,14 @@ def test_a_projects_tickets_are_split_among_its_members_with_jobs_by_their_own()
 JOBS = [("alice", "vision"), ("bob", "vision"), ("dave", "vision"), ("carol", ""), ("erin", "nlp")]
 
 
-def _shares(policy, project_tickets, nodes=2, gpus=4, hours=12, **kw):
+def _shares(policy, project_tickets, nodes=2, gpus=4, hours=12, parents=None, **kw):
     """Each user's fraction of the GPU time: five users with five long jobs each (1 and 2 GPUs)."""
     jobs = [JobSpec(i * 5 + k, 1 + k % 2, 0.0, 1e12, 1.0, user=u, project=p)
             for i, (u, p) in enumerate(JOBS) for k in range(5)]
-    r = Simulator(jobs, ClusterSpec(1, nodes, gpus), create(policy, project_tickets=project_tickets, **kw),
-                  until=hours * 3600).run()
+    pol = create(policy, project_tickets=project_tickets, **kw)
+    if parents:
+        pol.set_tickets({}, project_tickets, parents)
+    r = Simulator(jobs, ClusterSpec(1, nodes, gpus), pol, until=hours * 3600).run()
     got = r.extra["service_by_user"]
     return {u: v / sum(got.values()) for u, v in got.items()}
 
@@ -47,6 +49,29 @@ def test_gandiva_fair_gives_each_project_its_share_whatever_its_member_count(pol
         assert shared[user] == pytest.approx(want, abs=0.01), shared
     weighted = _shares(policy, {"vision": 3.0, "nlp": 1.0})  # vision 3 of 5 shares
     assert weighted["alice"] + weighted["bob"] + weighted["dave"] == pytest.approx(0.6, abs=0.015), weighted
+
+
+def test_sub_projects_tickets_split_their_parents_as_slurms_fair_share_tree():
+    projects, parents = {"research": 2.0, "vision": 3.0, "nlp": 1.0}, {"vision": "research", "nlp": "research"}
+    assert account("eve", "lab", projects, {"lab": "vision", **parents}) == "vision/eve"  # the nearest with tickets
+    assert account("eve", "lab", projects, {"lab": "x"}) == "eve"
+    # research's 2 tickets split among dan (its own member, 1), vision (3) and nlp (1); carol alone at 1
+    got = account_tickets(["vision/alice", "nlp/bob", "carol", "research/dan"], {}, 1.0, projects, parents)
+    assert got == pytest.approx({"vision/alice": 1.2, "nlp/bob": 0.4, "carol": 1.0, "research/dan": 0.4})
+    assert account_tickets(["vision/alice", "carol"], {}, 1.0, projects, parents) == \
+        pytest.approx({"vision/alice": 2.0, "carol": 1.0})  # (only vision has jobs under research: all of it)
+    flat = ["vision/alice", "vision/bob", "carol"]  # no ticketed project above another: the flat rule, to the bit
+    assert account_tickets(flat, {"bob": 3.0}, 1.0, {"vision": 2.0}, {"vision": "research"}) == \
+        account_tickets(flat, {"bob": 3.0}, 1.0, {"vision": 2.0})
+
+
+def test_gandiva_fair_shares_by_the_project_tree():
+    # research (1 ticket) over vision (alice, bob, dave) and nlp (erin), 1 each; carol alone: carol and
+    # research half each, vision and nlp a quarter each (flat, the three would have a third each)
+    tree = _shares("gandiva-fair", {"research": 1.0, "vision": 1.0, "nlp": 1.0},
+                   parents={"vision": "research", "nlp": "research"})
+    for user, want in (("alice", 1 / 12), ("bob", 1 / 12), ("dave", 1 / 12), ("carol", 1 / 2), ("erin", 1 / 4)):
+        assert tree[user] == pytest.approx(want, abs=0.01), tree
 
 
 def test_tickets_given_to_a_project_mid_run_move_its_members_jobs_to_its_account():

@@ -14,7 +14,10 @@ reservation) is planned around the same way: nothing starts there that would sti
 
 Estimates are the jobs' remaining time (:attr:`.JobView.remaining_time`: on a live cluster what is
 left of ``--steps``/``--epochs`` at the measured step time, else the rest of ``--time``; a trace's
-durations in the simulator) plus a start's restart cost. Reservations are planned afresh at every
+durations in the simulator) plus a start's restart cost, at the job's speed on the GPU type it runs on
+(:attr:`.JobView.speeds`, on a heterogeneous cluster: a gang spanning types at its slowest one's); a
+waiting job's gang must fit for as long as the slowest type it may get would take, and holds its GPUs
+for as long as the type it gets takes. Reservations are planned afresh at every
 decision, as Slurm's backfill cycle does: a job that runs past its estimate pushes them later, one
 that ends early brings them forward. With exact estimates (the simulator) the job at the head of
 the queue starts no later than the reservation it got there (a test holds it).
@@ -32,6 +35,16 @@ from .placement import Placer
 __all__ = ["Backfill"]
 
 _SOON = 1.0  # seconds: when a running job past its estimate is taken to end
+
+
+def _speed(j, where, types: tuple) -> float:
+    """``j``'s speed on placement ``where`` (its slowest GPU type's; ``where`` None: the slowest of
+    every type), relative to its ``iteration_time``; 1.0 on a cluster of one type."""
+    if not j.speeds or not types:
+        return 1.0
+    kinds = set(types) if where is None else {types[n] for n, _ in where if 0 <= n < len(types)}
+    s = min((j.speeds.get(t, 1.0) for t in kinds), default=1.0)
+    return s if s > 0 else 1.0
 
 
 def _room(free: list) -> int:
@@ -124,7 +137,7 @@ class Backfill:
         self._free_now = 0  # GPUs left free by that decision
 
     def decide(self, s: ClusterSnapshot) -> Decision:
-        now, caps = s.now, s.gpus_per_node
+        now, caps, types = s.now, s.gpus_per_node, s.node_types
         free = list(caps)
         run: dict = {}
         ends = []
@@ -133,7 +146,8 @@ class Backfill:
             for n, g in j.placement:
                 free[n] -= g
             begins = j.ready_at if j.starting and j.ready_at is not None and j.ready_at > now else now
-            ends.append((max(begins + j.remaining_time, now + _SOON), j.placement))
+            left = j.remaining_time / _speed(j, j.placement, types) if types else j.remaining_time
+            ends.append((max(begins + left, now + _SOON), j.placement))
         line = _Timeline(now, free, ends)
         for n, start, end in s.windows:  # planned maintenance: the node offers nothing then
             if end > now and 0 <= n < len(caps) and caps[n] > 0:
@@ -146,6 +160,8 @@ class Backfill:
         per_node = placer.per_node
         for j in self._queue(s):
             size, need = j.num_gpu, j.remaining_time + j.restart_cost
+            if types and j.speeds:  # it must fit as long as its slowest GPU type would take
+                need = j.remaining_time / _speed(j, None, types) + j.restart_cost
             if size > free_now or (small and size <= per_node and size > top_now):
                 if len(reserved) >= self.reservations:
                     if top_now <= 0:
@@ -157,6 +173,8 @@ class Backfill:
                 where = placer.reset(least, total, top).place(size, j.skew, (), j.gpu_type) if size <= total else None
             if where is not None:
                 run[j.job_id] = where
+                if types and j.speeds:  # (it holds the GPUs for as long as the type it got takes)
+                    need = j.remaining_time / _speed(j, where, types) + j.restart_cost
                 line.take(where, now, now + need)
                 _, free_now, top_now = line.from_now(now)
                 if reserved:
@@ -168,6 +186,8 @@ class Backfill:
             if len(reserved) < self.reservations:
                 got = self._reserve(line, placer, j, need)
                 if got is not None:
+                    if types and j.speeds:
+                        need = j.remaining_time / _speed(j, got[1], types) + j.restart_cost
                     line.take(got[1], got[0], got[0] + need)
                     reserved.append((j.job_id, *got))
         self.reserved, self._free_now = reserved, free_now

@@ -76,6 +76,24 @@ def test_the_head_of_the_queue_starts_no_later_than_its_reservation(seed, reserv
     assert not late, late
 
 
+@pytest.mark.parametrize("seed", range(4))
+def test_on_gpus_of_two_speeds_the_head_still_starts_no_later_than_its_reservation(seed):
+    # nodes 0-1 of type k80, where the jobs run at 0.4 of their speed, 2-3 of v100: backfill's estimates
+    # take each job's speed on the type it runs on (a gang across both at the k80's); without, it fails
+    rng = random.Random(seed)
+    jobs, t = [], 0.0
+    for i in range(120):
+        t += rng.expovariate(1 / 40)
+        size = rng.choice([1, 1, 2, 4, 4, 8, 12])
+        jobs.append(JobSpec(i, size, round(t, 3), rng.choice([20, 60, 300, 900, 3000]), 1.0,
+                            speeds=(("k80", 0.4), ("v100", 1.0))))
+    watch = HeadWatch(create("backfill"))
+    got = starts(jobs, watch, ClusterSpec(1, 4, 4, ("k80", "k80", "v100", "v100"), (4, 4, 4, 4)), restart_cost=7.0)
+    assert len(watch.head) > 10
+    late = {k: (got[k], start) for k, start in watch.head.items() if got[k] > start + 1e-6}
+    assert not late, late
+
+
 def test_it_beats_strict_fifo_and_does_not_starve_big_jobs_as_best_effort_does():
     rng = random.Random(7)
     jobs, t = [], 0.0

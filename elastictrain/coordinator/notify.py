@@ -19,6 +19,12 @@ with a ``notify_failed`` event.
 Notifications are read from the durable event log after a cursor kept in the store: a
 coordinator restart (or the standby taking over) sends what was not sent yet, so each is sent at
 least once.
+
+A user's notifications are paced: :data:`BURST` at once, then one every :data:`EVERY_USER`
+seconds (a 1,000-task array with ``--notify-on all`` does not flood a Slack channel, nor hold up
+the other users' posts, which have buckets of their own); the rest wait their turn, in order. At
+most :data:`MAX_PENDING` notifications wait in memory: beyond, the event log keeps them (the
+cursor stops) until some are sent.
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ MAX_REPLY = 64 << 10  # bytes of a reply read (and dropped)
 BACKOFF = (5.0, 30.0, 120.0, 600.0)  # seconds before each retry; then given up
 EVERY = 1.0  # seconds between looks at the event log
 AT_ONCE = 8  # posts in flight at once
+BURST = 20  # a user's posts sent at once before pacing ...
+EVERY_USER = 2.0  # ... then one every this many seconds, per user
+MAX_PENDING = 10_000  # notifications waiting in memory; beyond, they wait in the event log
 
 
 def check_url(url: str, allow: Sequence[str]) -> str:
@@ -147,10 +156,13 @@ class Notifier:
         self.pending: list[_Item] = []
         self.sent = self.failed = 0
         self._saved = self.cursor
+        self._bucket: dict[str, tuple[float, float]] = {}  # user -> (tokens, when counted): the pacing
 
     def scan(self, limit: int = 500) -> int:
         """Queue the notifications of the events after the cursor; returns how many were queued."""
-        rows = self.store.read_events(self.cursor, limit)
+        if len(self.pending) >= MAX_PENDING:  # (the event log keeps the rest: the cursor waits)
+            return 0
+        rows = self.store.read_events(self.cursor, min(limit, MAX_PENDING - len(self.pending)))
         queued = 0
         for r in rows:
             self.cursor = r.seq
@@ -174,7 +186,28 @@ class Notifier:
         return queued
 
     def due(self, now: float) -> list[_Item]:
-        return [i for i in self.pending if i.due <= now]
+        """The notifications to post now: due, and within their user's pace (the others of that user
+        are put off until a post of its is allowed, in order)."""
+        out, bucket, later = [], self._bucket, {}
+        for i in self.pending:
+            if i.due > now:
+                continue
+            user = i.body["user"]
+            if user in later:  # (this user's pace is spent: after the ones before it)
+                later[user] += EVERY_USER
+                i.due = later[user]
+                continue
+            tokens, at = bucket.get(user, (float(BURST), now))
+            tokens = min(float(BURST), tokens + max(0.0, now - at) / EVERY_USER)
+            if tokens >= 1.0:
+                bucket[user] = (tokens - 1.0, now)
+                out.append(i)
+            else:
+                bucket[user] = (tokens, now)
+                later[user] = i.due = now + (1.0 - tokens) * EVERY_USER
+        if len(bucket) > 4 * MAX_PENDING:  # (users with a full bucket again need no entry)
+            self._bucket = {u: b for u, b in bucket.items() if b[0] + (now - b[1]) / EVERY_USER < BURST}
+        return out
 
     def done(self, item: _Item, error: Optional[str], now: float) -> None:
         """``item`` was sent (``error`` None) or failed with ``error``: retried later, or given up."""

@@ -184,3 +184,46 @@ def test_the_loop_posts_due_notifications_side_by_side_and_keeps_its_cursor(tmp_
     got = dict(sent)
     assert set(got) == {a, b} and got[b] - t0 < 0.5 < got[a] - t0, (got, t0)  # b was not held up by a
     assert not n.pending and int(w.s.store.load().meta[notify.CURSOR_META]) == n.cursor
+
+
+def test_a_users_notifications_are_paced_and_do_not_hold_up_anothers():
+    """BURST at once, then one every EVERY_USER seconds per user, in order; another user's go at once."""
+    n = notify.Notifier(None, {}, lambda *a, **k: None, {})
+    flood = [notify._Item(i + 1, "http://h/x", {"user": "alice", "job": str(i)}) for i in range(notify.BURST + 5)]
+    other = notify._Item(100, "http://h/y", {"user": "bob", "job": "b"})
+    n.pending = [*flood, other]
+    now = 1000.0
+    first = n.due(now)
+    assert first == [*flood[:notify.BURST], other]  # alice's burst, and bob's at once
+    for item in first:
+        n.done(item, None, now)
+    assert n.pending == flood[notify.BURST:]
+    assert [i.due for i in n.pending] == [now + notify.EVERY_USER * (k + 1) for k in range(5)]  # one by one, in order
+    sent = []
+    t = now
+    while n.pending and t < now + 60:
+        t += 0.5
+        for item in n.due(t):
+            sent.append((item.body["job"], t))
+            n.done(item, None, t)
+    assert [j for j, _ in sent] == [str(i) for i in range(notify.BURST, notify.BURST + 5)]
+    gaps = [b - a for (_, a), (_, b) in zip(sent, sent[1:])]
+    assert all(g >= notify.EVERY_USER - 1e-9 for g in gaps), sent
+
+
+def test_beyond_max_pending_the_event_log_keeps_the_rest(tmp_path, monkeypatch):
+    monkeypatch.setattr(notify, "MAX_PENDING", 1)
+    w = NotifyWorld(tmp_path, policy="fifo", nodes=1, slots=2)
+    a = w.submit(1, notify="http://127.0.0.1:9/a", notify_on=["begin"])
+    b = w.submit(1, notify="http://127.0.0.1:9/b", notify_on=["begin"])
+    w.s.tick()
+    w.s._flush()
+    n = notify.Notifier(w.s.store, w.s.records, w.s._emit, {})
+    last = w.s.events.list(0).events[-1].seq
+    for _ in range(50):  # (it reads as many events as it has room for: one at a time here)
+        n.scan()
+    assert [i.body["job"] for i in n.pending] == [a] and n.cursor < last  # b's start waits in the event log
+    n.done(n.pending[0], None, w.clock.now())
+    for _ in range(50):
+        n.scan()
+    assert [i.body["job"] for i in n.pending] == [b]

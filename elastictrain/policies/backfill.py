@@ -9,6 +9,9 @@ before the reservation begins, or it fits on GPUs the reservation does not need.
 before it: 1 is EASY backfill (the classic), more is what Slurm does (it reserves for each of the
 first ``bf_max_job_test`` jobs it tests; conservative backfill when every job gets one).
 
+An elastic job (``--gpus MIN:MAX``) starts at the most workers that fit now, down to its least
+(Slurm's ``--nodes=MIN-MAX``; its estimate scaled to that many), and is reserved at its least.
+
 A node's planned maintenance (``nodes drain NAME --at TIME --for SECONDS``: Slurm's ``flags=maint``
 reservation) is planned around the same way: nothing starts there that would still run then.
 
@@ -45,6 +48,16 @@ def _speed(j, where, types: tuple) -> float:
     kinds = set(types) if where is None else {types[n] for n, _ in where if 0 <= n < len(types)}
     s = min((j.speeds.get(t, 1.0) for t in kinds), default=1.0)
     return s if s > 0 else 1.0
+
+
+def _need(j, size: int, where, types: tuple) -> float:
+    """Seconds ``j`` holds ``size`` GPUs from its start: its remaining time at its size now scaled to
+    ``size`` (data parallel), at its speed on ``where`` (None: the slowest GPU type), plus its
+    restart cost."""
+    t = j.remaining_time if size == j.num_gpu else j.remaining_time * j.num_gpu / size
+    if types and j.speeds:
+        t = t / _speed(j, where, types)
+    return t + j.restart_cost
 
 
 def _room(free: list) -> int:
@@ -158,23 +171,30 @@ class Backfill:
         _, free_now, top_now = line.from_now(now)  # (free now bounds every window from now)
         small = self.placement == "consolidated" and not s.node_types  # a gang of one node's GPUs takes one node
         per_node = placer.per_node
+        workers: dict = {}
         for j in self._queue(s):
-            size, need = j.num_gpu, j.remaining_time + j.restart_cost
-            if types and j.speeds:  # it must fit as long as its slowest GPU type would take
-                need = j.remaining_time / _speed(j, None, types) + j.restart_cost
-            if size > free_now or (small and size <= per_node and size > top_now):
-                if len(reserved) >= self.reservations:
-                    if top_now <= 0:
-                        break  # no GPU is free now, and no reservation is left to give: nothing else starts
+            # an elastic job (--gpus MIN:MAX) starts at the most workers that fit now, down to its
+            # least, as Slurm's --nodes=MIN-MAX does; it is reserved at its least
+            sizes = range(j.max_gpu or j.num_gpu, (j.min_gpu or j.num_gpu) - 1, -1) if j.elastic else (j.num_gpu,)
+            where = None
+            for size in sizes:
+                if size > free_now or (small and size <= per_node and size > top_now):
                     continue
-                where = None
-            else:
+                need = _need(j, size, None, types)  # (on a slow GPU type it must fit as long as it would take)
                 least, total, top = line.from_now(now + need)
                 where = placer.reset(least, total, top).place(size, j.skew, (), j.gpu_type) if size <= total else None
+                if where is not None:
+                    break
+            if where is None and len(reserved) >= self.reservations:
+                if top_now <= 0:
+                    break  # no GPU is free now, and no reservation is left to give: nothing else starts
+                continue
             if where is not None:
                 run[j.job_id] = where
+                if size != j.num_gpu:
+                    workers[j.job_id] = size
                 if types and j.speeds:  # (it holds the GPUs for as long as the type it got takes)
-                    need = j.remaining_time / _speed(j, where, types) + j.restart_cost
+                    need = _need(j, size, where, types)
                 line.take(where, now, now + need)
                 _, free_now, top_now = line.from_now(now)
                 if reserved:
@@ -183,25 +203,25 @@ class Backfill:
                         f"{reserved[0][1] - now:.0f} s: it ends before then or uses GPUs that reservation does not "
                         "need")}))
                 continue
-            if len(reserved) < self.reservations:
-                got = self._reserve(line, placer, j, need)
-                if got is not None:
-                    if types and j.speeds:
-                        need = j.remaining_time / _speed(j, got[1], types) + j.restart_cost
-                    line.take(got[1], got[0], got[0] + need)
-                    reserved.append((j.job_id, *got))
+            size = sizes[-1]
+            need = _need(j, size, None, types)
+            got = self._reserve(line, placer, j, need, size)
+            if got is not None:
+                if types and j.speeds:
+                    need = _need(j, size, got[1], types)
+                line.take(got[1], got[0], got[0] + need)
+                reserved.append((j.job_id, *got))
         self.reserved, self._free_now = reserved, free_now
-        return Decision(run, notes=tuple(notes))
+        return Decision(run, notes=tuple(notes), workers=workers)
 
     def _queue(self, s: ClusterSnapshot):
         """The waiting jobs, in the order they start and get reservations: submission order."""
         return (j for j in s.jobs if not j.running)
 
     @staticmethod
-    def _reserve(line: _Timeline, placer: Placer, j, need: float) -> Optional[tuple]:
-        """The earliest (start, placement) at which ``j`` fits for ``need`` seconds: a start falls
-        where GPUs free up (a fit between two such times fits at the earlier one too)."""
-        size = j.num_gpu
+    def _reserve(line: _Timeline, placer: Placer, j, need: float, size: int) -> Optional[tuple]:
+        """The earliest (start, placement) at which ``j`` fits on ``size`` GPUs for ``need`` seconds:
+        a start falls where GPUs free up (a fit between two such times fits at the earlier one too)."""
         free = line.free
         for i, start in enumerate(line.times):
             if not i or _room(free[i]) < size:

@@ -725,3 +725,16 @@ def test_the_policys_memory_is_exported_once_per_decision_not_at_every_step_repo
     assert len(calls) == 1
     w.s._flush(everything=True)  # (a full flush exports it regardless)
     assert len(calls) == 2
+
+
+def test_under_backfill_an_elastic_job_starts_on_the_gpus_free_now(tmp_path):
+    # 4 slots, 2 held: an elastic job of 1..4 workers starts on the 2 free ones (Slurm's --nodes=MIN-MAX)
+    w = World(tmp_path, policy="backfill", nodes=1, slots=4)
+    a = w.submit(2, steps=1000)
+    w.s.tick()
+    w.run_all()
+    b = w.submit(4, min_gpus=1, steps=100)
+    w.s.tick()
+    placed = w.run_all()
+    assert [(job, len(gpus)) for job, _, gpus in placed["n1"] if job == b] == [(b, 2)], placed
+    assert w.status(a) == w.status(b) == "running" and w.s.table.get(b).num_gpu == 2

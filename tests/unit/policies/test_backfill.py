@@ -189,6 +189,25 @@ def test_nothing_starts_where_it_would_run_into_a_planned_maintenance():
     assert d.run == {0: ((0, 2),), 1: ((0, 2),), 2: ((1, 4),)} and bf.reserved == [], d.run
 
 
+def test_an_elastic_job_starts_at_the_most_workers_that_fit_now_down_to_its_least():
+    # 1 node of 8: job 0 runs on 5 GPUs until 1010; elastic job 1 (2..8 workers, 800 s of work at 8)
+    # starts now on the 3 free (Slurm's --nodes=MIN-MAX), not at 8 at 1010; job 2 (elastic, 4..8)
+    # cannot start now: it is reserved at its least, 4, when job 0 ends
+    from elastictrain.policies.api import ClusterSnapshot, JobView
+
+    run = JobView(0, 5, 0.0, iterations=1000, remaining_iterations=1000, running=True, placement=((0, 5),))
+    flex = JobView(1, 8, 1.0, iterations=800, remaining_iterations=800, min_gpu=2, max_gpu=8)
+    wide = JobView(2, 8, 2.0, iterations=100, remaining_iterations=100, min_gpu=4, max_gpu=8)
+    bf = create("backfill")
+    d = bf.decide(ClusterSnapshot(10.0, (run, flex, wide), (8,), 1, arrived=(flex, wide), running=(run,)))
+    assert d.run == {0: ((0, 5),), 1: ((0, 3),)} and d.workers == {1: 3}, (d.run, d.workers)
+    # at 3 of its 8 workers it takes 8/3 as long: about 2133 s; job 2's 4 GPUs are free at 1010
+    assert bf.reserved == [(2, 1010.0, ((0, 4),))], bf.reserved
+    fixed = JobView(1, 8, 1.0, iterations=800, remaining_iterations=800)  # the same job, not elastic: it waits
+    d = bf.decide(ClusterSnapshot(10.0, (run, fixed), (8,), 1, arrived=(fixed,), running=(run,)))
+    assert d.run == {0: ((0, 5),)} and not d.workers and bf.reserved == [(1, 1010.0, ((0, 8),))]
+
+
 def test_in_the_simulator_a_planned_maintenance_preempts_nothing_under_backfill():
     rng = random.Random(3)
     jobs, t = [], 0.0

@@ -8,9 +8,11 @@ its token with ``--token-file F`` (default ``$ET_TOKEN_FILE``, or ``$ET_TOKEN``)
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import socket
+import statistics
 import sys
 import time
 from typing import Optional
@@ -282,6 +284,9 @@ def add_commands(sub) -> None:
     hi.add_argument("--since", default=None,
                     help="only jobs submitted since: a date (2026-11-26 or 2026-11-26T14:00) or a span ago (90m, 2h, 7d)")
     hi.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output (default table)")
+    hi.add_argument("--by", choices=("user", "project"), default=None,
+                    help="one line per user or project instead of per job, as sreport's utilization by account: "
+                    "jobs, how they ended, GPU-hours and their share, waits (median, 95th percentile), preemptions")
 
     ev = sub.add_parser("events", help="the scheduler's event log: starts, preemptions, resizes, plans, failures")
     _connection(ev)
@@ -999,6 +1004,35 @@ def _history_rows(jobs, now: float) -> list[dict]:
     return out
 
 
+def summarize_history(rows: list[dict], by: str) -> list[dict]:
+    """``_history_rows`` summed per ``by`` (``user`` or ``project``; "-" for jobs of none), the most
+    GPU-hours first: jobs, finished, failed (timeouts included), cancelled, GPU-hours and their
+    share of all, waits of the jobs that started (median and 95th percentile, seconds), preemptions."""
+    groups: dict[str, list[dict]] = {}
+    for r in rows:
+        groups.setdefault(r[by] or "-", []).append(r)
+    total = sum(r["gpu_hours"] for r in rows)
+    out = []
+    for name, rs in groups.items():
+        waits = sorted(r["waited"] for r in rs if r["start"] is not None)
+        hours = sum(r["gpu_hours"] for r in rs)
+
+        def q(p):  # (nearest rank; the median of an even count is the mean of the middle two)
+            if not waits:
+                return None
+            if p == 0.5:
+                return round(statistics.median(waits), 3)
+            return round(waits[min(len(waits) - 1, math.ceil(p * len(waits)) - 1)], 3)
+
+        out.append({by: name, "jobs": len(rs), "finished": sum(r["state"] == "finished" for r in rs),
+                    "failed": sum(r["state"] == "failed" for r in rs),
+                    "cancelled": sum(r["state"] == "cancelled" for r in rs), "gpu_hours": round(hours, 6),
+                    "share": round(hours / total, 6) if total > 0 else 0.0, "wait_median": q(0.5),
+                    "wait_p95": q(0.95), "preemptions": sum(r["preemptions"] for r in rs)})
+    out.sort(key=lambda r: (-r["gpu_hours"], r[by]))
+    return out
+
+
 def _history(args) -> int:
     import csv
     import json
@@ -1015,6 +1049,8 @@ def _history(args) -> int:
     jobs = [j for j in st.jobs if keep(j) and (since is None or j.submit_time >= since)
             and (ids is None or j.id in ids or j.id.split("_")[0] in ids)]
     rows = _history_rows(sorted(jobs, key=lambda j: j.submit_time), st.now)
+    if args.by:
+        return _history_summary(args, summarize_history(rows, args.by))
     if args.format == "json":
         for r in rows:
             print(json.dumps(r, sort_keys=True))
@@ -1055,6 +1091,33 @@ def _history(args) -> int:
         print("no jobs" + (" match" if filtered else f" at {args.coordinator}"))
         return 0
     print(table([fields] + [tuple(text(r, k) for k in fields) for r in rows], right_align=False))
+    return 0
+
+
+def _history_summary(args, sums: list[dict]) -> int:
+    import csv
+    import json
+
+    fields = (args.by, "jobs", "finished", "failed", "cancelled", "gpu_hours", "share", "wait_median", "wait_p95",
+              "preemptions")
+    if args.format == "json":
+        for r in sums:
+            print(json.dumps(r, sort_keys=True))
+    elif args.format == "csv":
+        w = csv.writer(sys.stdout)
+        w.writerow(fields)
+        for r in sums:
+            w.writerow(["" if r[k] is None else r[k] for k in fields])
+    elif not sums:
+        print("no jobs match")
+    else:
+        def text(r, k):
+            v = r[k]
+            if v is None:
+                return "-"
+            return f"{v:.3f}" if k == "gpu_hours" else f"{v:.1%}" if k == "share" else \
+                f"{v:.0f}s" if k.startswith("wait") else str(v)
+        print(table([fields] + [tuple(text(r, k) for k in fields) for r in sums], right_align=False))
     return 0
 
 

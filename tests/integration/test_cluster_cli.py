@@ -312,6 +312,10 @@ def test_a_projects_quota_is_shared_by_its_members(tmp_path):
         assert sorted((r["id"], r["project"]) for r in rows) == sorted([(a, "vision"), (b, "vision")]), rows
         rows = [json.loads(r) for r in c.cli("history", "-j", b, "--format", "json").stdout.splitlines()]
         assert [r["id"] for r in rows] == [b], rows  # sacct -j
+        sums = {r["user"]: r for r in map(json.loads, c.cli("history", "--by", "user", "-A", "vision", "--format",
+                                                              "json").stdout.splitlines())}  # sreport by account
+        assert {u: (s["jobs"], s["finished"]) for u, s in sums.items()} == {"alice": (1, 1), "bob": (1, 1)}, sums
+        assert sums["bob"]["wait_median"] > sums["alice"]["wait_median"]  # (bob waited for alice's job)
         heads = [line.split() for line in c.cli("status").stdout.splitlines() if line.startswith("id ")]
         assert heads and all(h[:4] == ["id", "name", "user", "project"] for h in heads), heads  # a column now
         assert c.client.cluster_job(a).end_time <= c.client.cluster_job(b).start_time

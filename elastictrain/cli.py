@@ -74,7 +74,8 @@ def get_parser() -> argparse.ArgumentParser:
                    "one Slurm job on the decided nodes; docs/slurm.md), Ray (a placement group with one actor per "
                    "node; docs/ray.md) or Kubernetes (one pod per node; docs/kubernetes.md) [ET_BACKEND]")
     c.add_argument("--slurm-partition", default=_env("ET_SLURM_PARTITION", None),
-                   help="--backend slurm: the partition whose nodes are the cluster [ET_SLURM_PARTITION]")
+                   help="--backend slurm: the partition whose nodes are the cluster, or several comma-separated "
+                   "(a run goes to one holding all its nodes) [ET_SLURM_PARTITION]")
     c.add_argument("--slurm-reservation", default=None, help="--backend slurm: also run inside this reservation")
     c.add_argument("--slurm-accounts", action="store_true",
                    help="--backend slurm: charge a job's runs to the Slurm account named as its project (submit -A: "

@@ -1,4 +1,5 @@
-"""Slurm as an engine: a run is one Slurm job, pinned to the nodes the policy chose.
+"""Slurm as an engine: a run is one Slurm job, pinned to the nodes the policy chose (of one
+partition, or several: ``--slurm-partition a100,v100``).
 
 The batch script (``script()``; ``elastictrain submit --dry-run --backend slurm`` prints it) asks
 for exactly the decided nodes (``--nodelist``) and GPUs per node (``--gres=gpu:N``; unequal GPUs
@@ -84,7 +85,9 @@ class SlurmAdapter:
     """Slurm's ``sinfo``/``sbatch``/``squeue``/``scancel`` behind :class:`~elastictrain.engines.api.EngineAdapter`.
 
     Args:
-        partition: the partition (its nodes are the coordinator's cluster).
+        partition: the partition (its nodes are the coordinator's cluster), or several, comma-separated
+            (``a100,v100``: their nodes, each once; a run goes to the first of them that holds all its
+            nodes, else one component per node, each in a partition of its node).
         coordinator: the URL the compute nodes reach the coordinator at.
         state_dir: where batch scripts and outputs go (on a filesystem the nodes share).
         token_file: the token file the runs' etrun reads (shared too).
@@ -105,8 +108,12 @@ class SlurmAdapter:
     def __init__(self, partition: str, coordinator: str, state_dir: str, *, token_file: Optional[str] = None,
                  python: str = sys.executable, reservation: Optional[str] = None, tag: str = "",
                  cpus_per_worker: int = 0, accounts: bool = False) -> None:
-        if not re.match(r"^[A-Za-z0-9._-]{1,128}$", partition or ""):
-            raise ConfigError(f"--slurm-partition {partition!r}: give the name of a Slurm partition (sinfo lists them)")
+        names = (partition or "").split(",")
+        if not all(re.match(r"^[A-Za-z0-9._-]{1,128}$", p) for p in names) or len(names) > 64:
+            raise ConfigError(f"--slurm-partition {partition!r}: give the name of a Slurm partition, or several "
+                              "comma-separated (sinfo lists them)")
+        self.partitions = list(dict.fromkeys(names))
+        self._part_of: dict[str, list[str]] = {}  # node -> the partitions (of ours) it is in, in our order
         self.cpus_per_worker = check_cpus_per_worker(cpus_per_worker)  # 0: the nodes' GPUs
         self.gpus_from = f"partition {partition!r} (no node has gpu GRES in sinfo -o %G)"
         self.partition, self.coordinator, self.token_file = partition, coordinator, token_file
@@ -136,14 +143,18 @@ class SlurmAdapter:
 
     # ------------------------------------------------------------------ capacity
     async def nodes(self) -> list[EngineNode]:
-        out = await self._cmd("sinfo", "-h", "-N", "-p", self.partition, "-o", "%N|%G|%T|%c")
+        out = await self._cmd("sinfo", "-h", "-N", "-p", self.partition, "-o", "%N|%G|%T|%c|%P")
         seen: dict[str, EngineNode] = {}
         per = self.cpus_per_worker
+        part_of: dict[str, set] = {}
         for line in out.splitlines():
             parts = line.strip().split("|")
-            if len(parts) != 4 or parts[0] in seen:
+            if len(parts) != 5:
                 continue
-            name, gres, state, cpus = parts
+            part_of.setdefault(parts[0], set()).add(parts[4].rstrip("*"))  # (the default partition has a *)
+            if parts[0] in seen:
+                continue
+            name, gres, state, cpus, _ = parts
             state = state.lower()
             base = state.rstrip("*~#!%$@^-")
             drained = base in _DRAIN  # an admin's drain: its jobs go on, Slurm starts no new one there
@@ -156,6 +167,7 @@ class SlurmAdapter:
                                         gpu_type=parse_gres_type(gres))
         if not seen:
             raise SlurmError(f"partition {self.partition!r} has no nodes (sinfo -p {self.partition}); check the name")
+        self._part_of = {n: [p for p in self.partitions if p in ps] or self.partitions[:1] for n, ps in part_of.items()}
         return [seen[n] for n in sorted(seen)]
 
     # ------------------------------------------------------------------ runs
@@ -163,7 +175,10 @@ class SlurmAdapter:
         """The batch script of ``run``."""
         d = self._run_dir(run.job, run.run)
         head = ["#!/bin/bash", f"# elastictrain: job {run.job}, run {run.run} (written by the coordinator)"]
-        common = [f"--job-name={job_name(run.job, run.run)}", f"--partition={self.partition}", "--requeue",
+        where = [self._part_of.get(n, self.partitions[:1]) for n in run.nodes]  # each node's partitions
+        shared = [p for p in self.partitions if all(p in ps for ps in where)]  # a partition holding every node
+        one = len({t.slots for t in run.tasks}) == 1 and bool(shared)  # one component (else one per node)
+        common = [f"--job-name={job_name(run.job, run.run)}", "--requeue",
                   f"--output={d}/slurm-%j.out", "--open-mode=append", f"--chdir={run.tasks[0].workdir}",
                   f"--comment={self.comment}"]
         if self.reservation:
@@ -181,18 +196,22 @@ class SlurmAdapter:
         for k in ("ET_TOKEN", "ET_NODE_NAME", "ET_LOG_DIR"):  # per node, below
             env.pop(k, None)
         lines = list(head)
+        if one:
+            lines.append(f"#SBATCH --partition={shared[0]}")
         for flag in common:
             lines.append(f"#SBATCH {flag}")
         per = self.cpus_per_worker
-        if len(set(slots)) == 1:  # one component: the same GPUs on every node
+        if one:  # one component: the same GPUs on every node, of one partition
             lines += [f"#SBATCH --nodes={len(run.nodes)}", f"#SBATCH --nodelist={','.join(run.nodes)}",
                       "#SBATCH --ntasks-per-node=1",
                       f"#SBATCH --cpus-per-task={slots[0] * per}" if per else f"#SBATCH --gres=gpu:{slots[0]}"]
-        else:  # unequal GPUs per node: a heterogeneous job, one component per node
+        else:  # unequal GPUs per node, or nodes of no one partition: a heterogeneous job, a component a node
             for i, (node, n) in enumerate(zip(run.nodes, slots)):
                 if i:
                     lines.append("#SBATCH hetjob")
-                lines += ["#SBATCH --nodes=1", f"#SBATCH --nodelist={node}", "#SBATCH --ntasks-per-node=1",
+                # (each component names its partition: one left out would be Slurm's default partition)
+                lines += [f"#SBATCH --partition={shared[0] if shared else where[i][0]}", "#SBATCH --nodes=1",
+                          f"#SBATCH --nodelist={node}", "#SBATCH --ntasks-per-node=1",
                           f"#SBATCH --cpus-per-task={n * per}" if per else f"#SBATCH --gres=gpu:{n}"]
         for k in sorted(env):
             lines.append(f"export {k}={shlex.quote(env[k])}")
@@ -203,7 +222,7 @@ class SlurmAdapter:
         # the run's own worker credential (written beside the script at launch); an old-style run
         # without one reads the coordinator's token file
         token_file = os.path.join(d, "token") if run.tasks[0].token else self.token_file
-        if len(set(slots)) == 1:
+        if one:
             cmd = etrun_command(run.tasks[0], self.coordinator, log_dir=None, token_file=token_file,
                                 python=self.python)
             lines.append("exec srun --kill-on-bad-exit=0 " + shlex.join(wrap[:2]) + " "
@@ -231,7 +250,7 @@ class SlurmAdapter:
             acct, refused = None, str(exc)
         with open(path, "w") as f:
             f.write(self.script(run) if refused is None else
-                    f"#!/bin/bash\n#SBATCH --partition={self.partition}\n#SBATCH --output={d}/slurm-%j.out\n"
+                    f"#!/bin/bash\n#SBATCH --partition={self.partitions[0]}\n#SBATCH --output={d}/slurm-%j.out\n"
                     f"#SBATCH --comment={self.comment}\n#SBATCH --job-name={job_name(run.job, run.run)}\n"
                     f"echo {shlex.quote('refused: ' + refused)}\nexit 126\n")
         if t.token:

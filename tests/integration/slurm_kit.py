@@ -64,6 +64,7 @@ NodeName=n3 NodeHostname={host} NodeAddr=127.0.0.1 Port={p3} CPUs=4 RealMemory=4
 PartitionName=low Nodes=n[1-2] Default=YES MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=NO GraceTime=5
 PartitionName=high Nodes=n[1-2] MaxTime=INFINITE State=UP PriorityTier=10 OverSubscribe=NO
 PartitionName=one Nodes=n1 MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=NO
+PartitionName=two Nodes=n2 MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=NO
 PartitionName=cpu Nodes=n3 MaxTime=INFINITE State=UP PriorityTier=1 OverSubscribe=NO
 RequeueExit=75
 SlurmdParameters=config_overrides

@@ -89,8 +89,9 @@ def test_an_outside_scancel_cancels_the_job(cluster, slurm):
 def test_a_job_needing_a_gpu_type_runs_on_the_slurm_nodes_of_that_gres_type(tmp_path, slurm):
     """n1's GRES is gpu:a100:2, n2's gpu:v100:2: the coordinator reads the types from sinfo, and a
     job submitted with --gres gpu:v100:2 gets a batch job pinned to n2 (and one with a100, to n1).
-    With --slurm-accounts, the job charged to project vision (-A) is Slurm's account vision."""
-    c = LocalCluster(tmp_path, "fifo", "--slurm-accounts", slurm_conf=slurm.conf).start()
+    With --slurm-accounts, the job charged to project vision (-A) is Slurm's account vision. The
+    cluster is two partitions (--slurm-partition one,two: n1 and n2): each run goes to its node's."""
+    c = LocalCluster(tmp_path, "fifo", "--slurm-accounts", slurm_conf=slurm.conf, partition="one,two").start()
     try:
         c.wait(lambda st: sorted(n.gpu_type for n in st.nodes) == ["a100", "v100"], 30, "the GRES types")
         with open(os.path.join(c.tmp, "nap.py"), "w") as f:
@@ -104,6 +105,8 @@ def test_a_job_needing_a_gpu_type_runs_on_the_slurm_nodes_of_that_gres_type(tmp_
         assert ran == {v: {"n2"}, a: {"n1"}}, ran
         accounts = {k: {j["account"] for j in _ours(slurm, k, c)} for k in (v, a)}
         assert accounts[v] == {"vision"} and "vision" not in accounts[a], accounts
+        partitions = {k: {j["partition"] for j in _ours(slurm, k, c)} for k in (v, a)}
+        assert partitions == {v: {"two"}, a: {"one"}}, partitions
     finally:
         c.stop()
 

@@ -68,14 +68,15 @@ def test_a_partition_without_gpus_is_scheduled_by_cpus(tmp_path):
 
 
 class _Sinfo(SlurmAdapter):
-    """The adapter reading a given ``sinfo -N -o %N|%G|%T|%c`` output (the real one: test_slurm_engine.py)."""
+    """The adapter reading a given ``sinfo -N -o %N|%G|%T|%c|%P`` output (the real one: test_slurm_engine.py);
+    lines of 4 fields are in partition ``p``."""
 
-    def __init__(self, out: str, **kw):
-        super().__init__("p", "http://c:7707", "/tmp", **kw)
-        self.out = out
+    def __init__(self, out: str, partition: str = "p", **kw):
+        super().__init__(partition, "http://c:7707", "/tmp", **kw)
+        self.out = "".join(line + ("|p" if line.count("|") == 3 else "") + "\n" for line in out.splitlines())
 
     async def _cmd(self, *args: str, check: bool = True) -> str:
-        assert args[:2] == ("sinfo", "-h") and args[-1] == "%N|%G|%T|%c"
+        assert args[:2] == ("sinfo", "-h") and args[-1] == "%N|%G|%T|%c|%P"
         return self.out
 
 
@@ -97,6 +98,28 @@ def test_nodes_offer_gpus_or_cpu_slots_and_a_gpu_less_partition_names_the_option
         warned = warn_if_no_gpus(nodes, bare.cpus_per_worker, bare.name, bare.gpus_from, warned)
     said = [r.getMessage() for r in caplog.records if "--engine-cpus-per-worker N" in r.getMessage()]
     assert len(said) == 1 and "partition 'p'" in said[0] and "has no GPUs" in said[0], said
+
+
+def test_several_partitions_a_run_goes_to_one_holding_all_its_nodes_else_a_component_per_node(tmp_path):
+    import asyncio
+
+    # n1 in a (the default, *) and b, n2 in b, n3 in c: --slurm-partition a,b,c
+    s = _Sinfo("n1|gpu:2|idle|8|a*\nn1|gpu:2|idle|8|b\nn2|gpu:2|idle|8|b\nn3|gpu:2|idle|8|c", "a,b,c")
+    assert [n.name for n in asyncio.run(s.nodes())] == ["n1", "n2", "n3"]  # (each once)
+
+    def partitions(nodes, slots):
+        text = s.script(RunLaunch("j1", 1, nodes, tuple(_task(g, len(nodes)) for g in slots)))
+        return [line.split("=", 1)[1] for line in text.splitlines() if line.startswith("#SBATCH --partition=")], text
+
+    assert partitions(("n1",), (2,))[0] == ["a"]  # the first of ours that holds it
+    got, text = partitions(("n1", "n2"), (2, 2))
+    assert got == ["b"] and "hetjob" not in text  # b holds both: one component
+    got, text = partitions(("n1", "n2"), (2, 1))
+    assert got == ["b", "b"] and text.count("#SBATCH hetjob") == 1  # unequal GPUs: each component names it
+    got, text = partitions(("n2", "n3"), (2, 2))
+    assert got == ["b", "c"] and text.count("#SBATCH hetjob") == 1 and "--het-group=1" in text  # no one partition
+    with pytest.raises(ConfigError, match="a Slurm partition, or several"):
+        SlurmAdapter("a,,b", "http://c:7707", str(tmp_path))
 
 
 @pytest.mark.parametrize("bad", [-1, 4097, 2.5, True, "4"])

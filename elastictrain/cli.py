@@ -98,6 +98,10 @@ def get_parser() -> argparse.ArgumentParser:
     c.add_argument("--k8s-kueue-queue", default=None, metavar="LOCALQUEUE",
                    help="--backend kubernetes: admit each run's pods through this Kueue LocalQueue as one pod group "
                    "(all or none; docs/kubernetes.md)")
+    c.add_argument("--k8s-kueue-queue-per-project", action="store_true",
+                   help="--backend kubernetes: a job charged to a project (submit -A) goes through the Kueue "
+                   "LocalQueue named as the project (Kueue's quotas and accounting by team); others through "
+                   "--k8s-kueue-queue")
     c.add_argument("--k8s-scheduler-name", default=None,
                    help="--backend kubernetes: the pods' scheduler (default: the cluster's)")
     c.add_argument("--engine-cpus-per-worker", "--slurm-cpus-per-worker", dest="engine_cpus_per_worker", type=int,
@@ -355,7 +359,8 @@ def _engine_config(args):
 
         return KubernetesEngineConfig(args.k8s_namespace or default_namespace(), args.k8s_image, args.k8s_python,
                                       args.k8s_service_account, args.k8s_kueue_queue, args.k8s_scheduler_name,
-                                      args.engine_state_dir, url, cpus_per_worker=cpus)
+                                      args.engine_state_dir, url, cpus_per_worker=cpus,
+                                      kueue_per_project=args.k8s_kueue_queue_per_project)
     if not args.slurm_partition:
         raise ConfigError("--backend slurm needs --slurm-partition NAME (`sinfo -s` lists the partitions)")
     return SlurmEngineConfig(args.slurm_partition, args.engine_state_dir, args.slurm_python,

@@ -100,6 +100,7 @@ class KubernetesEngineConfig:
     coordinator_url: Optional[str] = None
     poll_interval: float = 1.0
     cpus_per_worker: int = 0  # a cluster without GPUs: its CPUs, this many per worker
+    kueue_per_project: bool = False  # a job of a project through the Kueue LocalQueue named as the project
     kind = "kubernetes"
 
 
@@ -292,6 +293,7 @@ def _engine(cfg: ServerConfig, coordinator: Coordinator, url: str, token: str):
 
         adapter = KubernetesAdapter(e.namespace, e.image, target, tag=tag, python=e.python or "python3",
                                     service_account=e.service_account, kueue_queue=e.kueue_queue,
+                                    kueue_per_project=e.kueue_per_project,
                                     scheduler_name=e.scheduler_name, cpus_per_worker=e.cpus_per_worker)
         log.info("Kubernetes engine: namespace %s, image %s (%s), runs reach the coordinator at %s", e.namespace,
                  e.image, _units(e), target)

@@ -39,6 +39,7 @@ ANNOTATION_JOB = "elastictrain.io/job-id"  # the job id itself (a label value is
 TOKEN_DIR = "/var/run/elastictrain"
 LOG_DIR = "/tmp/elastictrain"
 KILL_MARGIN = 15  # seconds past the job's grace (the bridge's KILL_AFTER: etrun exits after its workers)
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # a Kubernetes object's name (a LocalQueue's)
 _LABEL_OK = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
 
@@ -108,11 +109,14 @@ def cpu_millis(quantity: str) -> int:
 
 def run_objects(run: RunLaunch, *, image: str, coordinator: str, namespace: str, tag: str = "",
                 python: str = "python3", service_account: Optional[str] = None, kueue_queue: Optional[str] = None,
-                scheduler_name: Optional[str] = None, cpus_per_worker: int = 0) -> tuple[Optional[object], list]:
+                scheduler_name: Optional[str] = None, cpus_per_worker: int = 0,
+                kueue_per_project: bool = False) -> tuple[Optional[object], list]:
     """The Secret (None for a run without a credential) and the Pods of ``run``, in node order.
 
     ``kueue_queue``: admit the run's pods through that Kueue LocalQueue as one pod group (Kueue's
-    plain-pod integration: all of them or none). ``scheduler_name``: the pods' scheduler.
+    plain-pod integration: all of them or none); ``kueue_per_project``: a run of a job charged to a
+    project goes through the LocalQueue named as the project instead (a project whose name is not a
+    valid object name, or a job of none, through ``kueue_queue``). ``scheduler_name``: the pods' scheduler.
     ``cpus_per_worker``: a cluster without GPUs: each pod asks for that many CPUs per worker, not
     ``nvidia.com/gpu``."""
     from kubernetes import client
@@ -123,6 +127,8 @@ def run_objects(run: RunLaunch, *, image: str, coordinator: str, namespace: str,
     pod_labels, pod_annotations = dict(meta_labels), dict(annotations)
     if run.project:
         pod_labels[LABEL_PROJECT] = job_label(run.project)
+    if kueue_per_project and run.project and _DNS_LABEL.match(run.project):
+        kueue_queue = run.project  # (the project's own LocalQueue: Kueue's quota and accounting by team)
     if kueue_queue:  # one workload of len(nodes) pods: Kueue admits the gang or nothing
         pod_labels.update({"kueue.x-k8s.io/queue-name": kueue_queue,
                            "kueue.x-k8s.io/pod-group-name": f"et-{_dns(run.job)}-r{run.run}"})

@@ -167,7 +167,8 @@ class KubernetesAdapter:
 
     def __init__(self, namespace: str, image: str, coordinator: str, *, tag: str = "", python: str = "python3",
                  service_account: Optional[str] = None, kueue_queue: Optional[str] = None,
-                 scheduler_name: Optional[str] = None, cpus_per_worker: int = 0) -> None:
+                 scheduler_name: Optional[str] = None, cpus_per_worker: int = 0,
+                 kueue_per_project: bool = False) -> None:
         self.cpus_per_worker = check_cpus_per_worker(cpus_per_worker)  # 0: the nodes' GPUs
         self.gpus_from = "the cluster (no node has nvidia.com/gpu allocatable)"
         if not namespace or len(namespace) > 63 or not namespace.replace("-", "a").isalnum() or namespace != namespace.lower():
@@ -176,7 +177,7 @@ class KubernetesAdapter:
             raise ConfigError(f"--k8s-image {image!r}: give an image reference, e.g. registry.example.com/train:1.0")
         self.namespace, self.image, self.coordinator = namespace, image, coordinator
         self.tag, self.python, self.service_account = tag, python, service_account
-        self.kueue_queue, self.scheduler_name = kueue_queue, scheduler_name
+        self.kueue_queue, self.scheduler_name, self.kueue_per_project = kueue_queue, scheduler_name, kueue_per_project
         self.watch = PodWatch(tag)
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="et-k8s")
@@ -267,7 +268,7 @@ class KubernetesAdapter:
         secret, pods = run_objects(run, image=self.image, coordinator=self.coordinator, namespace=self.namespace,
                                    tag=self.tag, python=self.python, service_account=self.service_account,
                                    kueue_queue=self.kueue_queue, scheduler_name=self.scheduler_name,
-                                   cpus_per_worker=self.cpus_per_worker)
+                                   cpus_per_worker=self.cpus_per_worker, kueue_per_project=self.kueue_per_project)
         handle = run_name(run.job, run.run)
         try:
             if secret is not None:

@@ -206,3 +206,17 @@ def test_nodes_offer_cpu_slots_and_a_cluster_without_gpus_names_the_option(caplo
     assert warn_if_no_gpus(gpu_less._nodes(), gpu_less.cpus_per_worker, gpu_less.name, gpu_less.gpus_from, False)
     assert any("has no GPUs" in r.getMessage() and "--engine-cpus-per-worker N" in r.getMessage()
                for r in caplog.records)
+
+
+def test_with_a_queue_per_project_a_projects_runs_go_through_its_own_localqueue():
+    def queue(project, **kw):
+        run = RunLaunch("bert", 3, ("gpu-a",), (_task("bert", 2, 1),), project)
+        _, pods = run_objects(run, image="img:1", coordinator=URL, namespace="ml", **kw)
+        return pods[0].metadata.labels.get("kueue.x-k8s.io/queue-name")
+
+    assert queue("vision", kueue_queue="team-a", kueue_per_project=True) == "vision"
+    assert queue("", kueue_queue="team-a", kueue_per_project=True) == "team-a"  # a job of no project
+    assert queue("Vision_2", kueue_queue="team-a", kueue_per_project=True) == "team-a"  # not a valid queue name
+    assert queue("vision", kueue_per_project=True) == "vision"
+    assert queue("vision", kueue_queue="team-a") == "team-a"  # (not asked for)
+    assert queue("", kueue_per_project=True) is None

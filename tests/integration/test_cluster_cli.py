@@ -289,13 +289,6 @@ def test_a_projects_quota_is_shared_by_its_members(tmp_path):
             listed  # (the quota stays; only vision has jobs)
         bad = c.cli("projects", "set", "vision", "--tickets", "-1", check=False)
         assert bad.returncode == 2 and "tickets" in bad.stderr and ">= 0.0" in bad.stderr, bad.stderr
-        c.cli("projects", "set", "research", "--gpus", "8")
-        listed = c.cli("projects", "set", "vision", "--parent", "research").stdout.splitlines()  # a sub-project
-        rows = {r.split()[0]: r.split() for r in listed[2:]}
-        assert rows["vision"][1:3] == ["research", "1"] and rows["research"][1:6] == ["-", "8", "-", "1", "1"], \
-            listed  # (vision keeps its quota; research counts vision's admitted job)
-        bad = c.cli("projects", "remove", "research", check=False)
-        assert bad.returncode == 2 and "has sub-projects (vision)" in bad.stderr, bad.stderr
         other = c.cli("submit", "--user", "carol", "--hold", "--", "nap.py").stdout.strip()  # in no project
         ids = [line.split()[0] for line in c.cli("status", "-u", "bob", "-t", "PD").stdout.splitlines() if line]
         assert b in ids and a not in ids and other not in ids, ids  # squeue -u bob -t PD
@@ -319,6 +312,13 @@ def test_a_projects_quota_is_shared_by_its_members(tmp_path):
         heads = [line.split() for line in c.cli("status").stdout.splitlines() if line.startswith("id ")]
         assert heads and all(h[:4] == ["id", "name", "user", "project"] for h in heads), heads  # a column now
         assert c.client.cluster_job(a).end_time <= c.client.cluster_job(b).start_time
+        c.cli("projects", "set", "research", "--gpus", "8")
+        listed = c.cli("projects", "set", "vision", "--parent", "research").stdout.splitlines()  # a sub-project
+        rows = {r.split()[0]: r.split() for r in listed[2:]}
+        assert rows["vision"][1:3] == ["research", "1"] and rows["research"][1:3] == ["-", "8"], listed
+        assert rows["research"][7] == rows["vision"][7], listed  # (its GPU-hours hold vision's)
+        bad = c.cli("projects", "remove", "research", check=False)
+        assert bad.returncode == 2 and "has sub-projects (vision)" in bad.stderr, bad.stderr
         assert "research" in c.cli("projects", "remove", "vision").stdout  # (its parent stays)
         assert c.cli("projects", "remove", "research").stdout.startswith("project research removed\nno projects")
     finally:

@@ -272,8 +272,8 @@ def test_a_projects_quota_is_shared_by_its_members(tmp_path):
     default project, `status` saying a job waits for its project, `projects list`."""
     c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
     try:
-        with open(os.path.join(c.tmp, "nap.py"), "w") as f:
-            f.write("import time\ntime.sleep(4.0)\n")
+        with open(os.path.join(c.tmp, "nap.py"), "w") as f:  # (long enough for the checks while alice's job runs,
+            f.write("import time\ntime.sleep(10.0)\n")  # a dozen commands, under make test's parallel load)
         out = c.cli("projects", "set", "vision", "--gpus", "1", "--users", "alice,bob").stdout
         assert out.startswith("project vision set") and "alice,bob" in out, out
         a = c.cli("submit", "--user", "alice", "--", "nap.py").stdout.strip()  # her default project

@@ -428,17 +428,6 @@ def _weights(text: Optional[str]) -> Optional[dict]:
     return out
 
 
-def _notify_patterns(given: list) -> list:
-    """``--notify-allow`` patterns: each an http(s) URL pattern of at most 2048 characters."""
-    out = []
-    for p in given:
-        if not p.startswith(("http://", "https://")) or len(p) > 2048 or any(c.isspace() for c in p):
-            raise ConfigError(f"--notify-allow {p[:200]!r}: give an http:// or https:// URL pattern, e.g. "
-                              "'https://hooks.slack.com/*'")
-        out.append(p)
-    return out
-
-
 def _env_patterns(given: list) -> list:
     import re
 
@@ -461,6 +450,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
             cluster = None
             if args.policy:
+                from .coordinator.notify import check_patterns
                 from .coordinator.scheduler import ClusterConfig
                 from .policies.api import check_registered
 
@@ -471,7 +461,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                         quota_gpus=args.quota_gpus, quota_jobs=args.quota_jobs,
                                         priority_preemption=args.priority_preemption,
                                         quota_borrow=args.quota_borrow,
-                                        notify_allow=tuple(_notify_patterns(args.notify_allow)))
+                                        notify_allow=check_patterns(args.notify_allow))
             engine = _engine_config(args)
             serve(ServerConfig(engine=engine, host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                lease=args.lease, advertise_url=args.advertise_url,

@@ -42,7 +42,7 @@ from typing import Callable, Mapping, Optional, Sequence
 
 from ..errors import ConfigError
 
-__all__ = ["TYPES", "MAX_URL", "check_url", "check_types", "Notifier", "post"]
+__all__ = ["TYPES", "MAX_URL", "check_url", "check_patterns", "check_types", "Notifier", "post"]
 
 log = logging.getLogger("elastictrain.notify")
 
@@ -85,6 +85,19 @@ def check_url(url: str, allow: Sequence[str]) -> str:
         raise ConfigError(f"--notify {url[:200]!r}: not among the URLs this coordinator posts to "
                           f"({', '.join(allow)}; `coordinator --notify-allow`)")
     return url
+
+
+def check_patterns(given: Sequence[str]) -> tuple:
+    """``coordinator --notify-allow``'s patterns, checked: each an http(s) URL pattern of at most
+    ``MAX_URL`` characters (what :func:`check_url` matches URLs against).
+
+    Raises:
+        ConfigError: naming the fix."""
+    for p in given:
+        if not p.startswith(("http://", "https://")) or len(p) > MAX_URL or any(c.isspace() for c in p):
+            raise ConfigError(f"--notify-allow {p[:200]!r}: give an http:// or https:// URL pattern, e.g. "
+                              "'https://hooks.slack.com/*'")
+    return tuple(given)
 
 
 def check_types(types: Sequence[str]) -> list[str]:

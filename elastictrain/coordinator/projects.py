@@ -184,6 +184,14 @@ class ProjectBook:
                     return False
         return True
 
+    def rollup(self, per_project: dict[str, float]) -> dict[str, float]:
+        """``per_project``'s figures with each project's added to every parent's too."""
+        out: dict[str, float] = {}
+        for project, v in per_project.items():
+            for name in self.chain(project):
+                out[name] = out.get(name, 0) + v
+        return out
+
     def count(self, used: dict[str, list[int]], project: str, gpus: int, jobs: int = 1) -> None:
         """Count a job of ``gpus`` (``jobs`` -1: take one away) in ``used``, for its project and each parent."""
         for name in self.chain(project):

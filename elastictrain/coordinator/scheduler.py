@@ -1297,26 +1297,22 @@ class ClusterScheduler:
     def project_list(self) -> ProjectList:
         used = self.admission.project_usage()
         queued: dict[str, int] = {}
-        chain = self.projects.chain  # (a parent's figures include its sub-projects')
         for rec in self.admission.waiting.values():
-            for name in chain(rec.project):
-                queued[name] = queued.get(name, 0) + 1
+            if rec.project:
+                queued[rec.project] = queued.get(rec.project, 0) + 1
         self.table.accrue(self.clock.now())
         gpu_s: dict[str, float] = {}
         for rec in self.records.values():
             if rec.project:
                 e = self.table.get(rec.id)
-                got = e.attained_gpu if e is not None else rec.attained_gpu
-                for name in chain(rec.project):
-                    gpu_s[name] = gpu_s.get(name, 0.0) + got
+                gpu_s[rec.project] = gpu_s.get(rec.project, 0.0) + (e.attained_gpu if e is not None else
+                                                                    rec.attained_gpu)
         tickets = self.projects.tickets()
         active = self._accounts(tickets)
-        ticketed = shares(account_tickets(active, self.users.tickets, self.users.default, tickets,
+        entitled = shares(account_tickets(active, self.users.tickets, self.users.default, tickets,
                                           self.projects.parents()))[1]
-        entitled: dict[str, float] = {}  # (a parent's share holds its sub-projects')
-        for name, f in ticketed.items():
-            for above in chain(name):
-                entitled[above] = entitled.get(above, 0.0) + f
+        # (a parent's figures include its sub-projects')
+        queued, gpu_s, entitled = (self.projects.rollup(d) for d in (queued, gpu_s, entitled))
         return ProjectList([ProjectInfo(n, p.quota.gpus, p.quota.jobs, list(p.users), *used.get(n, (0, 0)),
                                         queued.get(n, 0), round(gpu_s.get(n, 0.0) / 3600, 6), p.tickets,
                                         entitled.get(n, 0.0), p.parent)

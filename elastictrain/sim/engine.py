@@ -345,8 +345,6 @@ class Simulator:
                         if log is not None:
                             log.append((now, "preempt", e.key, ()))
                 t_out = changes[oi][0] if oi < len(changes) else inf
-                if not cordoned:
-                    backend.set_capacities(tuple(caps))
                 if gone:  # a job too big for what is left can never run: set aside, with the reason
                     room, why = self._room(gone)
                     for e in [e for e in table.entries() if e.num_gpu > room and not e.running]:
@@ -397,8 +395,8 @@ class Simulator:
                 stalled += 1
                 if stalled >= STALL_LIMIT:
                     raise SimulationStalled(self._stall_report(now, table, backend, wakeup))
-            if cordoned and self._cordon_caps(cordoned, down, caps, full, running) or reshaped and cordoned:
-                backend.set_capacities(tuple(caps))
+            if cordoned and self._cordon_caps(cordoned, down, caps, full, running) or reshaped:
+                backend.set_capacities(tuple(caps))  # (nodes lost, back, cordoned; a cordoned node emptying)
             # ---- decide and apply
             if len(table):
                 events += 1

@@ -177,7 +177,8 @@ class SlurmAdapter:
         head = ["#!/bin/bash", f"# elastictrain: job {run.job}, run {run.run} (written by the coordinator)"]
         where = [self._part_of.get(n, self.partitions[:1]) for n in run.nodes]  # each node's partitions
         shared = [p for p in self.partitions if all(p in ps for ps in where)]  # a partition holding every node
-        one = len({t.slots for t in run.tasks}) == 1 and bool(shared)  # one component (else one per node)
+        slots = [t.slots for t in run.tasks]
+        one = len(set(slots)) == 1 and bool(shared)  # one component (else one per node)
         common = [f"--job-name={job_name(run.job, run.run)}", "--requeue",
                   f"--output={d}/slurm-%j.out", "--open-mode=append", f"--chdir={run.tasks[0].workdir}",
                   f"--comment={self.comment}"]
@@ -191,7 +192,6 @@ class SlurmAdapter:
                 common.append(f"--gid={pwd.getpwnam(run.tasks[0].run_as).pw_gid}")
             except KeyError:
                 pass  # no such account here: launch() refuses the run before sbatch
-        slots = [t.slots for t in run.tasks]
         env = task_env(run.tasks[0], "slurm")
         for k in ("ET_TOKEN", "ET_NODE_NAME", "ET_LOG_DIR"):  # per node, below
             env.pop(k, None)

@@ -121,6 +121,9 @@ def main() -> None:
                 say(f"[demo] rank 1 allocated {big.numel() >> 20} MiB")
                 del big
             if step == args.crash_at_step and rank == 1 and job.restart_count == 0:
+                # the demo dies once its last checkpoint is committed, so that the recovery it shows
+                # resumes from it: a crash that comes before a commit resumes from the one before
+                ckpt.wait()
                 if args.crash_by_sigkill:
                     os.kill(os.getpid(), signal.SIGKILL)
                 os._exit(13)  # a worker dies without warning

@@ -31,7 +31,7 @@ from ..wire import AgentAction, AgentJoin
 from .config import DEFAULT_PRELOAD, LaunchConfig, command_digest, size_text
 from .. import PREEMPTED_EXIT_CODE
 from .memcg import WorkerCgroup
-from .workers import Failure, SparePool, WorkerGroup, free_port, free_ports
+from .workers import Failure, SparePool, WorkerGroup, free_ports, reserve_port
 
 __all__ = ["Agent"]
 
@@ -65,6 +65,7 @@ class Agent:
         self._hvd = None  # launcher/horovod_driver.py, with --horovod
         self._slots: Optional[list[int]] = None  # the worker slots of the generation being joined
         self._cgroups: dict[int, WorkerCgroup] = {}  # local rank -> its memory cgroup (--memory-enforce cgroup)
+        self._master_port: Optional[socket.socket] = None  # this node's MASTER_PORT, held (workers.reserve_port)
 
     # ------------------------------------------------------------------ set-up
     def _state_dir(self) -> str:
@@ -190,6 +191,8 @@ class Agent:
                 self._keep_or_stop(carry, False)
             if pool is not None:
                 pool.close()
+            if self._master_port is not None:
+                self._master_port.close()
             if self._hvd is not None:
                 self._hvd.close()
             if self._embedded is not None:
@@ -252,7 +255,11 @@ class Agent:
         else:
             host = cfg.master_addr if cfg.coordinator is None else socket.gethostname()
         n = cfg.nproc_per_node if self._slots is None else len(self._slots)
-        join = AgentJoin(self.agent_id, host, n, free_port(), cfg.min_nodes, cfg.max_nodes,
+        # held until the next rendezvous: if this node hosts rank 0, its TCPStore listens there
+        if self._master_port is not None:
+            self._master_port.close()
+        self._master_port = reserve_port()
+        join = AgentJoin(self.agent_id, host, n, self._master_port.getsockname()[1], cfg.min_nodes, cfg.max_nodes,
                          cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call, cfg.run,
                          free_ports(n) if n <= _MAX_WORKER_PORTS else [], grow=grow,
                          node=node_name())

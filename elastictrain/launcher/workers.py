@@ -104,6 +104,22 @@ def free_port(host: str = "") -> int:
         return s.getsockname()[1]
 
 
+def reserve_port(host: str = "") -> socket.socket:
+    """A free port, held: bound with SO_REUSEADDR and never listening, so that the kernel hands it
+    to no other ``bind(0)`` on this host (a busy host binds ephemeral ports all the time: gloo's
+    pairs, other jobs) between the rendezvous that names it MASTER_PORT and the moment rank 0's
+    TCPStore listens on it; that store binds with SO_REUSEADDR too, so the hold does not stop it.
+    The caller closes the socket once the port is no longer wanted."""
+    s = socket.socket()
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+    except OSError:
+        s.close()
+        raise
+    return s
+
+
 def free_ports(n: int, host: str = "") -> list[int]:
     """``n`` distinct free ports (all held open while choosing, so none repeats)."""
     socks = []

@@ -28,6 +28,7 @@ A save asked for while the previous one is still persisting is never dropped: wi
 
 from __future__ import annotations
 
+import atexit
 import base64
 import hashlib
 import json
@@ -37,6 +38,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 import zlib
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Callable, Optional
@@ -52,6 +54,22 @@ __all__ = ["Checkpointer", "CheckpointBusyError", "CheckpointWriteError", "Check
            "ManifestError"]
 
 log = logging.getLogger(__name__)
+
+#: seconds a process that exits (its script returned or raised) waits for a persist in flight
+EXIT_WAIT = 60.0
+_LIVE: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
+
+
+@atexit.register
+def _finish_persists_at_exit() -> None:
+    """The persist thread is a daemon: without this, a script that raises a few steps after a save
+    (an error, torch's OutOfMemoryError) would exit with that save half written or uncommitted,
+    and the restart would resume from the one before. Atexit hooks run before daemon threads stop."""
+    for c in list(_LIVE):
+        if not c._durable.is_set():
+            log.warning("exiting while a checkpoint persists: waiting up to %.0f s for it", EXIT_WAIT)
+            if not c._durable.wait(EXIT_WAIT):
+                log.error("the checkpoint in flight did not finish within %.0f s: it is lost", EXIT_WAIT)
 _ALIGN = 64
 FORMAT = 2  # 2: the manifest ends with a SHA-256 trailer (1: no trailer, still read)
 _TRAILER = b"\n#sha256:"
@@ -317,6 +335,7 @@ class Checkpointer:
         self._prune_lock = threading.Lock()
         self._durable = threading.Event()
         self._durable.set()
+        _LIVE.add(self)
         # etrun names a file per worker that exists while a background persist runs, so that a
         # launcher stopping this worker gives the persist time to finish (see _run_bg)
         self._marker = os.environ.get("ET_PERSIST_MARKER") or None

@@ -326,3 +326,27 @@ def test_a_checkpoint_directory_that_cannot_be_made_fails_at_construction_saying
     blocker.write_text("x")
     with pytest.raises(ConfigError, match=r"the checkpoint directory .*afile/ck cannot be created .*pass a directory"):
         Checkpointer(str(blocker / "ck"), {"x": 1})
+
+
+def test_a_script_that_raises_just_after_a_save_keeps_that_save(tmp_path):
+    # the persist thread is a daemon; the store here is slow (a second per save), so without the
+    # exit hook the exception ends the process with the save half done and nothing to restore
+    script = textwrap.dedent(f"""
+        import time, numpy as np
+        from elastictrain.runtime.checkpoint import Checkpointer
+        slow = Checkpointer._persist
+        def persist(self, *a, **k):
+            time.sleep(1.0)
+            return slow(self, *a, **k)
+        Checkpointer._persist = persist
+        ck = Checkpointer({str(tmp_path)!r}, {{"w": np.arange(1000.0)}}, rank=0, world_size=1)
+        ck.save(7)
+        raise RuntimeError("CUDA out of memory (a crash right after the save)")
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "CUDA out of memory" in r.stderr, r.stderr
+    assert "exiting while a checkpoint persists" in r.stderr, r.stderr
+    ck = Checkpointer(str(tmp_path), {"w": None}, rank=0, world_size=1)
+    info = ck.restore()
+    assert info is not None and info.step == 7
+    assert np.array_equal(ck.state["w"], np.arange(1000.0))

@@ -241,6 +241,9 @@ def get_parser() -> argparse.ArgumentParser:
     sy.add_argument("--priorities", type=_int_list, default=(), metavar="P,P,...",
                     help="each job draws one of these priorities (repeat one to weigh it: 0,0,0,5 gives a quarter "
                     "of the jobs priority 5), for simulate --priority-preemption")
+    sy.add_argument("--elastic", type=float, default=0.0, metavar="FRACTION",
+                    help="this fraction of the jobs is elastic: half to twice its GPUs, with a serial fraction "
+                    "drawn from 0..0.3 (synthetic: Philly has no scaling data), for simulate --policy autoscale")
     ex = tsub.add_parser("export", help="a live cluster's jobs as a trace the simulator replays (submit times, "
                          "GPUs, steps, measured seconds per step, users)")
     ex.add_argument("--coordinator", default=os.environ.get("ET_COORDINATOR", "http://127.0.0.1:7707"),
@@ -485,7 +488,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "trace":
             from .sim.synth import synthesize, write_native
 
-            jobs = synthesize(args.jobs, args.seed, args.gpus, args.load, args.users, priorities=args.priorities)
+            jobs = synthesize(args.jobs, args.seed, args.gpus, args.load, args.users, priorities=args.priorities,
+                              elastic=args.elastic)
             print(f"wrote {write_native(jobs, args.out)}: {len(jobs)} jobs over {jobs[-1].submit_time / 3600:.1f} h, "
                   f"offered load {args.load:g} x {args.gpus} GPUs")
         elif args.command == "version":

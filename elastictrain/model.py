@@ -21,6 +21,7 @@ __all__ = ["DatasetSpec", "JobSpec", "NAME_RE", "CHECKPOINT_RE", "NAME_PATTERN",
 #: ``._-``, starting with a letter or digit: no path separator, no "..", no NUL, no newline,
 #: nothing that needs quoting. The wire schemas (``elastictrain.wire``) use the same patterns.
 NAME_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}"
+MAX_WORKERS = 100_000  # a job's most workers (GPUs) in a trace (JobSpec.max_gpu)
 MIN_PRIORITY, MAX_PRIORITY = -1000, 1000  # a job's priority (submit --priority; policies/tiers.py's tiers)
 CHECKPOINT_RE = r"[A-Za-z0-9][A-Za-z0-9._-]{0,254}"
 NAME_PATTERN = re.compile(NAME_RE)
@@ -171,6 +172,11 @@ class JobSpec:
     priority: int = 0  # its tier under priority preemption (policies/tiers.py); traces have none
     gpu_type: str = ""  # the GPU type it must run on ("" any: policies/placement.py's type_matches)
     project: str = ""  # the project it is charged to ("" none: fair shares by project, policies/shares.py)
+    # elastic: it may run on min_gpu..max_gpu workers (0: num_gpu, rigid); ``serial``: the fraction
+    # of an iteration that does not shrink with more workers (Amdahl's law; 0: linear scaling)
+    min_gpu: int = 0
+    max_gpu: int = 0
+    serial: float = 0.0
 
     def __post_init__(self) -> None:
         s, i, t, g = self.submit_time, self.iterations, self.iteration_time, self.num_gpu
@@ -185,6 +191,22 @@ class JobSpec:
             check_gpu_type(self.gpu_type)
         if self.project:
             check_name("project", self.project)
+        if self.min_gpu or self.max_gpu:
+            lo, hi = self.min_gpu or g, self.max_gpu or g
+            if not (type(lo) is int and type(hi) is int and 1 <= lo <= g <= hi <= MAX_WORKERS):
+                raise ConfigError(f"job {self.job_id}: need 1 <= min_gpu <= num_gpu <= max_gpu <= {MAX_WORKERS} "
+                                  f"(integers; 0 leaves one at num_gpu), got {self.min_gpu}..{g}..{self.max_gpu}")
+        if self.serial and not (isinstance(self.serial, float) and 0.0 < self.serial < 1.0):
+            raise ConfigError(f"job {self.job_id}: serial (the fraction of an iteration more workers do not "
+                              f"shorten) must be in [0, 1), got {self.serial!r}")
+
+    def scaling(self, workers: int) -> float:
+        """How much longer an iteration takes on ``workers`` than on ``num_gpu`` (Amdahl's law
+        with ``serial``; ``num_gpu / workers`` when it scales linearly)."""
+        s, g = self.serial, self.num_gpu
+        if not s:
+            return g / workers
+        return (s + (1.0 - s) / workers) / (s + (1.0 - s) / g)
 
     @property
     def duration(self) -> float:

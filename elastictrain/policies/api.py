@@ -47,7 +47,8 @@ class JobView(msgspec.Struct, frozen=True, gc=False):
     that use durations may rely on it). ``placement`` is ``((node, gpus), ...)`` while running.
     ``speeds``: GPU type -> speed relative to ``iteration_time`` (empty: the same everywhere).
     ``rate``: measured throughput (samples/s from the shard cursors) over the latest
-    ``rate_window`` seconds of the current run (live jobs; 0 in the simulator and until measured).
+    ``rate_window`` seconds of the current run (0 until measured; in the simulator, an elastic job's
+    modelled iterations per second).
     ``gpu_type``: the GPU type it must run on (Slurm's ``--gres=gpu:TYPE:N``, a Kubernetes node
     selector); the mechanism refuses a decision that places it elsewhere (scheduling/plan.py).
     """

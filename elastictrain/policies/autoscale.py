@@ -41,8 +41,9 @@ run, the workers save and commit their data cursor, a new run starts at the new 
 data stays exactly-once. Each choice is returned as a note (``Decision.notes``), which the
 coordinator writes to its event log as a ``plan`` event with the measured rates.
 
-In the simulator the rates are 0 (no shards are consumed there), so jobs stay at their
-starting size.
+In the simulator a trace's elastic job has the rate its Amdahl scaling gives (sim/backend.py);
+the policy asks to decide again when a measurement completes (``Decision.wakeup``), as the
+simulator decides only at events.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class AutoScale:
             raise ConfigError(f"cooldown must be in [0, 86400] seconds, got {cooldown!r}")
         self.cooldown = float(cooldown)
         self._now = 0.0
+        self._wake: Optional[float] = None  # this decision's wake-up (a measurement completes then)
         if not 0.0 < threshold <= 1.0:
             raise ConfigError(f"threshold must be in (0, 1], got {threshold!r}")
         if not 0.0 <= yield_threshold <= 1.0:
@@ -147,6 +149,7 @@ class AutoScale:
             if p is not None and p.memory and p.model:
                 _remember(self.memory_history, p.model, p.memory)
         self._now = s.now
+        self._wake = None
         free = s.total_gpus
         notes: list = []
         node_free = list(s.gpus_per_node)  # (for jobs that need a GPU type: only its nodes serve them)
@@ -194,7 +197,12 @@ class AutoScale:
             p = self.plans.get(j.job_id)
             if p is not None and self._memory(j, p, notes):
                 limits[j.job_id] = p.memory
-        return Decision(run, workers=workers, notes=tuple(notes), limits=limits)
+        return Decision(run, self._wake, workers=workers, notes=tuple(notes), limits=limits)
+
+    def _wake_at(self, t: float) -> None:
+        """Decide again at ``t`` (a measurement completes then), even if no job arrives or ends."""
+        if t > self._now and (self._wake is None or t < self._wake):
+            self._wake = t
 
     def _memory(self, j: JobView, p: _Plan, notes: list) -> int:
         """The job's per-worker memory limit: ``memory_headroom`` x its measured peak (see the
@@ -249,6 +257,8 @@ class AutoScale:
         """One look at a running elastic job: measure, then grow, step back, settle or re-check."""
         size = j.num_gpu
         if size != p.target or j.rate <= 0 or j.rate_window < self.rate_window:
+            if size == p.target and j.rate > 0:  # measured long enough then
+                self._wake_at(s.now + self.rate_window - j.rate_window)
             return  # restarting at its new size, or not measured long enough yet
         lo, hi, r = j.min_gpu or size, j.max_gpu or size, j.rate
         if p.phase == "settled":
@@ -259,7 +269,10 @@ class AutoScale:
                 p.low_since = None  # settled too recently to be checked again: noise, or a passing slowdown
             elif p.low_since is None:
                 p.low_since = s.now
-            elif s.now - p.low_since >= self.rate_window and size - self.step >= lo:  # a whole window low
+                self._wake_at(s.now + self.rate_window)
+            elif s.now - p.low_since < self.rate_window:
+                self._wake_at(p.low_since + self.rate_window)
+            elif size - self.step >= lo:  # a whole window low
                 p.rates, p.low_since = {size: r}, None
                 self._go(j, p, size - self.step, "measure", notes, f"throughput fell {1 - r / p.ref:.0%} below "
                          f"its level at {size} workers for {self.rate_window:g} s: checking {size - self.step}",

@@ -25,8 +25,11 @@ preempted (``Scheduler.protect_startup``), as a live job before its first traini
 
 A job's slowdown is the policy's (a Muri group's interleaved iteration over the job's own), or
 ``spread_slowdown`` for a skew-sensitive job spread over several nodes, divided by its speed on
-the slowest GPU type it spans, times ``size_at_submit / workers`` for an elastic job run at
-another size (linear scaling). ``migration_cost``: seconds a running job loses when it moves.
+the slowest GPU type it spans, times ``JobSpec.scaling(workers)`` for an elastic job run at
+another size (Amdahl's law with the trace's ``serial`` fraction; linear without one). An elastic
+job's measured rate (``JobView.rate``, what autoscaling reads) is its iterations per second
+(``1 / (iteration_time x slowdown)``), measured over its run since its first step
+(:meth:`measure`). ``migration_cost``: seconds a running job loses when it moves.
 """
 
 from __future__ import annotations
@@ -92,6 +95,8 @@ class SimBackend:
             c = self.charge[e.key]
         if not self.every:
             self._starting(e, c)
+        else:  # (trains at once: its rate is measured from now)
+            e.data["began"] = self.clock.t
         if self.runs is not None:
             self.runs[e.key] = self.clock.t + (0.0 if self.every else c)
 
@@ -104,6 +109,7 @@ class SimBackend:
         self._placed(e, Action(START, e.key, where, (), e.num_gpu))
         self.owed[e.key] = 0.0
         self.table.began(e.key, now)
+        e.data["began"] = now
         e.run_at = now - run_age
         if self.runs is not None:
             self.runs[e.key] = now
@@ -123,6 +129,8 @@ class SimBackend:
                 self.owed[e.key] = self.owed.get(e.key, 0.0) + self.migration_cost
         if not self.every:  # (a regroup or a resize restarts the group, or the job: its full charge)
             self._starting(e, self.charge[e.key] if a.kind is not MIGRATE else self.owed.get(e.key, 0.0))
+        else:
+            e.data["began"] = self.clock.t
         if self.runs is not None:  # (a restart resumes from the checkpoint it takes first)
             self.runs[e.key] = self.clock.t + (0.0 if self.every else self.owed.get(e.key, 0.0))
 
@@ -134,6 +142,7 @@ class SimBackend:
             e.ready_at = now + owed  # (policies see when its first step is due: JobView.ready_at)
         else:
             self.table.began(e.key, now)
+            e.data["began"] = now
 
     def moved(self, e: Entry, a: Action) -> None:
         """A migration that costs nothing (``free_moves``): the run goes on training where it
@@ -160,8 +169,8 @@ class SimBackend:
         types = self._shape.node_types
         if types and e.speeds:
             e.slowdown /= min(e.speeds.get(types[node], 1.0) for node, _ in where)
-        if e.num_gpu != size0:
-            e.slowdown *= size0 / e.num_gpu
+        if e.num_gpu != size0:  # (an elastic job at another size: Amdahl's law with its serial fraction)
+            e.slowdown *= e.data["spec"].scaling(e.num_gpu)
 
     # ------------------------------------------------------------------ progress
     def next_end(self, now: float) -> float:
@@ -213,6 +222,7 @@ class SimBackend:
                     da -= pay
                     if pay == o:
                         table.began(e.key, t)
+                        e.data["began"] = t
                 else:
                     work = dt
                 if da > 0:
@@ -237,6 +247,16 @@ class SimBackend:
                     e.remaining_iterations = 0.0
                     finished.append(e)
         return finished
+
+    def measure(self, now: float) -> None:
+        """Give every running elastic job that trains its rate (iterations per second, as a live
+        job's shard cursors would show) and how long it has trained in this run."""
+        table, starting = self.table, self.table.starting
+        for e in table.running.values():
+            if e.min_gpu != e.max_gpu and e.key not in starting:
+                e.rate = 1.0 / (e.iteration_time * e.slowdown)
+                e.rate_window = now - e.data.get("began", e.run_at)
+                table.touch(e.key)
 
     def forget(self, key) -> None:
         self.owed.pop(key, None)

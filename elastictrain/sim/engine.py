@@ -221,7 +221,7 @@ class Simulator:
         e = Entry(s.job_id, s.num_gpu, s.submit_time, model=s.model, iteration_time=s.iteration_time * self.factor,
                   iterations=s.iterations, stage_times=s.stage_times, user=s.user, skew=SKEW.get(s.model, 0.0),
                   speeds=MappingProxyType(dict(s.speeds)) if s.speeds else EMPTY, priority=s.priority,
-                  gpu_type=s.gpu_type, project=s.project)
+                  gpu_type=s.gpu_type, project=s.project, min_gpu=s.min_gpu, max_gpu=s.max_gpu)
         e.data["spec"], e.data["gpus"] = s, s.num_gpu  # the size at submission (SimBackend's scaling)
         e.restart_cost = self.cost(e)
         return e
@@ -240,6 +240,7 @@ class Simulator:
         sched = Scheduler(self.policy, table, backend, clock, strict=True, protect_startup=self.protect_startup,
                           min_run=self.min_run)
         first_step_events = getattr(self.policy, "first_step_events", True)
+        elastic = any(s.min_gpu or s.max_gpu for s in specs)  # (their rates are measured for the policy)
         done: list[JobRecord] = []
         util: list[tuple[float, int]] = []
         now, idx, events = 0.0, 0, 0
@@ -400,6 +401,8 @@ class Simulator:
             # ---- decide and apply
             if len(table):
                 events += 1
+                if elastic:
+                    backend.measure(now)
                 actions = tick()
                 if log is not None:
                     refused = sched.refused  # (a start refused on a cordoned node waits; a move refused stops)

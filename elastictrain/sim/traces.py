@@ -5,7 +5,10 @@ Every loader returns ``list[JobSpec]`` sorted by submit time. A bad row raises
 
 Native format (``.csv`` with this header; seconds): ``job_id,num_gpu,submit_time,iterations,
 iteration_time,model,user,stage_times`` where ``stage_times`` is ``;``-separated (may be empty),
-and optionally ``priority`` (an integer from -1000 to 1000; ``simulate --priority-preemption``).
+and optionally ``priority`` (an integer from -1000 to 1000; ``simulate --priority-preemption``),
+``gpu_type``, ``project``, and for an elastic job ``min_gpu``, ``max_gpu`` (the workers it may run
+on; empty or 0: ``num_gpu``) and ``serial`` (the fraction of its iteration more workers do not
+shorten, Amdahl's law; empty or 0: linear scaling).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class TraceError(ConfigError):
 
 #: the smallest value each numeric column may take (inclusive unless marked ">"), all finite
 _LOW = {"job_id": 0, "num_gpu": 1, "submit_time": 0, "iterations": ">0", "duration": ">0", "iteration_time": ">0",
-        "stage_times": 0}
+        "stage_times": 0, "min_gpu": 0, "max_gpu": 0, "serial": 0}
 _HIGH = 1e15  # beyond any real trace (31 million years in seconds); keeps arithmetic exact enough
 
 
@@ -176,6 +179,7 @@ def load_native(path: str) -> list[JobSpec]:
 
 
 _NATIVE = ("job_id", "num_gpu", "submit_time", "iterations", "iteration_time")
+_ELASTIC = ("min_gpu", "max_gpu", "serial")
 
 
 def _native_fast(path: str) -> Optional[list[JobSpec]]:
@@ -191,6 +195,8 @@ def _native_fast(path: str) -> Optional[list[JobSpec]]:
         pick = itemgetter(*(header.index(c) for c in _NATIVE))
         model, user, stages, prio, kind, proj = (header.index(c) if c in header else -1 for c in (
             "model", "user", "stage_times", "priority", "gpu_type", "project"))
+        if any(c in header for c in _ELASTIC):  # (elastic jobs: read by the checked loader)
+            return None
         width = len(header)
         try:
             for row in reader:
@@ -224,7 +230,8 @@ def _native_checked(path: str) -> list[JobSpec]:
             _num(path, ln, r, "job_id", int), _num(path, ln, r, "num_gpu", int), _num(path, ln, r, "submit_time"),
             _num(path, ln, r, "iterations"), _num(path, ln, r, "iteration_time"), r.get("model", ""), stages,
             r.get("user", ""), priority=_num(path, ln, r, "priority", int) if r.get("priority") else 0,
-            gpu_type=r.get("gpu_type") or "", project=r.get("project") or "")))
+            gpu_type=r.get("gpu_type") or "", project=r.get("project") or "",
+            **{c: _num(path, ln, r, c, float if c == "serial" else int) for c in _ELASTIC if r.get(c)})))
     return sorted(out, key=_ARRIVAL)
 
 

@@ -38,7 +38,7 @@ from typing import Callable, Optional
 
 from ..clock import ManualClock
 from ..scheduling import Action, ClusterShape, Entry, JobTable
-from ..scheduling.api import MIGRATE, START
+from ..scheduling.api import MIGRATE, RESIZE, START
 
 __all__ = ["SimBackend"]
 
@@ -122,6 +122,8 @@ class SimBackend:
         self.table.stopped(e.key, self.clock.now())
 
     def restart(self, e: Entry, a: Action) -> None:
+        if a.kind is RESIZE:
+            e.data["resizes"] = e.data.get("resizes", 0) + 1
         self._placed(e, a)
         if a.moved:
             self.migrations += 1

@@ -112,6 +112,7 @@ class JobRecord:
     user: str = ""
     gpu_seconds: float = 0.0  # service received (wall time running x GPUs)
     priority: int = 0
+    resizes: int = 0  # times an elastic job's worker count changed (each a restart)
 
     @property
     def jct(self) -> float:
@@ -319,7 +320,7 @@ class Simulator:
                 backend.forget(e.key)
                 done.append(JobRecord(e.key, e.num_gpu, e.model, e.submit_time, e.start_time, now,
                                       e.data["spec"].duration, e.preemptions, e.pending, e.user, e.attained_gpu,
-                                      e.priority))
+                                      e.priority, e.data.get("resizes", 0)))
             reshaped = t_out <= now
             if reshaped:  # a node is lost, or back
                 while oi < len(changes) and changes[oi][0] <= now:

@@ -32,7 +32,8 @@ def summarize(r: SimResult) -> dict:
         "p95_jct": float(np.percentile(jct, 95)), "p99_jct": float(np.percentile(jct, 99)),
         "makespan": r.makespan,
         "avg_queueing_delay": float(q.mean()), "avg_pending_time": float(np.mean([j.pending_time for j in r.jobs])),
-        "preemptions": int(sum(j.preemptions for j in r.jobs)), "restart_seconds_lost": r.restart_seconds,
+        "preemptions": int(sum(j.preemptions for j in r.jobs)), "resizes": int(sum(j.resizes for j in r.jobs)),
+        "restart_seconds_lost": r.restart_seconds,
         "gpu_utilization": busy / (r.total_gpus * span) if span > 0 else 0.0,
         "events": r.events, "wall_seconds": r.wall_seconds,
     }
@@ -52,6 +53,8 @@ def comparison_table(summaries: Sequence[dict]) -> str:
             ("p95_jct", "p95", "{:.0f}"), ("p99_jct", "p99", "{:.0f}"), ("makespan", "makespan", "{:.0f}"),
             ("avg_queueing_delay", "queueing", "{:.0f}"), ("preemptions", "preempt", "{}"),
             ("gpu_utilization", "util", "{:.2f}"), ("wall_seconds", "wall (s)", "{:.2f}")]
+    if any(s.get("resizes") for s in summaries):  # (elastic jobs: how often their worker counts changed)
+        cols.insert(8, ("resizes", "resize", "{}"))
     return table([[h for _, h, _ in cols]] + [[f.format(s[k]) for k, _, f in cols] for s in summaries])
 
 
@@ -100,11 +103,11 @@ def write_outputs(results: Sequence[SimResult], out_dir: str) -> list[str]:
         with open(p, "w", newline="") as f:
             w = csv.writer(f)
             w.writerow(["job_id", "num_gpu", "model", "submit_time", "start_time", "end_time", "jct", "duration",
-                        "preemptions", "pending_time", "user", "gpu_seconds"])
+                        "preemptions", "pending_time", "user", "gpu_seconds", "resizes"])
             for j in r.jobs:
                 w.writerow([j.job_id, j.num_gpu, j.model, f"{j.submit_time:.3f}", f"{j.start_time:.3f}",
                             f"{j.end_time:.3f}", f"{j.jct:.3f}", f"{j.duration:.3f}", j.preemptions,
-                            f"{j.pending_time:.3f}", j.user, f"{j.gpu_seconds:.3f}"])
+                            f"{j.pending_time:.3f}", j.user, f"{j.gpu_seconds:.3f}", j.resizes])
         paths.append(p)
     paths += _plots(results, out_dir)
     return paths

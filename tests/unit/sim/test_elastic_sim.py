@@ -32,6 +32,7 @@ def test_autoscale_grows_a_linear_job_to_its_maximum_and_stops_a_poor_one_where_
     assert 3600 * 0.75 < end[1] < 3600 * 0.75 + 100  # at 2 workers an iteration takes 0.75 of 1's
     assert sum(1 for _, kind, key, _ in log if kind == "resize" and key == 0) == 3  # 1 -> 2 -> 3 -> 4
     assert sum(1 for _, kind, key, _ in log if kind == "resize" and key == 1) == 3  # 1 -> 2 -> 3 -> 2
+    assert [j.resizes for j in res.jobs] == [3, 3]  # (the report's resize column adds these up)
 
 
 def test_a_rigid_policy_runs_elastic_jobs_at_their_submitted_size():

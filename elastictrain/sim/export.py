@@ -2,7 +2,9 @@
 replay what the cluster ran. Each job: its submit time (seconds after the first submission), its
 GPU count, its steps (the steps it ran if it finished, else its ``--steps`` or the steps so far),
 its measured seconds per step, its stage profile (what Muri groups on), its name as the model, its
-user and its priority. A job that only ran inside interleaving groups has no time of its own
+user and its priority. An elastic job (``--min-gpus`` below its GPUs) is one in the trace too: its
+``num_gpu`` is its last run's worker count (where its seconds per step were measured), within
+``min_gpu..max_gpu``, and it scales linearly there (no serial fraction is measured). A job that only ran inside interleaving groups has no time of its own
 measured: its stage profile's stages, one after another, stand for it. Jobs with neither are left
 out (the caller is told which). The nodes: the cluster as ``simulate --cluster`` takes it
 (:func:`cluster_form`) and the times nodes were lost (:func:`outages_from_events`, ``--outage``)."""
@@ -39,9 +41,14 @@ def jobs_to_trace(jobs) -> tuple[list[JobSpec], list[str]]:
     t0 = first_submit(jobs)
     out = []
     for i, (j, steps, it) in enumerate(sorted(usable, key=lambda x: (x[0].submit_time, x[0].id))):
-        out.append(JobSpec(i, j.gpus, round(j.submit_time - t0, 3), float(steps), float(it), j.name,
+        lo = hi = 0
+        size = j.gpus
+        if 0 < j.min_gpus < j.gpus:  # elastic: measured at its last run's workers, may run on min..gpus
+            lo, hi = j.min_gpus, j.gpus
+            size = j.workers if lo <= j.workers <= hi else hi
+        out.append(JobSpec(i, size, round(j.submit_time - t0, 3), float(steps), float(it), j.name,
                            tuple(j.stage_times), user=j.user, priority=j.priority, gpu_type=j.gpu_type,
-                           project=j.project))
+                           project=j.project, min_gpu=lo, max_gpu=hi))
     return out, left_out
 
 

@@ -209,3 +209,20 @@ def test_trace_export_carries_the_nodes_lost_and_the_cluster(tmp_path):
     path = write_native(jobs, str(tmp_path / "live.csv"))
     (r,) = simulate(SimConfig(path, cluster_form(nodes), ["fifo"], outages=tuple(got)), progress=False)
     assert len(r.jobs) == 1
+
+
+def test_trace_export_keeps_an_elastic_jobs_range(tmp_path):
+    """An elastic job (min_gpus below its GPUs) is elastic in the trace: measured at its run's
+    workers, with its range, so the simulator can resize it (docs/simulator.md "Elastic jobs")."""
+    from elastictrain.sim.export import jobs_to_trace
+    from elastictrain.wire import StepReport
+
+    w = World(tmp_path, policy="srtf", nodes=1, slots=4)
+    a = w.submit(4, user="alice", steps=40, min_gpus=2)
+    w.s.tick()
+    w.run_all()
+    for i in range(1, 5):
+        w.clock.advance(0.5)
+        w.c.step(a, StepReport(0, i))
+    (j,), _ = jobs_to_trace(w.s.jobs().jobs)
+    assert (j.num_gpu, j.min_gpu, j.max_gpu, j.serial, j.iteration_time) == (4, 2, 4, 0.0, 0.5)

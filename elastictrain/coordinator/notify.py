@@ -200,15 +200,22 @@ class Notifier:
 
     def due(self, now: float) -> list[_Item]:
         """The notifications to post now: due, and within their user's pace (the others of that user
-        are put off until a post of its is allowed, in order)."""
-        out, bucket, later = [], self._bucket, {}
-        for i in self.pending:
+        are put off until a post of its is allowed, in order). A job's own notifications go out in
+        the order of its events: one waits while an older one of the same job does (being tried
+        again, or put off), so "finished" never arrives before "started"."""
+        out, bucket, later, held = [], self._bucket, {}, set()
+        for i in self.pending:  # (in event order: items are appended so, and a retry keeps its place)
+            job = i.body["job"]
+            if job in held:
+                continue
             if i.due > now:
+                held.add(job)
                 continue
             user = i.body["user"]
             if user in later:  # (this user's pace is spent: after the ones before it)
                 later[user] += EVERY_USER
                 i.due = later[user]
+                held.add(job)
                 continue
             tokens, at = bucket.get(user, (float(BURST), now))
             tokens = min(float(BURST), tokens + max(0.0, now - at) / EVERY_USER)
@@ -218,6 +225,7 @@ class Notifier:
             else:
                 bucket[user] = (tokens, now)
                 later[user] = i.due = now + (1.0 - tokens) * EVERY_USER
+                held.add(job)
         if len(bucket) > 4 * MAX_PENDING:  # (users with a full bucket again need no entry)
             self._bucket = {u: b for u, b in bucket.items() if b[0] + (now - b[1]) / EVERY_USER < BURST}
         return out

@@ -227,3 +227,21 @@ def test_beyond_max_pending_the_event_log_keeps_the_rest(tmp_path, monkeypatch):
     for _ in range(50):
         n.scan()
     assert [i.body["job"] for i in n.pending] == [b]
+
+
+def test_a_jobs_notifications_keep_their_order_while_an_older_one_is_tried_again():
+    """A job's "started" post failed and waits for its retry: its "finished" waits behind it (another
+    job's posts do not), and once the retry is sent both go out in order."""
+    n = notify.Notifier(None, {}, lambda *a, **k: None, {})
+    begin = notify._Item(1, "http://h/x", {"user": "alice", "job": "j1", "kind": "start"})
+    end = notify._Item(3, "http://h/x", {"user": "alice", "job": "j1", "kind": "finish"})
+    other = notify._Item(2, "http://h/x", {"user": "alice", "job": "j2", "kind": "start"})
+    n.pending = [begin]
+    now = 1000.0
+    assert n.due(now) == [begin]
+    n.done(begin, "URLError: refused", now)  # tried again in BACKOFF[0] seconds
+    n.pending += [other, end]
+    assert n.due(now + 1) == [other]  # j1's finish waits behind its start
+    n.done(other, None, now + 1)
+    t = now + notify.BACKOFF[0]
+    assert n.due(t) == [begin, end]  # in order, at once

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import functools
 import json
 import logging
 import time
@@ -113,6 +114,11 @@ def check_types(types: Sequence[str]) -> list[str]:
 
 def kinds_of(types: Sequence[str]) -> frozenset:
     """The event kinds that ``types`` notify of."""
+    return _kinds(tuple(types))
+
+
+@functools.lru_cache(maxsize=64)  # (a handful of distinct --notify-on lists; scan asks once per event)
+def _kinds(types: tuple) -> frozenset:
     if "all" in types:
         return frozenset(k for ks in _KINDS.values() for k in ks)
     return frozenset(k for t in types for k in _KINDS.get(t, ()))

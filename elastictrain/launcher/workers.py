@@ -341,7 +341,8 @@ class WorkerGroup:
         if not self._control_root:
             return False
         alive = [w for w in self.workers if w.proc.poll() is None]
-        return bool(alive) and all(opted_in(os.path.join(self._control_root, str(w.local_rank)), w.proc.pid)
+        gen = self.a.generation
+        return bool(alive) and all(opted_in(os.path.join(self._control_root, str(w.local_rank)), w.proc.pid, gen)
                                    for w in alive)
 
     def first_failure(self) -> Optional[Failure]:

@@ -1,7 +1,7 @@
 """The channel between an ``etrun`` agent and a worker that recovers in process.
 
-A worker that opts in (``elastictrain_torch.elastic.run``) writes ``inprocess`` (its pid) into
-the directory named by ``ET_CONTROL_DIR``. When a peer fails, or the job's membership changes, an
+A worker that opts in (``elastictrain_torch.elastic.run``) writes ``inprocess`` (its pid and the
+generation whose process group it has joined) into the directory named by ``ET_CONTROL_DIR``. When a peer fails, or the job's membership changes, an
 agent whose local workers all opted in does not stop them: once the next generation is formed it
 writes ``assignment.json`` (the generation and the worker's new environment: ``RANK``,
 ``WORLD_SIZE``, ``MASTER_PORT``, ``ET_GENERATION``, ...) for each survivor and starts a
@@ -50,13 +50,20 @@ def mark_inprocess(directory: str, pid: int) -> None:
     _write(os.path.join(directory, INPROCESS), str(pid))
 
 
-def opted_in(directory: str, pid: int) -> bool:
-    """Agent side: did the worker with this pid opt in to in-process recovery?"""
+def opted_in(directory: str, pid: int, generation: Optional[int] = None) -> bool:
+    """Agent side: did the worker with this pid opt in to in-process recovery, and (with
+    ``generation``) has it joined that generation's process group? A survivor still joining the
+    group of the generation that just failed (blocked in ``init_process_group`` on a replacement
+    that died meanwhile) would never see the next one: it is stopped, not kept. A worker the agent
+    marked itself (Horovod's, :func:`mark_inprocess`) names no generation and is taken at its word."""
     try:
         with open(os.path.join(directory, INPROCESS)) as f:
-            return f.read().strip() == str(pid)
+            words = f.read().split()
     except OSError:
         return False
+    if not words or words[0] != str(pid):
+        return False
+    return generation is None or len(words) < 2 or words[1] == str(generation)
 
 
 class ControlChannel:
@@ -72,8 +79,10 @@ class ControlChannel:
         directory = os.environ.get("ET_CONTROL_DIR")
         return cls(directory) if directory and os.path.isdir(directory) else None
 
-    def announce(self) -> None:
-        _write(os.path.join(self.dir, INPROCESS), str(os.getpid()))
+    def announce(self, generation: int) -> None:
+        """Opt in to in-process recovery, as a member of ``generation``'s process group (called
+        once the worker has joined it, again after each recovery)."""
+        _write(os.path.join(self.dir, INPROCESS), f"{os.getpid()} {generation}")
 
     def newer(self, generation: int) -> Optional[dict]:
         """The assignment of a generation after ``generation``, if the agent wrote one (cheap:

@@ -100,7 +100,7 @@ def run(ckpt, *, backend: str = "gloo", timeout: float = 120.0, **init_kwargs: A
             initial = _snapshot(ckpt.state) if info is None else None  # before the first checkpoint
             if channel is None:
                 return fn(group, *args, **kwargs)
-            channel.announce()
+            channel.announce(ckpt.generation)
             ckpt.membership_check = lambda: _check(channel, ckpt)
             try:
                 while True:
@@ -118,6 +118,7 @@ def run(ckpt, *, backend: str = "gloo", timeout: float = 120.0, **init_kwargs: A
                     os.environ.update(data["env"])
                     _rebase(ckpt)
                     group = _join(ckpt, backend, init_kwargs)
+                    channel.announce(ckpt.generation)  # (a member of the new group: keep me if a peer fails)
                     info = ckpt.restore()
                     if info is None and initial is not None:
                         _load(ckpt.state, initial)

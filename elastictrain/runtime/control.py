@@ -1,8 +1,9 @@
 """The channel between an ``etrun`` agent and a worker that recovers in process.
 
 A worker that opts in (``elastictrain_torch.elastic.run``) writes ``inprocess`` (its pid and the
-generation whose process group it has joined) into the directory named by ``ET_CONTROL_DIR``. When a peer fails, or the job's membership changes, an
-agent whose local workers all opted in does not stop them: once the next generation is formed it
+generation whose process group it has joined) into the directory named by ``ET_CONTROL_DIR``.
+When a peer fails, or the job's membership changes, an agent whose local workers all opted in
+(and joined the generation that failed) does not stop them: once the next generation is formed it
 writes ``assignment.json`` (the generation and the worker's new environment: ``RANK``,
 ``WORLD_SIZE``, ``MASTER_PORT``, ``ET_GENERATION``, ...) for each survivor and starts a
 replacement only for the worker that died. Both files are written atomically (rename).

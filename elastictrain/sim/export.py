@@ -4,8 +4,9 @@ GPU count, its steps (the steps it ran if it finished, else its ``--steps`` or t
 its measured seconds per step, its stage profile (what Muri groups on), its name as the model, its
 user and its priority. An elastic job (``--min-gpus`` below its GPUs) is one in the trace too: its
 ``num_gpu`` is its last run's worker count (where its seconds per step were measured), within
-``min_gpu..max_gpu``, and it scales linearly there (no serial fraction is measured). A job that only ran inside interleaving groups has no time of its own
-measured: its stage profile's stages, one after another, stand for it. Jobs with neither are left
+``min_gpu..max_gpu``, and it scales linearly there (no serial fraction is measured). A job that
+only ran inside interleaving groups has no time of its own measured: its stage profile's stages,
+one after another, stand for it. Jobs with neither are left
 out (the caller is told which). The nodes: the cluster as ``simulate --cluster`` takes it
 (:func:`cluster_form`) and the times nodes were lost (:func:`outages_from_events`, ``--outage``)."""
 

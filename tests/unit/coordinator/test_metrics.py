@@ -11,7 +11,8 @@ from elastictrain.wire import NodeCordon, ProjectSet
 from .test_quotas import QuotaWorld
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*"'
-                     r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*")*)\})? (-?[0-9.]+(?:e[+-]?[0-9]+)?|[+-]Inf|NaN)$')
+                     r'(?:,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\["\\n])*")*)\})? '
+                     r'(-?[0-9.]+(?:e[+-]?[0-9]+)?|[+-]Inf|NaN)$')
 
 
 def parse(text: str) -> dict:

@@ -98,12 +98,6 @@ def _visible_gpus(env: dict[str, str]) -> list[str]:
     return [str(i) for i in range(_gpu_count())]
 
 
-def free_port(host: str = "") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def reserve_port(host: str = "") -> socket.socket:
     """A free port, held: bound with SO_REUSEADDR and never listening, so that the kernel hands it
     to no other ``bind(0)`` on this host (a busy host binds ephemeral ports all the time: gloo's

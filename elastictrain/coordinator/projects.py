@@ -131,14 +131,18 @@ class ProjectBook:
         self.projects[name] = Project(quota, members, float(tickets), parent)
         return self._json()
 
+    def _children(self, name: str) -> list[str]:
+        """The projects directly under ``name``."""
+        return [n for n, p in self.projects.items() if p.parent == name]
+
     def _depth_below(self, name: str) -> int:
         """Levels of sub-projects under ``name`` (0: none)."""
-        kids = [n for n, p in self.projects.items() if p.parent == name]
+        kids = self._children(name)
         return 1 + max(self._depth_below(k) for k in kids) if kids else 0
 
     def remove(self, name: str) -> str:
         """Raises: KeyError: no such project. ConfigError: it has sub-projects."""
-        kids = [n for n, p in self.projects.items() if p.parent == name]
+        kids = self._children(name)
         if name in self.projects and kids:
             raise ConfigError(f"project {name} has sub-projects ({', '.join(kids[:5])}): remove them, or give them "
                               f"another parent (`elastictrain projects set {kids[0]} --parent ''`), first")

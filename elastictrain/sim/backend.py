@@ -108,8 +108,7 @@ class SimBackend:
         self.table.start(e.key, where, (), now)
         self._placed(e, Action(START, e.key, where, (), e.num_gpu))
         self.owed[e.key] = 0.0
-        self.table.began(e.key, now)
-        e.data["began"] = now
+        self._trains(e, now)
         e.run_at = now - run_age
         if self.runs is not None:
             self.runs[e.key] = now
@@ -143,8 +142,13 @@ class SimBackend:
         if owed:
             e.ready_at = now + owed  # (policies see when its first step is due: JobView.ready_at)
         else:
-            self.table.began(e.key, now)
-            e.data["began"] = now
+            self._trains(e, now)
+
+    def _trains(self, e: Entry, t: float) -> None:
+        """``e``'s run trains from ``t``: its start-up is over (the table counts service from then),
+        and its rate is measured from then (:meth:`measure`)."""
+        self.table.began(e.key, t)
+        e.data["began"] = t
 
     def moved(self, e: Entry, a: Action) -> None:
         """A migration that costs nothing (``free_moves``): the run goes on training where it
@@ -223,8 +227,7 @@ class SimBackend:
                     work = dt - pay
                     da -= pay
                     if pay == o:
-                        table.began(e.key, t)
-                        e.data["began"] = t
+                        self._trains(e, t)
                 else:
                     work = dt
                 if da > 0:

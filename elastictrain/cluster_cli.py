@@ -1034,9 +1034,6 @@ def summarize_history(rows: list[dict], by: str) -> list[dict]:
 
 
 def _history(args) -> int:
-    import csv
-    import json
-
     client = _client(args)
     keep = _job_filter(args, client)
     try:
@@ -1051,10 +1048,6 @@ def _history(args) -> int:
     rows = _history_rows(sorted(jobs, key=lambda j: j.submit_time), st.now)
     if args.by:
         return _history_summary(args, summarize_history(rows, args.by))
-    if args.format == "json":
-        for r in rows:
-            print(json.dumps(r, sort_keys=True))
-        return 0
     fields = ("id", "name", "user", "gpus", "state", "submit", "start", "end", "elapsed", "waited", "exit_code",
               "runs", "restarts", "gpu_hours", "project")
 
@@ -1079,45 +1072,43 @@ def _history(args) -> int:
             return f"{v:.3f}"
         return "-" if v is None else str(v)
 
-    if args.format == "csv":
-        w = csv.writer(sys.stdout)
-        w.writerow(fields)
-        for r in rows:
-            w.writerow(["" if r[k] is None else (json.dumps(r[k], sort_keys=True) if k == "restarts" else r[k])
-                        for k in fields])
-        return 0
-    if not rows:
-        filtered = args.state or args.user or args.me or args.project or since or ids
-        print("no jobs" + (" match" if filtered else f" at {args.coordinator}"))
-        return 0
-    print(table([fields] + [tuple(text(r, k) for k in fields) for r in rows], right_align=False))
-    return 0
+    filtered = args.state or args.user or args.me or args.project or since or ids
+    return _print_records(args.format, fields, rows, text, "no jobs" + (" match" if filtered else
+                                                                          f" at {args.coordinator}"))
 
 
 def _history_summary(args, sums: list[dict]) -> int:
+    fields = (args.by, "jobs", "finished", "failed", "cancelled", "gpu_hours", "share", "wait_median", "wait_p95",
+              "preemptions")
+
+    def text(r, k):
+        v = r[k]
+        if v is None:
+            return "-"
+        return f"{v:.3f}" if k == "gpu_hours" else f"{v:.1%}" if k == "share" else \
+            f"{v:.0f}s" if k.startswith("wait") else str(v)
+    return _print_records(args.format, fields, sums, text, "no jobs match")
+
+
+def _print_records(fmt: str, fields: tuple, rows: list[dict], text, empty: str) -> int:
+    """``rows`` as JSON lines, CSV (None as "", a dict as JSON) or a table of ``text(row, field)``
+    (``empty`` where there are none)."""
     import csv
     import json
 
-    fields = (args.by, "jobs", "finished", "failed", "cancelled", "gpu_hours", "share", "wait_median", "wait_p95",
-              "preemptions")
-    if args.format == "json":
-        for r in sums:
+    if fmt == "json":
+        for r in rows:
             print(json.dumps(r, sort_keys=True))
-    elif args.format == "csv":
+    elif fmt == "csv":
         w = csv.writer(sys.stdout)
         w.writerow(fields)
-        for r in sums:
-            w.writerow(["" if r[k] is None else r[k] for k in fields])
-    elif not sums:
-        print("no jobs match")
+        for r in rows:
+            w.writerow(["" if r[k] is None else json.dumps(r[k], sort_keys=True) if isinstance(r[k], dict) else r[k]
+                        for k in fields])
+    elif not rows:
+        print(empty)
     else:
-        def text(r, k):
-            v = r[k]
-            if v is None:
-                return "-"
-            return f"{v:.3f}" if k == "gpu_hours" else f"{v:.1%}" if k == "share" else \
-                f"{v:.0f}s" if k.startswith("wait") else str(v)
-        print(table([fields] + [tuple(text(r, k) for k in fields) for r in sums], right_align=False))
+        print(table([fields] + [tuple(text(r, k) for k in fields) for r in rows], right_align=False))
     return 0
 
 

@@ -272,7 +272,8 @@ class ClusterScheduler:
                             tuple(e.placement) if e.running else (), max(0.0, now - e.run_at), e.gpu_type,
                             project=e.data["job"].project,
                             counted=0 if e.key in self.admission.borrowers else e.max_gpu,
-                            array=e.data["job"].array, array_limit=e.data["job"].array_limit)
+                            array=e.data["job"].array, array_limit=e.data["job"].array_limit,
+                            min_gpu=e.min_gpu, max_gpu=e.max_gpu)
                 for e in self.table.entries() if not e.stopping]
         later = self._arrivals(now)  # not admitted yet: they arrive at their begin time, or after jobs they wait for
         jobs += later.values()
@@ -334,7 +335,7 @@ class ClusterScheduler:
                                       tuple(self._speeds(rec.name).items()), rec.attained, rec.attained_gpu,
                                       rec.preemptions, gpu_type=rec.gpu_type, begin=rec.begin, after=tuple(left),
                                       project=rec.project, counted=None, array=rec.array,
-                                      array_limit=rec.array_limit)
+                                      array_limit=rec.array_limit, min_gpu=rec.min_gpus, max_gpu=rec.gpus)
         return out
 
     def _arrival_assumes(self, rec: JobRecord, job: ForecastJob) -> list[str]:
@@ -358,6 +359,9 @@ class ClusterScheduler:
         if self._total_steps(rec) is None:
             out.append("the rest of its --time as its work left" if rec.time_limit else
                        f"{ASSUMED_REMAINING:g} s of work left (no --steps or --epochs)")
+        if rec.min_gpus < rec.gpus:
+            out.append(f"its step time scales linearly with its workers ({rec.min_gpus}-{rec.gpus}), from the one at "
+                       f"{rec.workers or rec.gpus}")
         return out
 
     # ------------------------------------------------------------------ records and entries

@@ -13,6 +13,9 @@ time, once those jobs finished in it (``ForecastJob.begin``, ``after``); with qu
 waits for its user's or project's quota is admitted when the jobs admitted before it leave room,
 by the coordinator's own rule; a task of a job array held back by its ``%N`` is admitted when one
 of its array's admitted tasks ends (``ForecastJob.array``, ``array_limit``). No other job arrives.
+An elastic job (``min_gpu``..``max_gpu``) may be started, grown or shrunk in it as the policy
+decides (backfill starting it on what is free, autoscale resizing it), its step time scaling
+linearly with its workers from the one measured at its size now (the simulator's elastic jobs).
 
 It is a forecast, not a promise: jobs submitted later, failures, a job's real work left (where it
 gave no ``--steps``/``--epochs``, the coordinator assumes, and says so) and measured speeds that
@@ -61,6 +64,8 @@ class ForecastJob:
     counted: Optional[int] = 0  # (with quotas) admitted: the GPUs it counts (0: none); None: it waits for them
     array: str = ""  # the job array it is a task of ("" none)
     array_limit: int = 0  # its array's %N: tasks admitted at once, at most (0: no limit)
+    min_gpu: int = 0  # elastic (``submit --gpus MIN:MAX``): the fewest workers it runs on (0: ``gpus``)
+    max_gpu: int = 0  # and the most (0: ``gpus``); ``gpus`` is its size now (running) or next
 
 
 @dataclass
@@ -111,10 +116,11 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
                 free[n] -= g
         else:  # on a node gone, or sharing its GPUs (an interleaving group's member): placed afresh
             where = ()
+        lo, hi = min(j.min_gpu or j.gpus, j.gpus), max(j.max_gpu, j.gpus)
         specs.append(JobSpec(i, j.gpus, max(now, j.begin), max(j.iterations, j.remaining, 1e-9),
                              max(j.iteration_time, 1e-9),
                              j.model, tuple(j.stage_times), j.user, tuple(j.speeds), gpu_type=j.gpu_type,
-                             project=j.project))
+                             project=j.project, **({"min_gpu": lo, "max_gpu": hi} if lo < hi else {})))
         prior[i] = {"attained": j.attained, "attained_gpu": j.attained_gpu, "preemptions": j.preemptions,
                     "remaining": max(j.remaining, 1e-9), "restart_cost": j.restart_cost, "placement": where,
                     "run_age": j.run_age, "priority": j.priority}

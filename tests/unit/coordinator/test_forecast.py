@@ -374,3 +374,36 @@ def test_a_job_waiting_for_a_parent_projects_quota_is_forecast_to_start_when_roo
     assert bob in w.s.admission.waiting and "project dept, which project lab is under" in w.s.job(bob).reason
     got = {j.id: j for j in asyncio.run(w.s.forecast()).jobs}
     assert got[bob].start == pytest.approx(got[c].end, abs=1e-6), got[bob]
+
+
+def test_an_elastic_job_is_forecast_at_the_sizes_the_policy_would_give_it():
+    """b may run on 1-4 workers: backfill starts it now on the 2 GPUs that are free (at half its
+    4-worker speed, so its 40 steps take 80 s); rigid at 4, it waits 30 s for a's GPUs."""
+    def jobs(lo):
+        return [ForecastJob("a", 2, 0.0, 1.0, 100.0, 30.0, placement=((0, 2),)),
+                ForecastJob("b", 4, 1.0, 1.0, 40.0, 40.0, min_gpu=lo, max_gpu=4)]
+
+    rigid, elastic = forecast(create("backfill"), jobs(4), (2, 2)), forecast(create("backfill"), jobs(1), (2, 2))
+    assert rigid.complete and elastic.complete
+    assert rigid.start["b"] == pytest.approx(30.0) and rigid.end["b"] == pytest.approx(70.0)
+    assert elastic.start["b"] == pytest.approx(0.0, abs=1e-6) and elastic.end["b"] == pytest.approx(80.0, abs=1e-6)
+    # autoscale starts it at its minimum, then resizes it as it measures: a start now, an end the
+    # rigid forecast could not have given
+    auto = forecast(create("autoscale"), jobs(1), (2, 2))
+    assert auto.complete and auto.start["b"] == pytest.approx(0.0, abs=1e-6) and auto.end["b"] != pytest.approx(70.0)
+
+
+def test_the_coordinator_forecasts_an_elastic_job_within_its_range_and_says_what_it_assumes(tmp_path):
+    w = TierWorld(tmp_path, preempt=False, policy="backfill", nodes=2, slots=2)
+    a = w.submit(2, steps=100)
+    w.s.tick()
+    w.run_all()
+    _steps(w, a, 1.0, 10)
+    b = w.submit(4, min_gpus=2, steps=40)  # 2 GPUs are free: backfill starts it there
+    c = w.submit(4, steps=40)  # rigid: it needs both nodes
+    f = asyncio.run(w.s.forecast())
+    got = {j.id: j for j in f.jobs}
+    assert got[b].start == pytest.approx(f.now, abs=1e-6), got[b]
+    assert got[c].start >= got[a].end - 1e-6
+    assert "its step time scales linearly with its workers (2-4), from the one at 4" in got[b].assumed
+    assert not any("scales linearly" in x for x in got[c].assumed)

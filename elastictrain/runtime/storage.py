@@ -38,7 +38,7 @@ class Storage(Protocol):
 
 
 def _chunked_crcs(mv: memoryview) -> tuple[list[memoryview], list[int], threading.Thread]:
-    chunks = [mv[off:off + CHUNK] for off in range(0, max(len(mv), 1), CHUNK)]
+    chunks = [mv[off:off + CHUNK] for off in range(0, len(mv), CHUNK)]  # (none for a state without arrays)
     crcs = [0] * len(chunks)
 
     def checksum() -> None:  # on its own thread: zlib.crc32 and writes both release the GIL

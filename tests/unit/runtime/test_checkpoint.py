@@ -42,6 +42,31 @@ def test_round_trip_and_structure(tmp_path):
     assert np.array_equal(ck2.state["plain"]["step_arr"], np.arange(5))
 
 
+@pytest.mark.parametrize("url", ["dir", "memory"])
+def test_a_state_without_arrays_restores_and_so_does_one_saved_by_an_older_version(tmp_path, url):
+    """No array leaves: a 0-byte data file and no chunk checksums (it was once rejected as corrupt,
+    so such a job started afresh). Older versions wrote one checksum of nothing: still readable."""
+    if url == "memory":
+        pytest.importorskip("fsspec")
+    where = str(tmp_path / "a") if url == "dir" else f"memory://plain-{os.getpid()}"
+    ck = Checkpointer(where, {"progress": {"step": 7, "name": "x"}}, rank=0, world_size=1)
+    ck.save(7)
+    ck.close()
+    again = Checkpointer(where, {"progress": None}, rank=0, world_size=1)
+    assert again.restore().step == 7 and again.state["progress"] == {"step": 7, "name": "x"}
+    if url != "dir":
+        return
+    path = tmp_path / "a" / "step-000000007-g0" / "rank0.json"
+    from elastictrain.runtime.checkpoint import _TRAILER, _manifest_bytes
+
+    m = json.loads(path.read_bytes().rpartition(_TRAILER)[0])
+    assert m["size"] == 0 and m["chunks"] == []
+    m["chunks"] = [0]  # as earlier versions wrote it
+    path.write_bytes(_manifest_bytes(m))
+    again = Checkpointer(str(tmp_path / "a"), {"progress": None}, rank=0, world_size=1)
+    assert again.restore().step == 7 and again.state["progress"]["step"] == 7
+
+
 def test_keeps_the_last_k(tmp_path):
     box = Box()
     ck = Checkpointer(str(tmp_path), {"box": box}, rank=0, world_size=1, keep=2)

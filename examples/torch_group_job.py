@@ -8,6 +8,10 @@ elastictrain_torch.init_process_group() and its randomness from its own torch.Ge
 
 With --shards, each worker takes its batches from the coordinator's exactly-once shards (the
 job's dataset is named <job>.train inside a group) and prints which samples it trained on.
+With --ckpt DIR it checkpoints its model, optimizer, step and its own generator (rng=gen: the
+global generators are shared by a group's jobs), exits 75 when preempted (SIGTERM) and resumes
+from DIR; --noise adds input noise drawn from that generator at every step, so a resume that
+lost the generator's state would end with other parameters.
 """
 
 import argparse
@@ -33,6 +37,9 @@ def main() -> int:
     ap.add_argument("--fail-at", type=int, default=-1, help="raise at this step (to test failure isolation)")
     ap.add_argument("--fail-rank", type=int, default=-1, help="only this rank fails (-1: every rank)")
     ap.add_argument("--shards", type=int, default=0, help="train on this many samples leased from the coordinator")
+    ap.add_argument("--ckpt", default="", help="checkpoint into (and resume from) this directory")
+    ap.add_argument("--ckpt-every", type=int, default=5, help="steps between checkpoints (with --ckpt)")
+    ap.add_argument("--noise", type=float, default=0.0, help="input noise from the job's own generator, per step")
     args = ap.parse_args()
     for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", "29533"), ("RANK", "0"), ("WORLD_SIZE", "1")):
         os.environ.setdefault(k, v)
@@ -54,8 +61,20 @@ def main() -> int:
         shards = job.shards(et.DatasetSpec("train", num_samples=args.shards, shard_size=16, seed=args.seed))
         indices = iter(shards)
 
+    ckpt, start = None, 0
+    if args.ckpt:
+        from elastictrain_torch import TorchCheckpointer
+
+        # rng=gen: this job's own generator (its noise), not the process's global ones
+        ckpt = TorchCheckpointer(args.ckpt, model=net, optimizer=opt, rng=gen, extra_state={"progress": {"step": 0}})
+        ckpt.install_preemption_handler()
+        if ckpt.restore() is not None:
+            start = ckpt.state["progress"]["step"]
+            print(f"[group-job seed={args.seed} rank={rank}] resumed at step {start}", flush=True)
     try:
-        train(args, model, opt, data_x, data_y, rank, world, seen, indices if args.shards else None)
+        if not train(args, model, opt, data_x, data_y, rank, world, seen, indices if args.shards else None,
+                     gen, ckpt, start):
+            return et.PREEMPTED_EXIT_CODE
     finally:
         dist.destroy_process_group()  # inside etrun --group the runner owns the groups: a no-op there
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in net.parameters())).hexdigest()
@@ -66,8 +85,9 @@ def main() -> int:
     return 0
 
 
-def train(args, model, opt, data_x, data_y, rank, world, seen, indices) -> None:
-    for step in range(args.steps):
+def train(args, model, opt, data_x, data_y, rank, world, seen, indices, gen, ckpt, start) -> bool:
+    """Trains from step ``start``; False if preempted (saved)."""
+    for step in range(start, args.steps):
         with et.stage("load"):
             time.sleep(args.io_ms / 1000)
             if args.shards:
@@ -78,6 +98,8 @@ def train(args, model, opt, data_x, data_y, rank, world, seen, indices) -> None:
                 base = (step * world + rank) * 16 % 4096
                 idx = list(range(base, base + 16))
             x, y = data_x[idx], data_y[idx]
+            if args.noise:
+                x = x + args.noise * torch.randn(x.shape, generator=gen)
         if step == args.fail_at and args.fail_rank in (-1, rank):
             raise RuntimeError(f"injected failure at step {step} on rank {rank}")
         with et.stage("compute"):
@@ -87,6 +109,16 @@ def train(args, model, opt, data_x, data_y, rank, world, seen, indices) -> None:
         with et.stage("sync"):
             opt.step()
             opt.zero_grad()
+        if ckpt is not None:
+            ckpt.state["progress"]["step"] = step + 1
+            if ckpt.preempted(step + 1):
+                print(f"[group-job seed={args.seed} rank={rank}] preempted: saved at step {step + 1}", flush=True)
+                return False
+            if (step + 1) % args.ckpt_every == 0:
+                ckpt.save(step + 1)
+    if ckpt is not None:
+        ckpt.wait()
+    return True
 
 
 if __name__ == "__main__":

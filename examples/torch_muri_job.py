@@ -88,7 +88,9 @@ def main() -> int:
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     shards = job.shards(et.DatasetSpec("train", samples, args.batch * 4, epochs=1, seed=3))
     ledger = torch.zeros(samples, dtype=torch.int32)
-    ckpt = TorchCheckpointer(args.ckpt_dir, model=net, optimizer=opt, shards=shards, job=job,
+    # rng=False: it draws no random numbers while it trains (its data order is the shards'); grouped,
+    # the global generators are the group's, not its own
+    ckpt = TorchCheckpointer(args.ckpt_dir, model=net, optimizer=opt, shards=shards, job=job, rng=False,
                              extra_state={"progress": {"step": 0, "ledger": ledger, "reasons": []}})
     ckpt.install_preemption_handler()
     info = ckpt.restore()

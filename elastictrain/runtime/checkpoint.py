@@ -692,7 +692,8 @@ class Checkpointer:
         """Load the newest valid checkpoint into ``state``; None (and a log line) if there is none.
 
         Objects with ``load_state_dict`` are loaded in place; other entries of ``state`` are
-        replaced by their saved values. With ``shards``, the coordinator's data cursor is reset to
+        replaced by their saved values. An entry the checkpoint lacks is an error, unless its object
+        says ``checkpoint_optional = True`` (random states: it is left as it is). With ``shards``, the coordinator's data cursor is reset to
         the one committed with this checkpoint. ``info``: a result of :meth:`latest` to restore, so
         that the newest checkpoint is not searched and checksummed a second time.
         """
@@ -718,6 +719,9 @@ class Checkpointer:
                 self.job.restore(self.shards.spec.name, None)
             return None
         for k, v in list(self.state.items()):
+            if k not in saved and getattr(v, "checkpoint_optional", False):
+                log.info("checkpoint %s has no entry %r: it stays as it is", info.name, k)
+                continue  # (random states a run inside etrun --group did not save: torch glue's RNGState)
             if k not in saved:
                 raise ConfigError(f"checkpoint {info.name} has no entry {k!r} (it has {sorted(saved)})")
             if hasattr(v, "load_state_dict"):

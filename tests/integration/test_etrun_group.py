@@ -104,3 +104,43 @@ def test_bad_groups_are_refused_with_the_fix(tmp_path):
     assert code != 0 and "use elastictrain_torch.init_process_group()" not in err  # the words below, exactly
     assert "get its process group from elastictrain_torch.init_process_group()" in out + err
     assert "job torch_group_job: ok" in out
+
+
+def test_a_preempted_group_resumes_each_job_with_its_own_generator_and_ends_as_uninterrupted(tmp_path):
+    """Each job checkpoints its own generator (rng=gen) and draws noise from it every step: a
+    resume that lost it, or that restored the process's shared global generators instead, would
+    end with other parameters."""
+    import signal
+    import time
+
+    def jobs(run):
+        return [["--seed", "1", "--steps", "60", "--io-ms", "20", "--noise", "0.5", "--ckpt", str(tmp_path / run / "a")],
+                ["--seed", "2", "--steps", "40", "--io-ms", "20", "--noise", "0.5", "--compute", "2",
+                 "--ckpt", str(tmp_path / run / "b")]]
+
+    code, out, err = etrun(["--nproc-per-node", "2", "--rdzv-id", "whole", "--group", *group_args(jobs("whole"))],
+                           tmp_path)
+    assert code == 0, err[-3000:]
+    whole = digests(out)
+    assert set(whole) == {1, 2} and "resumed" not in out
+    log = open(tmp_path / "cut.log", "w+")
+    p = subprocess.Popen(ETRUN + ["--nproc-per-node", "2", "--rdzv-id", "cut", "--group", *group_args(jobs("cut"))],
+                         cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120  # until both jobs saved a checkpoint (at step 5, of 60 and 40)
+        while time.monotonic() < deadline and not all(any((tmp_path / "cut" / d).rglob("step-*")) for d in "ab"):
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=120) == 75
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    log.seek(0)
+    first = log.read()
+    assert first.count("preempted: saved at step") == 4, first[-3000:]  # each job, each rank
+    code, out, err = etrun(["--nproc-per-node", "2", "--rdzv-id", "cut2", "--group", *group_args(jobs("cut"))],
+                           tmp_path)
+    assert code == 0, err[-3000:]
+    assert out.count("resumed at step") == 4, out[-3000:]
+    assert digests(out) == whole

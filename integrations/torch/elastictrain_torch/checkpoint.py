@@ -11,18 +11,22 @@
 
 from __future__ import annotations
 
+import logging
 import random
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from elastictrain.errors import ConfigError
+from elastictrain.runtime import jobctx
 from elastictrain.runtime.checkpoint import Checkpointer, _LeafKind, register_leaf
 
 from .distributed import job_group
 
 __all__ = ["TorchCheckpointer", "RNGState"]
+log = logging.getLogger("elastictrain.checkpoint")
 
 
 def _dtype_name(t: torch.Tensor) -> str:
@@ -56,15 +60,47 @@ register_leaf(_LeafKind(
 
 
 class RNGState:
-    """Python, NumPy, torch CPU and CUDA random states, saved and restored together."""
+    """Random states, saved and restored together: by default the process's global ones (Python's
+    ``random``, NumPy's, torch's CPU and CUDA generators); with ``generators``, those objects' own
+    states instead (``torch.Generator``, ``random.Random``, ``numpy.random.Generator`` or
+    ``RandomState``, in the order given).
+
+    A job of ``etrun --group`` must take its randomness from its own generators: the global ones
+    are shared by the group's jobs (``TorchCheckpointer`` then leaves them out). A checkpoint without
+    random states (saved inside a group) restores the rest and leaves these as they are."""
+
+    checkpoint_optional = True  # (Checkpointer.restore)
+
+    def __init__(self, generators: Sequence[Any] = ()) -> None:
+        for g in generators:
+            if _kind(g) is None:
+                raise ConfigError(f"rng: {type(g).__name__} is not a random generator; give torch.Generator, "
+                                  "random.Random, numpy.random.Generator or numpy.random.RandomState objects")
+        self.generators = tuple(generators)
 
     def state_dict(self) -> dict:
+        if self.generators:
+            return {"generators": [_get(g) for g in self.generators]}
         s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             s["cuda"] = torch.cuda.get_rng_state_all()
         return s
 
     def load_state_dict(self, s: dict) -> None:
+        mine = "generators" if self.generators else "global"
+        saved = "generators" if "generators" in s else "global"
+        if mine != saved or (self.generators and len(s["generators"]) != len(self.generators)):
+            what = {"global": "the global random states", "generators": "generators' states"}
+            raise ConfigError(
+                f"rng: the checkpoint holds {what[saved]}"
+                + (f" ({len(s['generators'])})" if saved == "generators" else "")
+                + f", but this checkpointer was given {what[mine]}"
+                + (f" ({len(self.generators)})" if self.generators else "")
+                + "; pass the same rng= as the run that saved it (rng=False restores none)")
+        if self.generators:
+            for g, state in zip(self.generators, s["generators"]):
+                _set(g, state)
+            return
         random.setstate(s["python"])
         np.random.set_state(s["numpy"])
         torch.set_rng_state(s["torch"])
@@ -72,25 +108,76 @@ class RNGState:
             torch.cuda.set_rng_state_all(s["cuda"])
 
 
+def _kind(g) -> Optional[str]:
+    if isinstance(g, torch.Generator):
+        return "torch"
+    if isinstance(g, random.Random):
+        return "python"
+    if isinstance(g, np.random.Generator):
+        return "numpy"
+    if isinstance(g, np.random.RandomState):
+        return "numpy-legacy"
+    return None
+
+
+def _get(g):
+    kind = _kind(g)
+    if kind == "torch":
+        return g.get_state()
+    if kind == "python":
+        return g.getstate()
+    if kind == "numpy":
+        return g.bit_generator.state
+    return g.get_state()
+
+
+def _set(g, state) -> None:
+    kind = _kind(g)
+    if kind == "torch":
+        g.set_state(state)
+    elif kind == "python":
+        g.setstate(_tuples(state))
+    elif kind == "numpy":
+        g.bit_generator.state = state
+    else:
+        g.set_state(state)
+
+
+def _tuples(x):
+    """``random.Random.setstate`` wants tuples where a saved state may hold lists."""
+    return tuple(_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
 class TorchCheckpointer(Checkpointer):
     """A :class:`Checkpointer` over a model, optimizer, LR scheduler, GradScaler and RNG states.
 
-    Any of them may be None. ``extra_state`` adds more ``{name: obj}`` entries. CUDA tensors are
+    Any of them may be None. ``rng``: True (the global random states: Python's, NumPy's, torch's
+    CPU and CUDA), a generator or a list of them (their own states only: :class:`RNGState`), or
+    False. Inside ``etrun --group`` True saves none (the global generators are shared by the
+    group's jobs; a warning says so): pass the job's own generators. ``extra_state`` adds more
+    ``{name: obj}`` entries. CUDA tensors are
     copied to pinned host memory asynchronously; the background writer waits for the copies.
     With ``torch.distributed`` initialized, :meth:`preempted` agrees across ranks (one tiny
     all-reduce), so every rank stops at the same step.
     """
 
     def __init__(self, directory: str, *, model: Optional[torch.nn.Module] = None, optimizer=None,
-                 scheduler=None, scaler=None, rng: bool = True, extra_state: Optional[dict[str, Any]] = None,
+                 scheduler=None, scaler=None, rng: Any = True, extra_state: Optional[dict[str, Any]] = None,
                  **kwargs: Any) -> None:
         state: dict[str, Any] = {}
         for name, obj in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler),
                           ("scaler", scaler)):
             if obj is not None:
                 state[name] = obj
-        if rng:
+        if rng is True and jobctx.current() is not None:
+            # (etrun --group: the global generators are every grouped job's; restoring them for this
+            # job would reset the others' streams, and they are not this job's anyway)
+            log.warning("TorchCheckpointer: the global random generators are shared by the jobs of this group, "
+                        "so they are not checkpointed; pass this job's own ones: TorchCheckpointer(..., rng=gen)")
+        elif rng is True:
             state["rng"] = RNGState()
+        elif rng is not False and rng is not None:
+            state["rng"] = RNGState(tuple(rng) if isinstance(rng, (list, tuple)) else (rng,))
         state.update(extra_state or {})
         self.group = job_group()  # this job's own group inside etrun --group
         if self.group is not None:

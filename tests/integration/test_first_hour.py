@@ -39,7 +39,8 @@ def _copy_repo(dest: Path) -> Path:
 def _env(repo: Path) -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join(str(repo / p) for p in (".", "integrations/torch", "integrations/tf"))
+    env["PYTHONPATH"] = os.pathsep.join(str(repo / p) for p in (".", "integrations/torch", "integrations/tf",
+                                                                       "integrations/torchx"))
     for var in ("ET_COORDINATOR", "ET_TOKEN_FILE", "ET_TOKEN"):
         env.pop(var, None)
     return env

@@ -292,6 +292,9 @@ class AgentJoin(_Msg, omit_defaults=True):
     #: the cluster node the agent runs on (``ET_NODE_NAME``, which node daemons and engines set;
     #: empty outside cluster mode): a straggler's node is cordoned by this name
     node: Annotated[str, msgspec.Meta(pattern=rf"^(?:{NAME_RE})?\Z")] = ""
+    #: the port of the Horovod rendezvous this agent serves (``--horovod``; 0: none): the workers of
+    #: every node meet in node rank 0's (launcher/horovod.py)
+    horovod_port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0
 
 
 class AgentPoll(_Msg):
@@ -319,6 +322,8 @@ class Assignment(_Msg, omit_defaults=True):
     #: gradient accumulation steps (``ET_ACCUMULATE``): doubled job-wide after a GPU out-of-memory
     #: failure under ``--oom-policy accumulate``, so each micro-batch halves and the global batch stays
     accumulate: int = 1
+    #: node rank 0's Horovod rendezvous port (``AgentJoin.horovod_port``; 0: none), at ``master_addr``
+    horovod_port: int = 0
 
 
 class AgentAction(_Msg):

@@ -408,7 +408,7 @@ class Rendezvous:
         for node_rank, a in enumerate(ranked):
             j.assignment[a.join.agent] = Assignment(row.generation, node_rank, len(ranked), offset, world,
                                                     head.host, head.port, j.restarts, reason, j.prev_world,
-                                                    workers, j.accumulate)
+                                                    workers, j.accumulate, head.horovod_port)
             offset += a.join.nproc
             a.waiting = False
         j.prev_world = world

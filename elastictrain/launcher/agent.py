@@ -158,8 +158,14 @@ class Agent:
                 from .horovod_driver import HorovodDriver
 
                 host = cfg.master_addr if cfg.coordinator is None else "127.0.0.1"
+                # several nodes: each agent names its workers' host apart (two agents may share a host),
+                # and the other nodes' agents reach its rendezvous where it joins from
+                multi = cfg.max_nodes > 1
+                shared = self._host()
                 self._hvd = HorovodDriver(host, _is_loopback(host), os.path.join(self._state_dir(), "control"),
-                                          wait=max(60.0, cfg.join_timeout / 5))
+                                          wait=max(60.0, cfg.join_timeout / 5),
+                                          name=f"{socket.gethostname()}-{self.agent_id[:8]}" if multi else "",
+                                          listen=(shared if _is_loopback(shared) else "") if multi else None)
             while True:
                 self._slots, grow = self._hvd.take() if self._hvd is not None else (None, False)
                 action = self._rendezvous(grow)
@@ -246,14 +252,19 @@ class Agent:
                 cg.set_limit(cfg.memory_limit)
         return dict(self._cgroups)
 
-    def _rendezvous(self, grow: bool = False) -> AgentAction:
+    def _host(self) -> str:
+        """The address this agent joins from: where the other nodes reach its node (MASTER_ADDR when
+        it is node rank 0; its Horovod rendezvous on several nodes)."""
         cfg = self.cfg
         if cfg.local_addr:
-            host = cfg.local_addr
-        elif cfg.rdzv_host is not None:  # every node on loopback: the workers meet there too
-            host = "127.0.0.1" if _is_loopback(cfg.rdzv_host[0]) else socket.gethostname()
-        else:
-            host = cfg.master_addr if cfg.coordinator is None else socket.gethostname()
+            return cfg.local_addr
+        if cfg.rdzv_host is not None:  # every node on loopback: the workers meet there too
+            return "127.0.0.1" if _is_loopback(cfg.rdzv_host[0]) else socket.gethostname()
+        return cfg.master_addr if cfg.coordinator is None else socket.gethostname()
+
+    def _rendezvous(self, grow: bool = False) -> AgentAction:
+        cfg = self.cfg
+        host = self._host()
         n = cfg.nproc_per_node if self._slots is None else len(self._slots)
         # held until the next rendezvous: if this node hosts rank 0, its TCPStore listens there
         if self._master_port is not None:
@@ -262,7 +273,7 @@ class Agent:
         join = AgentJoin(self.agent_id, host, n, self._master_port.getsockname()[1], cfg.min_nodes, cfg.max_nodes,
                          cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call, cfg.run,
                          free_ports(n) if n <= _MAX_WORKER_PORTS else [], grow=grow,
-                         node=node_name())
+                         node=node_name(), horovod_port=self._hvd.rdzv.port if self._hvd is not None else 0)
         action = self.client.agent_join(cfg.run_id, join)
         deadline = time.monotonic() + cfg.join_timeout
         while action.action == "wait":

@@ -334,11 +334,8 @@ def _horovod(args, max_nodes: int) -> bool:
             raise ConfigError("--horovod on cannot run with --group: Horovod keeps one context per process (its "
                               "global state), so two Horovod jobs cannot share a process")
         return False
-    if max_nodes > 1:
-        if args.horovod == "on":
-            raise ConfigError("--horovod on runs single-node jobs only (--nnodes 1); for several nodes use horovodrun "
-                              "(docs/horovod.md says why)")
-        return False
+    if max_nodes > 1 and args.horovod == "auto":
+        return False  # (several nodes: every node must serve its part; --horovod on says so)
     installed = find_spec("horovod") is not None
     if args.horovod == "on" and not installed:
         raise ConfigError("--horovod on: Horovod is not installed in this environment; build it with `make horovod`")

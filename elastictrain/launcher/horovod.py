@@ -16,6 +16,14 @@ holding the request until that generation exists. A worker that registered is on
 process, so the agent keeps it across its peer's failure (as it keeps workers that opted in through
 ``elastictrain_torch.elastic.run``) and replaces only the one that died.
 
+A job on several nodes: every agent serves its own workers (their ``rank_and_size`` and
+``worker_addresses`` calls), and passes the gloo scopes (``global``, ``local_*``, ``cross_*``) on to
+node rank 0's agent, named by the generation (``g<N>~<scope>``), so that every worker of the job
+meets in one store, and a node that starts a generation before node 0 does cannot lose its keys to
+node 0 clearing the last one's. Survivors are not kept on several nodes: a failure restarts every
+node's workers (as torchrun does), because telling the other nodes' workers that workers were
+added needs their notification services, which only their own agent knows.
+
 Horovod's clients (its C++ gloo store and its Python elastic driver) send no credentials, so the
 store authenticates the *peer* instead: a connection from this machine is served only if its socket
 belongs to this agent's own user (looked up in ``/proc/net/tcp``, as ``ss -e`` does), and one from
@@ -26,6 +34,7 @@ once); it listens only for the job's lifetime.
 
 from __future__ import annotations
 
+import http.client
 import logging
 import os
 import socket
@@ -114,6 +123,8 @@ class HorovodRendezvous:
         self._closed = False
         self._bytes = 0  # value bytes held
         self.remote_hosts: set[str] = set()  # addresses of the generation's other hosts
+        self.multi = False  # the current generation spans several nodes (gloo scopes named by generation)
+        self._leader: Optional[tuple[str, int]] = None  # node rank 0's store, where this one is not it
         handler = type("_Handler", (_Handler,), {"rdzv": self})
         self._httpd = _Server((host, 0), handler, self)
         self.port = self._httpd.server_address[1]
@@ -121,17 +132,22 @@ class HorovodRendezvous:
         self._thread.start()
 
     # ------------------------------------------------------------------ agent side
-    def begin(self, generation: int, slots: dict[int, Slot]) -> None:
+    def begin(self, generation: int, slots: dict[int, Slot], *, multi: bool = False,
+              leader: Optional[tuple[str, int]] = None) -> None:
         """A new generation, before its workers start: the place of each slot of this host in it.
-        The store is cleared, and survivors waiting for their place get it."""
+        The store is cleared (on several nodes, ``multi``: of older generations' scopes), and
+        survivors waiting for their place get it. ``leader``: node rank 0's store, which keeps the
+        gloo scopes (None: this one)."""
         with self._lock:
             self._generation = generation
             self._slots = dict(slots)
-            self._kv.clear()
-            self._bytes = 0
+            self.multi, self._leader = multi, leader
+            for scope in list(self._kv):
+                if not multi or _generation_of(scope) < generation:
+                    self._bytes -= sum(len(v) for v in self._kv.pop(scope).values())
             self._done.clear()
             self._sizes.clear()
-            for s in slots.values():
+            for s in slots.values() if not multi else ():  # (several nodes: scopes go with their generation)
                 self._sizes["global"] = s.size
                 self._sizes[f"local_{self.hostname}"] = s.local_size
                 self._sizes[f"cross_{s.local_rank}"] = s.cross_size
@@ -181,21 +197,34 @@ class HorovodRendezvous:
         self._thread.join(5.0)
 
     # ------------------------------------------------------------------ requests
+    def _shared(self, scope: str) -> tuple[str, Optional[tuple[str, int]]]:
+        """Where a gloo scope of this agent's workers lives: its name (on several nodes, with the
+        generation) and the store that keeps it (None: this one)."""
+        if not self.multi or scope in (RANK_AND_SIZE, WORKER_ADDRESSES) or "~" in scope:
+            return scope, None
+        return f"g{self._generation}~{scope}", self._leader
+
     def get(self, scope: str, key: str) -> Optional[bytes]:
         if scope == RANK_AND_SIZE:
             return self._rank_and_size(key)
+        scope, leader = self._shared(scope)
+        if leader is not None:
+            return _forward(leader, "GET", scope, key)
         with self._lock:
             return self._kv.get(scope, {}).get(key)
 
-    def put(self, scope: str, key: str, value: bytes) -> Optional[str]:
-        """Store a value; returns an error message, or None."""
+    def put(self, scope: str, key: str, value: bytes) -> Optional[tuple[int, str]]:
+        """Store a value; returns an error (HTTP status, message), or None."""
+        scope, leader = self._shared(scope)
+        if leader is not None:
+            return _forward(leader, "PUT", scope, key, value)
         with self._lock:
             if sum(len(v) for v in self._kv.values()) >= MAX_KEYS:
-                return f"the store holds {MAX_KEYS} keys already"
+                return 413, f"the store holds {MAX_KEYS} keys already"
             old = self._kv.get(scope, {}).get(key)
             held = self._bytes - (len(old) if old is not None else 0) + len(value)
             if held > MAX_BYTES:
-                return f"the store holds at most {MAX_BYTES} bytes of values"
+                return 413, f"the store holds at most {MAX_BYTES} bytes of values"
             self._bytes = held
             self._kv.setdefault(scope, {})[key] = value
             slot = self._slot(key) if scope == WORKER_ADDRESSES else None
@@ -206,6 +235,12 @@ class HorovodRendezvous:
         return None
 
     def delete(self, scope: str, key: str) -> None:
+        scope, leader = self._shared(scope)
+        if leader is not None:
+            _forward(leader, "DELETE", scope, key)
+            return
+        if "~" in scope:  # (several nodes: a member done with a scope; it goes when its generation does)
+            return
         with self._lock:
             if scope in self._sizes:  # a member is done with the scope; the last one clears it
                 done = self._done.setdefault(scope, set())
@@ -259,6 +294,33 @@ class HorovodRendezvous:
         log.warning("horovod: local rank %d asked for its place in the next generation, none came in %.0f s", slot,
                     self.wait)
         return REMOVED
+
+
+def _generation_of(scope: str) -> int:
+    """The generation a multi-node scope (``g<N>~<scope>``) belongs to; 0 for any other."""
+    head, sep, _ = scope.partition("~")
+    return int(head[1:]) if sep and head[:1] == "g" and head[1:].isdigit() else 0
+
+
+def _forward(leader: tuple[str, int], method: str, scope: str, key: str, value: bytes = b""):
+    """``method`` on node rank 0's store. GET: the value, or None (not there yet, or the store is
+    unreachable: the worker's gloo client asks again); PUT: an error (status, message), or None."""
+    conn = http.client.HTTPConnection(leader[0], leader[1], timeout=_READ_TIMEOUT)
+    try:
+        conn.request(method, f"/{scope}/{key}", body=value if method == "PUT" else None)
+        r = conn.getresponse()
+        body = r.read(MAX_VALUE + 1)
+    except OSError as exc:
+        log.warning("horovod: node rank 0's rendezvous at %s:%d did not answer %s %s: %s", leader[0], leader[1],
+                    method, scope, exc)
+        return (503, f"node rank 0's rendezvous is unreachable: {exc}") if method == "PUT" else None
+    finally:
+        conn.close()
+    if method == "GET":
+        return body if r.status == 200 else None
+    if method == "PUT" and r.status != 200:
+        return r.status, body.decode("utf-8", "replace") or f"node rank 0's rendezvous answered {r.status}"
+    return None
 
 
 class _Server(ThreadingHTTPServer):
@@ -377,7 +439,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._reply(400, b"body shorter than Content-Length")
             return
         err = self.rdzv.put(p[0], p[1], value)
-        self._reply(413 if err else 200, (err or "").encode())
+        self._reply(err[0] if err else 200, err[1].encode() if err else b"")
 
     def do_DELETE(self) -> None:  # noqa: N802
         p = self._path()

@@ -12,6 +12,7 @@ import socket
 import threading
 from typing import Callable, Optional
 
+from ..errors import ConfigError
 from ..runtime.control import mark_inprocess
 from .horovod import HorovodRendezvous, Slot, horovod_env
 
@@ -25,9 +26,15 @@ class HorovodDriver:
     ``loopback``: it is a loopback address (gloo is then bound to the loopback interface);
     ``control_root``: the agent's per-slot control directories."""
 
-    def __init__(self, host: str, loopback: bool, control_root: str, wait: float) -> None:
+    def __init__(self, host: str, loopback: bool, control_root: str, wait: float, name: str = "",
+                 listen: Optional[str] = None) -> None:
+        """``name``: the worker's ``HOROVOD_HOSTNAME`` (default: this host's name; a job that may span
+        several nodes gives each agent its own, as two may share a host); ``listen``: the address
+        the rendezvous listens on, where it differs from ``host`` (all interfaces: ``""``)."""
         self.host, self._control = host, control_root
-        self.rdzv = HorovodRendezvous(host, socket.gethostname(), wait=wait, on_register=self._registered)
+        self.rdzv = HorovodRendezvous(host if listen is None else listen, name or socket.gethostname(), wait=wait,
+                                      on_register=self._registered)
+        self.multi = False  # the current generation spans several nodes
         self._iface = None if "HOROVOD_GLOO_IFACE" in os.environ or not loopback else _loopback_iface()
         self.group = None  # the agent's running WorkerGroup
         self.slots: Optional[list[int]] = None  # the next generation's slots, if not all
@@ -50,7 +57,14 @@ class HorovodDriver:
         n = len(slots)
         places = {lr: Slot(a.rank_offset + i, a.world_size, i, n, a.node_rank, a.nnodes) for i, lr in enumerate(slots)}
         self.rdzv.remote_hosts = _addresses([a.master_addr] + [w.rpartition(":")[0] for w in a.workers])
-        self.rdzv.begin(a.generation, places)
+        self.multi = a.nnodes > 1
+        leader = None
+        if self.multi and a.node_rank != 0:
+            if not a.horovod_port:
+                raise ConfigError("Horovod on several nodes: node rank 0 serves no Horovod rendezvous; run every "
+                                  "node's etrun with --horovod on (and Horovod installed)")
+            leader = (a.master_addr, a.horovod_port)
+        self.rdzv.begin(a.generation, places, multi=self.multi, leader=leader)
         rdzv, host, iface = self.rdzv, self.host, self._iface
         return lambda lr: horovod_env(places[lr], rdzv.hostname, host, rdzv.port, elastic=True, iface=iface)
 
@@ -62,7 +76,7 @@ class HorovodDriver:
         """The survivors were kept: if they all run ``hvd.elastic.run``, they go on by themselves
         in the next generation, and the dead are replaced in one after it."""
         alive = [w.local_rank for w in group.workers if w.proc.poll() is None]
-        if not self.shrunk and self.rdzv.elastic(alive):
+        if not self.multi and not self.shrunk and self.rdzv.elastic(alive):
             self.slots = alive
 
     def should_grow(self, group, a, full: int) -> bool:
@@ -83,8 +97,11 @@ class HorovodDriver:
 
     def _registered(self, slot: int) -> None:
         """A worker registered for Horovod's elastic notifications: it recovers in process
-        (``hvd.elastic.run``), so mark it as opted in, as ``elastictrain_torch.elastic.run`` does."""
+        (``hvd.elastic.run``), so mark it as opted in, as ``elastictrain_torch.elastic.run`` does.
+        Not on several nodes: there every node's workers restart (launcher/horovod.py)."""
         group = self.group
+        if self.multi:
+            return
         for w in group.workers if group is not None else ():
             if w.local_rank == slot:
                 mark_inprocess(os.path.join(self._control, str(slot)), w.proc.pid)

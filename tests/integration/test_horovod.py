@@ -131,3 +131,69 @@ def test_docs_horovod_blocks_run_in_a_clean_copy(tmp_path):
                            text=True, timeout=300)
         assert r.returncode == 0, f"{block}\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
         assert len(set(re.findall(r"params (\w+)", r.stdout))) == 1, r.stdout
+
+
+def _two_nodes(tmp_path, coordinator, job, script_args, env=None):
+    """Two etrun agents of one job (``--nnodes 2``, one worker each) against ``coordinator``, as
+    two nodes would run them: (Popen, Popen)."""
+    procs = []
+    for node in ("a", "b"):
+        procs.append(subprocess.Popen(
+            ETRUN + ["--nnodes", "2", "--nproc-per-node", "1", "--coordinator", coordinator.url, "--token-file",
+                     coordinator.token_file, "--rdzv-id", job, "--horovod", "on", "--max-restarts", "3",
+                     *script_args],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+            env=dict(os.environ, ET_NODE_NAME=f"node-{node}", **(env or {}))))
+    return procs
+
+
+def _finish(procs, timeout=180):
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    return [(p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
+
+
+def test_a_horovod_script_trains_across_two_nodes_meeting_in_node_0s_rendezvous(tmp_path, coordinator):
+    """Each node's workers call their own agent's rendezvous; the gloo scopes meet in node rank 0's
+    (two agents on one host get hostnames of their own, so Horovod sees two hosts)."""
+    procs = _two_nodes(tmp_path, coordinator, "hv2", [os.path.join(ROOT, "examples", "horovod_train.py"),
+                                                      "--steps", "30"])
+    results = _finish(procs)
+    assert all(code == 0 for code, _, _ in results), [e[-3000:] for _, _, e in results]
+    final = [m for _, out, _ in results for m in re.findall(r"rank (\d) of (\d) \(local (\d) of (\d)\) params (\w+)",
+                                                              out)]
+    assert sorted(r[0] for r in final) == ["0", "1"] and {r[1] for r in final} == {"2"}, final
+    assert {(r[2], r[3]) for r in final} == {("0", "1")}, final  # one worker per node: local 0 of 1
+    assert len({r[4] for r in final}) == 1, final  # averaged across the nodes: equal parameters
+
+
+def test_on_two_nodes_a_killed_worker_restarts_every_node_and_the_data_stays_exactly_once(tmp_path, coordinator):
+    """Several nodes: survivors are not kept (their peers on other nodes could not be told of the
+    replacement); every node's worker restarts from the last commit, and the ledger holds."""
+    events = tmp_path / "events"
+    procs = _two_nodes(tmp_path, coordinator, "hv3", [os.path.join(ROOT, "examples", "horovod_exactly_once.py"),
+                                                      "--samples", "4096", "--epochs", "2", "--step-sleep", "0.02",
+                                                      "--events", str(events)])
+    try:
+        deadline = time.monotonic() + 120
+        while sum(1 for r in _rows(events) if r[1] == 1) < 40:
+            assert all(p.poll() is None for p in procs), [p.communicate()[1][-3000:] for p in procs]
+            assert time.monotonic() < deadline, "no progress before the kill"
+            time.sleep(0.05)
+        pids = {r[1]: r[3] for r in _rows(events)}
+        os.kill(pids[1], signal.SIGKILL)
+    finally:
+        results = _finish(procs)
+    assert all(code == 0 for code, _, _ in results), [e[-3000:] for _, _, e in results]
+    out = "".join(o for _, o, _ in results)
+    assert "every sample trained on exactly once per epoch: True (ledger min 2, max 2)" in out, out
+    final = dict(re.findall(r"\[hvd\] rank (\d) pid (\d+) params", out))
+    assert int(final["0"]) != pids[0] and int(final["1"]) != pids[1], (final, pids)  # both restarted
+    assert len(set(re.findall(r"params (\w+) \(step", out))) == 1, out

@@ -60,10 +60,10 @@ def test_horovod_mode_is_chosen_and_refused_where_it_cannot_work(monkeypatch):
     monkeypatch.setattr(cli, "find_spec", lambda name: object() if name == "horovod" else None)
     assert cfg(["x.py"]).horovod is True  # auto: installed, one node
     assert cfg(["--horovod", "off", "x.py"]).horovod is False
-    assert cfg(["--nnodes", "2", "--coordinator", "http://127.0.0.1:1", "x.py"]).horovod is False  # auto stays out of multi-node jobs
+    # auto stays out of multi-node jobs (every node must run its part); on takes them
+    assert cfg(["--nnodes", "2", "--coordinator", "http://127.0.0.1:1", "x.py"]).horovod is False
     assert cfg(["--group", "a.py", "b.py"]).horovod is False
-    with pytest.raises(ConfigError, match="single-node"):
-        cfg(["--horovod", "on", "--nnodes", "1:2", "--coordinator", "http://127.0.0.1:1", "x.py"])
+    assert cfg(["--horovod", "on", "--nnodes", "1:2", "--coordinator", "http://127.0.0.1:1", "x.py"]).horovod
     with pytest.raises(ConfigError, match="one context per process"):
         cfg(["--horovod", "on", "--group", "a.py", "b.py"])
     monkeypatch.setattr(cli, "find_spec", lambda name: None)

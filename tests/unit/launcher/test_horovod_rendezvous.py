@@ -222,3 +222,41 @@ def test_a_process_of_another_user_is_refused(rdzv):
     assert os.waitstatus_to_exitcode(status) == 0, "a process of another user was served"
     assert _req(rdzv, "GET", "/global/0")[0] == 404  # nothing was stored
     assert _req(rdzv, "PUT", "/global/0", b"ok")[0] == 200  # this user's own process is served
+
+
+def test_on_several_nodes_the_gloo_scopes_meet_in_node_0s_store_by_generation():
+    """Node 1's agent passes its workers' gloo scopes on to node 0's, named by the generation; its
+    own workers' places stay its own; a node that starts generation 3 before node 0 has (and
+    clears generation 2) loses nothing."""
+    lead, other = HorovodRendezvous("127.0.0.1", "h-a", wait=3.0), HorovodRendezvous("127.0.0.1", "h-b", wait=3.0)
+    try:
+        lead.begin(2, {0: Slot(0, 2, 0, 1, 0, 2)}, multi=True)
+        other.begin(2, {0: Slot(1, 2, 0, 1, 1, 2)}, multi=True, leader=("127.0.0.1", lead.port))
+        assert _req(other, "PUT", "/global/1", b"addr-of-1")[0] == 200
+        assert _req(lead, "PUT", "/global/0", b"addr-of-0")[0] == 200
+        assert _req(other, "GET", "/global/0") == (200, b"addr-of-0")  # through node 0's store
+        assert _req(lead, "GET", "/global/1") == (200, b"addr-of-1")
+        assert _req(other, "PUT", "/local_h-b/0", b"local")[0] == 200
+        assert lead.get("g2~local_h-b", "0") == b"local" and other.get("g2~local_h-b", "0") is None
+        _req(other, "DELETE", "/global/1")  # a member done: kept for the others until the generation passes
+        assert _req(lead, "GET", "/global/1") == (200, b"addr-of-1")
+        other.begin(3, {0: Slot(1, 2, 0, 1, 1, 2)}, multi=True, leader=("127.0.0.1", lead.port))
+        assert _req(other, "PUT", "/global/1", b"gen3")[0] == 200  # before node 0 begins generation 3
+        lead.begin(3, {0: Slot(0, 2, 0, 1, 0, 2)}, multi=True)
+        assert _req(lead, "GET", "/global/1") == (200, b"gen3") and _req(lead, "GET", "/global/0")[0] == 404
+        # a worker's place is its own agent's: the other agent's store does not know it
+        assert other.get("rank_and_size", "h-a:0") == REMOVED
+    finally:
+        lead.close()
+        other.close()
+
+
+def test_on_several_nodes_an_unreachable_node_0_is_a_miss_not_a_crash():
+    r = HorovodRendezvous("127.0.0.1", "h-b", wait=3.0)
+    try:
+        r.begin(1, {0: Slot(1, 2, 0, 1, 1, 2)}, multi=True, leader=("127.0.0.1", 9))  # (nothing listens on 9)
+        assert _req(r, "GET", "/global/0")[0] == 404  # the worker's gloo client asks again
+        status, body = _req(r, "PUT", "/global/1", b"x")
+        assert status == 503 and b"unreachable" in body
+    finally:
+        r.close()

@@ -165,7 +165,8 @@ class Agent:
                 self._hvd = HorovodDriver(host, _is_loopback(host), os.path.join(self._state_dir(), "control"),
                                           wait=max(60.0, cfg.join_timeout / 5),
                                           name=f"{socket.gethostname()}-{self.agent_id[:8]}" if multi else "",
-                                          listen=(shared if _is_loopback(shared) else "") if multi else None)
+                                          listen=(shared if _is_loopback(shared) else "") if multi else None,
+                                          required=cfg.horovod_required)
             while True:
                 self._slots, grow = self._hvd.take() if self._hvd is not None else (None, False)
                 action = self._rendezvous(grow)

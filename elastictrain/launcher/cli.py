@@ -278,8 +278,8 @@ def config_from_args(args: argparse.Namespace) -> LaunchConfig:
         numa_binding=args.numa_binding if args.numa_binding and _gpus_visible() else None,
         signals=parse_signals(str(args.signals_to_handle)),
         stdout_filters=_filters(args.duplicate_stdout_filters), stderr_filters=_filters(args.duplicate_stderr_filters),
-        horovod=_horovod(args, hi), **_memory_limits(args), oom_policy=args.oom_policy,
-        max_accumulate=_accumulate_limit(args.max_accumulate),
+        horovod=_horovod(args), horovod_required=args.horovod == "on", **_memory_limits(args),
+        oom_policy=args.oom_policy, max_accumulate=_accumulate_limit(args.max_accumulate),
     )
 
 
@@ -326,7 +326,7 @@ def _check_program(name: str) -> None:
                           f"{'' if os.sep in name else ' on PATH'}; check the name, or give its path")
 
 
-def _horovod(args, max_nodes: int) -> bool:
+def _horovod(args) -> bool:
     if args.horovod == "off":
         return False
     if args.group:
@@ -334,8 +334,6 @@ def _horovod(args, max_nodes: int) -> bool:
             raise ConfigError("--horovod on cannot run with --group: Horovod keeps one context per process (its "
                               "global state), so two Horovod jobs cannot share a process")
         return False
-    if max_nodes > 1 and args.horovod == "auto":
-        return False  # (several nodes: every node must serve its part; --horovod on says so)
     installed = find_spec("horovod") is not None
     if args.horovod == "on" and not installed:
         raise ConfigError("--horovod on: Horovod is not installed in this environment; build it with `make horovod`")

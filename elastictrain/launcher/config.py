@@ -95,8 +95,10 @@ class LaunchConfig:
     # doubles, up to max_accumulate; the global batch stays)
     oom_policy: str = "fail"
     max_accumulate: int = 64
-    # Horovod's gloo environment and rendezvous for the workers (launcher/horovod.py)
+    # Horovod's gloo environment and rendezvous for the workers (launcher/horovod.py); required: --horovod on
+    # (on several nodes, a node 0 without a rendezvous is an error; with auto, Horovod is off for that generation)
     horovod: bool = False
+    horovod_required: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_nodes <= self.max_nodes:

@@ -27,11 +27,13 @@ class HorovodDriver:
     ``control_root``: the agent's per-slot control directories."""
 
     def __init__(self, host: str, loopback: bool, control_root: str, wait: float, name: str = "",
-                 listen: Optional[str] = None) -> None:
+                 listen: Optional[str] = None, required: bool = True) -> None:
         """``name``: the worker's ``HOROVOD_HOSTNAME`` (default: this host's name; a job that may span
         several nodes gives each agent its own, as two may share a host); ``listen``: the address
-        the rendezvous listens on, where it differs from ``host`` (all interfaces: ``""``)."""
-        self.host, self._control = host, control_root
+        the rendezvous listens on, where it differs from ``host`` (all interfaces: ``""``);
+        ``required`` (``--horovod on``): on several nodes, node rank 0 without a rendezvous is an
+        error (else, ``auto``, the generation runs without Horovod's environment)."""
+        self.host, self._control, self.required = host, control_root, required
         self.rdzv = HorovodRendezvous(host if listen is None else listen, name or socket.gethostname(), wait=wait,
                                       on_register=self._registered)
         self.multi = False  # the current generation spans several nodes
@@ -61,8 +63,13 @@ class HorovodDriver:
         leader = None
         if self.multi and a.node_rank != 0:
             if not a.horovod_port:
-                raise ConfigError("Horovod on several nodes: node rank 0 serves no Horovod rendezvous; run every "
-                                  "node's etrun with --horovod on (and Horovod installed)")
+                if self.required:
+                    raise ConfigError("Horovod on several nodes: node rank 0 serves no Horovod rendezvous; install "
+                                      "Horovod there and run its etrun with --horovod on or auto")
+                log.warning("generation %d: node rank 0 serves no Horovod rendezvous (Horovod not installed there, "
+                            "or --horovod off): this node's workers run without Horovod's environment", a.generation)
+                self.multi = False
+                return lambda lr: {}
             leader = (a.master_addr, a.horovod_port)
         self.rdzv.begin(a.generation, places, multi=self.multi, leader=leader)
         rdzv, host, iface = self.rdzv, self.host, self._iface

@@ -197,3 +197,21 @@ def test_on_two_nodes_a_killed_worker_restarts_every_node_and_the_data_stays_exa
     final = dict(re.findall(r"\[hvd\] rank (\d) pid (\d+) params", out))
     assert int(final["0"]) != pids[0] and int(final["1"]) != pids[1], (final, pids)  # both restarted
     assert len(set(re.findall(r"params (\w+) \(step", out))) == 1, out
+
+
+def test_the_scheduler_runs_a_horovod_job_across_two_node_daemons(tmp_path):
+    """Submitted with --nnodes 2 and placed on two node daemons: their etrun (--horovod auto) gives
+    the workers Horovod's environment and one rendezvous, and the ranks agree."""
+    from elastictrain.launcher.local_cluster import LocalCluster
+
+    with LocalCluster(tmp_path, "fifo", nodes=2, slots=1) as c:
+        job = c.cli("submit", "--nnodes", "2", "--nproc-per-node", "1", "--name", "hvd", "--",
+                    os.path.join(ROOT, "examples", "horovod_train.py"), "--steps", "30").stdout.strip()
+        c.finish(job, 180)
+        out = c.output(job)
+        final = re.findall(r"rank (\d) of (\d) \(local (\d) of (\d)\) params (\w+)", out)
+        assert sorted(r[0] for r in final) == ["0", "1"] and {r[1] for r in final} == {"2"}, out[-3000:]
+        assert {(r[2], r[3]) for r in final} == {("0", "1")}, final  # one worker on each node
+        assert len({r[4] for r in final}) == 1, final
+        starts = [e for e in c.events() if e.kind == "start" and e.job == job]
+        assert starts and "n1" in str(starts[0]) and "n2" in str(starts[0]), starts

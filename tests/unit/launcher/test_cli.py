@@ -60,10 +60,11 @@ def test_horovod_mode_is_chosen_and_refused_where_it_cannot_work(monkeypatch):
     monkeypatch.setattr(cli, "find_spec", lambda name: object() if name == "horovod" else None)
     assert cfg(["x.py"]).horovod is True  # auto: installed, one node
     assert cfg(["--horovod", "off", "x.py"]).horovod is False
-    # auto stays out of multi-node jobs (every node must run its part); on takes them
-    assert cfg(["--nnodes", "2", "--coordinator", "http://127.0.0.1:1", "x.py"]).horovod is False
+    # several nodes too: auto (a node 0 without Horovod turns it off there), on (required: that is an error)
+    multi = cfg(["--nnodes", "2", "--coordinator", "http://127.0.0.1:1", "x.py"])
+    assert multi.horovod is True and multi.horovod_required is False
     assert cfg(["--group", "a.py", "b.py"]).horovod is False
-    assert cfg(["--horovod", "on", "--nnodes", "1:2", "--coordinator", "http://127.0.0.1:1", "x.py"]).horovod
+    assert cfg(["--horovod", "on", "--nnodes", "1:2", "--coordinator", "http://127.0.0.1:1", "x.py"]).horovod_required
     with pytest.raises(ConfigError, match="one context per process"):
         cfg(["--horovod", "on", "--group", "a.py", "b.py"])
     monkeypatch.setattr(cli, "find_spec", lambda name: None)

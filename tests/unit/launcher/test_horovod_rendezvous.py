@@ -260,3 +260,29 @@ def test_on_several_nodes_an_unreachable_node_0_is_a_miss_not_a_crash():
         assert status == 503 and b"unreachable" in body
     finally:
         r.close()
+
+
+def test_on_several_nodes_a_node_0_without_a_rendezvous_is_an_error_only_where_horovod_is_required(tmp_path):
+    from elastictrain.errors import ConfigError
+    from elastictrain.launcher.horovod_driver import HorovodDriver
+    from elastictrain.wire import Assignment
+
+    a = Assignment(1, 1, 2, 1, 2, "127.0.0.1", 29500, 0, "start", 0, horovod_port=0)  # node 1 of 2; node 0: none
+    on = HorovodDriver("127.0.0.1", True, str(tmp_path), 3.0, name="h-b", required=True)
+    auto = HorovodDriver("127.0.0.1", True, str(tmp_path), 3.0, name="h-b", required=False)
+    try:
+        with pytest.raises(ConfigError, match="node rank 0 serves no Horovod rendezvous"):
+            on.open(a, [0])
+        assert auto.open(a, [0])(0) == {} and not auto.multi  # (auto: this generation runs without it)
+        env = auto.open(msgspec_replace(a, horovod_port=on.rdzv.port), [0])(0)
+        assert env["HOROVOD_RANK"] == "1" and env["HOROVOD_SIZE"] == "2" and env["HOROVOD_HOSTNAME"] == "h-b"
+        assert env["HOROVOD_CROSS_RANK"] == "1" and env["HOROVOD_CROSS_SIZE"] == "2" and auto.multi
+    finally:
+        on.close()
+        auto.close()
+
+
+def msgspec_replace(obj, **kw):
+    import msgspec
+
+    return msgspec.structs.replace(obj, **kw)

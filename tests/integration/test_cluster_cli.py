@@ -523,13 +523,14 @@ def test_a_planned_maintenance_keeps_long_jobs_off_the_node_and_cordons_it_when_
     c = Cluster(tmp_path, "backfill", nodes=2, slots=1).start()
     try:
         _nap(c)
-        out = c.cli("nodes", "drain", "n1", "--at", "now+8", "--for", "60", "--reason", "BIOS update").stdout
+        out = c.cli("nodes", "drain", "n1", "--at", "now+14", "--for", "60", "--reason", "BIOS update").stdout
         assert out.startswith("node n1: maintenance planned from ") and "its jobs are requeued then" in out, out
         assert "node n1: maintenance planned from" in c.cli("nodes", "list").stdout
         long = c.cli("submit", "--time", "10:00", "--", "nap.py", "60").stdout.strip()
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(long) == "running", 60, "the long job to run")
         assert {n.name for n in c.client.cluster_status().nodes if long in n.jobs} == {"n2"}  # (n1 comes first)
-        short = c.cli("submit", "--time", "0:03", "--", "nap.py", "1").stdout.strip()
+        # (its --time leaves room for etrun's start on a loaded machine, and still ends before the window)
+        short = c.cli("submit", "--time", "0:07", "--", "nap.py", "1").stdout.strip()
         c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(short) == "finished", 60, "the short job on n1")
         c.wait(lambda st: next(n for n in st.nodes if n.name == "n1").cordoned_until > 0, 30, "the window to begin")
         n1 = next(n for n in c.client.cluster_status().nodes if n.name == "n1")

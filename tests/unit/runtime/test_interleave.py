@@ -211,7 +211,9 @@ def test_each_resource_serves_one_job_at_a_time_and_waiters_take_turns():
     # all three always want compute: the ring hands it to each in turn (none runs twice in a row
     # while another waits), so each gets every third turn
     order = [n for n, _, _ in spans]
-    assert all(len(set(order[i:i + 3])) == 3 for i in range(0, 60, 3)), order[:60]
+    # (from the first turn of the last to arrive: on a loaded machine a thread may start late)
+    start = max(order.index(n) for n in "abc") - 2
+    assert start <= 20 and all(len(set(order[i:i + 3])) == 3 for i in range(start, start + 60, 3)), order[:80]
 
 
 def test_a_host_resource_with_two_slots_serves_two_jobs_at_once_never_three():

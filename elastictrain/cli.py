@@ -687,10 +687,11 @@ def _live_fairness(args) -> None:
         listed = client.projects().projects
         projects = {p.name: p.tickets for p in listed if p.tickets}
         parents = {p.name: p.parent for p in listed if p.parent}
+        members = {f"{p.name}/{u}": w for p in listed if p.tickets for u, w in p.shares.items()}
     except ElasticTrainError:
-        projects, parents = {}, {}
+        projects, parents, members = {}, {}, {}
     r = live_fairness(events, {u.user: u.tickets for u in users.users if u.set}, users.default_tickets,
-                      args.window, now, projects, parents)
+                      args.window, now, projects, parents, members)
     print(f"live cluster at {args.from_coordinator}: {len(events)} events over {r.end - r.start:.0f} s, "
           f"{len(r.timeline)} window(s) of {args.window:g} s")
     rows = [("user", "tickets", "GPU-s", "entitled GPU-s", "received / entitled")]

@@ -10,6 +10,7 @@ from typing import Callable
 import msgspec
 
 from ._text import table
+from .errors import ConfigError
 
 __all__ = ["add_parser", "run"]
 
@@ -26,9 +27,10 @@ def add_parser(sub, connection: Callable[[argparse.ArgumentParser], None]) -> No
     st.add_argument("--gpus", type=int, default=None,
                     help="GPUs its members' admitted jobs may count together, each at its --gpus (left out: no limit)")
     st.add_argument("--jobs", type=int, default=None, help="jobs admitted at once (left out: no limit)")
-    st.add_argument("--users", default=None, metavar="U1,U2",
+    st.add_argument("--users", default=None, metavar="U1,U2=W",
                     help="its members, who may charge it (submit --project); a user's default project is the first "
-                    "that lists it (left out: they stay)")
+                    "that lists it (left out: they stay). U=W gives a member a fair-share weight of its own here, in "
+                    "place of its user's tickets (Slurm's per-association fairshare)")
     st.add_argument("--tickets", type=float, default=None,
                     help="fair-share tickets (gandiva-fair, multifactor): the project is one share beside the users "
                     "(or, under a parent with tickets, a share of the parent's), split among its members with jobs by "
@@ -42,10 +44,28 @@ def add_parser(sub, connection: Callable[[argparse.ArgumentParser], None]) -> No
     rm.add_argument("name")
 
 
+def _members(raw):
+    """``--users alice=3,bob``: (the members, their own shares), or (None, None) when not given."""
+    if raw is None:
+        return None, None
+    users, shares = [], {}
+    for part in (x.strip() for x in raw.split(",")):
+        if not part:
+            continue
+        name, sep, w = part.partition("=")
+        users.append(name)
+        if sep:
+            try:
+                shares[name] = float(w)
+            except ValueError:
+                raise ConfigError(f"--users {part!r}: a member's share is a number, as alice=3") from None
+    return users, shares or None
+
+
 def run(args, client) -> int:
     if args.projects_command == "set":  # the coordinator checks the names and the numbers (a 400 with the reason)
-        users = None if args.users is None else [u for u in args.users.split(",") if u]
-        pl = client.set_project(args.name, args.gpus, args.jobs, users, args.tickets, args.parent)
+        users, shares = _members(args.users)
+        pl = client.set_project(args.name, args.gpus, args.jobs, users, args.tickets, args.parent, shares)
         print(f"project {args.name} set")
     elif args.projects_command == "remove":
         pl = client.remove_project(args.name)
@@ -65,6 +85,6 @@ def run(args, client) -> int:
                      "-" if p.jobs is None else str(p.jobs),
                      str(p.used_gpus), str(p.used_jobs), str(p.queued), f"{p.gpu_hours:.3f}",
                      f"{p.tickets:g}" if p.tickets else "-", f"{p.entitled:.1%}" if p.tickets else "-",
-                     ",".join(p.users) or "-"))
+                     ",".join(f"{u}={p.shares[u]:g}" if u in p.shares else u for u in p.users) or "-"))
     print(table(rows, right_align=False))
     return 0

@@ -869,6 +869,10 @@ class ProjectSet(_Msg, omit_defaults=True):
     remove: bool = False
     #: the project it is a sub-project of (its quota holds too; projects.py); "": none; None: as it was
     parent: Optional[Annotated[str, msgspec.Meta(pattern=rf"^(|{NAME_RE})\Z")]] = None
+    #: with ``users``: members' own fair-share weights in this project (Slurm's per-association
+    #: fairshare; policies/shares.py), in place of their users' tickets; members left out have none
+    shares: Optional[Annotated[dict[Name, Annotated[float, msgspec.Meta(gt=0.0, le=1_000_000.0)]],
+                               msgspec.Meta(max_length=10_000)]] = None
 
 
 class ProjectInfo(_Msg):
@@ -883,6 +887,7 @@ class ProjectInfo(_Msg):
     tickets: float = 0.0  # its fair-share tickets (0: none: its members' jobs count against them)
     entitled: float = 0.0  # the share of the GPUs its tickets entitle it to, among the accounts with jobs (0: none)
     parent: str = ""  # the project it is a sub-project of ("": none); its figures include its sub-projects'
+    shares: dict[str, float] = {}  # members' own fair-share weights here (where set: projects set --users alice=3)
 
 
 class ProjectList(_Msg):

@@ -17,7 +17,9 @@ its labs together. A parent's figures (admitted GPUs and jobs, waiting jobs, GPU
 sub-projects'. At most :data:`MAX_DEPTH` levels; no cycles; a project with sub-projects cannot be
 removed before them. Membership is per project (a member of ``research`` is not one of ``vision``).
 Fair-share tickets follow the tree (policies/shares.py): a sub-project's tickets are its share of
-its parent's, as in Slurm's fair-share tree.
+its parent's, as in Slurm's fair-share tree. A member may have a share of its own in a project
+(``--users alice=3,bob``: Slurm's per-association ``fairshare``), which splits that project's
+tickets in place of its user's tickets.
 
 ("Project" and not "account": here an account is a user's login, ``/v1/admin/accounts``.)
 """
@@ -48,6 +50,7 @@ class Project:
     users: tuple[str, ...] = ()
     tickets: float = 0.0  # fair-share tickets (0: none; policies/shares.py)
     parent: str = ""  # the project it is a sub-project of ("": none)
+    shares: tuple[tuple[str, float], ...] = ()  # (member, its share here) where it differs from its user's tickets
 
 
 class ProjectBook:
@@ -59,7 +62,9 @@ class ProjectBook:
             for name, p in json.loads(meta.get(META_KEY) or "{}").items():
                 self.projects[str(name)] = Project(Quota(p.get("gpus"), p.get("jobs")),
                                                    tuple(str(u) for u in p.get("users", ())),
-                                                   max(0.0, float(p.get("tickets") or 0.0)), str(p.get("parent") or ""))
+                                                   max(0.0, float(p.get("tickets") or 0.0)), str(p.get("parent") or ""),
+                                                   tuple((str(u), float(w)) for u, w in (p.get("shares") or {}).items()
+                                                         if float(w) > 0))
         except (ValueError, TypeError, AttributeError, ConfigError):
             self.projects = {}  # unreadable (it was written by us): no project limits
 
@@ -75,6 +80,10 @@ class ProjectBook:
         """Each sub-project's parent (the fair-share tree: policies/shares.py)."""
         return {n: p.parent for n, p in self.projects.items() if p.parent}
 
+    def member_shares(self) -> dict[str, float]:
+        """``"project/user"`` -> a member's own share in a project with tickets (policies/shares.py)."""
+        return {f"{n}/{u}": w for n, p in self.projects.items() if p.tickets > 0 for u, w in p.shares}
+
     def chain(self, name: str) -> list[str]:
         """``name`` and its parents, up to the top (each once: a damaged store's cycle ends it)."""
         out = []
@@ -85,9 +94,10 @@ class ProjectBook:
         return out
 
     def set(self, name: str, quota: Quota, users: Optional[list[str]], tickets: Optional[float] = None,
-            parent: Optional[str] = None) -> str:
+            parent: Optional[str] = None, shares: Optional[dict[str, float]] = None) -> str:
         """Create or change project ``name`` (``users``, ``tickets``, ``parent`` None: as they were;
-        ``parent`` "": none); returns the JSON to store.
+        ``parent`` "": none; ``shares``: members' own shares here, with ``users``: those not given
+        have none); returns the JSON to store.
 
         Raises:
             ConfigError: a bad name, or too many projects or members, or a parent that does not exist,
@@ -111,11 +121,20 @@ class ProjectBook:
                 raise ConfigError(f"projects nest at most {MAX_DEPTH} levels deep, and under {parent!r} project "
                                   f"{name!r} would make {len(above) + 1 + below}")
         if users is None:
+            if shares:
+                raise ConfigError("a member's share is set with its membership: --users alice=3,bob")
             members = old.users if old is not None else ()
+            own = old.shares if old is not None else ()
         else:
             for u in users:
                 check_name("user", u)
             members = tuple(dict.fromkeys(users))
+            for u, w in (shares or {}).items():
+                if u not in members:
+                    raise ConfigError(f"a share for {u!r}, who is not among the members given")
+                if not (0 < w <= 1_000_000 and math.isfinite(w)):
+                    raise ConfigError(f"{u}'s share must be in (0, 1000000], got {w!r}")
+            own = tuple((u, float(shares[u])) for u in members if shares and u in shares)
         if len(members) > MAX_MEMBERS:
             raise ConfigError(f"a project has at most {MAX_MEMBERS} members, not {len(members)}")
         if old is None and len(self.projects) >= MAX_PROJECTS:
@@ -128,7 +147,7 @@ class ProjectBook:
             tickets = old.tickets if old is not None else 0.0
         elif not (0 <= tickets <= 1_000_000 and math.isfinite(tickets)):
             raise ConfigError(f"tickets must be in [0, 1000000] (0: none), got {tickets!r}")
-        self.projects[name] = Project(quota, members, float(tickets), parent)
+        self.projects[name] = Project(quota, members, float(tickets), parent, own)
         return self._json()
 
     def _children(self, name: str) -> list[str]:
@@ -152,7 +171,8 @@ class ProjectBook:
     def _json(self) -> str:
         return json.dumps({n: {"gpus": p.quota.gpus, "jobs": p.quota.jobs, "users": list(p.users),
                                **({"tickets": p.tickets} if p.tickets else {}),
-                               **({"parent": p.parent} if p.parent else {})} for n, p in self.projects.items()})
+                               **({"parent": p.parent} if p.parent else {}),
+                               **({"shares": dict(p.shares)} if p.shares else {})} for n, p in self.projects.items()})
 
     def default_for(self, user: str) -> str:
         """The first project that lists ``user`` ("" if none)."""

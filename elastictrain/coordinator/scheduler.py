@@ -1190,7 +1190,8 @@ class ClusterScheduler:
     def _share_tickets(self, policy) -> None:
         """Hand ``policy`` (one that shares GPU time by tickets) the users' and the projects' tickets."""
         if hasattr(policy, "set_tickets"):
-            policy.set_tickets(dict(self.users.tickets), self.projects.tickets(), self.projects.parents())
+            policy.set_tickets(dict(self.users.tickets), self.projects.tickets(), self.projects.parents(),
+                               self.projects.member_shares())
 
     def _accounts(self, projects: dict[str, float]) -> dict[str, int]:
         """Each fair-share account's jobs not ended (policies/shares.py: a user, or a project with
@@ -1245,7 +1246,7 @@ class ClusterScheduler:
             running[e.user] = running.get(e.user, 0) + e.num_gpu
         self.table.accrue(self.clock.now())
         out = self.users.report(self.clock.now(), window, self._usage, active, running, projects,
-                                self.projects.parents())
+                                self.projects.parents(), self.projects.member_shares())
         fair = getattr(self.policy, "fairshare", None)  # multifactor's, per account: sshare's columns
         if fair is not None:
             got = fair()
@@ -1273,7 +1274,7 @@ class ClusterScheduler:
         """(admin) Create, change or remove project ``name`` (projects.py)."""
         if req.remove:
             if req.gpus is not None or req.jobs is not None or req.users is not None or req.tickets is not None \
-                    or req.parent is not None:
+                    or req.parent is not None or req.shares is not None:
                 raise ConfigError("give --remove alone (it drops the project), or --gpus/--jobs/--users/--tickets/"
                                   "--parent to set it")
             if name not in self.projects.projects:
@@ -1284,11 +1285,11 @@ class ClusterScheduler:
             old = self.projects.projects.get(name)
             keep = (req.tickets is not None or req.parent is not None) and req.gpus is None and req.jobs is None
             quota = old.quota if old is not None and keep else Quota(req.gpus, req.jobs)  # (--tickets alone: kept)
-            stored = self.projects.set(name, quota, req.users, req.tickets, req.parent)
+            stored = self.projects.set(name, quota, req.users, req.tickets, req.parent, req.shares)
             p = self.projects.projects[name]
             self._emit("project", "", "", project=name, gpus=p.quota.gpus if p.quota.gpus is not None else "-",
                        jobs=p.quota.jobs if p.quota.jobs is not None else "-", users=",".join(p.users[:64]),
-                       tickets=p.tickets, parent=p.parent)
+                       tickets=p.tickets, parent=p.parent, **({"shares": dict(p.shares[:64])} if p.shares else {}))
         self._share_tickets(self.policy)  # (its members' jobs count against the project's account, or their own)
         with self.store.transaction() as tx:
             tx.put_meta(PROJECTS_META, stored)
@@ -1314,12 +1315,12 @@ class ClusterScheduler:
         tickets = self.projects.tickets()
         active = self._accounts(tickets)
         entitled = shares(account_tickets(active, self.users.tickets, self.users.default, tickets,
-                                          self.projects.parents()))[1]
+                                          self.projects.parents(), self.projects.member_shares()))[1]
         # (a parent's figures include its sub-projects')
         queued, gpu_s, entitled = (self.projects.rollup(d) for d in (queued, gpu_s, entitled))
         return ProjectList([ProjectInfo(n, p.quota.gpus, p.quota.jobs, list(p.users), *used.get(n, (0, 0)),
                                         queued.get(n, 0), round(gpu_s.get(n, 0.0) / 3600, 6), p.tickets,
-                                        entitled.get(n, 0.0), p.parent)
+                                        entitled.get(n, 0.0), p.parent, dict(p.shares))
                             for n, p in self.projects.projects.items()])
 
     def job_logs(self, job: str, after: int) -> LogList:

@@ -77,7 +77,8 @@ class UserBook:
 
     def report(self, now: float, window: float, usage: Callable[[], Iterable[tuple[str, float]]],
                active: dict[str, int], running: dict[str, int],
-               projects: Optional[dict[str, float]] = None, parents: Optional[dict[str, str]] = None) -> UserList:
+               projects: Optional[dict[str, float]] = None, parents: Optional[dict[str, str]] = None,
+               members: Optional[dict[str, float]] = None) -> UserList:
         """Each user's tickets, entitlement and share over the last ``window`` seconds.
         ``active``: each fair-share account's jobs not ended (a user, or a project with tickets and
         its member: policies/shares.py; ``projects`` gives those projects' tickets); ``running``:
@@ -94,7 +95,7 @@ class UserBook:
         users = sorted(set(latest) | set(self.tickets))
         got = {u: max(0.0, latest.get(u, 0.0) - start.get(u, 0.0)) for u in users}
         total = sum(got.values())
-        entitled = shares(account_tickets(active, self.tickets, self.default, projects or {}, parents))[0]
+        entitled = shares(account_tickets(active, self.tickets, self.default, projects or {}, parents, members))[0]
         jobs: dict[str, int] = {}
         for a, n in active.items():
             u = split_account(a)[0]

@@ -136,6 +136,7 @@ class GandivaFair:
         self.tickets, self.default = dict(tickets or {}), default_tickets
         self.project_tickets: dict[str, float] = dict(project_tickets or {})
         self.project_parents: dict[str, str] = {}  # sub-project -> its parent (set_tickets; shares.py's tree)
+        self.member_shares: dict[str, float] = {}  # "project/user" -> the member's share there (set_tickets)
         self._rekey = False  # the projects' tickets changed: the jobs' accounts are read again
         self.quantum, self.placement, self.packlimit = quantum, placement, packlimit
         self.split, self.balance, self.max_moves, self.trading = split, balance, migrations, trading
@@ -174,10 +175,11 @@ class GandivaFair:
 
     # ------------------------------------------------------------------ shares
     def set_tickets(self, tickets: dict[str, float], projects: Optional[dict[str, float]] = None,
-                    parents: Optional[dict[str, str]] = None) -> None:
+                    parents: Optional[dict[str, str]] = None, members: Optional[dict[str, float]] = None) -> None:
         """Replace the users' tickets (the live coordinator's ``elastictrain users set``) and, unless
-        None, the projects' (``projects set --tickets``) and which project is under which (``projects
-        set --parent``); the entitlements are recomputed at the next decision."""
+        None, the projects' (``projects set --tickets``), which project is under which (``projects
+        set --parent``) and members' shares in their projects (``projects set --users alice=3``:
+        :func:`.shares.account_tickets`); the entitlements are recomputed at the next decision."""
         if any(not t > 0 for t in (*tickets.values(), *(projects or {}).values())):
             raise ConfigError("tickets must be positive")
         self.tickets = dict(tickets)
@@ -185,6 +187,8 @@ class GandivaFair:
             self.project_tickets, self._rekey = dict(projects), True
         if parents is not None and parents != self.project_parents:
             self.project_parents, self._rekey = dict(parents), True
+        if members is not None:
+            self.member_shares = dict(members)
         self.inputs_changed()
 
     def inputs_changed(self) -> None:
@@ -226,7 +230,8 @@ class GandivaFair:
                 for t in by_type:
                     sums[u][t] += j.speeds.get(t, 1.0)
             speed = {u: {t: v / count[u] for t, v in sums[u].items()} for u in users}
-        tickets = account_tickets(users, self.tickets, self.default, self.project_tickets, self.project_parents)
+        tickets = account_tickets(users, self.tickets, self.default, self.project_tickets, self.project_parents,
+                                  self.member_shares)
         self.entitlement, self.trades = entitlements(tickets, by_type, speed)
 
     # ------------------------------------------------------------------ memory across restarts
@@ -733,7 +738,7 @@ class GandivaFair:
         for u in who:
             per_user[u] = per_user.get(u, 0) + 1
         tickets = account_tickets(per_user, self.tickets, self.default, self.project_tickets,
-                                  self.project_parents)
+                                  self.project_parents, self.member_shares)
         for j, u in zip(s.jobs, who):
             self._jobs[j.job_id].tickets = tickets[u] / per_user[u]
         placer = make_placer(s, self.placement, self.packlimit)

@@ -83,6 +83,7 @@ class Multifactor(Backfill):
         self.half_life, self.max_age, self.favor_small = float(half_life), float(max_age), bool(favor_small)
         self.default = default_tickets
         self.project_parents: dict[str, str] = {}  # sub-project -> its parent (set_tickets; shares.py's tree)
+        self.member_shares: dict[str, float] = {}  # "project/user" -> the member's share there (set_tickets)
         self.set_tickets(dict(tickets or {}), dict(project_tickets or {}))
         self._ledger = _Ledger()  # (shared by the instances of priority tiers: share_usage)
         self.priority: dict = {}  # waiting job key -> its priority at the last decision
@@ -93,9 +94,11 @@ class Multifactor(Backfill):
         self._now = 0.0
 
     # ------------------------------------------------------------------ shares
-    def set_tickets(self, tickets: dict, projects: Optional[dict] = None, parents: Optional[dict] = None) -> None:
+    def set_tickets(self, tickets: dict, projects: Optional[dict] = None, parents: Optional[dict] = None,
+                    members: Optional[dict] = None) -> None:
         """The users' tickets (``users set``) and, unless None, the projects' (``projects set
-        --tickets``) and which project is under which (``--parent``): the fair-share factor's shares."""
+        --tickets``), which project is under which (``--parent``) and members' shares in their
+        projects (``--users alice=3``): the fair-share factor's shares."""
         if self.default <= 0 or any(not t > 0 for t in (*tickets.values(), *(projects or {}).values())):
             raise ConfigError("tickets must be positive")
         self.tickets = dict(tickets)
@@ -103,6 +106,8 @@ class Multifactor(Backfill):
             self.project_tickets = dict(projects)
         if parents is not None:
             self.project_parents = dict(parents)
+        if members is not None:
+            self.member_shares = dict(members)
 
     def _account(self, j) -> str:
         return account(j.user, j.project, self.project_tickets, self.project_parents)
@@ -162,7 +167,7 @@ class Multifactor(Backfill):
                 st = static[j.job_id] = self._fixed(j, gpus)
             accounts.add(st[1])
         tickets = account_tickets(accounts, self.tickets, self.default, self.project_tickets,
-                                  self.project_parents)
+                                  self.project_parents, self.member_shares)
         total_t = sum(tickets.values())
         used = sum(usage.values())
         detail = {a: (t / total_t, usage.get(a, 0.0) / used if used > 0 else 0.0) for a, t in tickets.items()}

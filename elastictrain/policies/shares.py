@@ -10,6 +10,10 @@ So with project ``vision`` at 2 tickets (alice at 1, bob at 3, both with jobs) a
 1: vision is entitled to 2/3 of the GPUs (alice 1/6, bob 1/2) and carol to 1/3, however many users
 or jobs vision has. (Names cannot hold ``/``: ``model.check_name``; an account is unambiguous.)
 
+A member's weight in one project may differ from its own tickets (Slurm's per-association
+``fairshare``: ``projects set vision --users alice=3,bob``): ``members`` maps the account
+``"vision/alice"`` to 3, and only vision's split uses it (alice's other accounts keep her tickets).
+
 Sub-projects (``parents``: project -> its parent, ``projects set --parent``) make it a tree, as
 Slurm's: a job counts against the nearest project with tickets at or above its own, and a project
 with tickets under another with tickets gets a share of that one's, not of the whole: the parent's
@@ -56,10 +60,12 @@ def split_account(name: str) -> tuple[str, str]:
 
 
 def account_tickets(accounts: Iterable[str], users: Mapping[str, float], default: float,
-                    projects: Mapping[str, float], parents: Optional[Mapping[str, str]] = None) -> dict[str, float]:
+                    projects: Mapping[str, float], parents: Optional[Mapping[str, str]] = None,
+                    weights: Optional[Mapping[str, float]] = None) -> dict[str, float]:
     """Each of ``accounts``' tickets (the accounts with jobs): a user's own (``users``, else
-    ``default``); a project's split among its accounts here by their users' own tickets (with
-    ``parents``, a sub-project's own tickets are first its share of its parent's: module docstring)."""
+    ``default``); a project's split among its accounts here by their users' own tickets, or by
+    ``weights`` (``"project/user"`` -> the member's share there) where given (with ``parents``, a
+    sub-project's own tickets are first its share of its parent's: module docstring)."""
     out: dict[str, float] = {}
     members: dict[str, list[str]] = {}
     for a in accounts:
@@ -67,6 +73,8 @@ def account_tickets(accounts: Iterable[str], users: Mapping[str, float], default
         out[a] = users.get(user, default)
         if project in projects:  # (an account of a project whose tickets were since removed: the user's own)
             members.setdefault(project, []).append(a)
+            if weights and a in weights:
+                out[a] = weights[a]
     up = {p: _ticketed(parents.get(p, ""), projects, parents) for p in members} if parents else {}
     if not any(up.values()):  # one level: each project's tickets split among its members
         for project, names in members.items():

@@ -74,14 +74,17 @@ class PriorityTiers:
                 pol.set_tickets(*self._tickets)
         return pol
 
-    def _set_tickets(self, tickets: dict, projects: Optional[dict] = None, parents: Optional[dict] = None) -> None:
+    def _set_tickets(self, tickets: dict, projects: Optional[dict] = None, parents: Optional[dict] = None,
+                     members: Optional[dict] = None) -> None:
         if projects is None and self._tickets is not None:
             projects = self._tickets[1]  # (left out: as they were)
         if parents is None and self._tickets is not None:
             parents = self._tickets[2]
-        self._tickets = (dict(tickets), projects, parents)
+        if members is None and self._tickets is not None:
+            members = self._tickets[3]
+        self._tickets = (dict(tickets), projects, parents, members)
         for pol in self._tiers.values():
-            pol.set_tickets(tickets, projects, parents)
+            pol.set_tickets(tickets, projects, parents, members)
 
     def _fairshare(self) -> dict:
         """The accounts' fair share: their usage is one (share_usage); each account's share of the

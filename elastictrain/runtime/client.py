@@ -352,11 +352,12 @@ class CoordinatorClient:
 
     def set_project(self, name: str, gpus: Optional[int] = None, jobs: Optional[int] = None,
                     users: Optional[list[str]] = None, tickets: Optional[float] = None,
-                    parent: Optional[str] = None) -> ProjectList:
+                    parent: Optional[str] = None, shares: Optional[dict[str, float]] = None) -> ProjectList:
         """(admin) Create or change project ``name``: its quota (None: no limit), members, fair-share
-        tickets and parent project (None: kept; tickets 0: none; parent "": none)."""
+        tickets and parent project (None: kept; tickets 0: none; parent "": none), and with ``users``,
+        members' own shares in it."""
         return self._call("POST", f"/v1/cluster/projects/{name}", ProjectList,
-                          ProjectSet(gpus, jobs, users, tickets, parent=parent))
+                          ProjectSet(gpus, jobs, users, tickets, parent=parent, shares=shares))
 
     def remove_project(self, name: str) -> ProjectList:
         return self._call("POST", f"/v1/cluster/projects/{name}", ProjectList, ProjectSet(remove=True))

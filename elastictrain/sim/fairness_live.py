@@ -50,9 +50,10 @@ class LiveFairness:
 
 def live_fairness(events: Iterable, tickets: dict[str, float], default: float, window: float,
                   now: float, projects: Optional[dict[str, float]] = None,
-                  parents: Optional[dict[str, str]] = None) -> LiveFairness:
+                  parents: Optional[dict[str, str]] = None, members: Optional[dict[str, float]] = None) -> LiveFairness:
     """Build the report from event records (``time``, ``kind``, ``job``, ``detail``); ``projects``:
-    the projects' tickets (those with none left out); ``parents``: each sub-project's parent."""
+    the projects' tickets (those with none left out); ``parents``: each sub-project's parent;
+    ``members``: members' own shares in their projects (``"project/user"``: policies/shares.py)."""
     projects = projects or {}
     user_of: dict[str, str] = {}
     account_of: dict[str, str] = {}
@@ -97,7 +98,7 @@ def live_fairness(events: Iterable, tickets: dict[str, float], default: float, w
                 got[u] += overlap * g
         active = {account_of[j] for j, (s, end) in alive.items() if s < hi and (end is None or end > t)}
         used = sum(got.values())
-        mine = shares(account_tickets(active, tickets, default, projects, parents))[0]
+        mine = shares(account_tickets(active, tickets, default, projects, parents, members))[0]
         ratios = {}
         for u in users:
             share = mine.get(u, 0.0)

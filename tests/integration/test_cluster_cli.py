@@ -289,6 +289,11 @@ def test_a_projects_quota_is_shared_by_its_members(tmp_path):
             listed  # (the quota stays; only vision has jobs)
         bad = c.cli("projects", "set", "vision", "--tickets", "-1", check=False)
         assert bad.returncode == 2 and "tickets" in bad.stderr and ">= 0.0" in bad.stderr, bad.stderr
+        # a member's own share in the project (Slurm's per-association fairshare)
+        row = c.cli("projects", "set", "vision", "--users", "alice=3,bob", "--tickets", "2").stdout.splitlines()[2]
+        assert row.split()[:7] == ["vision", "-", "1", "-", "1", "1", "1"] and row.split()[-1] == "alice=3,bob", row
+        bad = c.cli("projects", "set", "vision", "--users", "alice=lots", check=False)
+        assert bad.returncode == 2 and "a member's share is a number, as alice=3" in bad.stderr, bad.stderr
         other = c.cli("submit", "--user", "carol", "--hold", "--", "nap.py").stdout.strip()  # in no project
         ids = [line.split()[0] for line in c.cli("status", "-u", "bob", "-t", "PD").stdout.splitlines() if line]
         assert b in ids and a not in ids and other not in ids, ids  # squeue -u bob -t PD

@@ -220,6 +220,37 @@ def test_a_project_with_tickets_is_one_fair_share_beside_the_users_and_survives_
         w.s.set_project("vision", ProjectSet(tickets=float("nan")))
 
 
+def test_a_members_own_share_in_a_project_reaches_the_policy_the_lists_and_survives_a_restart(tmp_path):
+    """`projects set vision --users alice=3,bob` (Slurm's per-association fairshare): alice weighs 3
+    in vision's split, whatever her own tickets; the policy, `users list` and `projects list` agree."""
+    from .test_users import _drive
+
+    w = QuotaWorld(tmp_path, policy="gandiva-fair", nodes=1, slots=4, quantum=10.0, compensate=0.0,
+                   node_timeout=1000.0)
+    w.s.set_project("vision", ProjectSet(users=["alice", "bob"], tickets=1.0, shares={"alice": 3.0}))
+    assert w.s.policy.member_shares == {"vision/alice": 3.0}
+    for user in ("alice", "alice", "bob", "bob", "carol", "carol"):
+        w.submit(1, user=user)
+    _drive(w, 400)
+    by = {u.user: u for u in w.s.user_list(300.0).users}
+    assert (by["alice"].entitled, by["bob"].entitled, by["carol"].entitled) == pytest.approx((0.375, 0.125, 0.5))
+    assert by["alice"].share == pytest.approx(0.375, abs=0.08) and by["bob"].share == pytest.approx(0.125, abs=0.08)
+    (listed,) = w.s.project_list().projects
+    assert listed.shares == {"alice": 3.0} and listed.users == ["alice", "bob"]
+    assert [e.detail.get("shares") for e in w.s.events.list(0).events if e.kind == "project"] == [{"alice": 3.0}]
+    w.s._flush(everything=True)
+    w.restart()
+    assert w.s.policy.member_shares == {"vision/alice": 3.0}
+    w.s.set_project("vision", ProjectSet(tickets=2.0))  # members left out: they and their shares stay
+    assert w.s.project_list().projects[0].shares == {"alice": 3.0}
+    w.s.set_project("vision", ProjectSet(users=["alice", "bob"], tickets=2.0))  # members given: no shares now
+    assert w.s.policy.member_shares == {} and w.s.project_list().projects[0].shares == {}
+    with pytest.raises(ConfigError, match="a share for 'carol', who is not among the members given"):
+        w.s.set_project("vision", ProjectSet(users=["alice"], shares={"carol": 1.0}))
+    with pytest.raises(ConfigError, match="set with its membership"):
+        w.s.set_project("vision", ProjectSet(shares={"alice": 1.0}))
+
+
 def test_sub_projects_with_tickets_share_their_parents_share(tmp_path):
     # research (1) over vision (1) and nlp (1); carol alone: research and carol half each, and
     # research's half split between vision's alice and nlp's erin; the policy gets the tree too

@@ -27,6 +27,33 @@ def test_a_projects_tickets_are_split_among_its_members_with_jobs_by_their_own()
 JOBS = [("alice", "vision"), ("bob", "vision"), ("dave", "vision"), ("carol", ""), ("erin", "nlp")]
 
 
+def test_a_members_own_share_in_a_project_splits_it_in_place_of_its_users_tickets():
+    """Slurm's per-association fairshare: alice weighs 3 in vision (her own tickets stay 1 elsewhere)."""
+    weights = {"vision/alice": 3.0}
+    got = account_tickets(["vision/alice", "vision/bob", "alice", "carol"], {}, 1.0, {"vision": 2.0}, None, weights)
+    assert got == {"vision/alice": 1.5, "vision/bob": 0.5, "alice": 1.0, "carol": 1.0}
+    # a share in a project whose tickets were removed counts for nothing: the account is the user's own
+    assert account_tickets(["vision/alice"], {}, 1.0, {}, None, weights) == {"vision/alice": 1.0}
+    tree = account_tickets(["vision/alice", "vision/bob", "research/dan"], {}, 1.0, {"research": 2.0, "vision": 1.0},
+                           {"vision": "research"}, {"vision/alice": 3.0, "research/dan": 1.0})
+    # research: dan (1) and vision (1) a half each; vision's half split 3:1
+    assert tree == pytest.approx({"research/dan": 1.0, "vision/alice": 0.75, "vision/bob": 0.25})
+
+
+def test_gandiva_fair_gives_a_member_its_own_share_of_its_project():
+    jobs = [JobSpec(i * 5 + k, 1 + k % 2, 0.0, 1e12, 1.0, user=u, project=p)
+            for i, (u, p) in enumerate(JOBS) for k in range(5)]
+    pol = create("gandiva-fair", project_tickets={"vision": 1.0, "nlp": 1.0})
+    pol.set_tickets({}, None, None, {"vision/alice": 2.0})  # alice 2, bob 1, dave 1 within vision
+    r = Simulator(jobs, ClusterSpec(1, 2, 4), pol, until=12 * 3600).run()
+    got = r.extra["service_by_user"]
+    share = {u: v / sum(got.values()) for u, v in got.items()}
+    for user, want in (("alice", 1 / 6), ("bob", 1 / 12), ("dave", 1 / 12), ("carol", 1 / 3), ("erin", 1 / 3)):
+        assert share[user] == pytest.approx(want, abs=0.012), share
+
+
+
+
 def _shares(policy, project_tickets, nodes=2, gpus=4, hours=12, parents=None, **kw):
     """Each user's fraction of the GPU time: five users with five long jobs each (1 and 2 GPUs)."""
     jobs = [JobSpec(i * 5 + k, 1 + k % 2, 0.0, 1e12, 1.0, user=u, project=p)

@@ -223,9 +223,11 @@ class Agent:
             return None
         # the top-level name only: find_spec("torch.x") would import torch into the agent
         preload = tuple(m for m in cfg.preload if find_spec(m.partition(".")[0]) is not None)
-        if cfg.zygote and cfg.preload == DEFAULT_PRELOAD and not _mentions_torch(cfg.entrypoint, cfg.module):
+        if cfg.zygote and cfg.preload == DEFAULT_PRELOAD and not _mentions(cfg.entrypoint, cfg.module, b"torch"):
             preload = ()  # a script that never names torch (TensorFlow's, a plain one): the zygote imports nothing
-        if cfg.horovod:  # its C++ extension loads in about a second on a small machine
+        if cfg.horovod and _mentions(cfg.entrypoint, cfg.module, b"horovod"):
+            # its C++ extension loads in about a second on a small machine: only for a script that names it
+            # (--horovod auto is on wherever Horovod is installed; a plain DDP script there need not pay it)
             preload += ("horovod.torch",)
         env = dict(os.environ)
         if cfg.nproc_per_node > 1:
@@ -467,14 +469,14 @@ def node_name() -> str:
     return name
 
 
-def _mentions_torch(entrypoint: str, module: bool) -> bool:
-    """Whether the script names torch (or our torch integration) anywhere in its source; True
-    when it cannot be read (a module entrypoint, a missing file): then the default preload holds."""
+def _mentions(entrypoint: str, module: bool, word: bytes) -> bool:
+    """Whether the script names ``word`` (torch, or our torch integration; horovod) anywhere in its
+    source; True when it cannot be read (a module entrypoint, a missing file): then the preload holds."""
     if module:
         return True
     try:
         with open(entrypoint, "rb") as f:
-            return b"torch" in f.read(4 << 20)
+            return word in f.read(4 << 20)
     except OSError:
         return True
 

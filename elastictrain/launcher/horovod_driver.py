@@ -69,6 +69,7 @@ class HorovodDriver:
                 log.warning("generation %d: node rank 0 serves no Horovod rendezvous (Horovod not installed there, "
                             "or --horovod off): this node's workers run without Horovod's environment", a.generation)
                 self.multi = False
+                self.rdzv.begin(a.generation, places)  # (its own, which nobody calls: started() reads its slots)
                 return lambda lr: {}
             leader = (a.master_addr, a.horovod_port)
         self.rdzv.begin(a.generation, places, multi=self.multi, leader=leader)

@@ -11,8 +11,9 @@ So with project ``vision`` at 2 tickets (alice at 1, bob at 3, both with jobs) a
 or jobs vision has. (Names cannot hold ``/``: ``model.check_name``; an account is unambiguous.)
 
 A member's weight in one project may differ from its own tickets (Slurm's per-association
-``fairshare``: ``projects set vision --users alice=3,bob``): ``members`` maps the account
-``"vision/alice"`` to 3, and only vision's split uses it (alice's other accounts keep her tickets).
+``fairshare``: ``projects set vision --users alice=3,bob``): :func:`account_tickets`'s ``weights``
+map the account ``"vision/alice"`` to 3, and only vision's split uses it (alice's other accounts
+keep her tickets).
 
 Sub-projects (``parents``: project -> its parent, ``projects set --parent``) make it a tree, as
 Slurm's: a job counts against the nearest project with tickets at or above its own, and a project

@@ -27,15 +27,12 @@ def torchx(c, *args, check=True, timeout=120):
     return r
 
 
-@pytest.fixture
-def cluster(tmp_path):
-    c = LocalCluster(tmp_path, "fifo", nodes=1, slots=2).start()
-    yield c
-    c.stop()
+def test_torchx_runs_a_ddp_app_on_the_coordinator_and_reads_and_cancels_it(tmp_path):
+    with LocalCluster(tmp_path, "fifo", nodes=1, slots=2) as c:
+        _run_read_cancel(c)
 
 
-def test_torchx_runs_a_ddp_app_on_the_coordinator_and_reads_and_cancels_it(cluster):
-    c = cluster
+def _run_read_cancel(c):
     app = ["dist.torchrun", "-j", "1x2", "--script", WORKER, "--", "--ckpt-dir", "ck", "--out", "out.json",
            "--samples", "400", "--step-sleep", "0.02"]
     dry = torchx(c, "run", "--dryrun", "-s", "elastictrain", *app).stdout

@@ -274,6 +274,7 @@ def test_on_several_nodes_a_node_0_without_a_rendezvous_is_an_error_only_where_h
         with pytest.raises(ConfigError, match="node rank 0 serves no Horovod rendezvous"):
             on.open(a, [0])
         assert auto.open(a, [0])(0) == {} and not auto.multi  # (auto: this generation runs without it)
+        auto.rdzv.started(a.generation, {0})  # (what the agent calls next)
         env = auto.open(msgspec_replace(a, horovod_port=on.rdzv.port), [0])(0)
         assert env["HOROVOD_RANK"] == "1" and env["HOROVOD_SIZE"] == "2" and env["HOROVOD_HOSTNAME"] == "h-b"
         assert env["HOROVOD_CROSS_RANK"] == "1" and env["HOROVOD_CROSS_SIZE"] == "2" and auto.multi

@@ -254,7 +254,10 @@ class WorkerGroup:
             if old is not None and ctl and old.proc.poll() is None and opted_in(ctl, old.proc.pid):
                 env["ET_CONTROL_DIR"] = ctl
                 env["ET_PERSIST_MARKER"] = old.marker  # its checkpointer keeps the path it read
-                old.rank, old.error_file, old.notify = self.a.rank_offset + pos, error_file, self.changed
+                # and its error file: a survivor that hangs before it reads this assignment (its
+                # monitor ends it) writes to the path it has, which is where its failure is looked for
+                env["TORCHELASTIC_ERROR_FILE"] = old.error_file
+                old.rank, old.notify = self.a.rank_offset + pos, self.changed
                 write_assignment(ctl, self.a.generation, env)
                 self.workers.append(old)
                 self.carried.append(lr)

@@ -72,3 +72,49 @@ def test_the_hang_watch_can_be_paused_and_turned_off(tmp_path):
     assert code == 0 and "finished" in out, err[-3000:]
     code, out, err = finish(etrun([script], cwd=str(tmp_path), env=dict(env, ET_HANG_TIMEOUT="bad")), 60)
     assert code != 0 and "ET_HANG_TIMEOUT" in err
+
+
+def test_a_survivor_that_hangs_before_its_next_generation_is_reported(tmp_path):
+    """In-process recovery: rank 0 dies while rank 1 (opted in) is stuck outside any collective;
+    etrun keeps rank 1 for generation 2, but it never reads its assignment. Its monitor ends it and
+    writes the error file it was started with, and etrun reports that hang as the failure (not
+    'exited with code 124, no error file')."""
+    script = write(tmp_path, "t.py", """
+        import os, time
+        import torch
+        import torch.distributed as dist
+        import elastictrain as et
+        from elastictrain_torch import TorchCheckpointer, elastic
+
+        def stuck_forever():
+            time.sleep(10**6)
+
+        job = et.init()
+        model = torch.nn.Linear(2, 2)
+        ckpt = TorchCheckpointer("ck", model=model, job=job, extra_state={"progress": {"step": 0}})
+
+        @elastic.run(ckpt)
+        def train(group):
+            step = ckpt.state["progress"]["step"]
+            while step < 50:
+                step += 1
+                dist.all_reduce(torch.ones(1), group=group)
+                job.report_step(step)
+                if step == 30 and job.generation == 1:
+                    if job.rank == 0:
+                        os._exit(3)
+                    stuck_forever()
+                time.sleep(0.01)
+            return step
+
+        print(f"rank {job.rank} done at step {train()} in generation {job.generation}", flush=True)
+    """)
+    env = dict(os.environ, ET_HANG_TIMEOUT="3", ET_MONITOR_PERIOD="0.2")
+    code, out, err = finish(etrun(["--nproc-per-node", "2", "--max-restarts", "3", script], cwd=str(tmp_path),
+                                  env=env), 120)
+    assert code == 0, out[-2000:] + err[-3000:]
+    assert "continue in their own process" in err, err[-3000:]  # rank 1 was kept for generation 2
+    assert re.search(r"rank 0 done at step 50 in generation [3-9]", out), out
+    failure = err.split("worker failure in generation 2", 1)[1].split("generation 3", 1)[0]
+    assert "hang: rank 1 made no training step" in failure, err[-3000:]
+    assert "in stuck_forever" in failure and "no error file" not in failure, failure

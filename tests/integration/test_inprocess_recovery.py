@@ -33,7 +33,7 @@ def _rows(path):
 
 def _story(err: str) -> str:
     """etrun's account of each generation, a line each, short enough to survive a CI log's cuts."""
-    words = ("generation", "failure", "rror", "lost", "restart", "timed out")
+    words = ("generation", "failure", "rror", "lost", "restart", "timed out", "hang", "stuck")
     lines = [line.strip()[:160] for line in err.splitlines() if any(w in line for w in words)]
     return "\n".join(dict.fromkeys(lines))
 

@@ -19,7 +19,7 @@ from importlib.util import find_spec
 
 import pytest
 
-from tests.integration.test_inprocess_recovery import _rows  # noqa: E402 - the same events format
+from tests.integration.test_inprocess_recovery import _rows, _story  # noqa: E402 - the same events format
 
 pytestmark = [pytest.mark.horovod,
               pytest.mark.skipif(find_spec("horovod") is None,
@@ -106,7 +106,8 @@ def test_elastic_horovod_with_our_state_keeps_data_exactly_once_across_a_kill(tm
     assert code == 0, err[-3000:]
     assert "every sample trained on exactly once per epoch: True (ledger min 3, max 3)" in out, out
     final = dict(re.findall(r"\[hvd\] rank (\d) pid (\d+) params", out))
-    assert int(final["0"]) == pids[0] and int(final["1"]) != pids[1], (final, pids)
+    assert int(final.get("0", 0)) == pids[0] and int(final.get("1", pids[1])) != pids[1], \
+        f"{final} {pids}\n{_story(err)}"  # (a make test here once ended before the replacement joined)
     digests = set(re.findall(r"params (\w+) \(step", out))
     assert len(digests) == 1, out
     gens = {r[2] for r in _rows(events)}

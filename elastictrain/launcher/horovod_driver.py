@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Callable, Optional
 
 from ..errors import ConfigError
@@ -19,6 +20,9 @@ from .horovod import HorovodRendezvous, Slot, horovod_env
 __all__ = ["HorovodDriver"]
 
 log = logging.getLogger("etrun")
+
+#: seconds between two notifications of the survivors that workers are coming (until they stop at a commit)
+RENOTIFY = 1.0
 
 
 class HorovodDriver:
@@ -42,7 +46,7 @@ class HorovodDriver:
         self.slots: Optional[list[int]] = None  # the next generation's slots, if not all
         self.shrunk = False  # the job runs on its survivors: bring it back to full size
         self.grow = False  # the next join asks for a full-size generation (scale_up)
-        self._told = 0  # the generation whose survivors were told that workers are coming
+        self._told = (0, 0.0)  # the generation whose survivors were last told that workers are coming, and when
         log.info("serving Horovod's gloo rendezvous on %s:%d", host, self.rdzv.port)
 
     def close(self) -> None:
@@ -88,15 +92,19 @@ class HorovodDriver:
             self.slots = alive
 
     def should_grow(self, group, a, full: int) -> bool:
-        """While the job runs on its survivors: tell them workers are coming (once); True when
-        every one of them has stopped at a commit to ask for its place (carry them and join)."""
+        """While the job runs on its survivors: tell them workers are coming, again every
+        ``RENOTIFY`` seconds until they act on it; True when every one of them has stopped at a
+        commit to ask for its place (carry them and join). (Told once, a survivor still resetting
+        into this generation loses the message: Horovod's ``State.on_reset`` drops the updates
+        that came during the reset, and a loaded host makes that window seconds long.)"""
         alive = [w.local_rank for w in group.workers if w.proc.poll() is None]
-        if self._told != a.generation:
-            self._told = a.generation
-            threading.Thread(target=self.rdzv.notify_added, args=(alive,), name="et-horovod-notify",
-                             daemon=True).start()
-            return False
         if self.rdzv.waiting < len(alive):
+            gen, at = self._told
+            now = time.monotonic()
+            if gen != a.generation or now - at >= RENOTIFY:
+                self._told = (a.generation, now)
+                threading.Thread(target=self.rdzv.notify_added, args=(alive,), name="et-horovod-notify",
+                                 daemon=True).start()
             return False
         log.info("generation %d: the survivors stopped at a commit; growing back to %d local workers", a.generation,
                  full)

@@ -287,3 +287,44 @@ def msgspec_replace(obj, **kw):
     import msgspec
 
     return msgspec.structs.replace(obj, **kw)
+
+
+def test_the_survivors_are_told_again_until_they_stop_at_a_commit(tmp_path, monkeypatch):
+    """Horovod drops a notification that lands while a survivor is still resetting into its
+    generation (State.on_reset), so one message may be lost: the agent tells them again every
+    RENOTIFY seconds, and grows once every survivor waits at a commit."""
+    from types import SimpleNamespace
+
+    from elastictrain.launcher import horovod_driver
+    from elastictrain.launcher.horovod_driver import HorovodDriver
+
+    monkeypatch.setattr(horovod_driver, "RENOTIFY", 0.05)
+    driver = HorovodDriver("127.0.0.1", True, str(tmp_path), wait=5.0)
+    told = []
+
+    class Rdzv:  # the driver's view of its rendezvous
+        waiting = 0
+
+        def notify_added(self, slots):
+            told.append(list(slots))
+
+    real, driver.rdzv = driver.rdzv, Rdzv()
+    try:
+        alive = SimpleNamespace(local_rank=0, proc=SimpleNamespace(poll=lambda: None))
+        dead = SimpleNamespace(local_rank=1, proc=SimpleNamespace(poll=lambda: -9))
+        group, a = SimpleNamespace(workers=[alive, dead]), SimpleNamespace(generation=2)
+        assert not driver.should_grow(group, a, 2)
+        assert not driver.should_grow(group, a, 2)  # (told just now: not yet again)
+        deadline = time.monotonic() + 5
+        while len(told) < 3:
+            assert time.monotonic() < deadline, told
+            assert not driver.should_grow(group, a, 2)
+            time.sleep(0.01)
+        assert told[0] == [0] and all(t == [0] for t in told)  # the survivors only
+        driver.rdzv.waiting = 1
+        n = len(told)
+        assert driver.should_grow(group, a, 2) and driver.take() == (None, True)
+        time.sleep(0.1)
+        assert len(told) == n  # told no more once they act on it
+    finally:
+        real.close()

@@ -61,6 +61,9 @@ def test_a_persisting_checkpoint_survives_the_teardown(tmp_path, mode):
                        capture_output=True, text=True, timeout=180)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     starts = re.findall(r"rank (\d) generation 2 starts at step (\d+)", r.stdout)
-    assert sorted(starts) == [("0", "20"), ("1", "20")], r.stdout  # step 20's checkpoint was made durable
+    # step 20's checkpoint was made durable: the first rank to start restores it (a rank that starts
+    # later, on a loaded host, may find the step-30 one the other saved meanwhile; never step 10's)
+    assert sorted(r for r, _ in starts) == ["0", "1"] and min(int(s) for _, s in starts) == 20, r.stdout
+    assert all(int(s) in (20, 30) for _, s in starts), r.stdout
     if mode == "ignore-term":
         assert "to finish persisting a checkpoint" in r.stderr, r.stderr[-3000:]

@@ -47,6 +47,7 @@ class HorovodDriver:
         self.shrunk = False  # the job runs on its survivors: bring it back to full size
         self.grow = False  # the next join asks for a full-size generation (scale_up)
         self._told = (0, 0.0)  # the generation whose survivors were last told that workers are coming, and when
+        self._notifier: Optional[threading.Thread] = None  # the telling in flight (one at a time)
         log.info("serving Horovod's gloo rendezvous on %s:%d", host, self.rdzv.port)
 
     def close(self) -> None:
@@ -101,10 +102,12 @@ class HorovodDriver:
         if self.rdzv.waiting < len(alive):
             gen, at = self._told
             now = time.monotonic()
-            if gen != a.generation or now - at >= RENOTIFY:
+            busy = self._notifier is not None and self._notifier.is_alive()  # (a survivor slow to answer)
+            if not busy and (gen != a.generation or now - at >= RENOTIFY):
                 self._told = (a.generation, now)
-                threading.Thread(target=self.rdzv.notify_added, args=(alive,), name="et-horovod-notify",
-                                 daemon=True).start()
+                self._notifier = threading.Thread(target=self.rdzv.notify_added, args=(alive,),
+                                                  name="et-horovod-notify", daemon=True)
+                self._notifier.start()
             return False
         log.info("generation %d: the survivors stopped at a commit; growing back to %d local workers", a.generation,
                  full)

@@ -298,6 +298,9 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reservations", type=int, default=None,
                    help="backfill: how many waiting jobs that do not fit get a reservation that the jobs behind them "
                    "must not delay (default 1: EASY backfill; Slurm reserves for each of the first bf_max_job_test)")
+    p.add_argument("--no-grow", dest="grow", action="store_false", default=None,
+                   help="backfill, multifactor: do not grow running elastic jobs (--gpus MIN:MAX) onto GPUs the queue "
+                   "leaves idle (by default they grow where they then end sooner and no reservation moves)")
     p.add_argument("--priority-weights", default=None, metavar="FACTOR=N,...",
                    help="multifactor: the weights of age, fairshare, size and qos, as Slurm's PriorityWeight* (default "
                    "age=1000,fairshare=10000,size=1000,qos=1000; those not given keep theirs)")
@@ -400,7 +403,7 @@ def _policy_values(args) -> dict:
             "threshold": args.scale_threshold, "rate_window": args.rate_window, "drop": args.scale_drop,
             "step": args.scale_step, "yield_threshold": args.yield_threshold, "stretch": args.stretch,
             "memory_headroom": args.memory_headroom, "cooldown": args.scale_cooldown,
-            "finish_hold": args.finish_hold, "reservations": args.reservations,
+            "finish_hold": args.finish_hold, "reservations": args.reservations, "grow": args.grow,
             "weights": _weights(args.priority_weights), "half_life": args.priority_half_life,
             "max_age": args.priority_max_age, "favor_small": args.priority_favor_small}
 

@@ -11,6 +11,13 @@ first ``bf_max_job_test`` jobs it tests; conservative backfill when every job ge
 
 An elastic job (``--gpus MIN:MAX``) starts at the most workers that fit now, down to its least
 (Slurm's ``--nodes=MIN-MAX``; its estimate scaled to that many), and is reserved at its least.
+GPUs the queue leaves idle then *grow* the running elastic jobs (``grow``, on by default; ``--no-grow``),
+the earliest started first, under the same rule as a start: to the most workers whose GPUs stay free until the
+job, at that size, would end, so no reservation moves. A resize restarts the job, so it grows only
+where it then ends sooner by at least a tenth of its time left (``GROW_GAIN``), its restart cost
+counted; one still in its start-up waits for its first step. It never shrinks (nothing is
+preempted under backfill); a job that arrives later waits for its end, which growing brought
+forward.
 
 A node's planned maintenance (``nodes drain NAME --at TIME --for SECONDS``: Slurm's ``flags=maint``
 reservation) is planned around the same way: nothing starts there that would still run then.
@@ -38,6 +45,7 @@ from .placement import Placer
 __all__ = ["Backfill"]
 
 _SOON = 1.0  # seconds: when a running job past its estimate is taken to end
+GROW_GAIN = 0.1  # a running elastic job grows only where it ends sooner by this fraction of its time left
 
 
 def _speed(j, where, types: tuple) -> float:
@@ -90,12 +98,12 @@ class _Timeline:
             self.free.insert(i, list(self.free[i - 1]))
         return i
 
-    def take(self, where: tuple, start: float, end: float) -> None:
-        """``where``'s GPUs are held from ``start`` to ``end``."""
+    def take(self, where: tuple, start: float, end: float, sign: int = 1) -> None:
+        """``where``'s GPUs are held from ``start`` to ``end`` (``sign`` -1: given back then)."""
         i, k = self._cut(start), self._cut(end)
         for step in self.free[i:k]:
             for n, g in where:
-                step[n] -= g
+                step[n] -= sign * g
         self._prefix = [None] * len(self.times)
 
     def least(self, i: int, end: float) -> list:
@@ -138,12 +146,19 @@ class Backfill:
     #: ready time as from its first step), so the simulator need not decide again then
     first_step_events = False
 
-    def __init__(self, reservations: int = 1, placement: str = "consolidated", packlimit: float = 0.5) -> None:
+    def __init__(self, reservations: int = 1, placement: str = "consolidated", packlimit: float = 0.5,
+                 grow: bool = True) -> None:
         if isinstance(reservations, bool) or not isinstance(reservations, int) or not 1 <= reservations <= 1000:
             raise ConfigError(f"reservations must be a whole number from 1 to 1000, not {reservations!r}")
         if placement == "count":
             raise ConfigError("backfill reserves GPUs on nodes: use --placement consolidated, spread or skew, not count")
+        if not isinstance(grow, bool):
+            raise ConfigError(f"grow must be true or false, not {grow!r}")
         self.reservations, self.placement, self.packlimit = reservations, placement, packlimit
+        self.grow = grow
+        #: a running elastic job grows once its first step is done: with elastic jobs, that is an
+        #: event to decide at (sim/engine.py)
+        self.first_step_events_elastic = grow
         self.name = "backfill"
         #: the last decision's reservations, in queue order: (job key, start, placement)
         self.reserved: list[tuple] = []
@@ -161,6 +176,8 @@ class Backfill:
             begins = j.ready_at if j.starting and j.ready_at is not None and j.ready_at > now else now
             left = j.remaining_time / _speed(j, j.placement, types) if types else j.remaining_time
             ends.append((max(begins + left, now + _SOON), j.placement))
+        grown = [(j, end) for j, (end, _) in zip(s.running, ends)
+                 if self.grow and j.elastic and not j.starting and j.num_gpu < (j.max_gpu or j.num_gpu)]
         line = _Timeline(now, free, ends)
         for n, start, end in s.windows:  # planned maintenance: the node offers nothing then
             if end > now and 0 <= n < len(caps) and caps[n] > 0:
@@ -211,8 +228,51 @@ class Backfill:
                     need = _need(j, size, got[1], types)
                 line.take(got[1], got[0], got[0] + need)
                 reserved.append((j.job_id, *got))
-        self.reserved, self._free_now = reserved, free_now
+        if grown and free_now > 0:
+            self._grow(now, types, line, placer, grown, run, workers, notes)
+        self.reserved, self._free_now = reserved, line.from_now(now)[1]
         return Decision(run, notes=tuple(notes), workers=workers)
+
+    @staticmethod
+    def _grow(now: float, types: tuple, line: _Timeline, placer: Placer, jobs: list, run: dict, workers: dict,
+              notes: list) -> None:
+        """Grow the running elastic ``jobs`` ((view, estimated end), in the order they run) onto the GPUs
+        left free (see the module docstring)."""
+        for j, end in jobs:
+            free_now = line.from_now(now)[1]
+            if free_now <= 0:
+                return
+            was, left = j.placement, end - now
+            line.take(was, now, end, -1)  # (its own GPUs are its to keep at a new size)
+            got = None
+            for size in range(j.max_gpu, j.num_gpu, -1):
+                if size > j.num_gpu + free_now:
+                    continue
+                need = _need(j, size, None, types)
+                if need > left * (1.0 - GROW_GAIN):
+                    break  # (fewer workers take longer still)
+                least, total, top = line.from_now(now + need)
+                if size > total:
+                    continue
+                home = was[0][0] if len(was) == 1 else -1
+                if home >= 0 and least[home] >= size and not j.gpu_type:
+                    where = ((home, size),)  # (where it runs, if its node has room)
+                else:
+                    where = placer.reset(least, total, top).place(size, j.skew, (), j.gpu_type)
+                if where is not None:
+                    got = size, where, need
+                    break
+            if got is None:
+                line.take(was, now, end)
+                continue
+            size, where, need = got
+            if types and j.speeds:
+                need = _need(j, size, where, types)
+            line.take(where, now, now + need)
+            run[j.job_id], workers[j.job_id] = where, size
+            notes.append((j.job_id, {"decision": "grow", "why": (
+                f"grown from {j.num_gpu} to {size} workers on GPUs idle until it would end: it ends in about "
+                f"{need:.0f} s instead of {left:.0f} s (its restart counted), and no reservation moves")}))
 
     def _queue(self, s: ClusterSnapshot):
         """The waiting jobs, in the order they start and get reservations: submission order."""
@@ -256,4 +316,4 @@ class Backfill:
                 "or fits on GPUs it does not need (its estimate: the rest of its --steps/--epochs, or of --time)")
 
 
-register("backfill", lambda **kw: Backfill(**kw), ("reservations", "placement", "packlimit"))
+register("backfill", lambda **kw: Backfill(**kw), ("reservations", "placement", "packlimit", "grow"))

@@ -60,14 +60,14 @@ class Multifactor(Backfill):
         max_age: seconds of waiting at which the age factor is full (Slurm's default, 7 days).
         favor_small: the size factor favours small jobs instead of large ones.
         tickets, default_tickets, project_tickets: the accounts' shares (as Gandiva-fair's).
-        reservations, placement, packlimit: :class:`.Backfill`'s.
+        reservations, placement, packlimit, grow: :class:`.Backfill`'s.
     """
 
     def __init__(self, weights: Optional[dict] = None, half_life: float = _WEEK, max_age: float = _WEEK,
                  favor_small: bool = False, tickets: Optional[dict] = None, default_tickets: float = 1.0,
                  project_tickets: Optional[dict] = None, reservations: int = 1, placement: str = "consolidated",
-                 packlimit: float = 0.5) -> None:
-        super().__init__(reservations, placement, packlimit)
+                 packlimit: float = 0.5, grow: bool = True) -> None:
+        super().__init__(reservations, placement, packlimit, grow)
         self.name = "multifactor"
         w = dict(DEFAULT_WEIGHTS)
         for k, v in (weights or {}).items():
@@ -248,4 +248,4 @@ class Multifactor(Backfill):
 
 register("multifactor", lambda **kw: Multifactor(**kw),
          ("weights", "half_life", "max_age", "favor_small", "tickets", "default_tickets", "project_tickets",
-          "reservations", "placement", "packlimit"))
+          "reservations", "placement", "packlimit", "grow"))

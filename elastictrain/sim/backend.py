@@ -25,9 +25,10 @@ preempted (``Scheduler.protect_startup``), as a live job before its first traini
 
 A job's slowdown is the policy's (a Muri group's interleaved iteration over the job's own), or
 ``spread_slowdown`` for a skew-sensitive job spread over several nodes, divided by its speed on
-the slowest GPU type it spans, times ``JobSpec.scaling(workers)`` for an elastic job run at
-another size (Amdahl's law with the trace's ``serial`` fraction; linear without one). An elastic
-job's measured rate (``JobView.rate``, what autoscaling reads) is its iterations per second
+the slowest GPU type it spans. An elastic job run at another size has its ``iteration_time``
+there (``JobSpec.scaling(workers)`` times the trace's: Amdahl's law with its ``serial`` fraction;
+linear without one), as a live job's is measured at the size it runs: what policies read of its
+remaining time (``JobView.remaining_time``) is at its size now. An elastic job's measured rate (``JobView.rate``, what autoscaling reads) is its iterations per second
 (``1 / (iteration_time x slowdown)``), measured over its run since its first step
 (:meth:`measure`). ``migration_cost``: seconds a running job loses when it moves.
 """
@@ -175,8 +176,9 @@ class SimBackend:
         types = self._shape.node_types
         if types and e.speeds:
             e.slowdown /= min(e.speeds.get(types[node], 1.0) for node, _ in where)
-        if e.num_gpu != size0:  # (an elastic job at another size: Amdahl's law with its serial fraction)
-            e.slowdown *= e.data["spec"].scaling(e.num_gpu)
+        if e.num_gpu != size0:  # an elastic job at another size: its iteration at that size, as a live one's is
+            e.iteration_time = e.data["it0"] * e.data["spec"].scaling(e.num_gpu)  # measured (Amdahl's law)
+            e.data["gpus"] = e.num_gpu
 
     # ------------------------------------------------------------------ progress
     def next_end(self, now: float) -> float:

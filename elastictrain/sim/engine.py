@@ -223,7 +223,8 @@ class Simulator:
                   iterations=s.iterations, stage_times=s.stage_times, user=s.user, skew=SKEW.get(s.model, 0.0),
                   speeds=MappingProxyType(dict(s.speeds)) if s.speeds else EMPTY, priority=s.priority,
                   gpu_type=s.gpu_type, project=s.project, min_gpu=s.min_gpu, max_gpu=s.max_gpu)
-        e.data["spec"], e.data["gpus"] = s, s.num_gpu  # the size at submission (SimBackend's scaling)
+        # its iteration time at its size at submission, and the size its iteration_time is for (SimBackend)
+        e.data["spec"], e.data["it0"], e.data["gpus"] = s, e.iteration_time, s.num_gpu
         e.restart_cost = self.cost(e)
         return e
 
@@ -240,8 +241,9 @@ class Simulator:
                              migration_cost=self.migration_cost, window=self.window)
         sched = Scheduler(self.policy, table, backend, clock, strict=True, protect_startup=self.protect_startup,
                           min_run=self.min_run)
-        first_step_events = getattr(self.policy, "first_step_events", True)
         elastic = any(s.min_gpu or s.max_gpu for s in specs)  # (their rates are measured for the policy)
+        first_step_events = getattr(self.policy, "first_step_events", True) or \
+            (elastic and getattr(self.policy, "first_step_events_elastic", False))  # (backfill grows them then)
         done: list[JobRecord] = []
         util: list[tuple[float, int]] = []
         now, idx, events = 0.0, 0, 0

@@ -14,8 +14,9 @@ waits for its user's or project's quota is admitted when the jobs admitted befor
 by the coordinator's own rule; a task of a job array held back by its ``%N`` is admitted when one
 of its array's admitted tasks ends (``ForecastJob.array``, ``array_limit``). No other job arrives.
 An elastic job (``min_gpu``..``max_gpu``) may be started, grown or shrunk in it as the policy
-decides (backfill starting it on what is free, autoscale resizing it), its step time scaling
-linearly with its workers from the one measured at its size now (the simulator's elastic jobs).
+decides (backfill starting it on what is free and growing it onto GPUs left idle, autoscale
+resizing it), its step time scaling linearly with its workers from the one measured at its size
+now (the simulator's elastic jobs).
 
 It is a forecast, not a promise: jobs submitted later, failures, a job's real work left (where it
 gave no ``--steps``/``--epochs``, the coordinator assumes, and says so) and measured speeds that

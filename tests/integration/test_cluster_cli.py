@@ -495,6 +495,31 @@ def test_backfill_lets_a_short_job_pass_a_blocked_one_and_says_why_a_long_one_wa
         c.stop()
 
 
+def test_backfill_grows_a_running_elastic_job_onto_gpus_freed_and_loses_no_sample(tmp_path):
+    """An elastic job (--gpus 1:3) starts on the one GPU free beside a rigid job; when that job
+    ends, backfill grows it to 3 workers (nothing waits: no reservation to keep): a checkpointed
+    restart at the new size, in the event log with why, and every sample is trained exactly once."""
+    c = Cluster(tmp_path, "backfill", nodes=1, slots=3).start()
+    try:
+        _nap(c)
+        a = c.cli("submit", "--gpus", "2", "--time", "0:30", "--", "nap.py", "6").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "running", 60, "the rigid job to run")
+        b = c.cli("submit", "--gpus", "1:3", "--steps", "300", "--", WORKER, "--ckpt-dir", "ck-grow", "--out",
+                  "grow.json", "--samples", "6000", "--step-sleep", "0.1").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(b) == "finished", 240, "the elastic job to finish")
+        events = c.client.events(0).events
+        grow = [e.detail for e in events if e.job == b and e.kind == "plan" and e.detail.get("decision") == "grow"]
+        resizes = [e.detail.get("workers") for e in events if e.job == b and e.kind == "resize"]
+        assert grow and "grown from 1 to 3 workers" in grow[0]["why"], [(e.kind, e.detail) for e in events
+                                                                          if e.job == b]
+        assert resizes == [3], resizes
+        with open(os.path.join(c.tmp, "grow.json")) as f:
+            out = json.load(f)
+        assert out["min"] == 1 and out["max"] == 1, out  # every sample exactly once across the resize
+    finally:
+        c.stop()
+
+
 def test_multifactor_shows_each_waiting_jobs_priority_and_takes_users_tickets(tmp_path):
     """Slurm's sprio: under `--policy multifactor` a waiting job's status shows its priority and the
     weighted factors; `users set --tickets` gives the fair-share factor its shares."""

@@ -3,6 +3,8 @@ fraction (Amdahl's law); the simulator runs a resized job at that speed and meas
 a live job's shard cursors would, so autoscaling is simulated on the same policy code: a job that
 scales linearly grows to its maximum, one that scales poorly settles where a step stops paying."""
 
+import json
+
 import pytest
 
 from elastictrain.errors import ConfigError
@@ -75,3 +77,42 @@ def test_synth_elastic_changes_only_the_elastic_fields_and_round_trips(tmp_path)
     assert [(j.min_gpu, j.max_gpu, j.serial) for j in back] == [(j.min_gpu, j.max_gpu, j.serial) for j in flex]
     with pytest.raises(ConfigError, match="--elastic"):
         synthesize(10, elastic=1.5)
+
+
+def test_a_policy_reads_a_resized_jobs_iteration_time_at_the_size_it_runs():
+    """As a live job's measured step time: job 0 (1 GPU, 1..4 workers) runs on 4, so an iteration
+    there takes a quarter as long (linear), and "half" (serial 0.5) 0.625 of its time on 1."""
+    seen = {}
+
+    class Watch:
+        def __init__(self):
+            self.inner = create("backfill")
+            self.name, self.needs = "backfill", self.inner.needs
+
+        def decide(self, s):
+            for j in s.running:
+                if not j.starting:
+                    seen[j.job_id] = (j.num_gpu, j.iteration_time, j.remaining_time)
+            return self.inner.decide(s)
+
+    jobs = _jobs()
+    Simulator(jobs + [JobSpec(2, 1, 100.0, 10.0, 1.0)], ClusterSpec(1, 1, 9), Watch(), restart_cost=5.0).run()
+    assert seen[0][:2] == (4, 0.25) and seen[1][:2] == (4, pytest.approx((0.5 + 0.5 / 4) / 1.0)), seen
+    # its time left at 4 workers when job 2 ends (t=115, after 110 s of training): 3,160 iterations of 0.25 s
+    assert seen[0][2] == pytest.approx((3600 - 4 * 110) / 4), seen
+
+
+def test_simulate_no_grow_keeps_backfills_elastic_jobs_at_the_size_they_started_with(tmp_path):
+    from elastictrain.cli import main
+
+    trace = tmp_path / "e.csv"
+    # 8 GPUs: job 0 (rigid, 6) runs until 600; elastic job 1 (1..8, 8 at submission) starts on the 2
+    # left; when job 0 ends it grows to 8 (resize 1), unless --no-grow
+    trace.write_text("job_id,num_gpu,submit_time,iterations,iteration_time,min_gpu,max_gpu\n"
+                     "0,6,0,600,1.0,,\n1,8,1,2000,1.0,1,8\n")
+    resizes = []
+    for extra in ([], ["--no-grow"]):
+        assert main(["simulate", "--trace", str(trace), "--cluster", "n1g8", "--policy", "backfill",
+                     "--no-progress", "--out", str(tmp_path / "out"), *extra]) == 0
+        resizes.append(json.loads((tmp_path / "out" / "summary.json").read_text())[0]["resizes"])
+    assert resizes == [1, 0], resizes

@@ -46,7 +46,8 @@ class PriorityTiers:
         self._tier_of: dict = {}  # job key -> the tier it was last decided in
         self._tickets: Optional[tuple] = None  # (users', projects') from set_tickets
         self.name = first.name
-        for attr in ("first_step_events", "first_step_events_elastic", "single_type", "needs", "rate_window", "default"):
+        for attr in ("first_step_events", "first_step_events_elastic", "single_type", "needs", "rate_window",
+                     "default"):
             if hasattr(first, attr):
                 setattr(self, attr, getattr(first, attr))
         # what the coordinator calls when the policy has it (hasattr), for every tier

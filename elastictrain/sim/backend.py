@@ -28,9 +28,9 @@ A job's slowdown is the policy's (a Muri group's interleaved iteration over the 
 the slowest GPU type it spans. An elastic job run at another size has its ``iteration_time``
 there (``JobSpec.scaling(workers)`` times the trace's: Amdahl's law with its ``serial`` fraction;
 linear without one), as a live job's is measured at the size it runs: what policies read of its
-remaining time (``JobView.remaining_time``) is at its size now. An elastic job's measured rate (``JobView.rate``, what autoscaling reads) is its iterations per second
-(``1 / (iteration_time x slowdown)``), measured over its run since its first step
-(:meth:`measure`). ``migration_cost``: seconds a running job loses when it moves.
+remaining time (``JobView.remaining_time``) is at its size now. An elastic job's measured rate
+(``JobView.rate``, what autoscaling reads) is its iterations per second (``1 / (iteration_time x
+slowdown)``), measured over its run since its first step (:meth:`measure`). ``migration_cost``: seconds a running job loses when it moves.
 """
 
 from __future__ import annotations

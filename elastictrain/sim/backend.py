@@ -30,7 +30,8 @@ there (``JobSpec.scaling(workers)`` times the trace's: Amdahl's law with its ``s
 linear without one), as a live job's is measured at the size it runs: what policies read of its
 remaining time (``JobView.remaining_time``) is at its size now. An elastic job's measured rate
 (``JobView.rate``, what autoscaling reads) is its iterations per second (``1 / (iteration_time x
-slowdown)``), measured over its run since its first step (:meth:`measure`). ``migration_cost``: seconds a running job loses when it moves.
+slowdown)``), measured over its run since its first step (:meth:`measure`). ``migration_cost``:
+seconds a running job loses when it moves.
 """
 
 from __future__ import annotations

@@ -648,6 +648,7 @@ def _trace_export(args) -> None:
 
     from .sim.export import cluster_form, first_submit, jobs_to_trace, outages_from_events
     from .sim.synth import write_native
+    from .usage import all_events
 
     token = token_from_file(args.token_file, "--token-file") if args.token_file else (os.environ.get("ET_TOKEN") or None)
     client = CoordinatorClient(args.coordinator, token, timeout=30.0, retry_for=10.0)
@@ -658,32 +659,22 @@ def _trace_export(args) -> None:
     print(f"wrote {write_native(jobs, args.out)}: {len(jobs)} jobs over {jobs[-1].submit_time:.1f} s"
           + (f"; left out (no measured step time): {', '.join(left_out)}" if left_out else ""))
     nodes = client.cluster_status().nodes
-    outages = outages_from_events(_all_events(client), nodes, first_submit(records))
+    outages = outages_from_events(all_events(client), nodes, first_submit(records))
     form = cluster_form(nodes)
     flags = "".join(f" --outage {n}:{a:g}:{b:g}" for n, a, b in outages)
     print(f"replay: elastictrain simulate --trace {shlex.quote(args.out)} --cluster {form or 'SPEC'}{flags}"
           + ("" if form else "  # SPEC: the nodes differ in ways no short form says; write a cluster CSV"))
 
 
-def _all_events(client) -> list:
-    """The coordinator's whole event log, page by page."""
-    events, after = [], 0
-    while True:
-        page = client.events(after)
-        events.extend(page.events)
-        if not page.events or page.next <= after:
-            return events
-        after = page.next
-
-
 def _live_fairness(args) -> None:
     from ._text import table
     from .runtime.client import CoordinatorClient, token_from_file
     from .sim.fairness_live import live_fairness, write_live_report
+    from .usage import all_events
 
     token = token_from_file(args.token_file, "--token-file") if args.token_file else (os.environ.get("ET_TOKEN") or None)
     client = CoordinatorClient(args.from_coordinator, token, timeout=30.0, retry_for=10.0)
-    events = _all_events(client)
+    events = all_events(client)
     users = client.users(600.0)
     now = client.cluster_status().now
     try:  # (the projects' tickets: a user's login may not read them; its report is then by users' tickets)

@@ -281,12 +281,17 @@ def add_commands(sub) -> None:
     _filters(hi)
     hi.add_argument("-j", "--jobs", default=None, metavar="ID[,ID]",
                     help="only these jobs (a job array's id: every task), as sacct -j")
-    hi.add_argument("--since", default=None,
-                    help="only jobs submitted since: a date (2026-11-26 or 2026-11-26T14:00) or a span ago (90m, 2h, 7d)")
+    hi.add_argument("-S", "--since", "--starttime", default=None,
+                    help="only jobs submitted since: a date (2026-11-26 or 2026-11-26T14:00) or a span ago (90m, 2h, "
+                    "7d), as sacct -S")
+    hi.add_argument("-E", "--until", "--endtime", default=None,
+                    help="only jobs submitted before: a date or a span ago, as sacct -E")
     hi.add_argument("--format", choices=("table", "csv", "json"), default="table", help="output (default table)")
     hi.add_argument("--by", choices=("user", "project"), default=None,
                     help="one line per user or project instead of per job, as sreport's utilization by account: "
-                    "jobs, how they ended, GPU-hours and their share, waits (median, 95th percentile), preemptions")
+                    "jobs, how they ended, GPU-hours and their share, waits (median, 95th percentile), preemptions; "
+                    "with --since/--until, the GPU-hours are those that fell within that period (from the event "
+                    "log, whenever the jobs were submitted), as sreport counts")
 
     ev = sub.add_parser("events", help="the scheduler's event log: starts, preemptions, resizes, plans, failures")
     _connection(ev)
@@ -971,8 +976,8 @@ _STATES = ("queued", "running", "preempted", "finished", "failed", "cancelled")
 _SPAN = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
-def _since(text: str, now: float) -> float:
-    """``--since``: a date, a date and time (local), or a span before ``now`` (90m, 2h, 7d)."""
+def _since(text: str, now: float, flag: str = "--since") -> float:
+    """``--since`` (or ``flag``): a date, a date and time (local), or a span before ``now`` (90m, 2h, 7d)."""
     t = text.strip()
     if t[:-1].replace(".", "", 1).isdigit() and t[-1:] in _SPAN:
         return now - float(t[:-1]) * _SPAN[t[-1]]
@@ -981,7 +986,7 @@ def _since(text: str, now: float) -> float:
             return time.mktime(time.strptime(t, fmt))
         except ValueError:
             pass
-    raise ConfigError(f"--since {text!r}: give a date (2026-11-26), a date and time (2026-11-26T14:00) or a span "
+    raise ConfigError(f"{flag} {text!r}: give a date (2026-11-26), a date and time (2026-11-26T14:00) or a span "
                       "ago (90m, 2h, 7d)")
 
 
@@ -1004,18 +1009,24 @@ def _history_rows(jobs, now: float) -> list[dict]:
     return out
 
 
-def summarize_history(rows: list[dict], by: str) -> list[dict]:
+def summarize_history(rows: list[dict], by: str, hours: Optional[dict] = None) -> list[dict]:
     """``_history_rows`` summed per ``by`` (``user`` or ``project``; "-" for jobs of none), the most
     GPU-hours first: jobs, finished, failed (timeouts included), cancelled, GPU-hours and their
-    share of all, waits of the jobs that started (median and 95th percentile, seconds), preemptions."""
+    share of all, waits of the jobs that started (median and 95th percentile, seconds), preemptions.
+    ``hours``: each user's or project's GPU-hours in a period instead of its rows' (one with GPU-hours
+    there but no row gets a line of its own: its jobs were submitted before the period)."""
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(r[by] or "-", []).append(r)
-    total = sum(r["gpu_hours"] for r in rows)
+    if hours is not None:
+        for name, h in hours.items():
+            if h > 0:
+                groups.setdefault(name, [])
+    total = sum(r["gpu_hours"] for r in rows) if hours is None else sum(hours.values())
     out = []
     for name, rs in groups.items():
         waits = sorted(r["waited"] for r in rs if r["start"] is not None)
-        hours = sum(r["gpu_hours"] for r in rs)
+        hours_ = sum(r["gpu_hours"] for r in rs) if hours is None else hours.get(name, 0.0)
 
         def q(p):  # (nearest rank; the median of an even count is the mean of the middle two)
             if not waits:
@@ -1026,8 +1037,8 @@ def summarize_history(rows: list[dict], by: str) -> list[dict]:
 
         out.append({by: name, "jobs": len(rs), "finished": sum(r["state"] == "finished" for r in rs),
                     "failed": sum(r["state"] == "failed" for r in rs),
-                    "cancelled": sum(r["state"] == "cancelled" for r in rs), "gpu_hours": round(hours, 6),
-                    "share": round(hours / total, 6) if total > 0 else 0.0, "wait_median": q(0.5),
+                    "cancelled": sum(r["state"] == "cancelled" for r in rs), "gpu_hours": round(hours_, 6),
+                    "share": round(hours_ / total, 6) if total > 0 else 0.0, "wait_median": q(0.5),
                     "wait_p95": q(0.95), "preemptions": sum(r["preemptions"] for r in rs)})
     out.sort(key=lambda r: (-r["gpu_hours"], r[by]))
     return out
@@ -1042,12 +1053,19 @@ def _history(args) -> int:
         raise ConfigError(f"the coordinator at {client.url} runs no scheduler: history covers the jobs it schedules "
                           "(start it with --policy, and submit with `elastictrain submit`)") from None
     since = _since(args.since, st.now) if args.since else None
+    until = _since(args.until, st.now, "--until") if args.until else None
+    if since is not None and until is not None and until <= since:
+        raise ConfigError(f"--until {args.until!r} is not after --since {args.since!r}: give a period that ends "
+                          "after it begins")
     ids = set(args.jobs.split(",")) if args.jobs else None
-    jobs = [j for j in st.jobs if keep(j) and (since is None or j.submit_time >= since)
-            and (ids is None or j.id in ids or j.id.split("_")[0] in ids)]
+    listed = [j for j in st.jobs if keep(j) and (ids is None or j.id in ids or j.id.split("_")[0] in ids)]
+    jobs = [j for j in listed if (since is None or j.submit_time >= since) and (until is None or j.submit_time < until)]
     rows = _history_rows(sorted(jobs, key=lambda j: j.submit_time), st.now)
     if args.by:
-        return _history_summary(args, summarize_history(rows, args.by))
+        hours = None
+        if since is not None or until is not None:  # sreport: the GPU time that fell within the period
+            hours = _period_hours(client, listed, args.by, since, until, st.now)
+        return _history_summary(args, summarize_history(rows, args.by, hours))
     fields = ("id", "name", "user", "gpus", "state", "submit", "start", "end", "elapsed", "waited", "exit_code",
               "runs", "restarts", "gpu_hours", "project")
 
@@ -1075,6 +1093,22 @@ def _history(args) -> int:
     filtered = args.state or args.user or args.me or args.project or since or ids
     return _print_records(args.format, fields, rows, text, "no jobs" + (" match" if filtered else
                                                                           f" at {args.coordinator}"))
+
+
+def _period_hours(client, jobs, by: str, since: Optional[float], until: Optional[float], now: float) -> dict:
+    """GPU-hours of ``jobs``' service (from each run's first step, as their own GPU-hours count) that
+    fell within ``[since, until)``, per user or project, from the coordinator's event log."""
+    from .usage import all_events, gpu_spans, within
+
+    seconds = within(gpu_spans(all_events(client), now, service=True), -math.inf if since is None else since,
+                     now if until is None else min(until, now))
+    out: dict[str, float] = {}
+    for j in jobs:
+        s = seconds.get(j.id)
+        if s:
+            name = (j.user if by == "user" else j.project) or "-"
+            out[name] = out.get(name, 0.0) + s / 3600
+    return out
 
 
 def _history_summary(args, sums: list[dict]) -> int:

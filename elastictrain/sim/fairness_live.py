@@ -3,9 +3,8 @@
 simulator's fairness experiments write (a total table, a per-window timeline, CSV and PNG).
 
 GPU time per user comes from the runs in the event log: a run holds its placement's GPUs from
-its ``start``/``resume`` to the event that ends it (``preempted``, ``finish``, ``requeue``,
-``fail``, ``cancel``); a ``resize`` or ``move`` ends one interval and begins another with the new
-placement. A user's entitlement in a window is its ticket share among the users with a job alive
+its ``start``/``resume`` to the event that ends it (:func:`elastictrain.usage.gpu_spans`: allocated
+time). A user's entitlement in a window is its ticket share among the users with a job alive
 in that window, times the GPU-seconds all jobs used there (the work-conserving fair share), so
 ``received / entitled`` is 1.0 when GPU time followed the tickets exactly. With projects' tickets,
 shares are those of the fair-share accounts (policies/shares.py: a job charged to a project with
@@ -21,13 +20,11 @@ from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
 from ..policies.shares import account, account_tickets, shares
+from ..usage import gpu_spans
 from .fairness import pyplot, save_png
 
 __all__ = ["LiveFairness", "live_fairness", "write_live_report"]
 
-_STARTS = ("start", "resume")
-_CHANGES = ("resize", "move")
-_RUN_ENDS = ("preempted", "finish", "requeue", "fail", "cancel")
 _JOB_ENDS = ("finish", "fail", "cancel")
 
 
@@ -58,31 +55,17 @@ def live_fairness(events: Iterable, tickets: dict[str, float], default: float, w
     user_of: dict[str, str] = {}
     account_of: dict[str, str] = {}
     alive: dict[str, list] = {}  # job -> [submitted, ended or None]
-    open_runs: dict[str, tuple[float, int]] = {}
-    spans: list[tuple[str, float, float, int]] = []  # (user, from, to, GPUs)
-    first = None
+    events = list(events)
+    first = events[0].time if events else None
     for e in events:
-        first = e.time if first is None else first
         job = e.job
         if e.kind == "submit":
             user_of[job] = str(e.detail.get("user") or "default")
             account_of[job] = account(user_of[job], str(e.detail.get("project") or ""), projects, parents)
             alive[job] = [e.time, None]
-        elif e.kind in _STARTS or e.kind in _CHANGES:
-            if job in open_runs:
-                t0, g = open_runs.pop(job)
-                spans.append((user_of.get(job, "default"), t0, e.time, g))
-            gpus = sum(int(g) for _, g in e.detail.get("placement") or ())
-            if gpus > 0:
-                open_runs[job] = (e.time, gpus)
-        if e.kind in _RUN_ENDS:
-            if job in open_runs:
-                t0, g = open_runs.pop(job)
-                spans.append((user_of.get(job, "default"), t0, e.time, g))
-            if e.kind in _JOB_ENDS and job in alive:
-                alive[job][1] = e.time
-    for job, (t0, g) in open_runs.items():
-        spans.append((user_of.get(job, "default"), t0, now, g))
+        elif e.kind in _JOB_ENDS and job in alive:
+            alive[job][1] = e.time
+    spans = [(user_of.get(job, "default"), t0, t1, g) for job, t0, t1, g in gpu_spans(events, now)]
     start = first if first is not None else now
     users = sorted(set(user_of.values()))
     received = dict.fromkeys(users, 0.0)

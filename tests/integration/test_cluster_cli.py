@@ -520,6 +520,41 @@ def test_backfill_grows_a_running_elastic_job_onto_gpus_freed_and_loses_no_sampl
         c.stop()
 
 
+def test_history_by_user_over_a_period_counts_the_gpu_time_that_fell_within_it(tmp_path):
+    """sreport's usage by account over a period: bob's job was submitted before the period but
+    trained into it, so its GPU-hours within it count (jobs: 0, submitted before); alice's job ended
+    before it, so she is not in it; without a period each job counts whole."""
+    c = Cluster(tmp_path, "fifo", nodes=1, slots=2).start()
+    try:
+        with open(os.path.join(c.tmp, "steps.py"), "w") as f:
+            f.write("import sys, time\nimport elastictrain as et\njob = et.init()\nt0 = time.time()\n"
+                    "step = 0\nwhile time.time() - t0 < float(sys.argv[1]):\n"
+                    "    step += 1\n    job.report_step(step)\n    time.sleep(0.1)\n")
+        a = c.cli("submit", "--user", "alice", "--", "steps.py", "2").stdout.strip()
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(a) == "finished", 60, "alice's job")
+        b = c.cli("submit", "--user", "bob", "--gpus", "2", "--", "steps.py", "6").stdout.strip()
+        c.wait(lambda st: {j.id: j for j in st.jobs}[b].attained_gpu > 0, 60, "bob's job to train")
+        time.sleep(1.0)
+        since = int(time.time()) + 1  # (a whole second: the period's start as a date says it)
+        c.wait(lambda st: {j.id: j.status for j in st.jobs}.get(b) == "finished", 60, "bob's job")
+        whole = {r["user"]: r for r in map(json.loads, c.cli("history", "--by", "user", "--format",
+                                                              "json").stdout.splitlines())}
+        assert whole["alice"]["gpu_hours"] > 0 and whole["bob"]["jobs"] == 1, whole
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
+        part = {r["user"]: r for r in map(json.loads, c.cli("history", "--by", "user", "-S", start, "--format",
+                                                             "json").stdout.splitlines())}
+        assert set(part) == {"bob"} and part["bob"]["jobs"] == 0 and part["bob"]["share"] == 1.0, part
+        end = c.client.cluster_job(b).end_time
+        assert part["bob"]["gpu_hours"] == pytest.approx((end - since) * 2 / 3600, abs=0.6 * 2 / 3600), (part, end)
+        assert part["bob"]["gpu_hours"] < whole["bob"]["gpu_hours"]
+        bad = c.cli("history", "--by", "user", "-S", start, "-E", "1d", check=False)
+        assert bad.returncode == 2 and "is not after --since" in bad.stderr, bad.stderr
+        out = c.cli("history", "--by", "user", "-E", start).stdout  # (jobs submitted before: both; use before)
+        assert "alice" in out and "bob" in out, out
+    finally:
+        c.stop()
+
+
 def test_multifactor_shows_each_waiting_jobs_priority_and_takes_users_tickets(tmp_path):
     """Slurm's sprio: under `--policy multifactor` a waiting job's status shows its priority and the
     weighted factors; `users set --tickets` gives the fair-share factor its shares."""

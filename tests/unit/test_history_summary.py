@@ -26,3 +26,11 @@ def test_rows_are_summed_per_user_or_project_most_gpu_hours_first():
     assert projects["-"]["jobs"] == 1 and sum(p["share"] for p in projects.values()) == pytest.approx(1.0)
     none = summarize_history([_row("cy", None, 0.0, "queued", None, 5.0)], "user")
     assert none[0]["share"] == 0.0 and none[0]["wait_median"] is None
+
+
+def test_over_a_period_the_gpu_hours_are_those_within_it_and_an_account_with_no_job_submitted_there_shows():
+    rows = [_row("ana", None, 5.0, "finished", 10.0, 10.0), _row("ana", None, 1.0, "running", 20.0, 2.0)]
+    users = {u["user"]: u for u in summarize_history(rows, "user", {"ana": 1.5, "ben": 0.5, "cy": 0.0})}
+    assert set(users) == {"ana", "ben"}  # (cy: nothing in the period, and no job submitted there)
+    assert (users["ana"]["jobs"], users["ana"]["gpu_hours"], users["ana"]["share"]) == (2, 1.5, 0.75)
+    assert (users["ben"]["jobs"], users["ben"]["gpu_hours"], users["ben"]["wait_median"]) == (0, 0.5, None)

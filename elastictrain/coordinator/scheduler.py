@@ -273,7 +273,7 @@ class ClusterScheduler:
                             project=e.data["job"].project,
                             counted=0 if e.key in self.admission.borrowers else e.max_gpu,
                             array=e.data["job"].array, array_limit=e.data["job"].array_limit,
-                            min_gpu=e.min_gpu, max_gpu=e.max_gpu)
+                            min_gpu=e.min_gpu, max_gpu=e.max_gpu, work_known=e.work_known)
                 for e in self.table.entries() if not e.stopping]
         later = self._arrivals(now)  # not admitted yet: they arrive at their begin time, or after jobs they wait for
         jobs += later.values()
@@ -599,6 +599,7 @@ class ClusterScheduler:
             if "duration" in needs:
                 self._assume(rec, "iteration_time", f"{it:g} s per step until the job reports its steps")
         total = self._total_steps(rec)
+        e.work_known = total is not None
         if total is None and rec.time_limit:  # what is left of its --time (as Slurm's backfill reads it)
             total = rec.step + max(rec.time_limit - _held(e, self.clock.now()), it) / it
             if "duration" in needs:

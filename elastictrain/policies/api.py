@@ -82,6 +82,9 @@ class JobView(msgspec.Struct, frozen=True, gc=False):
     ready_at: Optional[float] = None  # while starting: when its first step is due, where known (the simulator)
     gpu_type: str = ""  # the GPU type it must run on ("" any; placement.type_mask says which nodes match)
     project: str = ""  # the project it is charged to ("" none; fair shares by project: policies/shares.py)
+    # False: its work left is assumed, not known (a live job with no --steps/--epochs: the rest of its
+    # --time, or an hour), so more workers would not be known to shorten it (backfill grows no such job)
+    work_known: bool = True
 
     @property
     def remaining_time(self) -> float:

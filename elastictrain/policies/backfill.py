@@ -15,9 +15,10 @@ GPUs the queue leaves idle then *grow* the running elastic jobs (``grow``, on by
 the earliest started first, under the same rule as a start: to the most workers whose GPUs stay free until the
 job, at that size, would end, so no reservation moves. A resize restarts the job, so it grows only
 where it then ends sooner by at least a tenth of its time left (``GROW_GAIN``), its restart cost
-counted; one still in its start-up waits for its first step. It never shrinks (nothing is
-preempted under backfill); a job that arrives later waits for its end, which growing brought
-forward.
+counted; one still in its start-up waits for its first step; one whose work left is not known
+(live: no ``--steps``/``--epochs``, :attr:`.JobView.work_known`) does not grow, as more workers
+would not be known to end it sooner. It never shrinks (nothing is preempted under backfill); a job
+that arrives later waits for its end, which growing brought forward.
 
 A node's planned maintenance (``nodes drain NAME --at TIME --for SECONDS``: Slurm's ``flags=maint``
 reservation) is planned around the same way: nothing starts there that would still run then.
@@ -177,7 +178,8 @@ class Backfill:
             left = j.remaining_time / _speed(j, j.placement, types) if types else j.remaining_time
             ends.append((max(begins + left, now + _SOON), j.placement))
         grown = [(j, end) for j, (end, _) in zip(s.running, ends)
-                 if self.grow and j.elastic and not j.starting and j.num_gpu < (j.max_gpu or j.num_gpu)]
+                 if self.grow and j.elastic and not j.starting and j.work_known
+                 and j.num_gpu < (j.max_gpu or j.num_gpu)]
         line = _Timeline(now, free, ends)
         for n, start, end in s.windows:  # planned maintenance: the node offers nothing then
             if end > now and 0 <= n < len(caps) and caps[n] > 0:

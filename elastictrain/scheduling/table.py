@@ -44,7 +44,7 @@ class Entry:
                  "stopping", "placement", "held", "start_time", "end_time", "pending_since", "pending",
                  "preemptions", "stage_times", "skew", "speeds", "restart_cost", "group", "status", "accrued_at",
                  "seq", "slowdown", "rate", "rate_window", "peak_memory", "ready_at", "run_at", "data", "gpu_type",
-                 "project")
+                 "project", "work_known")
 
     def __init__(self, key, num_gpu: int, submit_time: float, *, model: str = "", iteration_time: float = 1.0,
                  iterations: float = 1.0, stage_times: tuple = (), user: str = "", skew: float = 0.0,
@@ -84,6 +84,7 @@ class Entry:
         self.data: dict = {}  # the backend's own per-job state
         self.gpu_type = gpu_type  # the GPU type it must run on ("" any)
         self.project = project  # the project it is charged to ("" none)
+        self.work_known = True  # False: its remaining_iterations are assumed (JobView.work_known)
 
     def view(self, starting: bool = False) -> JobView:
         """Its policy view; ``starting``: its run has not trained yet (``JobTable.starting``)."""
@@ -92,7 +93,7 @@ class Entry:
                        self.start_time, self.pending_since, self.preemptions, self.stage_times, self.user, self.skew,
                        self.speeds, self.restart_cost, self.min_gpu, self.max_gpu, self.priority, self.rate,
                        self.rate_window, self.peak_memory, starting, self.ready_at if starting else None,
-                       self.gpu_type, self.project)
+                       self.gpu_type, self.project, self.work_known)
 
     def __repr__(self) -> str:
         return f"Entry({self.key!r}, gpus={self.num_gpu}, {self.status.value}{', stopping' if self.stopping else ''})"

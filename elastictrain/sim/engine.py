@@ -494,6 +494,7 @@ class Simulator:
         e.remaining_iterations = p.get("remaining", e.remaining_iterations)
         e.restart_cost = p.get("restart_cost", e.restart_cost)
         e.priority = p.get("priority", e.priority)
+        e.work_known = p.get("work_known", True)
         table.touch(e.key)  # (its view was made as it arrived)
         where = p.get("placement")
         if where:

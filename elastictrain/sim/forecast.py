@@ -67,6 +67,7 @@ class ForecastJob:
     array_limit: int = 0  # its array's %N: tasks admitted at once, at most (0: no limit)
     min_gpu: int = 0  # elastic (``submit --gpus MIN:MAX``): the fewest workers it runs on (0: ``gpus``)
     max_gpu: int = 0  # and the most (0: ``gpus``); ``gpus`` is its size now (running) or next
+    work_known: bool = True  # False: ``remaining`` is assumed (no --steps/--epochs: JobView.work_known)
 
 
 @dataclass
@@ -124,7 +125,7 @@ def forecast(policy: Policy, jobs: list[ForecastJob], gpus_per_node: tuple, node
                              project=j.project, **({"min_gpu": lo, "max_gpu": hi} if lo < hi else {})))
         prior[i] = {"attained": j.attained, "attained_gpu": j.attained_gpu, "preemptions": j.preemptions,
                     "remaining": max(j.remaining, 1e-9), "restart_cost": j.restart_cost, "placement": where,
-                    "run_age": j.run_age, "priority": j.priority}
+                    "run_age": j.run_age, "priority": j.priority, "work_known": j.work_known}
         keys.append(j.key)
     index = {key: i for i, key in enumerate(keys)}
     after = {}

@@ -240,6 +240,8 @@ def test_measured_inputs_and_what_was_assumed(tmp_path):
     a = w.submit(1)  # no --steps: SRTF needs a duration it does not have
     b = w.submit(1, steps=100)
     w.s.tick()
+    views = w.s.sched.last_snapshot.by_key  # what the policy was told: a's work left is assumed, b's known
+    assert views[a].work_known is False and views[b].work_known is True
     w.run_all()
     assumed = {(e.job, e.detail["input"]) for e in w.s.events.list(0).events if e.kind == "assumed"}
     assert {(a, "remaining"), (a, "iteration_time"), (b, "iteration_time")} <= assumed

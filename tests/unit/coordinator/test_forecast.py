@@ -2,6 +2,7 @@
 policy from the cluster as it is, and says when each job is expected to start and end."""
 
 import asyncio
+import dataclasses
 
 import pytest
 
@@ -390,6 +391,10 @@ def test_an_elastic_job_is_forecast_at_the_sizes_the_policy_would_give_it():
     assert elastic.start["b"] == pytest.approx(0.0, abs=1e-6) and elastic.end["b"] == pytest.approx(55.0, abs=1e-6)
     kept = forecast(create("backfill", grow=False), jobs(1), (2, 2))
     assert kept.start["b"] == pytest.approx(0.0, abs=1e-6) and kept.end["b"] == pytest.approx(80.0, abs=1e-6)
+    # its work left assumed (no --steps/--epochs): the live backfill would not grow it, nor does the forecast's
+    unknown = [jobs(1)[0], dataclasses.replace(jobs(1)[1], work_known=False)]
+    kept = forecast(create("backfill"), unknown, (2, 2))
+    assert kept.end["b"] == pytest.approx(80.0, abs=1e-6), kept.end
     # autoscale starts it at its minimum, then resizes it as it measures: a start now, an end the
     # rigid forecast could not have given
     auto = forecast(create("autoscale"), jobs(1), (2, 2))

@@ -238,6 +238,10 @@ def test_idle_gpus_grow_a_running_elastic_job_where_no_reservation_moves():
                        min_gpu=2, max_gpu=8, starting=True)
     assert not create("backfill").decide(ClusterSnapshot(200.0, (starting,), (8,), 1, running=(starting,))).workers
     assert not create("backfill", grow=False).decide(ClusterSnapshot(200.0, (flex,), (8,), 1, running=(flex,))).workers
+    # its work left assumed (live: no --steps/--epochs, the rest of its --time): more workers shorten nothing known
+    assumed = JobView(1, 2, 1.0, iterations=1000, remaining_iterations=1000, running=True, placement=((0, 2),),
+                      min_gpu=2, max_gpu=8, work_known=False)
+    assert not create("backfill").decide(ClusterSnapshot(200.0, (assumed,), (8,), 1, running=(assumed,))).workers
     # near its end a resize (a restart) does not pay: 12 s left at 2; on 8, 3 s after a 10 s restart
     near = JobView(1, 2, 1.0, iterations=1000, remaining_iterations=12, running=True, placement=((0, 2),),
                    min_gpu=2, max_gpu=8, restart_cost=10.0)

@@ -298,9 +298,10 @@ def _policy_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reservations", type=int, default=None,
                    help="backfill: how many waiting jobs that do not fit get a reservation that the jobs behind them "
                    "must not delay (default 1: EASY backfill; Slurm reserves for each of the first bf_max_job_test)")
-    p.add_argument("--no-grow", dest="grow", action="store_false", default=None,
-                   help="backfill, multifactor: do not grow running elastic jobs (--gpus MIN:MAX) onto GPUs the queue "
-                   "leaves idle (by default they grow where they then end sooner and no reservation moves)")
+    p.add_argument("--grow", action="store_true", default=None,
+                   help="backfill, multifactor: grow running elastic jobs (--gpus MIN:MAX, with --steps or --epochs) "
+                   "onto GPUs the queue leaves idle, where no reservation moves (off by default, as in Slurm: it "
+                   "pays for jobs that scale well; docs/cluster.md, Backfill)")
     p.add_argument("--priority-weights", default=None, metavar="FACTOR=N,...",
                    help="multifactor: the weights of age, fairshare, size and qos, as Slurm's PriorityWeight* (default "
                    "age=1000,fairshare=10000,size=1000,qos=1000; those not given keep theirs)")

@@ -10,15 +10,21 @@ before it: 1 is EASY backfill (the classic), more is what Slurm does (it reserve
 first ``bf_max_job_test`` jobs it tests; conservative backfill when every job gets one).
 
 An elastic job (``--gpus MIN:MAX``) starts at the most workers that fit now, down to its least
-(Slurm's ``--nodes=MIN-MAX``; its estimate scaled to that many), and is reserved at its least.
-GPUs the queue leaves idle then *grow* the running elastic jobs (``grow``, on by default; ``--no-grow``),
-the earliest started first, under the same rule as a start: to the most workers whose GPUs stay free until the
-job, at that size, would end, so no reservation moves. A resize restarts the job, so it grows only
-where it then ends sooner by at least a tenth of its time left (``GROW_GAIN``), its restart cost
-counted; one still in its start-up waits for its first step; one whose work left is not known
-(live: no ``--steps``/``--epochs``, :attr:`.JobView.work_known`) does not grow, as more workers
-would not be known to end it sooner. It never shrinks (nothing is preempted under backfill); a job
-that arrives later waits for its end, which growing brought forward.
+(Slurm's ``--nodes=MIN-MAX``; its estimate scaled up, linearly, to fewer workers than it asked
+for, and not shortened by more: a reservation must hold however well it scales), and is reserved
+at its least.
+With ``grow`` (``--grow``; off by default, as in Slurm), GPUs the queue leaves idle then *grow*
+the running elastic jobs, the earliest started first: to the most workers whose GPUs stay free
+until the job would end at the size it has (and a restart), so no reservation moves however well
+it scales (more workers are taken never to make it slower; how much faster is an estimate, linear
+in the workers). A resize restarts the job, so it grows only where that estimate ends it sooner by
+at least a tenth of its time left (``GROW_GAIN``), its restart cost counted; one still in its
+start-up waits for its first step; one whose work left is not known (live: no
+``--steps``/``--epochs``, :attr:`.JobView.work_known`) does not grow, as more workers would not be
+known to end it sooner. It never shrinks (nothing is preempted under backfill); a job that arrives
+later waits for its end, which growing brought forward. It pays for jobs that scale well; for
+jobs that do not, the GPUs they take from later arrivals cost about what they gain (docs/cluster.md
+gives the figures), and ``autoscale``, which measures, is the policy to use.
 
 A node's planned maintenance (``nodes drain NAME --at TIME --for SECONDS``: Slurm's ``flags=maint``
 reservation) is planned around the same way: nothing starts there that would still run then.
@@ -59,11 +65,14 @@ def _speed(j, where, types: tuple) -> float:
     return s if s > 0 else 1.0
 
 
-def _need(j, size: int, where, types: tuple) -> float:
-    """Seconds ``j`` holds ``size`` GPUs from its start: its remaining time at its size now scaled to
-    ``size`` (data parallel), at its speed on ``where`` (None: the slowest GPU type), plus its
-    restart cost."""
-    t = j.remaining_time if size == j.num_gpu else j.remaining_time * j.num_gpu / size
+def _need(j, size: int, where, types: tuple, hoped: bool = False) -> float:
+    """Seconds ``j`` holds ``size`` GPUs from its start: its remaining time at its size now, on fewer
+    workers scaled up as if linearly (data parallel; a job that scales less loses less), on more not
+    shortened (how well it scales is not known, and a reservation must hold: more workers are taken
+    never to make it slower); ``hoped``: on more, shortened linearly too (what growing is hoped to
+    gain); at its speed on ``where`` (None: the slowest GPU type), plus its restart cost."""
+    t = j.remaining_time if size == j.num_gpu or (size > j.num_gpu and not hoped) else \
+        j.remaining_time * j.num_gpu / size
     if types and j.speeds:
         t = t / _speed(j, where, types)
     return t + j.restart_cost
@@ -148,7 +157,7 @@ class Backfill:
     first_step_events = False
 
     def __init__(self, reservations: int = 1, placement: str = "consolidated", packlimit: float = 0.5,
-                 grow: bool = True) -> None:
+                 grow: bool = False) -> None:
         if isinstance(reservations, bool) or not isinstance(reservations, int) or not 1 <= reservations <= 1000:
             raise ConfigError(f"reservations must be a whole number from 1 to 1000, not {reservations!r}")
         if placement == "count":
@@ -245,17 +254,16 @@ class Backfill:
             if free_now <= 0:
                 return
             was, left = j.placement, end - now
+            # its GPUs at the new size are held until it ends at the old one (and a restart): how much
+            # faster more workers make it is an estimate (linear), but they never make it slower
+            hold = end + j.restart_cost
             line.take(was, now, end, -1)  # (its own GPUs are its to keep at a new size)
+            least, total, top = line.from_now(hold)
             got = None
-            for size in range(j.max_gpu, j.num_gpu, -1):
-                if size > j.num_gpu + free_now:
-                    continue
-                need = _need(j, size, None, types)
+            for size in range(min(j.max_gpu, total), j.num_gpu, -1):
+                need = _need(j, size, None, types, hoped=True)
                 if need > left * (1.0 - GROW_GAIN):
                     break  # (fewer workers take longer still)
-                least, total, top = line.from_now(now + need)
-                if size > total:
-                    continue
                 home = was[0][0] if len(was) == 1 else -1
                 if home >= 0 and least[home] >= size and not j.gpu_type:
                     where = ((home, size),)  # (where it runs, if its node has room)
@@ -269,12 +277,13 @@ class Backfill:
                 continue
             size, where, need = got
             if types and j.speeds:
-                need = _need(j, size, where, types)
-            line.take(where, now, now + need)
+                need = _need(j, size, where, types, hoped=True)
+            line.take(where, now, hold)
             run[j.job_id], workers[j.job_id] = where, size
             notes.append((j.job_id, {"decision": "grow", "why": (
-                f"grown from {j.num_gpu} to {size} workers on GPUs idle until it would end: it ends in about "
-                f"{need:.0f} s instead of {left:.0f} s (its restart counted), and no reservation moves")}))
+                f"grown from {j.num_gpu} to {size} workers on GPUs idle until it would end at {j.num_gpu}: it "
+                f"should end in about {need:.0f} s instead of {left:.0f} s (its restart counted), and no "
+                "reservation moves")}))
 
     def _queue(self, s: ClusterSnapshot):
         """The waiting jobs, in the order they start and get reservations: submission order."""

@@ -66,7 +66,7 @@ class Multifactor(Backfill):
     def __init__(self, weights: Optional[dict] = None, half_life: float = _WEEK, max_age: float = _WEEK,
                  favor_small: bool = False, tickets: Optional[dict] = None, default_tickets: float = 1.0,
                  project_tickets: Optional[dict] = None, reservations: int = 1, placement: str = "consolidated",
-                 packlimit: float = 0.5, grow: bool = True) -> None:
+                 packlimit: float = 0.5, grow: bool = False) -> None:
         super().__init__(reservations, placement, packlimit, grow)
         self.name = "multifactor"
         w = dict(DEFAULT_WEIGHTS)

@@ -497,9 +497,10 @@ def test_backfill_lets_a_short_job_pass_a_blocked_one_and_says_why_a_long_one_wa
 
 def test_backfill_grows_a_running_elastic_job_onto_gpus_freed_and_loses_no_sample(tmp_path):
     """An elastic job (--gpus 1:3) starts on the one GPU free beside a rigid job; when that job
-    ends, backfill grows it to 3 workers (nothing waits: no reservation to keep): a checkpointed
-    restart at the new size, in the event log with why, and every sample is trained exactly once."""
-    c = Cluster(tmp_path, "backfill", nodes=1, slots=3).start()
+    ends, backfill --grow grows it to 3 workers (nothing waits: no reservation to keep): a
+    checkpointed restart at the new size, in the event log with why, and every sample is trained
+    exactly once."""
+    c = Cluster(tmp_path, "backfill", "--grow", nodes=1, slots=3).start()
     try:
         _nap(c)
         a = c.cli("submit", "--gpus", "2", "--time", "0:30", "--", "nap.py", "6").stdout.strip()

@@ -379,8 +379,8 @@ def test_a_job_waiting_for_a_parent_projects_quota_is_forecast_to_start_when_roo
 
 def test_an_elastic_job_is_forecast_at_the_sizes_the_policy_would_give_it():
     """b may run on 1-4 workers: backfill starts it now on the 2 GPUs that are free (at half its
-    4-worker speed: 2 s a step) and grows it to 4 when a's end frees 2 more at 30 s (15 steps
-    done, the other 25 at 1 s: it ends at 55; not grown, at 80); rigid at 4, it waits 30 s."""
+    4-worker speed: 2 s a step, it ends at 80); with --grow it grows to 4 when a's end frees 2 more
+    at 30 s (15 steps done, the other 25 at 1 s: it ends at 55); rigid at 4, it waits 30 s."""
     def jobs(lo):
         return [ForecastJob("a", 2, 0.0, 1.0, 100.0, 30.0, placement=((0, 2),)),
                 ForecastJob("b", 4, 1.0, 1.0, 40.0, 40.0, min_gpu=lo, max_gpu=4)]
@@ -388,12 +388,12 @@ def test_an_elastic_job_is_forecast_at_the_sizes_the_policy_would_give_it():
     rigid, elastic = forecast(create("backfill"), jobs(4), (2, 2)), forecast(create("backfill"), jobs(1), (2, 2))
     assert rigid.complete and elastic.complete
     assert rigid.start["b"] == pytest.approx(30.0) and rigid.end["b"] == pytest.approx(70.0)
-    assert elastic.start["b"] == pytest.approx(0.0, abs=1e-6) and elastic.end["b"] == pytest.approx(55.0, abs=1e-6)
-    kept = forecast(create("backfill", grow=False), jobs(1), (2, 2))
-    assert kept.start["b"] == pytest.approx(0.0, abs=1e-6) and kept.end["b"] == pytest.approx(80.0, abs=1e-6)
+    assert elastic.start["b"] == pytest.approx(0.0, abs=1e-6) and elastic.end["b"] == pytest.approx(80.0, abs=1e-6)
+    grown = forecast(create("backfill", grow=True), jobs(1), (2, 2))
+    assert grown.start["b"] == pytest.approx(0.0, abs=1e-6) and grown.end["b"] == pytest.approx(55.0, abs=1e-6)
     # its work left assumed (no --steps/--epochs): the live backfill would not grow it, nor does the forecast's
     unknown = [jobs(1)[0], dataclasses.replace(jobs(1)[1], work_known=False)]
-    kept = forecast(create("backfill"), unknown, (2, 2))
+    kept = forecast(create("backfill", grow=True), unknown, (2, 2))
     assert kept.end["b"] == pytest.approx(80.0, abs=1e-6), kept.end
     # autoscale starts it at its minimum, then resizes it as it measures: a start now, an end the
     # rigid forecast could not have given

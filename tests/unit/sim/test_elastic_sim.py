@@ -102,16 +102,16 @@ def test_a_policy_reads_a_resized_jobs_iteration_time_at_the_size_it_runs():
     assert seen[0][2] == pytest.approx((3600 - 4 * 110) / 4), seen
 
 
-def test_simulate_no_grow_keeps_backfills_elastic_jobs_at_the_size_they_started_with(tmp_path):
+def test_simulate_grow_lets_backfill_grow_elastic_jobs_and_without_it_they_keep_their_size(tmp_path):
     from elastictrain.cli import main
 
     trace = tmp_path / "e.csv"
     # 8 GPUs: job 0 (rigid, 6) runs until 600; elastic job 1 (1..8, 8 at submission) starts on the 2
-    # left; when job 0 ends it grows to 8 (resize 1), unless --no-grow
+    # left; with --grow it grows to 8 when job 0 ends (one resize); without, it ends on 2
     trace.write_text("job_id,num_gpu,submit_time,iterations,iteration_time,min_gpu,max_gpu\n"
                      "0,6,0,600,1.0,,\n1,8,1,2000,1.0,1,8\n")
     resizes = []
-    for extra in ([], ["--no-grow"]):
+    for extra in (["--grow"], []):
         assert main(["simulate", "--trace", str(trace), "--cluster", "n1g8", "--policy", "backfill",
                      "--no-progress", "--out", str(tmp_path / "out"), *extra]) == 0
         resizes.append(json.loads((tmp_path / "out" / "summary.json").read_text())[0]["resizes"])

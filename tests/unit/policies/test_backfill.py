@@ -280,6 +280,27 @@ def test_in_the_simulator_grown_jobs_delay_no_reservation_and_the_trace_ends_soo
     assert out[True][0] < out[False][0], out
 
 
+@pytest.mark.parametrize("grow", (False, True))
+def test_jobs_that_scale_less_than_linearly_delay_no_reservation(grow):
+    # elastic jobs asking for 2 workers (1..8) with a serial fraction of 0.3 among big rigid ones: a start
+    # on more workers than asked, or a growth, is never estimated shorter than the job's time at its size
+    # now (with a linear estimate a start on 8 took a quarter of it, and heads of the queue started late)
+    rng = random.Random(11)
+    jobs, t = [], 0.0
+    for i in range(200):
+        t += rng.expovariate(1 / 90)
+        if rng.random() < 0.5:
+            jobs.append(JobSpec(i, 2, round(t, 3), rng.choice([600, 1800, 3600]), 1.0, min_gpu=1, max_gpu=8,
+                                serial=0.3))
+        else:
+            jobs.append(JobSpec(i, rng.choice([4, 8, 16]), round(t, 3), rng.choice([60, 600]), 1.0))
+    watch = HeadWatch(create("backfill", grow=grow))
+    r = Simulator(jobs, ClusterSpec(1, 2, 8), watch, restart_cost=5.0).run()
+    got = {j.job_id: j.start_time for j in r.jobs}
+    late = {k: (got[k], start) for k, start in watch.head.items() if got[k] > start + 1e-6}
+    assert len(watch.head) > 20 and not late, late
+
+
 def test_in_the_simulator_a_planned_maintenance_preempts_nothing_under_backfill():
     rng = random.Random(3)
     jobs, t = [], 0.0

@@ -88,6 +88,7 @@ class JobRecord(msgspec.Struct):
     step_time: Optional[float] = None
     step_run: int = 0
     iteration_time: Optional[float] = None
+    timed_workers: int = 0  # the worker count iteration_time was measured on (a resize measures anew)
     assumed: list[str] = []
     profile_steps: int = 20
     reprofile: bool = False

@@ -716,7 +716,13 @@ class ClusterScheduler:
                     s0, t0 = rec.group_t0
                 rec.group_iteration_time, rec.group_steps = (now - t0) / (req.step - s0), req.step - s0
             else:
-                rec.iteration_time = sample if rec.iteration_time is None else 0.7 * rec.iteration_time + 0.3 * sample
+                cur = self.table.get(job)
+                now_on = cur.num_gpu if cur is not None else rec.workers
+                if rec.iteration_time is None or rec.timed_workers != now_on:
+                    rec.iteration_time = sample  # (a step on other workers is another step time: start afresh)
+                else:
+                    rec.iteration_time = 0.7 * rec.iteration_time + 0.3 * sample
+                rec.timed_workers = now_on
                 self._type_time(rec, sample)
         if rec.step_run != rec.run and rec.status == "running":
             self._emit("first_step", job, "", run=rec.run, step=req.step)  # this run trains

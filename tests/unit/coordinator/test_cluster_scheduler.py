@@ -254,6 +254,13 @@ def test_measured_inputs_and_what_was_assumed(tmp_path):
     w.s.tick()
     view = w.s.sched.last_snapshot.job(b)
     assert view.iteration_time == pytest.approx(0.5) and view.remaining_iterations == 80 and e.attained_gpu > 0
+    w.clock.advance(2)
+    assert w.c.step(b, StepReport(0, 30)).iteration_time == pytest.approx(0.7 * 0.5 + 0.3 * 0.2)  # (smoothed)
+    # on 2 workers (as after a resize) a step takes another time: measured afresh, not smoothed into 1's
+    e.num_gpu = 2
+    w.clock.advance(1)
+    assert w.c.step(b, StepReport(0, 40)).iteration_time == pytest.approx(0.1)
+    assert w.s.records[b].timed_workers == 2
 
 
 def test_a_runs_start_up_is_measured_as_its_restart_cost(tmp_path):

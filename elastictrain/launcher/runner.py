@@ -203,7 +203,9 @@ def serve(watching: bool = False) -> None:
             write_error(error_file, f"{type(exc).__name__}: {exc}", tb)
         sys.stderr.write(tb)
         sys.stderr.flush()
-        os._exit(130 if isinstance(exc, KeyboardInterrupt) else 1)
+        # as Python ends a script that raised: its atexit hooks run (a checkpoint still persisting is
+        # finished, runtime/checkpoint.py); its other threads are not waited for (a failed worker exits)
+        _exit(130 if isinstance(exc, KeyboardInterrupt) else 1, join=False)
     _exit(0)
 
 
@@ -218,18 +220,19 @@ def exit_status(code) -> int:
     return 1
 
 
-def _exit(code) -> None:
-    """End the worker as a normal exit would (join non-daemon threads, run atexit handlers,
-    flush), then skip the interpreter's teardown: destroying torch's C++ state there (gloo and
-    intra-op threads of a torch imported by a warm spare before the job's environment was set)
-    aborted about one worker in three with "terminate called without an active exception"."""
+def _exit(code, join: bool = True) -> None:
+    """End the worker as a normal exit would (join non-daemon threads, unless ``join`` is False,
+    run atexit handlers, flush), then skip the interpreter's teardown: destroying torch's C++
+    state there (gloo and intra-op threads of a torch imported by a warm spare before the job's
+    environment was set) aborted about one worker in three with "terminate called without an
+    active exception"."""
     import atexit
     import threading
 
     status = exit_status(code)
     me = threading.current_thread()
     for t in threading.enumerate():
-        if t is not me and not t.daemon:
+        if join and t is not me and not t.daemon:
             t.join()
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):

@@ -167,6 +167,34 @@ def test_root_cause_logs_and_restarts_exhausted(tmp_path):
     assert "ValueError" in err_file["message"]["message"]
 
 
+def test_a_worker_that_raises_just_after_a_save_keeps_that_save(tmp_path):
+    """Under etrun as under plain python: a script that raises (torch's OutOfMemoryError, say) while
+    its last checkpoint still persists finishes that persist before it exits, so the restart resumes
+    from it. etrun's runner used to end a raising worker with os._exit, skipping the exit hook, and
+    the restart went back to the checkpoint before (CI saw it in test_oom_accumulate)."""
+    script = write(tmp_path, "crash.py", f"""
+        import os, time
+        import numpy as np
+        from elastictrain.runtime.checkpoint import Checkpointer
+        slow = Checkpointer._persist
+        def persist(self, *a, **k):
+            time.sleep(1.0)  # (a slow store: the exception comes while the save persists)
+            return slow(self, *a, **k)
+        Checkpointer._persist = persist
+        ck = Checkpointer("ck", {{"w": np.arange(1000.0)}}, rank=0, world_size=1)
+        info = ck.restore()
+        print("restored", None if info is None else info.step, flush=True)
+        if info is None:
+            ck.save(7)
+            raise RuntimeError("CUDA out of memory (a crash right after the save)")
+    """)
+    code, out, err = finish(etrun(["--nproc-per-node", "1", "--max-restarts", "1", "--rdzv-id", "c", script],
+                                  cwd=tmp_path), 120)
+    assert code == 0, err[-3000:]
+    assert "restored None" in out and "restored 7" in out, (out, err[-3000:])
+    assert "exiting while a checkpoint persists" in err, err[-3000:]
+
+
 def test_redirects_and_rank_filter(tmp_path):
     script = write(tmp_path, "talk.py", """
         import os, sys

@@ -28,6 +28,26 @@ class HeadWatch:
         return d
 
 
+def arrivals(seed: int, n: int, gap: float, make) -> list:
+    """``n`` jobs arriving as a Poisson process (mean ``gap`` s apart): ``make(id, submit time, rng)``."""
+    rng = random.Random(seed)
+    jobs, t = [], 0.0
+    for i in range(n):
+        t += rng.expovariate(1 / gap)
+        jobs.append(make(i, round(t, 3), rng))
+    return jobs
+
+
+def late_heads(jobs, policy, cluster, **kw):
+    """Simulate ``policy`` (a backfill) under HeadWatch: the result, how many jobs stood at the head
+    of the queue, and those that started later than the reservation they got there (job -> (start,
+    reserved start))."""
+    watch = HeadWatch(policy)
+    r = Simulator(jobs, cluster, watch, **kw).run()
+    got = {j.job_id: j.start_time for j in r.jobs}
+    return r, len(watch.head), {k: (got[k], s) for k, s in watch.head.items() if got[k] > s + 1e-6}
+
+
 def starts(jobs, policy, cluster=ClusterSpec(1, 1, 4), **kw):
     r = Simulator(jobs, cluster, create(policy) if isinstance(policy, str) else policy, **kw).run()
     return {j.job_id: j.start_time for j in r.jobs}
@@ -70,11 +90,9 @@ def test_the_head_of_the_queue_starts_no_later_than_its_reservation(seed, reserv
         t += rng.expovariate(1 / 40)
         size = rng.choice([1, 1, 1, 2, 2, 4, 4, 8, 12])
         jobs.append(JobSpec(i, size, round(t, 3), rng.choice([20, 60, 300, 900, 3000]), rng.choice([0.5, 1.0, 2.0])))
-    watch = HeadWatch(create("backfill", reservations=reservations))
-    got = starts(jobs, watch, ClusterSpec(2, 2, 4), restart_cost=7.0)
-    assert len(watch.head) > 10  # jobs did wait at the head
-    late = {k: (got[k], start) for k, start in watch.head.items() if got[k] > start + 1e-6}
-    assert not late, late
+    _, heads, late = late_heads(jobs, create("backfill", reservations=reservations), ClusterSpec(2, 2, 4),
+                                restart_cost=7.0)
+    assert heads > 10 and not late, late  # (jobs did wait at the head)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -88,11 +106,9 @@ def test_on_gpus_of_two_speeds_the_head_still_starts_no_later_than_its_reservati
         size = rng.choice([1, 1, 2, 4, 4, 8, 12])
         jobs.append(JobSpec(i, size, round(t, 3), rng.choice([20, 60, 300, 900, 3000]), 1.0,
                             speeds=(("k80", 0.4), ("v100", 1.0))))
-    watch = HeadWatch(create("backfill"))
-    got = starts(jobs, watch, ClusterSpec(1, 4, 4, ("k80", "k80", "v100", "v100"), (4, 4, 4, 4)), restart_cost=7.0)
-    assert len(watch.head) > 10
-    late = {k: (got[k], start) for k, start in watch.head.items() if got[k] > start + 1e-6}
-    assert not late, late
+    _, heads, late = late_heads(jobs, create("backfill"), ClusterSpec(1, 4, 4, ("k80", "k80", "v100", "v100"),
+                                                                  (4, 4, 4, 4)), restart_cost=7.0)
+    assert heads > 10 and not late, late
 
 
 def test_it_beats_strict_fifo_and_does_not_starve_big_jobs_as_best_effort_does():
@@ -259,22 +275,16 @@ def test_in_the_simulator_grown_jobs_delay_no_reservation_and_the_trace_ends_soo
     # elastic jobs (1..8 workers, linear scaling) among rigid ones: every head of the queue starts no
     # later than the reservation it got there, as without growing, and the GPUs left idle shorten the
     # whole trace (by 1-20% on these; the mean JCT by 0-5%)
-    rng = random.Random(seed)
-    jobs, t = [], 0.0
-    for i in range(150):
-        t += rng.expovariate(1 / 60)
+    def make(i, t, rng):
         if rng.random() < 0.4:
-            jobs.append(JobSpec(i, 4, round(t, 3), rng.choice([300, 900, 3000]), 1.0, min_gpu=1, max_gpu=8))
-        else:
-            jobs.append(JobSpec(i, rng.choice([1, 2, 4, 8]), round(t, 3), rng.choice([60, 300, 900]), 1.0))
+            return JobSpec(i, 4, t, rng.choice([300, 900, 3000]), 1.0, min_gpu=1, max_gpu=8)
+        return JobSpec(i, rng.choice([1, 2, 4, 8]), t, rng.choice([60, 300, 900]), 1.0)
+
+    jobs = arrivals(seed, 150, 60, make)
     out = {}
     for grow in (True, False):
-        watch = HeadWatch(create("backfill", grow=grow))
-        r = Simulator(jobs, ClusterSpec(1, 2, 8), watch, restart_cost=5.0).run()
-        got = {j.job_id: j for j in r.jobs}
-        assert len(got) == len(jobs) and len(watch.head) > 10
-        late = {k: (got[k].start_time, start) for k, start in watch.head.items() if got[k].start_time > start + 1e-6}
-        assert not late, (grow, late)
+        r, heads, late = late_heads(jobs, create("backfill", grow=grow), ClusterSpec(1, 2, 8), restart_cost=5.0)
+        assert len(r.jobs) == len(jobs) and heads > 10 and not late, (grow, late)
         out[grow] = (r.makespan, sum(j.resizes for j in r.jobs))
     assert out[True][1] > 0 and out[False][1] == 0, out
     assert out[True][0] < out[False][0], out
@@ -285,20 +295,14 @@ def test_jobs_that_scale_less_than_linearly_delay_no_reservation(grow):
     # elastic jobs asking for 2 workers (1..8) with a serial fraction of 0.3 among big rigid ones: a start
     # on more workers than asked, or a growth, is never estimated shorter than the job's time at its size
     # now (with a linear estimate a start on 8 took a quarter of it, and heads of the queue started late)
-    rng = random.Random(11)
-    jobs, t = [], 0.0
-    for i in range(200):
-        t += rng.expovariate(1 / 90)
+    def make(i, t, rng):
         if rng.random() < 0.5:
-            jobs.append(JobSpec(i, 2, round(t, 3), rng.choice([600, 1800, 3600]), 1.0, min_gpu=1, max_gpu=8,
-                                serial=0.3))
-        else:
-            jobs.append(JobSpec(i, rng.choice([4, 8, 16]), round(t, 3), rng.choice([60, 600]), 1.0))
-    watch = HeadWatch(create("backfill", grow=grow))
-    r = Simulator(jobs, ClusterSpec(1, 2, 8), watch, restart_cost=5.0).run()
-    got = {j.job_id: j.start_time for j in r.jobs}
-    late = {k: (got[k], start) for k, start in watch.head.items() if got[k] > start + 1e-6}
-    assert len(watch.head) > 20 and not late, late
+            return JobSpec(i, 2, t, rng.choice([600, 1800, 3600]), 1.0, min_gpu=1, max_gpu=8, serial=0.3)
+        return JobSpec(i, rng.choice([4, 8, 16]), t, rng.choice([60, 600]), 1.0)
+
+    jobs = arrivals(11, 200, 90, make)
+    _, heads, late = late_heads(jobs, create("backfill", grow=grow), ClusterSpec(1, 2, 8), restart_cost=5.0)
+    assert heads > 20 and not late, late
 
 
 def test_in_the_simulator_a_planned_maintenance_preempts_nothing_under_backfill():

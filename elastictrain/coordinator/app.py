@@ -53,6 +53,11 @@ from .stragglers import StragglerWatch
 from .store import Store
 from .users import window_arg
 
+#: what a user is shown of the details of another user's job events: where and on how many workers
+#: it ran (what the queue shows anyway), so that usage over a period (history --by -S) counts every
+#: job's; the rest (reasons, commands, errors) stays the job's owner's
+_PUBLIC_DETAIL = frozenset({"placement", "previous", "run", "workers", "previous_workers"})
+
 __all__ = ["Coordinator", "CoordinatorApp", "MAX_BODY"]
 
 log = logging.getLogger(__name__)
@@ -363,7 +368,9 @@ class CoordinatorApp:
         if who.role == "admin":
             return out
         return msgspec.structs.replace(out, events=[
-            e if not e.job or self._sees(who, e.job) else msgspec.structs.replace(e, detail={}) for e in out.events])
+            e if not e.job or self._sees(who, e.job) else
+            msgspec.structs.replace(e, detail={k: v for k, v in e.detail.items() if k in _PUBLIC_DETAIL})
+            for e in out.events])
 
     def _sees(self, who: Identity, job: str) -> bool:
         """Whether ``who`` sees ``job``'s command, working directory, details and logs."""

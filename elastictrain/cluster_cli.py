@@ -1018,15 +1018,16 @@ def summarize_history(rows: list[dict], by: str, hours: Optional[dict] = None) -
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(r[by] or "-", []).append(r)
-    if hours is not None:
-        for name, h in hours.items():
-            if h > 0:
-                groups.setdefault(name, [])
-    total = sum(r["gpu_hours"] for r in rows) if hours is None else sum(hours.values())
+    if hours is None:
+        hours = {name: sum(r["gpu_hours"] for r in rs) for name, rs in groups.items()}
+    for name, h in hours.items():
+        if h > 0:
+            groups.setdefault(name, [])
+    total = sum(hours.values())
     out = []
     for name, rs in groups.items():
         waits = sorted(r["waited"] for r in rs if r["start"] is not None)
-        hours_ = sum(r["gpu_hours"] for r in rs) if hours is None else hours.get(name, 0.0)
+        got = hours.get(name, 0.0)
 
         def q(p):  # (nearest rank; the median of an even count is the mean of the middle two)
             if not waits:
@@ -1037,8 +1038,8 @@ def summarize_history(rows: list[dict], by: str, hours: Optional[dict] = None) -
 
         out.append({by: name, "jobs": len(rs), "finished": sum(r["state"] == "finished" for r in rs),
                     "failed": sum(r["state"] == "failed" for r in rs),
-                    "cancelled": sum(r["state"] == "cancelled" for r in rs), "gpu_hours": round(hours_, 6),
-                    "share": round(hours_ / total, 6) if total > 0 else 0.0, "wait_median": q(0.5),
+                    "cancelled": sum(r["state"] == "cancelled" for r in rs), "gpu_hours": round(got, 6),
+                    "share": round(got / total, 6) if total > 0 else 0.0, "wait_median": q(0.5),
                     "wait_p95": q(0.95), "preemptions": sum(r["preemptions"] for r in rs)})
     out.sort(key=lambda r: (-r["gpu_hours"], r[by]))
     return out

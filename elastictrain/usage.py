@@ -12,7 +12,7 @@ coordinator's own GPU-hours (``attained_gpu``) count it: a run's start-up is not
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 __all__ = ["all_events", "gpu_spans", "within"]
 
@@ -37,7 +37,7 @@ def gpu_spans(events: Iterable, now: float, service: bool = False) -> list[tuple
     ``job``, ``detail``, in log order); a run still going ends at ``now``."""
     spans: list[tuple[str, float, float, int]] = []
     held: dict[str, tuple[float, int]] = {}  # job -> (since, GPUs) of its open span
-    placed: dict[str, tuple[int, int]] = {}  # (service) job -> (run, GPUs) placed, its first step not seen yet
+    placed: dict[str, tuple[Optional[int], int]] = {}  # (service) job -> (run, GPUs) placed, first step not seen
     for e in events:
         job, kind = e.job, e.kind
         begins = kind in _STARTS or kind in _RESTARTS

@@ -166,13 +166,16 @@ class Backfill:
             raise ConfigError(f"grow must be true or false, not {grow!r}")
         self.reservations, self.placement, self.packlimit = reservations, placement, packlimit
         self.grow = grow
-        #: a running elastic job grows once its first step is done: with elastic jobs, that is an
-        #: event to decide at (sim/engine.py)
-        self.first_step_events_elastic = grow
         self.name = "backfill"
         #: the last decision's reservations, in queue order: (job key, start, placement)
         self.reserved: list[tuple] = []
         self._free_now = 0  # GPUs left free by that decision
+
+    @property
+    def first_step_events_elastic(self) -> bool:
+        """With ``grow``, a running elastic job grows once its first step is done: with elastic jobs,
+        a first step is an event to decide at (sim/engine.py)."""
+        return self.grow
 
     def decide(self, s: ClusterSnapshot) -> Decision:
         now, caps, types = s.now, s.gpus_per_node, s.node_types
@@ -187,8 +190,8 @@ class Backfill:
             left = j.remaining_time / _speed(j, j.placement, types) if types else j.remaining_time
             ends.append((max(begins + left, now + _SOON), j.placement))
         grown = [(j, end) for j, (end, _) in zip(s.running, ends)
-                 if self.grow and j.elastic and not j.starting and j.work_known
-                 and j.num_gpu < (j.max_gpu or j.num_gpu)]
+                 if j.elastic and not j.starting and j.work_known and j.num_gpu < (j.max_gpu or j.num_gpu)] \
+            if self.grow else ()
         line = _Timeline(now, free, ends)
         for n, start, end in s.windows:  # planned maintenance: the node offers nothing then
             if end > now and 0 <= n < len(caps) and caps[n] > 0:
@@ -241,7 +244,8 @@ class Backfill:
                 reserved.append((j.job_id, *got))
         if grown and free_now > 0:
             self._grow(now, types, line, placer, grown, run, workers, notes)
-        self.reserved, self._free_now = reserved, line.from_now(now)[1]
+            free_now = line.from_now(now)[1]
+        self.reserved, self._free_now = reserved, free_now
         return Decision(run, notes=tuple(notes), workers=workers)
 
     @staticmethod
@@ -259,13 +263,13 @@ class Backfill:
             hold = end + j.restart_cost
             line.take(was, now, end, -1)  # (its own GPUs are its to keep at a new size)
             least, total, top = line.from_now(hold)
+            home = was[0][0] if len(was) == 1 and not j.gpu_type else -1  # (its node, if it runs on one)
             got = None
             for size in range(min(j.max_gpu, total), j.num_gpu, -1):
                 need = _need(j, size, None, types, hoped=True)
                 if need > left * (1.0 - GROW_GAIN):
                     break  # (fewer workers take longer still)
-                home = was[0][0] if len(was) == 1 else -1
-                if home >= 0 and least[home] >= size and not j.gpu_type:
+                if home >= 0 and least[home] >= size:
                     where = ((home, size),)  # (where it runs, if its node has room)
                 else:
                     where = placer.reset(least, total, top).place(size, j.skew, (), j.gpu_type)

@@ -31,7 +31,7 @@ from ..wire import AgentAction, AgentJoin
 from .config import DEFAULT_PRELOAD, LaunchConfig, command_digest, size_text
 from .. import PREEMPTED_EXIT_CODE
 from .memcg import WorkerCgroup
-from .workers import Failure, SparePool, WorkerGroup, free_ports, reserve_port
+from .workers import Failure, SparePool, WorkerGroup, reserve_port, reserve_ports
 
 __all__ = ["Agent"]
 
@@ -66,6 +66,7 @@ class Agent:
         self._slots: Optional[list[int]] = None  # the worker slots of the generation being joined
         self._cgroups: dict[int, WorkerCgroup] = {}  # local rank -> its memory cgroup (--memory-enforce cgroup)
         self._master_port: Optional[socket.socket] = None  # this node's MASTER_PORT, held (workers.reserve_port)
+        self._worker_ports: list[socket.socket] = []  # its workers' own ports (TF_CONFIG), held the same way
 
     # ------------------------------------------------------------------ set-up
     def _state_dir(self) -> str:
@@ -198,8 +199,7 @@ class Agent:
                 self._keep_or_stop(carry, False)
             if pool is not None:
                 pool.close()
-            if self._master_port is not None:
-                self._master_port.close()
+            self._release_ports()
             if self._hvd is not None:
                 self._hvd.close()
             if self._embedded is not None:
@@ -265,17 +265,27 @@ class Agent:
             return "127.0.0.1" if _is_loopback(cfg.rdzv_host[0]) else socket.gethostname()
         return cfg.master_addr if cfg.coordinator is None else socket.gethostname()
 
+    def _release_ports(self) -> None:
+        """Close the held MASTER_PORT and worker ports (a new rendezvous picks new ones)."""
+        if self._master_port is not None:
+            self._master_port.close()
+            self._master_port = None
+        for p in self._worker_ports:
+            p.close()
+        self._worker_ports = []
+
     def _rendezvous(self, grow: bool = False) -> AgentAction:
         cfg = self.cfg
         host = self._host()
         n = cfg.nproc_per_node if self._slots is None else len(self._slots)
-        # held until the next rendezvous: if this node hosts rank 0, its TCPStore listens there
-        if self._master_port is not None:
-            self._master_port.close()
+        # held until the next rendezvous: if this node hosts rank 0, its TCPStore listens there, and
+        # each worker's TensorFlow server on its own port
+        self._release_ports()
         self._master_port = reserve_port()
+        self._worker_ports = reserve_ports(n) if n <= _MAX_WORKER_PORTS else []
         join = AgentJoin(self.agent_id, host, n, self._master_port.getsockname()[1], cfg.min_nodes, cfg.max_nodes,
                          cfg.max_restarts, cfg.agent_timeout, cfg.node_rank, cfg.last_call, cfg.run,
-                         free_ports(n) if n <= _MAX_WORKER_PORTS else [], grow=grow,
+                         [p.getsockname()[1] for p in self._worker_ports], grow=grow,
                          node=node_name(), horovod_port=self._hvd.rdzv.port if self._hvd is not None else 0)
         action = self.client.agent_join(cfg.run_id, join)
         deadline = time.monotonic() + cfg.join_timeout

@@ -114,18 +114,20 @@ def reserve_port(host: str = "") -> socket.socket:
     return s
 
 
-def free_ports(n: int, host: str = "") -> list[int]:
-    """``n`` distinct free ports (all held open while choosing, so none repeats)."""
-    socks = []
+def reserve_ports(n: int, host: str = "") -> list[socket.socket]:
+    """``n`` distinct free ports, each held as :func:`reserve_port` holds one (the workers' own ports:
+    TensorFlow's TF_CONFIG names one per worker, and its gRPC server binds it with SO_REUSEADDR
+    beside the hold; released, a port could be taken by any ``bind(0)`` on the host before the
+    worker's server binds it, and the worker would fail with "Could not start gRPC server")."""
+    socks: list[socket.socket] = []
     try:
         for _ in range(n):
-            s = socket.socket()
-            socks.append(s)
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
+            socks.append(reserve_port(host))
+    except OSError:
         for s in socks:
             s.close()
+        raise
+    return socks
 
 
 class SparePool:

@@ -1065,7 +1065,7 @@ def _history(args) -> int:
     if args.by:
         hours = None
         if since is not None or until is not None:  # sreport: the GPU time that fell within the period
-            hours = _period_hours(client, listed, args.by, since, until, st.now)
+            hours = _period_hours(client, listed, args.by, since, until)
         return _history_summary(args, summarize_history(rows, args.by, hours))
     fields = ("id", "name", "user", "gpus", "state", "submit", "start", "end", "elapsed", "waited", "exit_code",
               "runs", "restarts", "gpu_hours", "project")
@@ -1096,13 +1096,11 @@ def _history(args) -> int:
                                                                           f" at {args.coordinator}"))
 
 
-def _period_hours(client, jobs, by: str, since: Optional[float], until: Optional[float], now: float) -> dict:
+def _period_hours(client, jobs, by: str, since: Optional[float], until: Optional[float]) -> dict:
     """GPU-hours of ``jobs``' service (from each run's first step, as their own GPU-hours count) that
-    fell within ``[since, until)``, per user or project, from the coordinator's event log."""
-    from .usage import all_events, gpu_spans, within
-
-    seconds = within(gpu_spans(all_events(client), now, service=True), -math.inf if since is None else since,
-                     now if until is None else min(until, now))
+    fell within ``[since, until)``, per user or project, from the coordinator's spans of GPU time
+    (``GET /v1/cluster/usage``: coordinator/gpu_time.py)."""
+    seconds = {u.job: u.service_gpu_seconds for u in client.gpu_time(since, until).jobs}
     out: dict[str, float] = {}
     for j in jobs:
         s = seconds.get(j.id)

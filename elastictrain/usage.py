@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Iterable, Optional
 
-__all__ = ["all_events", "gpu_spans", "within"]
+__all__ = ["all_events", "gpu_spans", "within", "SpanFolder", "SPAN_KINDS"]
 
 _STARTS = ("start", "resume")
 _RESTARTS = ("resize", "migrate", "regroup")  # (their event names the run they end: the next one starts)
@@ -32,34 +32,57 @@ def all_events(client) -> list:
         after = page.next
 
 
+class SpanFolder:
+    """Folds event records, one at a time and in log order, into spans of GPUs (see the module
+    docstring; ``service``: from each run's first step). What it holds between events is each job's
+    open span (``held``: job -> (since, GPUs)) and, for service, each run placed whose first step has
+    not come yet (``placed``: job -> (run, GPUs)): the coordinator keeps both in its store
+    (:mod:`.coordinator.gpu_time`), so that it never reads the log again."""
+
+    def __init__(self, service: bool = False) -> None:
+        self.service = service
+        self.held: dict[str, tuple[float, int]] = {}
+        self.placed: dict[str, tuple[Optional[int], int]] = {}
+
+    def fold(self, time: float, kind: str, job: str, detail: dict) -> Optional[tuple[str, float, float, int]]:
+        """Fold one event; returns the span it closes ``(job, from, to, GPUs)``, or None."""
+        begins = kind in _STARTS or kind in _RESTARTS
+        closed = None
+        if begins or kind in _RUN_ENDS:
+            if job in self.held:
+                t0, g = self.held.pop(job)
+                closed = (job, t0, time, g)
+            self.placed.pop(job, None)
+        if begins:
+            gpus = sum(int(g) for _, g in detail.get("placement") or ())
+            if gpus > 0:
+                if self.service:
+                    run = detail.get("run")
+                    self.placed[job] = (run + 1 if kind in _RESTARTS and isinstance(run, int) else run, gpus)
+                else:
+                    self.held[job] = (time, gpus)
+        elif kind == "first_step" and job in self.placed:
+            run, gpus = self.placed[job]
+            if run is None or detail.get("run") in (None, run):  # (not an older run's worker, still stopping)
+                del self.placed[job]
+                self.held[job] = (time, gpus)
+        return closed
+
+
+#: the event kinds that open or close a span (the others are passed by)
+SPAN_KINDS = frozenset((*_STARTS, *_RESTARTS, *_RUN_ENDS, "first_step"))
+
+
 def gpu_spans(events: Iterable, now: float, service: bool = False) -> list[tuple[str, float, float, int]]:
     """``(job, from, to, GPUs)`` for every span of GPUs in event records (``time``, ``kind``,
     ``job``, ``detail``, in log order); a run still going ends at ``now``."""
+    folder = SpanFolder(service)
     spans: list[tuple[str, float, float, int]] = []
-    held: dict[str, tuple[float, int]] = {}  # job -> (since, GPUs) of its open span
-    placed: dict[str, tuple[Optional[int], int]] = {}  # (service) job -> (run, GPUs) placed, first step not seen
     for e in events:
-        job, kind = e.job, e.kind
-        begins = kind in _STARTS or kind in _RESTARTS
-        if begins or kind in _RUN_ENDS:
-            if job in held:
-                t0, g = held.pop(job)
-                spans.append((job, t0, e.time, g))
-            placed.pop(job, None)
-        if begins:
-            gpus = sum(int(g) for _, g in e.detail.get("placement") or ())
-            if gpus > 0:
-                if service:
-                    run = e.detail.get("run")
-                    placed[job] = (run + 1 if kind in _RESTARTS and isinstance(run, int) else run, gpus)
-                else:
-                    held[job] = (e.time, gpus)
-        elif kind == "first_step" and job in placed:
-            run, gpus = placed[job]
-            if run is None or e.detail.get("run") in (None, run):  # (not an older run's worker, still stopping)
-                del placed[job]
-                held[job] = (e.time, gpus)
-    spans.extend((job, t0, now, g) for job, (t0, g) in held.items())
+        closed = folder.fold(e.time, e.kind, e.job, e.detail)
+        if closed is not None:
+            spans.append(closed)
+    spans.extend((job, t0, now, g) for job, (t0, g) in folder.held.items())
     return spans
 
 

@@ -795,6 +795,25 @@ class EventList(_Msg):
     next: int
 
 
+class JobGpuTime(_Msg):
+    """One job's GPU-seconds within a period: allocated (from each run's start) and service (from
+    each run's first training step, as the job's own GPU-hours count them)."""
+
+    job: str
+    gpu_seconds: float
+    service_gpu_seconds: float
+
+
+class GpuTimeList(_Msg):
+    """``GET /v1/cluster/usage?since=&until=``: the jobs that held GPUs within ``[since, until)`` (the
+    coordinator's clock, epoch seconds; ``until`` at most ``now``)."""
+
+    now: float
+    since: Optional[float]
+    until: float
+    jobs: list[JobGpuTime]
+
+
 class AccountCreate(_Msg, omit_defaults=True):
     """``elastictrain users add NAME``: the user's UNIX account on the nodes (default: its name),
     and whether its jobs may run as root."""

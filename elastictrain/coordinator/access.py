@@ -95,6 +95,7 @@ ACCESS: dict[str, dict[str, str]] = {
     "GET /v1/cluster/jobs/{job}/steps": {"admin": ALLOW, "user": OWN, "node": DENY, "worker": DENY},
     "GET /v1/cluster/events": {"admin": ALLOW, "user": VIEW, "node": DENY, "worker": DENY},
     "GET /v1/cluster/forecast": {"admin": ALLOW, "user": VIEW, "node": DENY, "worker": DENY},
+    "GET /v1/cluster/usage": {"admin": ALLOW, "user": VIEW, "node": DENY, "worker": DENY},
     "GET /v1/cluster/utilization": {"admin": ALLOW, "user": ALLOW, "node": DENY, "worker": DENY},
     "GET /metrics": {"admin": ALLOW, "user": ALLOW, "node": DENY, "worker": DENY},
     "GET /v1/cluster/users": {"admin": ALLOW, "user": ALLOW, "node": DENY, "worker": DENY},

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs
@@ -288,6 +289,8 @@ class CoordinatorApp:
             "/v1/cluster/arrays": {"POST": R("POST", JobSubmit, lambda w, b: self._view(w, sched().submit_array(b, w)),
                                              who=True)},
             "/v1/cluster/events": {"GET": R("GET", None, self._events, query=True, who=True)},
+            "/v1/cluster/usage": {"GET": R("GET", None, lambda q: sched().gpu_time(
+                _time_arg(q, "since"), _time_arg(q, "until")), query=True)},
             "/v1/cluster/forecast": {"GET": R("GET", None, lambda: sched().forecast())},
             "/v1/cluster/utilization": {"GET": R("GET", None, lambda: sched().utilization())},
             "/metrics": {"GET": R("GET", None, self._metrics)},
@@ -680,6 +683,24 @@ def _int_arg(query: dict, name: str, default: int = 0) -> int:
     if not raw.isdigit() or len(raw) > 18:
         raise BadRequestError(f"query parameter {name!r} must be a whole number >= 0, got {raw[:40]!r}")
     return int(raw)
+
+
+MAX_TIME = 1e11  # the latest time a query may name (epoch seconds: about the year 5138)
+
+
+def _time_arg(query: dict, name: str) -> Optional[float]:
+    """A time (epoch seconds, 0 to MAX_TIME) from the query, or None where it is not given."""
+    raw = query.get(name)
+    if raw is None:
+        return None
+    try:
+        t = float(raw) if len(raw) <= 40 else math.nan
+    except ValueError:
+        t = math.nan
+    if not 0.0 <= t <= MAX_TIME:
+        raise BadRequestError(f"query parameter {name!r} must be a time in epoch seconds from 0 to {MAX_TIME:.0f}, "
+                              f"got {raw[:40]!r}")
+    return t
 
 
 class _MethodNotAllowed(ElasticTrainError):

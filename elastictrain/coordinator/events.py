@@ -21,6 +21,7 @@ import logging
 from typing import Optional
 
 from ..wire import EventInfo, EventList, LogList, LogRecord
+from .gpu_time import GpuTime
 from .store import EventRow, LogRow, Store
 
 __all__ = ["EventLog", "LogBook", "LOG_CAP"]
@@ -33,9 +34,10 @@ FOLDED = frozenset({"deferred", "plan"})  # kinds whose repeats fold into one ev
 
 
 class EventLog:
-    def __init__(self, store: Store, last_seq: int) -> None:
+    def __init__(self, store: Store, last_seq: int, meta: Optional[dict] = None) -> None:
         self._store = store
         self.seq = last_seq
+        self.gpu_time = GpuTime(store, meta or {}, last_seq)  # spans of GPU time, folded as events are written
         self.pending: list[EventRow] = []
         # job -> its last event (seq, kind, node, detail, count): a repeat of it folds into it
         self._last: dict[str, tuple[int, str, str, str, int]] = {}
@@ -76,6 +78,7 @@ class EventLog:
     def write(self, tx) -> None:
         for row in self.pending:
             tx.add_event(row)
+        self.gpu_time.fold(tx, self.pending)
         for seq, detail in self._folds.items():
             tx.fold_event(seq, detail)
         self.pending.clear()

@@ -31,6 +31,7 @@ from ..errors import ConfigError, CoordinatorUnavailableError
 from .store import _SCHEMA as _SQLITE_SCHEMA
 from .store import (
     CommitRow, DatasetRow, EventRow, JobRow, LiveRow, LoadedState, LogRow, PartRow, ProfileRow, _SCHEMA_VERSION,
+    gpu_time_query,
 )
 
 __all__ = ["PostgresStore", "FencedError"]
@@ -172,6 +173,13 @@ class _PGTx:
 
     def prune_log(self, job: str, below_seq: int) -> None:
         self.ops.append(("DELETE FROM logs WHERE job=%s AND seq<%s", (job, below_seq)))
+
+    def add_gpu_span(self, job: str, service: int, t0: Optional[float], t1: Optional[float], gpus: int,
+                     run: Optional[int]) -> None:
+        self.ops.append(("INSERT INTO gpu_time VALUES (%s,%s,%s,%s,%s,%s)", (job, service, t0, t1, gpus, run)))
+
+    def clear_open_gpu_spans(self, job: str, service: int) -> None:
+        self.ops.append(("DELETE FROM gpu_time WHERE job=%s AND service=%s AND t1 IS NULL", (job, service)))
 
 
 class PostgresStore:
@@ -370,6 +378,10 @@ class PostgresStore:
             log_bytes={r[0]: (int(r[1]), r[2]) for r in q(
                 "SELECT job, SUM(octet_length(data)), MAX(seq) FROM logs GROUP BY job")},
         )
+
+    def read_gpu_time(self, since: Optional[float] = None, until: Optional[float] = None,
+                      open_only: bool = False) -> list[tuple]:
+        return [tuple(r) for r in self._rows(*gpu_time_query("%s", since, until, open_only))]
 
     def read_events(self, after: int, limit: int, job: Optional[str] = None) -> list[EventRow]:
         if job is None:

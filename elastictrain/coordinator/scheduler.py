@@ -46,10 +46,10 @@ from ..scheduling import Entry, JobStatus, JobTable, Scheduler
 from ..scheduling.api import START
 from ..sim.forecast import ForecastJob, forecast
 from ..wire import (
-    ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, ForecastInfo, GroupMember, JobRequeue,
-    JobSubmit, JobUpdate, LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeSlots,
-    NodeTasks, ProjectInfo, ProjectList, ProjectSet, Series, StepInfo, StepReport, Task, UserInfo, UserList, UserQuota,
-    UserTickets,
+    ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus, EventList, ForecastInfo, GpuTimeList, GroupMember,
+    JobGpuTime, JobRequeue, JobSubmit, JobUpdate, LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave, NodePoll,
+    NodeRegister, NodeSlots, NodeTasks, ProjectInfo, ProjectList, ProjectSet, Series, StepInfo, StepReport, Task,
+    UserInfo, UserList, UserQuota, UserTickets,
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
 from .events import EventLog, LogBook
@@ -135,7 +135,7 @@ class ClusterScheduler:
         self.projects = ProjectBook(loaded.meta)
         self._share_tickets(self.policy)
         self.admission = Admission(self)  # who enters the job table, and when (admission.py)
-        self.events = EventLog(self.store, loaded.last_event)
+        self.events = EventLog(self.store, loaded.last_event, loaded.meta)
         self.timings = Timings()  # GET /metrics' histograms (since this coordinator started)
         self.logs = LogBook(self.store, loaded.log_bytes)
         self.nodes = NodeBook(loaded.nodes, self._emit, cfg.node_timeout, self._task)
@@ -1336,6 +1336,13 @@ class ClusterScheduler:
 
     def event_list(self, after: int, job: Optional[str]) -> EventList:
         return self.events.list(after, job)
+
+    def gpu_time(self, since: Optional[float], until: Optional[float]) -> GpuTimeList:
+        """Each job's GPU-seconds within ``[since, until)`` (gpu_time.py); ``until`` at most now."""
+        now = self.clock.now()
+        per = self.events.gpu_time.within(since, until, now)
+        return GpuTimeList(now, since, now if until is None else min(until, now),
+                           [JobGpuTime(job, a, s) for job, (a, s) in sorted(per.items())])
 
     # ------------------------------------------------------------------ nodes
     def _task(self, t: TaskRec) -> Task:

@@ -159,6 +159,9 @@ class Tx(Protocol):
     def fold_event(self, seq: int, detail: str) -> None: ...
     def add_log(self, row: LogRow) -> None: ...
     def prune_log(self, job: str, below_seq: int) -> None: ...
+    def add_gpu_span(self, job: str, service: int, t0: Optional[float], t1: Optional[float], gpus: int,
+                     run: Optional[int]) -> None: ...
+    def clear_open_gpu_spans(self, job: str, service: int) -> None: ...
 
 
 class Store(Protocol):
@@ -170,6 +173,8 @@ class Store(Protocol):
     def transaction(self) -> contextlib.AbstractContextManager[Tx]: ...
     def load_commit(self, job: str, ds: str, checkpoint: str) -> Optional[CommitRow]: ...
     def read_events(self, after: int, limit: int, job: Optional[str] = None) -> list[EventRow]: ...
+    def read_gpu_time(self, since: Optional[float] = None, until: Optional[float] = None,
+                      open_only: bool = False) -> list[tuple]: ...
     def read_logs(self, job: str, after: int, limit_bytes: int) -> list[LogRow]: ...
     def log_seq_at(self, job: str, keep_bytes: int) -> int: ...
     def log_bytes(self, job: str, run: int) -> int: ...
@@ -208,10 +213,25 @@ CREATE TABLE IF NOT EXISTS events (
   seq INTEGER PRIMARY KEY, time REAL NOT NULL, kind TEXT NOT NULL, job TEXT NOT NULL, node TEXT NOT NULL,
   detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS events_job ON events (job, seq);
+CREATE TABLE IF NOT EXISTS gpu_time (
+  job TEXT NOT NULL, service INTEGER NOT NULL, t0 REAL, t1 REAL, gpus INTEGER NOT NULL, run INTEGER);
+CREATE INDEX IF NOT EXISTS gpu_time_end ON gpu_time (t1);
+CREATE INDEX IF NOT EXISTS gpu_time_job ON gpu_time (job, service);
 CREATE TABLE IF NOT EXISTS logs (
   job TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL, run INTEGER NOT NULL, data BLOB NOT NULL,
   PRIMARY KEY (job, seq));
 """
+def gpu_time_query(mark: str, since: Optional[float], until: Optional[float], open_only: bool) -> tuple[str, tuple]:
+    """The spans of GPU time (``gpu_time``: ``(job, service, from, to, GPUs, run)``, ``to`` None while
+    open) still open, and unless ``open_only`` the closed ones that overlap ``[since, until)``, in one
+    query on both databases (``mark``: their parameter marker)."""
+    cols = "SELECT job, service, t0, t1, gpus, run FROM gpu_time"
+    if open_only:
+        return f"{cols} WHERE t1 IS NULL", ()
+    lo, hi = -1e300 if since is None else float(since), 1e300 if until is None else float(until)
+    return f"{cols} WHERE t1 IS NULL UNION ALL {cols} WHERE t1 > {mark} AND t0 < {mark}", (lo, hi)
+
+
 #: 2 adds cluster mode's tables (scheduled jobs, nodes, rendezvous rounds, events, logs); a
 #: version-1 file is upgraded in place (the new tables are created empty)
 _SCHEMA_VERSION = "2"
@@ -301,6 +321,13 @@ class _SQLiteTx:
     def prune_log(self, job: str, below_seq: int) -> None:
         self._c.execute("DELETE FROM logs WHERE job=? AND seq<?", (job, below_seq))
 
+    def add_gpu_span(self, job: str, service: int, t0: Optional[float], t1: Optional[float], gpus: int,
+                     run: Optional[int]) -> None:
+        self._c.execute("INSERT INTO gpu_time VALUES (?,?,?,?,?,?)", (job, service, t0, t1, gpus, run))
+
+    def clear_open_gpu_spans(self, job: str, service: int) -> None:
+        self._c.execute("DELETE FROM gpu_time WHERE job=? AND service=? AND t1 IS NULL", (job, service))
+
 
 class SQLiteStore:
     """SQLite in WAL mode; one coordinator process per file (enforced with a lock file).
@@ -376,6 +403,10 @@ class SQLiteStore:
             rows = self._conn.execute("SELECT * FROM events WHERE job=? AND seq>? ORDER BY seq LIMIT ?",
                                       (job, after, limit))
         return [EventRow(*r) for r in rows]
+
+    def read_gpu_time(self, since: Optional[float] = None, until: Optional[float] = None,
+                      open_only: bool = False) -> list[tuple]:
+        return [tuple(r) for r in self._conn.execute(*gpu_time_query("?", since, until, open_only))]
 
     def read_logs(self, job: str, after: int, limit_bytes: int) -> list[LogRow]:
         out, size = [], 0

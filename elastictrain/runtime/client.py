@@ -24,12 +24,12 @@ from ..errors import ConfigError, CoordinatorUnavailableError, InterruptedCallEr
 from ..model import DatasetSpec
 from ..wire import (
     AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus,
-    CommitList, CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo, Health,
-    JobCreate, JobInfo, JobList, JobRequeue, JobSubmit, JobUpdate, LeaseReply, LeaseRequest, LogList, MemberResult,
-    NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks, ProfileList, ProfileReport, ProgressReply,
-    ProgressRequest, ProjectList, ProjectSet, ReleaseReply, ReleaseRequest, RestoreReply, ResourceList, ResourceReport,
-    RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserQuota, UserTickets, Version, AccountCreate,
-    AccountList, Credential, WhoAmI,
+    CommitList, CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo,
+    GpuTimeList, Health, JobCreate, JobInfo, JobList, JobRequeue, JobSubmit, JobUpdate, LeaseReply, LeaseRequest,
+    LogList, MemberResult, NodeCordon, NodeInfo, NodeLeave, NodePoll, NodeRegister, NodeTasks, ProfileList,
+    ProfileReport, ProgressReply, ProgressRequest, ProjectList, ProjectSet, ReleaseReply, ReleaseRequest, RestoreReply,
+    ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserQuota, UserTickets,
+    Version, AccountCreate, AccountList, Credential, WhoAmI,
 )
 
 __all__ = ["CoordinatorClient", "read_token", "token_from_file", "write_token_file"]
@@ -335,6 +335,12 @@ class CoordinatorClient:
     def events(self, after: int = 0, job: Optional[str] = None) -> EventList:
         q = f"?after={int(after)}" + (f"&job={job}" if job else "")
         return self._call("GET", f"/v1/cluster/events{q}", EventList)
+
+    def gpu_time(self, since: Optional[float] = None, until: Optional[float] = None) -> GpuTimeList:
+        """Each job's GPU-seconds that fell within ``[since, until)`` (epoch seconds; None: from the
+        start, to now)."""
+        q = "&".join(f"{k}={v!r}" for k, v in (("since", since), ("until", until)) if v is not None)
+        return self._call("GET", "/v1/cluster/usage" + (f"?{q}" if q else ""), GpuTimeList)
 
     def set_user(self, user: str, tickets: float) -> UserList:
         return self._call("POST", f"/v1/cluster/users/{user}", UserList, UserTickets(tickets))

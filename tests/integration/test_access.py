@@ -234,6 +234,11 @@ def test_bad_input_to_the_newer_cluster_routes_is_a_4xx_with_a_reason(world):
         assert 400 <= r.status_code < 500 and r.json()["reason"], (path, body, r.status_code, r.text)
     assert world["admin"].projects().projects == []  # nothing was made of them
     assert world["admin"].cluster_job(a).status == "running"
+    for query in ("since=abc", "since=nan", "until=inf", "since=-5", "until=1e309", "since=" + "1" * 50):
+        r = requests.get(world["url"] + "/v1/cluster/usage?" + query, headers=headers, timeout=10)
+        assert 400 <= r.status_code < 500 and r.json()["reason"], (query, r.status_code, r.text)
+    usage = world["admin"].gpu_time(since=0.0)
+    assert a in {u.job for u in usage.jobs} and usage.until == usage.now  # (a runs: its GPUs count to now)
 
 
 def test_tokens_are_stored_only_as_digests(world, tmp_path):

@@ -143,8 +143,8 @@ class ClusterScheduler:
         self.table = JobTable()
         self._dirty: set[str] = set()
         self._rates: dict[str, tuple] = {}  # job -> (run, [(time, samples consumed)]): throughput
-        # job name -> GPU type -> measured seconds per step there (jobs of one name share it)
-        self._type_times: dict[str, dict[str, float]] = {}
+        # job name -> (GPU type, workers) -> measured seconds per step there (jobs of one name share it)
+        self._type_times: dict[str, dict[tuple[str, int], float]] = {}
         self._seq = int(loaded.meta.get("job_seq", "0"))
         # jobs' notifications (submit --notify): from the event log, after its durable cursor
         self.notifier = Notifier(self.store, self.records, self._emit, loaded.meta) if cfg.notify_allow else None
@@ -633,27 +633,34 @@ class ClusterScheduler:
             key = self._pkeys[rec.id] = json.dumps([rec.workdir, *rec.command])
         return key
 
-    def _type_time(self, rec: JobRecord, sample: float) -> None:
-        """Attribute a step-time sample to the GPU type the job runs on (one type only)."""
+    def _type_time(self, rec: JobRecord, sample: float, workers: int) -> None:
+        """Attribute a step-time sample to the GPU type the job runs on (one type only) at its worker
+        count: a step on other workers is another step (a fixed global batch: shorter on more), so
+        speeds compare types at one worker count (:meth:`_speeds`)."""
         e = self.table.get(rec.id)
         nodes = self.nodes.by_index
         kinds = {nodes[n].gpu_type or "gpu" for n, _ in (e.placement if e is not None else ()) if 0 <= n < len(nodes)}
         if len(kinds) == 1:
-            kind = kinds.pop()
+            key = (kinds.pop(), workers)
             times = self._type_times.setdefault(rec.name, {})
-            times[kind] = sample if kind not in times else 0.7 * times[kind] + 0.3 * sample
+            times[key] = sample if key not in times else 0.7 * times[key] + 0.3 * sample
             if len(self._type_times) > 10_000:  # names of long-gone jobs go first
                 del self._type_times[next(iter(self._type_times))]
 
     def _speeds(self, name: str):
-        """The measured speed of jobs named ``name`` on each GPU type (the slowest is 1.0), once
-        they have run on every type of the cluster; empty until then (the policy assumes 1.0)."""
+        """The measured speed of jobs named ``name`` on each GPU type (the slowest is 1.0), once they
+        have run on every type of the cluster at one worker count (the most workers where several
+        have); empty until then (the policy assumes 1.0)."""
         kinds = set(self.nodes.types())
         times = self._type_times.get(name, {})
-        if len(kinds) < 2 or not kinds <= times.keys():
+        if len(kinds) < 2 or len(times) < len(kinds):
             return EMPTY
-        slowest = max(times[k] for k in kinds)
-        return MappingProxyType({k: slowest / times[k] for k in sorted(kinds)})
+        counts = sorted({w for _, w in times}, reverse=True)
+        for w in counts:
+            if all((k, w) in times for k in kinds):
+                slowest = max(times[k, w] for k in kinds)
+                return MappingProxyType({k: slowest / times[k, w] for k in sorted(kinds)})
+        return EMPTY
 
     def _rate(self, rec: JobRecord) -> tuple[float, float]:
         """Samples/s of the job's current run over its latest ``policy.rate_window`` seconds (from
@@ -723,7 +730,7 @@ class ClusterScheduler:
                 else:
                     rec.iteration_time = 0.7 * rec.iteration_time + 0.3 * sample
                 rec.timed_workers = now_on
-                self._type_time(rec, sample)
+                self._type_time(rec, sample, now_on)
         if rec.step_run != rec.run and rec.status == "running":
             self._emit("first_step", job, "", run=rec.run, step=req.step)  # this run trains
             e, t0 = self.table.get(job), self.backend.run_started.get(job)

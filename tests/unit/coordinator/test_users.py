@@ -126,6 +126,42 @@ def test_per_type_speeds_are_measured_from_step_times(tmp_path):
     assert "fast=3.00" in w.s.job(fast).info["speeds"]
 
 
+def test_per_type_speeds_compare_step_times_at_one_worker_count(tmp_path):
+    """A job of the name on 2 workers of the slow type steps in 0.15 s (a fixed global batch): that is
+    no speed of the type against 1 worker's 0.1 s on the fast one. Speeds come once both types have
+    a step time at one worker count."""
+    from elastictrain.wire import NodeRegister, StepReport
+
+    w = World(tmp_path, policy="fifo", nodes=0)
+    w.inst = {"n1": "i1", "n2": "i2"}
+    w.s.node_register("n1", NodeRegister(1, "i1", "slot", "fast", "h"))
+    w.s.node_register("n2", NodeRegister(2, "i2", "slot", "slow", "h"))
+    a, b = w.submit(1), w.submit(2)
+    w.s.tick()
+    placed = w.run_all()
+    on = {job: node for node, tasks in placed.items() for job, _, _ in tasks}
+    assert on == {a: "n1", b: "n2"}, on
+    for i in range(1, 31):  # a: 0.1 s a step on 1 fast GPU; b: 0.15 s on 2 slow ones
+        w.clock.advance(0.05)
+        if i % 2 == 0:
+            w.c.step(a, StepReport(0, i // 2))
+        if i % 3 == 0:
+            w.c.step(b, StepReport(0, i // 3))
+    assert w.s.job(b).iteration_time == pytest.approx(0.15) and w.s.job(a).iteration_time == pytest.approx(0.1)
+    assert dict(w.s.table.get(a).speeds) == {}  # (not fast=1.5: the two were on other worker counts)
+    w.exit(b, 0)
+    c = w.submit(1)
+    w.s.tick()
+    assert {job for job, _, _ in w.run_all()["n2"]} == {c}
+    for i in range(1, 11):  # c: 0.3 s a step on 1 slow GPU
+        w.clock.advance(0.1)
+        w.c.step(a, StepReport(0, w.s.job(a).step + 1))
+        if i % 3 == 0:
+            w.c.step(c, StepReport(0, i // 3))
+    w.s.tick()
+    assert dict(w.s.table.get(a).speeds) == pytest.approx({"fast": 3.0, "slow": 1.0}, rel=0.05)
+
+
 def test_gandiva_fair_recomputes_entitlements_when_inputs_change():
     from elastictrain.policies.gandiva_fair import GandivaFair
 

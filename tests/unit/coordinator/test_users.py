@@ -97,20 +97,28 @@ def test_the_live_fairness_report_from_the_event_log(tmp_path):
     assert len(open(paths[1]).read().splitlines()) == 4
 
 
-def test_per_type_speeds_are_measured_from_step_times(tmp_path):
-    """Two nodes of different GPU types: jobs of one name step 3x faster on one; once the name has
-    run on every type, its jobs carry the measured speeds (the slowest type 1.0), status shows
-    them, and a policy that trades on them is told to recompute."""
-    from elastictrain.wire import NodeRegister, StepReport
+def _two_types(tmp_path, slow_slots: int, *sizes):
+    """A fifo world of a 1-GPU node of type "fast" (n1) and a ``slow_slots``-GPU one of type "slow"
+    (n2), jobs of one name of ``sizes`` GPUs submitted and placed: (world, job ids, job -> node)."""
+    from elastictrain.wire import NodeRegister
 
     w = World(tmp_path, policy="fifo", nodes=0)
     w.inst = {"n1": "i1", "n2": "i2"}
     w.s.node_register("n1", NodeRegister(1, "i1", "slot", "fast", "h"))
-    w.s.node_register("n2", NodeRegister(1, "i2", "slot", "slow", "h"))
-    a, b = w.submit(1), w.submit(1)
+    w.s.node_register("n2", NodeRegister(slow_slots, "i2", "slot", "slow", "h"))
+    jobs = [w.submit(g) for g in sizes]
     w.s.tick()
     placed = w.run_all()
-    on = {job: node for node, tasks in placed.items() for job, _, _ in tasks}
+    return w, jobs, {job: node for node, tasks in placed.items() for job, _, _ in tasks}
+
+
+def test_per_type_speeds_are_measured_from_step_times(tmp_path):
+    """Two nodes of different GPU types: jobs of one name step 3x faster on one; once the name has
+    run on every type, its jobs carry the measured speeds (the slowest type 1.0), status shows
+    them, and a policy that trades on them is told to recompute."""
+    from elastictrain.wire import StepReport
+
+    w, (a, b), on = _two_types(tmp_path, 1, 1, 1)
     assert set(on) == {a, b} and on[a] != on[b]
     fast, slow = (a, b) if on[a] == "n1" else (b, a)
     for i in range(1, 16):  # 0.1 s per step on the fast node, 0.3 s on the slow one
@@ -130,16 +138,9 @@ def test_per_type_speeds_compare_step_times_at_one_worker_count(tmp_path):
     """A job of the name on 2 workers of the slow type steps in 0.15 s (a fixed global batch): that is
     no speed of the type against 1 worker's 0.1 s on the fast one. Speeds come once both types have
     a step time at one worker count."""
-    from elastictrain.wire import NodeRegister, StepReport
+    from elastictrain.wire import StepReport
 
-    w = World(tmp_path, policy="fifo", nodes=0)
-    w.inst = {"n1": "i1", "n2": "i2"}
-    w.s.node_register("n1", NodeRegister(1, "i1", "slot", "fast", "h"))
-    w.s.node_register("n2", NodeRegister(2, "i2", "slot", "slow", "h"))
-    a, b = w.submit(1), w.submit(2)
-    w.s.tick()
-    placed = w.run_all()
-    on = {job: node for node, tasks in placed.items() for job, _, _ in tasks}
+    w, (a, b), on = _two_types(tmp_path, 2, 1, 2)
     assert on == {a: "n1", b: "n2"}, on
     for i in range(1, 31):  # a: 0.1 s a step on 1 fast GPU; b: 0.15 s on 2 slow ones
         w.clock.advance(0.05)

@@ -8,6 +8,7 @@ until it reports again, rather than shown with its old figures as if current."""
 from __future__ import annotations
 
 from collections import deque
+from operator import attrgetter
 
 from ..errors import BadRequestError
 from ..wire import ResourceList, ResourceReport, ResourceSample, WorkerResources
@@ -17,6 +18,9 @@ __all__ = ["ResourceBook", "HISTORY"]
 
 HISTORY = 120  # samples kept per worker (10 minutes at the default 5 s period)
 _MAX_WORKERS = 4096  # per job: a report from more distinct workers than this is refused
+
+
+_T = attrgetter("t")
 
 
 class ResourceBook:
@@ -32,7 +36,13 @@ class ResourceBook:
         if req.worker not in workers and len(workers) >= _MAX_WORKERS:
             raise BadRequestError(f"job {job!r} already has resource reports from {_MAX_WORKERS} workers")
         hist = workers.setdefault(req.worker, deque(maxlen=HISTORY))
-        hist.extend(sorted(req.samples, key=lambda s: s.t))
+        new = sorted(req.samples, key=_T)
+        if hist and new and new[0].t < hist[-1].t:  # an older batch came after a newer one (its send was slow)
+            merged = sorted([*hist, *new], key=_T)[-HISTORY:]
+            hist.clear()
+            hist.extend(merged)
+        else:
+            hist.extend(new)
         self._gen.setdefault(job, {})[req.worker] = row.generation
         top = max((s.rss_bytes for s in req.samples), default=0.0)
         if top > self._peak.get(job, 0.0):

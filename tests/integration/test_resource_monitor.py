@@ -60,3 +60,10 @@ def test_resource_reports_are_checked(client):
     assert client.resources("j").workers == []
     reply = client.report_resources("j", ResourceReport(3, [ResourceSample(2.0, 50.0, 1e6), ResourceSample(1.0, 40.0, 1e6)]))
     assert [(w.worker, w.latest.t, w.history) for w in reply.workers] == [(3, 2.0, 2)]  # kept in time order
+    # a worker's monitor may send a batch while its last flush sends the next one: the later batch
+    # can arrive first, and the latest sample is still the latest in time
+    newer = [ResourceSample(12.0, 1.0, 300.0), ResourceSample(13.0, 1.0, 300.0)]
+    client.report_resources("j", ResourceReport(5, newer))
+    client.report_resources("j", ResourceReport(5, [ResourceSample(10.0, 1.0, 100.0), ResourceSample(11.0, 1.0, 100.0)]))
+    (w,) = [w for w in client.resources("j").workers if w.worker == 5]
+    assert (w.latest.t, w.latest.rss_bytes, w.history) == (13.0, 300.0, 4)

@@ -64,6 +64,7 @@ def test_resource_reports_are_checked(client):
     # can arrive first, and the latest sample is still the latest in time
     newer = [ResourceSample(12.0, 1.0, 300.0), ResourceSample(13.0, 1.0, 300.0)]
     client.report_resources("j", ResourceReport(5, newer))
-    client.report_resources("j", ResourceReport(5, [ResourceSample(10.0, 1.0, 100.0), ResourceSample(11.0, 1.0, 100.0)]))
+    older = [ResourceSample(10.0, 1.0, 100.0), ResourceSample(11.0, 1.0, 100.0)]
+    client.report_resources("j", ResourceReport(5, older))
     (w,) = [w for w in client.resources("j").workers if w.worker == 5]
     assert (w.latest.t, w.latest.rss_bytes, w.history) == (13.0, 300.0, 4)

@@ -55,8 +55,9 @@ from .store import Store
 from .users import window_arg
 
 #: what a user is shown of the details of another user's job events: where and on how many workers
-#: it ran (what the queue shows anyway), so that usage over a period (history --by -S) counts every
-#: job's; the rest (reasons, commands, errors) stays the job's owner's
+#: it ran (what the queue shows anyway), so that a report built from the log (fairness
+#: --from-coordinator) counts every job's GPU time; the rest (reasons, commands, errors) stays the
+#: job's owner's
 _PUBLIC_DETAIL = frozenset({"placement", "previous", "run", "workers", "previous_workers"})
 
 __all__ = ["Coordinator", "CoordinatorApp", "MAX_BODY"]

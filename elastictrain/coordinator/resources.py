@@ -18,9 +18,7 @@ __all__ = ["ResourceBook", "HISTORY"]
 
 HISTORY = 120  # samples kept per worker (10 minutes at the default 5 s period)
 _MAX_WORKERS = 4096  # per job: a report from more distinct workers than this is refused
-
-
-_T = attrgetter("t")
+_T = attrgetter("t")  # a sample's time: what a worker's history is ordered by
 
 
 class ResourceBook:

@@ -1,4 +1,4 @@
-"""The coordinator client: one keep-alive ``requests.Session``, typed messages, retries.
+"""The coordinator client: keep-alive connections (:mod:`.http_pool`), typed messages, retries.
 
 Every call the client makes is safe to repeat (leases carry a request id, progress and
 commits carry absolute offsets, restores and generations are compare-and-set), so the
@@ -18,10 +18,10 @@ import time
 from typing import Optional, TypeVar
 
 import msgspec
-import requests
 
 from ..errors import ConfigError, CoordinatorUnavailableError, InterruptedCallError, error_from_status
 from ..model import DatasetSpec
+from .http_pool import HttpPool, TransportError, check_address
 from ..wire import (
     AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus,
     CommitList, CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo,
@@ -37,11 +37,9 @@ __all__ = ["CoordinatorClient", "read_token", "token_from_file", "write_token_fi
 T = TypeVar("T")
 _ENC = msgspec.msgpack.Encoder()
 _RETRY_STATUS = {500, 502, 503, 504}
-# Every way a request can fail in transport, retried alike: a refused or reset connection, a
-# timeout, and a reply cut off mid-body (a coordinator killed while answering: the body ends
-# early, as a chunked-encoding error, an undecodable gzip stream or a short msgpack body).
-_TRANSPORT_ERRORS = (requests.ConnectionError, requests.Timeout, requests.exceptions.ChunkedEncodingError,
-                     requests.exceptions.ContentDecodingError)
+# Every way a request can fail in transport is retried alike (TransportError): a refused or reset
+# connection, a timeout, and a reply cut off mid-body (a coordinator killed while answering: the
+# body ends early, or a msgpack body is short).
 
 
 def token_from_file(path: str, what: str = "the token file") -> str:
@@ -89,14 +87,15 @@ class CoordinatorClient:
                  retry_for: Optional[float] = None, cancel: Optional[threading.Event] = None) -> None:
         self.urls = [u.strip().rstrip("/") for u in url.split(",") if u.strip()]
         for u in self.urls or [url]:
-            if not u.startswith(("http://", "https://")):
-                raise ConfigError(f"coordinator address {u!r} must start with http:// or https:// (several: "
+            why = check_address(u)
+            if why:
+                raise ConfigError(f"coordinator address {u!r}: {why} (e.g. http://127.0.0.1:7707; several: "
                                   "comma-separated, e.g. http://a:7707,http://b:7707)")
         self.url = self.urls[0]
         self.token = read_token() if token == "" else token
         self.timeout = timeout
         self.retry_for = float(os.environ.get("ET_RETRY_FOR", 60.0)) if retry_for is None else retry_for
-        self._session = requests.Session()
+        self._http = HttpPool()
         self._headers = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}
         if self.token:
             self._headers["Authorization"] = f"Bearer {self.token}"
@@ -111,9 +110,8 @@ class CoordinatorClient:
         timeout = self.timeout if timeout is None else timeout
         while True:
             try:
-                r = self._session.request(method, self.url + path, data=data, headers=self._headers,
-                                          timeout=(min(2.0, timeout), timeout))
-                if r.status_code == 200:
+                r = self._http.request(method, self.url + path, data, self._headers, min(2.0, timeout), timeout)
+                if r.status == 200:
                     dec = self._decoders.get(reply)
                     if dec is None:
                         dec = self._decoders[reply] = msgspec.msgpack.Decoder(reply)
@@ -125,19 +123,19 @@ class CoordinatorClient:
                             f"{reply.__name__} ({exc}); is that address an elastictrain coordinator of a "
                             "compatible version?") from None
                     except msgspec.DecodeError as exc:  # a body cut short: retried like a reset connection
-                        raise requests.exceptions.ChunkedEncodingError(f"reply body cut short: {exc}") from None
-                if r.status_code == 503:  # a standby, or a leader that stopped: try the leader it names
+                        raise TransportError(f"reply body cut short: {exc}") from None
+                if r.status == 503:  # a standby, or a leader that stopped: try the leader it names
                     self._next_address(r.headers.get("x-et-leader"))
-                if r.status_code not in _RETRY_STATUS:
+                if r.status not in _RETRY_STATUS:
                     try:
                         err = msgspec.msgpack.decode(r.content, type=Error)
-                        raise error_from_status(r.status_code, err.error, err.reason)
+                        raise error_from_status(r.status, err.error, err.reason)
                     except (msgspec.DecodeError, msgspec.ValidationError):
-                        raise error_from_status(r.status_code, "", r.text[:200]) from None
-                last = f"HTTP {r.status_code}"
-            except _TRANSPORT_ERRORS as exc:
-                last = type(exc).__name__
-                self._session.close()  # drop a half-dead keep-alive connection
+                        raise error_from_status(r.status, "", r.text[:200]) from None
+                last = f"HTTP {r.status}"
+            except TransportError as exc:
+                last = str(exc)[:120]
+                self._http.close()  # drop a half-dead keep-alive connection
                 self._next_address(None)
             attempt += 1
             delay = random.uniform(0, min(2.0, 0.05 * 2 ** min(attempt, 10)))
@@ -172,7 +170,7 @@ class CoordinatorClient:
             self.url = self.urls[(self.urls.index(self.url) + 1) % len(self.urls)]
         else:
             return
-        self._session.close()
+        self._http.close()
 
     def __enter__(self) -> "CoordinatorClient":
         return self
@@ -181,7 +179,7 @@ class CoordinatorClient:
         self.close()
 
     def close(self) -> None:
-        self._session.close()
+        self._http.close()
 
     # ------------------------------------------------------------------ service
     def health(self) -> Health:

@@ -126,6 +126,10 @@ def get_parser() -> argparse.ArgumentParser:
     c.add_argument("--notify-allow", action="append", default=[], metavar="PATTERN",
                    help="with --policy: URLs jobs may ask for notifications at (submit --notify), as shell patterns, "
                    "e.g. 'https://hooks.slack.com/*'; repeatable (none: no notifications)")
+    c.add_argument("--retain", default=_env("ET_RETAIN", "0"), metavar="SPAN",
+                   help="with --policy: delete scheduler events, and the output of jobs that ended, once they are "
+                   "older than this (90d, 12h, 30m; 0: keep them forever, the default); job records and GPU-time "
+                   "accounting stay (docs/coordinator.md) [ET_RETAIN]")
     c.add_argument("--quota-borrow", action="store_true",
                    help="with --policy and quotas: a job over its user's quota is admitted anyway, on the GPUs the "
                    "jobs within their quotas leave, and preempted first when they need them (Kueue's borrowing); "
@@ -392,6 +396,19 @@ def _limits(args):
                   max_per_client=per_client)
 
 
+def _span(text: str, flag: str) -> float:
+    """Seconds in a span such as ``90d``, ``12h``, ``30m``, ``45s`` or ``3600`` (seconds)."""
+    t = str(text).strip().lower()
+    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}.get(t[-1:])
+    try:
+        value = float(t[:-1] if mult else t) * (mult or 1)
+    except ValueError:
+        value = float("nan")
+    if not (value >= 0 and math.isfinite(value)):
+        raise ConfigError(f"{flag} {text!r}: give a span such as 90d, 12h, 30m or 3600 (seconds); 0 for none")
+    return value
+
+
 def _policy_values(args) -> dict:
     from .errors import ConfigError
 
@@ -468,7 +485,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                         quota_gpus=args.quota_gpus, quota_jobs=args.quota_jobs,
                                         priority_preemption=args.priority_preemption,
                                         quota_borrow=args.quota_borrow,
-                                        notify_allow=check_patterns(args.notify_allow))
+                                        notify_allow=check_patterns(args.notify_allow),
+                                        retain=_span(args.retain, "--retain"))
+            elif _span(args.retain, "--retain"):
+                raise ConfigError("--retain needs --policy: without it the coordinator keeps no event log nor jobs' "
+                                  "output")
             engine = _engine_config(args)
             serve(ServerConfig(engine=engine, host=args.host, port=args.port, db=args.db, token_file=args.token_file,
                                lease=args.lease, advertise_url=args.advertise_url,

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Optional
+import time
+from typing import Callable, Optional
 
 from ..wire import EventInfo, EventList, LogList, LogRecord
 from .gpu_time import GpuTime
@@ -70,6 +71,12 @@ class EventLog:
             log.info(json.dumps({"seq": self.seq, "time": round(now, 3), "kind": event, "job": job, "node": node,
                                  "detail": detail}, default=str))
 
+    def forget_below(self, oldest) -> None:
+        """After --retain deleted events (``oldest``: the first one kept, ``(seq, time)``, or None):
+        a repeat of a job's last event is not folded into a row that is gone; it gets a row of its own."""
+        first = oldest[0] if oldest else self.seq + 1
+        self._last = {job: last for job, last in self._last.items() if last[0] >= first}
+
     @property
     def dirty(self) -> bool:
         """Events or folds wait to be written."""
@@ -91,11 +98,14 @@ class EventLog:
 
 
 class LogBook:
-    def __init__(self, store: Store, sizes: dict[str, tuple[int, int]], cap: int = LOG_CAP) -> None:
-        self._store, self.cap = store, cap
+    def __init__(self, store: Store, sizes: dict[str, tuple[int, int]], cap: int = LOG_CAP,
+                 clock: Callable[[], float] = time.time) -> None:
+        self._store, self.cap, self._clock = store, cap, clock
         self._size = {job: size for job, (size, _) in sizes.items()}
         self._seq = {job: seq for job, (_, seq) in sizes.items()}
         self.pending: list[LogRow] = []
+        self._heard: dict[str, float] = {}  # job -> when its output last arrived (since this process started)
+        self._start = clock()
 
     def add(self, job: str, node: str, run: int, data: bytes) -> None:
         if not data:
@@ -103,7 +113,21 @@ class LogBook:
         seq = self._seq.get(job, 0) + 1
         self._seq[job] = seq
         self._size[job] = self._size.get(job, 0) + len(data)
+        self._heard[job] = self._clock()
         self.pending.append(LogRow(job, seq, node, run, data))
+
+    def jobs(self) -> list[str]:
+        """The jobs with output kept."""
+        return list(self._size)
+
+    def heard(self, job: str) -> float:
+        """When ``job``'s output last arrived (this process's start, for output kept from before it)."""
+        return self._heard.get(job, self._start)
+
+    def forget(self, job: str) -> None:
+        """``job``'s output was deleted (--retain). Its numbering goes on: a reader's cursor stays valid."""
+        self._size.pop(job, None)
+        self._heard.pop(job, None)
 
     def write(self, tx) -> None:
         over = set()

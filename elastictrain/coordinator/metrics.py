@@ -178,5 +178,10 @@ def _cluster(out: _Out, sched, now: float) -> None:
     out.family("elastictrain_events_total", "counter", "Scheduler events by kind since the coordinator started "
                "(start, preempted, resume, finish, fail, ...; `elastictrain events`).",
                [({"kind": k}, n) for k, n in sorted(sched.events.counts.items())])
+    if sched.retention is not None:
+        out.family("elastictrain_retention_deleted_total", "counter", "What --retain deleted since the coordinator "
+                   "started: events (at most this many), and jobs whose output went.",
+                   [({"what": "events"}, sched.retention.events_deleted),
+                    ({"what": "job_output"}, sched.retention.logs_deleted)])
     for h in sched.timings.all():
         out.lines += h.lines()

@@ -253,6 +253,10 @@ class Notifier:
         self.emit("notify_failed", item.body["job"], "", kind=item.body["kind"], tries=item.tries + 1,
                   error=error[:300])
 
+    def needs_from(self) -> int:
+        """The oldest event this notifier may still read (--retain keeps it and every later one)."""
+        return min([i.seq for i in self.pending] + [self.cursor + 1, self._saved + 1])
+
     def save(self) -> None:
         """Keep the cursor: below every notification not sent yet (a restart sends those again)."""
         keep = min([i.seq - 1 for i in self.pending] + [self.cursor])

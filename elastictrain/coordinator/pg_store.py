@@ -174,6 +174,12 @@ class _PGTx:
     def prune_log(self, job: str, below_seq: int) -> None:
         self.ops.append(("DELETE FROM logs WHERE job=%s AND seq<%s", (job, below_seq)))
 
+    def delete_logs(self, job: str) -> None:
+        self.ops.append(("DELETE FROM logs WHERE job=%s", (job,)))
+
+    def delete_events_below(self, seq: int) -> None:
+        self.ops.append(("DELETE FROM events WHERE seq<%s", (seq,)))
+
     def add_gpu_span(self, job: str, service: int, t0: Optional[float], t1: Optional[float], gpus: int,
                      run: Optional[int]) -> None:
         self.ops.append(("INSERT INTO gpu_time VALUES (%s,%s,%s,%s,%s,%s)", (job, service, t0, t1, gpus, run)))
@@ -389,6 +395,14 @@ class PostgresStore:
         else:
             rows = self._rows("SELECT * FROM events WHERE job=%s AND seq>%s ORDER BY seq LIMIT %s", (job, after, limit))
         return [EventRow(*r) for r in rows]
+
+    def event_at(self, seq: int) -> Optional[tuple[int, float]]:
+        """(number, time) of the first event numbered ``seq`` or later; None if there is none."""
+        rows = self._rows("SELECT seq, time FROM events WHERE seq>=%s ORDER BY seq LIMIT 1", (seq,))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def newest_event(self) -> int:
+        return self._rows("SELECT COALESCE(MAX(seq), 0) FROM events", ())[0][0]
 
     def read_logs(self, job: str, after: int, limit_bytes: int) -> list[LogRow]:
         out, size = [], 0

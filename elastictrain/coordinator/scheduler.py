@@ -65,6 +65,7 @@ from .projects import ProjectBook
 from .quotas import MAX_QUOTA, Quota, QuotaBook
 from .quotas import CAPS_KEY as CAPS_META
 from .quotas import META_KEY as QUOTAS_META
+from .retention import MAX_RETAIN, MIN_RETAIN, Retention
 from .store import LoadedState
 from .users import META_KEY as USERS_META
 from .users import UserBook
@@ -113,6 +114,8 @@ class ClusterConfig:
     quota_borrow: bool = False
     #: the URLs jobs' notifications may go to (shell patterns; none: no notifications; notify.py)
     notify_allow: tuple = ()
+    #: seconds the event log and ended jobs' output are kept (0: forever; retention.py)
+    retain: float = 0.0
 
     def __post_init__(self) -> None:
         if not 0.05 <= self.interval <= 3600:
@@ -122,6 +125,9 @@ class ClusterConfig:
         for flag, n in (("--quota-gpus", self.quota_gpus), ("--quota-jobs", self.quota_jobs)):
             if not 0 <= n <= MAX_QUOTA:
                 raise ConfigError(f"{flag} must be in [0, {MAX_QUOTA}] (0: no limit), got {n}")
+        if self.retain != 0 and not MIN_RETAIN <= self.retain <= MAX_RETAIN:
+            raise ConfigError(f"--retain must be 0 (keep forever) or {MIN_RETAIN:.0f} s to 100 years (e.g. 90d), got "
+                              f"{self.retain} s")
 
 
 class ClusterScheduler:
@@ -137,7 +143,7 @@ class ClusterScheduler:
         self.admission = Admission(self)  # who enters the job table, and when (admission.py)
         self.events = EventLog(self.store, loaded.last_event, loaded.meta)
         self.timings = Timings()  # GET /metrics' histograms (since this coordinator started)
-        self.logs = LogBook(self.store, loaded.log_bytes)
+        self.logs = LogBook(self.store, loaded.log_bytes, clock=self.clock.now)
         self.nodes = NodeBook(loaded.nodes, self._emit, cfg.node_timeout, self._task)
         self.records: dict[str, JobRecord] = {}
         self.table = JobTable()
@@ -202,6 +208,7 @@ class ClusterScheduler:
         self._last_persist = now
         self._next_round = now + cfg.interval
         self._next_prune = now + 30.0
+        self.retention = Retention(self.store, cfg.retain, now) if cfg.retain else None
         self._node_runs: dict[str, deque] = {}  # node -> the (job, run) of tasks placed on it lately
         for node in self.nodes.by_index:  # a restarted coordinator gives every daemon a fresh timeout
             node.last_seen = now
@@ -1509,7 +1516,28 @@ class ClusterScheduler:
         if now >= self._next_prune:  # the worker credentials of runs that ended
             self._next_prune = now + 30.0
             self.c.creds.prune_workers(self.nodes.run_alive)
+        if self.retention is not None and now >= self.retention.due:
+            self._retire(now)
         self._flush(everything=now - self._last_persist >= self.cfg.persist_every)
+
+    def _retire(self, now: float) -> None:
+        """--retain: delete the events and ended jobs' output it made old (retention.py)."""
+        self._flush()  # (what the readers of the log have taken is durable first)
+        keep_from = self.events.gpu_time.cursor + 1
+        if self.notifier is not None:
+            keep_from = min(keep_from, self.notifier.needs_from())
+
+        def ended(cutoff: float):
+            for job in self.logs.jobs():
+                rec = self.records.get(job)
+                if rec is None:  # a group's own output: once it has printed nothing for that long
+                    if self.logs.heard(job) < cutoff:
+                        yield job
+                elif rec.status in _ENDED_NAMES and rec.end_time is not None and rec.end_time < cutoff:
+                    yield job
+
+        self.retention.run(now, keep_from, ended, self.logs.forget)
+        self.events.forget_below(self.store.event_at(0))
 
     async def run(self) -> None:
         self._wake = asyncio.Event()

@@ -10,12 +10,14 @@ it is reused (its socket reads as ready: end of file) and dropped, so a call doe
 Every failure in transport is one exception, :class:`TransportError`: a refused or reset
 connection, a timeout, a reply cut off mid-body. Proxies (``HTTP_PROXY``) are not used: the
 coordinator is reached directly, as torchrun's store is. ``https://`` uses the system's trust
-store (``SSL_CERT_FILE`` names another).
+store (``SSL_CERT_FILE`` names another). A child forked from a process holding a pool (a
+DataLoader worker) opens connections of its own: its parent's kept ones stay the parent's.
 """
 
 from __future__ import annotations
 
 import http.client
+import os
 import select
 import socket
 import threading
@@ -48,6 +50,7 @@ class HttpPool:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._idle: dict[str, list[http.client.HTTPConnection]] = {}
+        self._pid = os.getpid()
 
     def request(self, method: str, url: str, body: Optional[bytes], headers: dict,
                 connect_timeout: float, timeout: float) -> Reply:
@@ -87,6 +90,8 @@ class HttpPool:
                 c.close()
 
     def _take(self, origin: str) -> Optional[http.client.HTTPConnection]:
+        if self._pid != os.getpid():  # a forked child (a DataLoader worker): its parent's connections stay theirs
+            self._after_fork()
         while True:
             with self._lock:
                 conns = self._idle.get(origin)
@@ -95,7 +100,22 @@ class HttpPool:
                 return conn
             conn.close()
 
+    def _after_fork(self) -> None:
+        """In a child forked from the process that made this pool: the idle connections are the
+        parent's (two processes writing one connection would mix their requests), and the lock may
+        have been held by a thread that does not exist here. Both are replaced; the child's copies
+        of the sockets are closed (the parent's stay open)."""
+        idle = self._idle
+        self._lock, self._idle, self._pid = threading.Lock(), {}, os.getpid()
+        for conns in idle.values():
+            for c in conns:
+                if c.sock is not None:
+                    c.sock.close()
+
     def _give(self, origin: str, conn: http.client.HTTPConnection) -> None:
+        if self._pid != os.getpid():  # (taken before a fork, given back in the child)
+            conn.close()
+            return
         with self._lock:
             conns = self._idle.setdefault(origin, [])
             if len(conns) < _MAX_IDLE:

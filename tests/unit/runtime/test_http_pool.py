@@ -155,3 +155,22 @@ def test_a_worker_import_pulls_in_no_third_party_http_stack():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_a_forked_child_opens_its_own_connection_and_the_parent_keeps_its_own(server):
+    """A DataLoader worker forked from a process whose client holds a kept connection: were both to
+    use it, their requests would mix on one socket. The child opens its own; the parent's still works."""
+    c = CoordinatorClient(_url(server), "t", retry_for=5)
+    assert c.health().status == "ok"  # a connection is kept, idle
+    pid = os.fork()
+    if pid == 0:  # the child: one call, then out without running the parent's cleanup
+        code = 1
+        try:
+            code = 0 if c.health().status == "ok" else 2
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert c.health().status == "ok"  # the parent's kept connection was not closed by the child
+    assert Counting.seen == 3 and len(Counting.peers) == 2  # the child's own, and the parent's one
+    c.close()

@@ -397,13 +397,17 @@ def _limits(args):
 
 
 def _span(text: str, flag: str) -> float:
-    """Seconds in a span such as ``90d``, ``12h``, ``30m``, ``45s`` or ``3600`` (seconds)."""
+    """Seconds in a span such as ``90d``, ``12h``, ``30m``, ``45s`` (cluster_cli.span_seconds, as
+    ``history -S`` reads them) or ``3600`` (seconds)."""
+    from .cluster_cli import span_seconds
+
     t = str(text).strip().lower()
-    mult = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}.get(t[-1:])
-    try:
-        value = float(t[:-1] if mult else t) * (mult or 1)
-    except ValueError:
-        value = float("nan")
+    value = span_seconds(t)
+    if value is None:
+        try:
+            value = float(t)
+        except ValueError:
+            value = float("nan")
     if not (value >= 0 and math.isfinite(value)):
         raise ConfigError(f"{flag} {text!r}: give a span such as 90d, 12h, 30m or 3600 (seconds); 0 for none")
     return value

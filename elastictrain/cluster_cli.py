@@ -976,11 +976,20 @@ _STATES = ("queued", "running", "preempted", "finished", "failed", "cancelled")
 _SPAN = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
+def span_seconds(text: str) -> Optional[float]:
+    """Seconds in a span such as 90m, 2h, 7d or 30s (a number and a unit); None where ``text`` is not one."""
+    t = text.strip()
+    if t[:-1].replace(".", "", 1).isdigit() and t[-1:] in _SPAN:
+        return float(t[:-1]) * _SPAN[t[-1]]
+    return None
+
+
 def _since(text: str, now: float, flag: str = "--since") -> float:
     """``--since`` (or ``flag``): a date, a date and time (local), or a span before ``now`` (90m, 2h, 7d)."""
     t = text.strip()
-    if t[:-1].replace(".", "", 1).isdigit() and t[-1:] in _SPAN:
-        return now - float(t[:-1]) * _SPAN[t[-1]]
+    ago = span_seconds(t)
+    if ago is not None:
+        return now - ago
     for fmt in ("%Y-%m-%d", "%Y-%m-%dT%H:%M", "%Y-%m-%d %H:%M", "%Y-%m-%dT%H:%M:%S"):
         try:
             return time.mktime(time.strptime(t, fmt))
@@ -1243,8 +1252,9 @@ def begin_time(text: str, now: Optional[float] = None) -> float:
         return now
     if t.lower().startswith("now+"):
         span = t[4:]
-        if span[:-1].replace(".", "", 1).isdigit() and span[-1:] in _SPAN:
-            return now + float(span[:-1]) * _SPAN[span[-1]]
+        ahead = span_seconds(span)
+        if ahead is not None:
+            return now + ahead
         if span.isdigit():  # Slurm's now+N is seconds
             return now + float(span)
     for fmt in ("%H:%M", "%H:%M:%S"):

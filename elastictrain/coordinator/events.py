@@ -71,11 +71,10 @@ class EventLog:
             log.info(json.dumps({"seq": self.seq, "time": round(now, 3), "kind": event, "job": job, "node": node,
                                  "detail": detail}, default=str))
 
-    def forget_below(self, oldest) -> None:
-        """After --retain deleted events (``oldest``: the first one kept, ``(seq, time)``, or None):
-        a repeat of a job's last event is not folded into a row that is gone; it gets a row of its own."""
-        first = oldest[0] if oldest else self.seq + 1
-        self._last = {job: last for job, last in self._last.items() if last[0] >= first}
+    def forget_below(self, seq: int) -> None:
+        """After --retain deleted the events numbered below ``seq``: a repeat of a job's last event is
+        not folded into a row that is gone; it gets a row of its own."""
+        self._last = {job: last for job, last in self._last.items() if last[0] >= seq}
 
     @property
     def dirty(self) -> bool:

@@ -254,8 +254,10 @@ class Notifier:
                   error=error[:300])
 
     def needs_from(self) -> int:
-        """The oldest event this notifier may still read (--retain keeps it and every later one)."""
-        return min([i.seq for i in self.pending] + [self.cursor + 1, self._saved + 1])
+        """The oldest event this notifier may still read (--retain keeps it and every later one): the
+        one after its durable cursor, which :meth:`save` keeps below every notification not sent
+        (a restart reads from there)."""
+        return self._saved + 1
 
     def save(self) -> None:
         """Keep the cursor: below every notification not sent yet (a restart sends those again)."""

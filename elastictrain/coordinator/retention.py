@@ -45,10 +45,11 @@ class Retention:
         self.events_deleted = self.logs_deleted = 0  # since this process started (GET /metrics)
 
     def run(self, now: float, keep_from: int, ended_logs: Callable[[float], Iterable[str]],
-            forget_logs: Callable[[str], None]) -> None:
+            forget_logs: Callable[[str], None]) -> int:
         """One pass (one batch of each). ``keep_from``: the oldest event a reader still needs (its
         sequence number); ``ended_logs(cutoff)``: the jobs with output kept that ended before
-        ``cutoff``; ``forget_logs(job)``: called for each whose output was deleted."""
+        ``cutoff``; ``forget_logs(job)``: called for each whose output was deleted. Returns the
+        number the events were deleted below (0: none were)."""
         cutoff = now - self.retain
         more = False
         below = self._events_below(cutoff, keep_from)
@@ -77,6 +78,7 @@ class Retention:
             log.info("retention (--retain %.0f s): deleted the events before #%d and the output of %d job(s) "
                      "that ended before %.0f", self.retain, upto, len(jobs), cutoff)
         self.due = now + (1.0 if more else EVERY)
+        return upto
 
     def _events_below(self, cutoff: float, keep_from: int) -> Optional[tuple[int, int]]:
         """(the oldest event's number, the first number not to delete), or None: nothing to delete."""

@@ -1521,8 +1521,8 @@ class ClusterScheduler:
         self._flush(everything=now - self._last_persist >= self.cfg.persist_every)
 
     def _retire(self, now: float) -> None:
-        """--retain: delete the events and ended jobs' output it made old (retention.py)."""
-        self._flush()  # (what the readers of the log have taken is durable first)
+        """--retain: delete the events and ended jobs' output it made old (retention.py). (The spans'
+        cursor is durable as it moves: they fold in the transaction that writes the events.)"""
         keep_from = self.events.gpu_time.cursor + 1
         if self.notifier is not None:
             keep_from = min(keep_from, self.notifier.needs_from())
@@ -1536,8 +1536,9 @@ class ClusterScheduler:
                 elif rec.status in _ENDED_NAMES and rec.end_time is not None and rec.end_time < cutoff:
                     yield job
 
-        self.retention.run(now, keep_from, ended, self.logs.forget)
-        self.events.forget_below(self.store.event_at(0))
+        below = self.retention.run(now, keep_from, ended, self.logs.forget)
+        if below:
+            self.events.forget_below(below)
 
     async def run(self) -> None:
         self._wake = asyncio.Event()

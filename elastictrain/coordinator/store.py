@@ -225,6 +225,8 @@ CREATE TABLE IF NOT EXISTS logs (
   job TEXT NOT NULL, seq INTEGER NOT NULL, node TEXT NOT NULL, run INTEGER NOT NULL, data BLOB NOT NULL,
   PRIMARY KEY (job, seq));
 """
+
+
 def gpu_time_query(mark: str, since: Optional[float], until: Optional[float], open_only: bool) -> tuple[str, tuple]:
     """The spans of GPU time (``gpu_time``: ``(job, service, from, to, GPUs, run)``, ``to`` None while
     open) still open, and unless ``open_only`` the closed ones that overlap ``[since, until)``, in one

@@ -21,7 +21,6 @@ import msgspec
 
 from ..errors import ConfigError, CoordinatorUnavailableError, InterruptedCallError, error_from_status
 from ..model import DatasetSpec
-from .http_pool import HttpPool, TransportError, check_address
 from ..wire import (
     AgentAction, AgentJoin, AgentPoll, AgentReport, ClusterForecast, ClusterJobInfo, ClusterJobList, ClusterStatus,
     CommitList, CommitReply, CommitRequest, DatasetInfo, Error, EventList, GenerationCreate, GenerationInfo,
@@ -31,6 +30,7 @@ from ..wire import (
     ResourceList, ResourceReport, RestoreRequest, ShardUpdate, StepInfo, StepReport, UserList, UserQuota, UserTickets,
     Version, AccountCreate, AccountList, Credential, WhoAmI,
 )
+from .http_pool import HttpPool, TransportError, check_address
 
 __all__ = ["CoordinatorClient", "read_token", "token_from_file", "write_token_file"]
 

@@ -91,6 +91,7 @@ bench: $(FULL) bytecode
 	$(PY) benchmarks/scheduler.py --quick
 	$(PY) benchmarks/autoscale.py --quick
 	$(PY) benchmarks/history_period.py --quick
+	$(PY) benchmarks/job_listing.py --quick
 
 # Horovod (optional): 0.28.1, the last release, built from its PyPI sdist for CPU + gloo + PyTorch.
 # Its CMake files ask for C++14 and torch 2.x headers need C++17 (fixed upstream after the

@@ -678,13 +678,13 @@ def _trace_export(args) -> None:
 
     token = token_from_file(args.token_file, "--token-file") if args.token_file else (os.environ.get("ET_TOKEN") or None)
     client = CoordinatorClient(args.coordinator, token, timeout=30.0, retry_for=10.0)
-    records = client.cluster_jobs().jobs
+    records = client.cluster_jobs(ended="all").jobs
     jobs, left_out = jobs_to_trace(records)
     if not jobs:
         raise ConfigError("no job has a measured step time yet (a job needs two step reports): nothing to export")
     print(f"wrote {write_native(jobs, args.out)}: {len(jobs)} jobs over {jobs[-1].submit_time:.1f} s"
           + (f"; left out (no measured step time): {', '.join(left_out)}" if left_out else ""))
-    nodes = client.cluster_status().nodes
+    nodes = client.cluster_status(ended=0).nodes
     outages = outages_from_events(all_events(client), nodes, first_submit(records))
     form = cluster_form(nodes)
     flags = "".join(f" --outage {n}:{a:g}:{b:g}" for n, a, b in outages)
@@ -702,7 +702,7 @@ def _live_fairness(args) -> None:
     client = CoordinatorClient(args.from_coordinator, token, timeout=30.0, retry_for=10.0)
     events = all_events(client)
     users = client.users(600.0)
-    now = client.cluster_status().now
+    now = client.cluster_status(ended=0).now
     try:  # (the projects' tickets: a user's login may not read them; its report is then by users' tickets)
         listed = client.projects().projects
         projects = {p.name: p.tickets for p in listed if p.tickets}

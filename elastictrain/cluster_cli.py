@@ -388,7 +388,7 @@ def _bulk(args, client, call, skip: tuple, said, none_left) -> int:
     wanted = set(args.jobs)
     me = client.whoami()  # a user's filter without -u selects its own jobs (the others would be refused)
     mine = me.name if me.role == "user" and not args.user else None
-    picked = [j for j in client.cluster_jobs().jobs if keep(j) and j.status not in skip
+    picked = [j for j in client.cluster_jobs(ended=0).jobs if keep(j) and j.status not in skip
               and (not wanted or j.id in wanted or j.id.rpartition("_")[0] in wanted)
               and (mine is None or j.user == mine)]
     if not picked:
@@ -586,8 +586,8 @@ def _status(args) -> int:
         return _forecast(client, job, args.json)
     if job:
         return _job_status(client, job, args.json)
-    try:
-        st = client.cluster_status()
+    try:  # (ended jobs: the last 10 unless --all or a filter asks; a long history makes a big reply)
+        st = client.cluster_status(ended="all" if args.all or _filtered(args) else 10)
     except ConflictError:  # no scheduler: the jobs etrun and the library created
         return _job_list(client, args.json)
     keep = _job_filter(args, client)
@@ -622,6 +622,9 @@ def _status(args) -> int:
                          " ".join(f"{k}={v}" for k, v in j.info.items()) or "-", _short(j.reason) or "-"))
         print(f"{title}:")
         print(table(rows, right_align=False))
+    if st.ended_omitted or len(ended) > 10 and not args.all:
+        print(f"\n{st.ended_omitted + max(0, len(ended) - 10)} earlier ended job(s) not shown: `status --all`, or "
+              "`history`")
     return 0
 
 
@@ -715,7 +718,7 @@ def _clock(t: float) -> str:
 def _nodes(args) -> int:
     client = _client(args)
     if args.nodes_command == "list":
-        st = client.cluster_status()
+        st = client.cluster_status(ended=0)
         if args.json:
             print(msgspec.json.encode(st.nodes).decode())
         elif st.nodes:
@@ -1058,7 +1061,7 @@ def _history(args) -> int:
     client = _client(args)
     keep = _job_filter(args, client)
     try:
-        st = client.cluster_status()  # (its time is the coordinator's clock)
+        st = client.cluster_status(ended="all")  # (its time is the coordinator's clock)
     except ConflictError:
         raise ConfigError(f"the coordinator at {client.url} runs no scheduler: history covers the jobs it schedules "
                           "(start it with --policy, and submit with `elastictrain submit`)") from None
@@ -1276,7 +1279,7 @@ def begin_time(text: str, now: Optional[float] = None) -> float:
 
 def _array_tasks(client, job: str) -> list:
     """The tasks of job array ``job`` (ids ``JOB_INDEX``), in index order; none where it is not one."""
-    tasks = [j for j in client.cluster_jobs().jobs if j.id.startswith(f"{job}_") and j.id[len(job) + 1:].isdigit()]
+    tasks = client.cluster_jobs(ended="all", array=job).jobs
     return sorted(tasks, key=lambda j: int(j.id[len(job) + 1:]))
 
 

@@ -631,6 +631,8 @@ class ClusterJobInfo(_Msg):
 
 class ClusterJobList(_Msg):
     jobs: list[ClusterJobInfo]
+    #: ended jobs the listing left out (its ``ended=N``: only the N that ended last are listed)
+    ended_omitted: int = 0
 
 
 class NodeRegister(_Msg):
@@ -966,3 +968,5 @@ class ClusterStatus(_Msg):
     jobs: list[ClusterJobInfo]
     decisions: int
     failures: int
+    #: ended jobs the listing left out (``GET /v1/cluster?ended=N``: only the N that ended last)
+    ended_omitted: int = 0

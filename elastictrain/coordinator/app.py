@@ -30,9 +30,9 @@ import msgspec
 from .. import __version__
 from ..clock import Clock, WallClock
 from ..errors import (
-    AuthError, BadRequestError, ConflictError, ElasticTrainError, NotFoundError, PayloadTooLargeError,
+    AuthError, BadRequestError, ConfigError, ConflictError, ElasticTrainError, NotFoundError, PayloadTooLargeError,
 )
-from ..model import DatasetSpec
+from ..model import DatasetSpec, check_name
 from ..wire import (
     API_VERSION, AccountCreate, AccountInfo, AccountList, AgentAction, AgentJoin, ClusterJobInfo, ClusterJobList,
     Credential,
@@ -45,6 +45,7 @@ from ..wire import (
     Version,
 )
 from .access import ADMIN, ANONYMOUS, PUBLIC_ROUTES, Access, Credentials, Identity
+from .listing import LIST_ENDED
 from .membership import Membership
 from .profiles import ProfileBook
 from .resources import ResourceBook
@@ -129,8 +130,13 @@ class Coordinator:
         return JobInfo(r.job, r.generation, r.world_size, r.min_workers, r.max_workers, self.shards.datasets(job),
                        *shape)
 
-    def job_list(self) -> JobList:
-        return JobList([self.job_info(name) for name in sorted(self.members.jobs)])
+    def job_list(self, unscheduled: bool = False) -> JobList:
+        """Every job etrun or the library created (``unscheduled``: but those the scheduler placed,
+        which its own listing shows)."""
+        names = sorted(self.members.jobs)
+        if unscheduled and self.cluster is not None:
+            names = [n for n in names if n not in self.cluster.records]
+        return JobList([self.job_info(name) for name in names])
 
     def put_resources(self, job: str, req: ResourceReport) -> ResourceList:
         """A worker's resource samples; they may flag it a straggler. It is then given fewer
@@ -283,9 +289,11 @@ class CoordinatorApp:
             "/v1/version": {"GET": R("GET", None, lambda: Version(API_VERSION, __version__, coordinator.store.kind))},
             "/v1/whoami": {"GET": R("GET", None, self._whoami, who=True)},
             "/v1/jobs": {"POST": R("POST", JobCreate, self._create_job, who=True),
-                         "GET": R("GET", None, self._job_list, who=True)},
-            "/v1/cluster": {"GET": R("GET", None, lambda w: self._view(w, sched().status()), who=True)},
-            "/v1/cluster/jobs": {"GET": R("GET", None, lambda w: self._view(w, sched().jobs()), who=True),
+                         "GET": R("GET", None, self._job_list, query=True, who=True)},
+            "/v1/cluster": {"GET": R("GET", None, lambda w, q: self._view(w, sched().status(*_listing_args(q))),
+                                     query=True, who=True)},
+            "/v1/cluster/jobs": {"GET": R("GET", None, lambda w, q: self._view(w, sched().jobs(*_listing_args(q))),
+                                          query=True, who=True),
                                  "POST": R("POST", JobSubmit, lambda w, b: sched().submit(b, w), who=True)},
             "/v1/cluster/arrays": {"POST": R("POST", JobSubmit, lambda w, b: self._view(w, sched().submit_array(b, w)),
                                              who=True)},
@@ -399,8 +407,12 @@ class CoordinatorApp:
         acct = self.c.creds.accounts.get(who.name) if who.role == "user" else None
         return WhoAmI(who.role, who.name, who.run, sorted(who.jobs), acct.unix_user if acct else "")
 
-    def _job_list(self, who: Identity) -> JobList:
-        out = self.c.job_list()
+    def _job_list(self, who: Identity, query: dict) -> JobList:
+        """``GET /v1/jobs[?scheduled=0]`` (0: leave out the jobs the scheduler placed)."""
+        scheduled = query.get("scheduled", "1")
+        if scheduled not in ("0", "1"):
+            raise BadRequestError(f"query parameter 'scheduled' must be 0 or 1, got {scheduled[:40]!r}")
+        out = self.c.job_list(unscheduled=scheduled == "0")
         if who.role == "admin":
             return out
         return JobList([j for j in out.jobs if self._sees(who, j.job)])
@@ -419,7 +431,7 @@ class CoordinatorApp:
         if isinstance(out, ClusterJobInfo):
             return one(out)
         if isinstance(out, ClusterJobList):
-            return ClusterJobList([one(j) for j in out.jobs])
+            return msgspec.structs.replace(out, jobs=[one(j) for j in out.jobs])
         return msgspec.structs.replace(out, jobs=[one(j) for j in out.jobs])
 
     # ------------------------------------------------------------------ credentials
@@ -687,6 +699,24 @@ def _int_arg(query: dict, name: str, default: int = 0) -> int:
 
 
 MAX_TIME = 1e11  # the latest time a query may name (epoch seconds: about the year 5138)
+
+
+def _listing_args(query: dict) -> tuple:
+    """A job listing's query (``GET /v1/cluster``, ``/v1/cluster/jobs``): ``ended=N`` (the N jobs
+    that ended last, default ``LIST_ENDED``) or ``ended=all``; ``array=JOB`` (only its tasks);
+    ``since``/``until`` (only jobs submitted in that period, epoch seconds)."""
+    ended: Optional[int] = LIST_ENDED
+    if query.get("ended") == "all":
+        ended = None
+    elif "ended" in query:
+        ended = _int_arg(query, "ended")
+    array = query.get("array", "")
+    if array:
+        try:
+            check_name("job", array)
+        except ConfigError as exc:
+            raise BadRequestError(f"query parameter 'array': {exc}") from None
+    return ended, array, _time_arg(query, "since"), _time_arg(query, "until")
 
 
 def _time_arg(query: dict, name: str) -> Optional[float]:

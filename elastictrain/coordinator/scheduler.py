@@ -30,6 +30,7 @@ import time
 import urllib.parse
 from collections import deque
 from dataclasses import dataclass, field
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Optional
 
@@ -53,6 +54,7 @@ from ..wire import (
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
 from .events import EventLog, LogBook
+from .listing import LIST_ENDED, JobIndex
 from .live import ENDED_NAMES as _ENDED_NAMES
 from .live import JobRecord, LiveBackend
 from .metrics import Timings
@@ -75,6 +77,7 @@ __all__ = ["ClusterConfig", "ClusterScheduler"]
 log = logging.getLogger(__name__)
 _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(JobRecord)
+_FIRST = itemgetter(0)
 ASSUMED_ITERATION_TIME = 1.0  # seconds per step until a job reports two steps
 ASSUMED_REMAINING = 3600.0  # seconds of work left when a job gives neither --steps nor --epochs
 MAX_BEGIN = 366 * 86_400.0  # how far ahead --begin may be (seconds)
@@ -185,6 +188,7 @@ class ClusterScheduler:
                 if rec.run:  # agents of this run that (re)join after the restart form its round
                     coordinator.rendezvous.expect(rec.id, rec.run, rec.resume_reason if rec.run > 1 else "start",
                                                   rec.restarts)
+        self.index = JobIndex(self.records)  # (the listings' view of them)
         self.backend.recover()
         self.sched = Scheduler(self.policy, self.table, self.backend, self.clock, strict=False,
                                on_error=self._policy_error, protect_startup=cfg.protect_startup,
@@ -426,6 +430,7 @@ class ClusterScheduler:
                 tx.put_meta(PROFILES_META, json.dumps([[k, list(v)] for k, v in self._profiles.items()]))
                 self._profiles_saved, self._profiles_dirty = len(self._profiles), False
             tx.put_meta("job_seq", str(self._seq))
+        self.index.wrote(self.records[key] for key in self._dirty)
         self._policy_state = state
         self._dirty.clear()
         self.nodes.dirty.clear()
@@ -846,6 +851,7 @@ class ClusterScheduler:
                             project=project, gpu_type=req.gpu_type or "", notify_url=notify_url,
                             notify_on=notify_on)
             self.records[job_id] = rec
+            self.index.added(rec)
             self.c.members.create_job(job_id, 1, 65536)
             rec.admitted = False
             self.admission.waiting[job_id] = rec
@@ -1087,17 +1093,45 @@ class ClusterScheduler:
     def job(self, job: str) -> ClusterJobInfo:
         return self.info(self._rec(job))
 
-    def jobs(self) -> ClusterJobList:
-        return ClusterJobList([self.info(r) for r in self.records.values()])
+    def jobs(self, ended: Optional[int] = LIST_ENDED, array: str = "", since: Optional[float] = None,
+             until: Optional[float] = None) -> ClusterJobList:
+        """The jobs :meth:`listing` picks."""
+        return ClusterJobList(*self.listing(ended, array, since, until))
 
-    def info(self, rec: JobRecord) -> ClusterJobInfo:
+    def listing(self, ended: Optional[int] = LIST_ENDED, array: str = "", since: Optional[float] = None,
+                until: Optional[float] = None) -> tuple[list[ClusterJobInfo], int]:
+        """The jobs a listing carries (:meth:`JobIndex.pick`: those not ended, the ``ended`` that
+        ended last, or an array's tasks, or those submitted in a period) and how many ended jobs it
+        left out."""
+        recs, omitted = self.index.pick(ended, array, since, until)
+        self.table.accrue(self.clock.now())  # (once for them all)
+        tasks = self._tasks_by_job()
+        return [self.info(r, tasks) for r in recs], omitted
+
+    def _tasks_by_job(self) -> dict[str, list[tuple[int, TaskRec]]]:
+        """Every node's tasks by job, each with its place in the nodes' order (:meth:`info`)."""
+        out: dict[str, list] = {}
+        i = 0
+        for n in self.nodes.by_index:
+            for t in n.tasks:
+                out.setdefault(t.job, []).append((i, t))
+                i += 1
+        return out
+
+    def info(self, rec: JobRecord, tasks_of: Optional[dict] = None) -> ClusterJobInfo:
+        """``rec`` as the API shows it (``tasks_of``: :meth:`_tasks_by_job`, when a listing built
+        it once for every job)."""
         e = self.table.get(rec.id)
-        if e is not None:
+        if e is not None and tasks_of is None:
             self.table.accrue(self.clock.now())
         self._sync(rec)
         where = []
-        tasks = {(t.node): t for n in self.nodes.by_index for t in n.tasks
-                 if (t.job == rec.id and t.run == rec.run) or (rec.grun and t.job == rec.grun)}
+        if tasks_of is None:
+            tasks_of = self._tasks_by_job()
+        mine = [x for x in tasks_of.get(rec.id, ()) if x[1].run == rec.run or rec.grun == rec.id]
+        if rec.grun and rec.grun != rec.id:
+            mine = sorted(mine + tasks_of.get(rec.grun, []), key=_FIRST)
+        tasks = {t.node: t for _, t in mine}
         for node, g in rec.placement:
             name = self.nodes.name_of(node)
             t = tasks.get(name)
@@ -1187,9 +1221,12 @@ class ClusterScheduler:
         return (f"{sum(free)} of {total} {unit} are free; policy {policy} has not placed it (it keeps them for "
                 "other jobs, or it is placed at its next decision)")
 
-    def status(self) -> ClusterStatus:
-        return ClusterStatus(self.cfg.policy, self.clock.now(), [n.info() for n in self.nodes.by_index],
-                             [self.info(r) for r in self.records.values()], self.sched.decisions, self.sched.failures)
+    def status(self, ended: Optional[int] = LIST_ENDED, array: str = "", since: Optional[float] = None,
+               until: Optional[float] = None) -> ClusterStatus:
+        """The policy, the nodes, and the jobs :meth:`listing` picks."""
+        jobs, omitted = self.listing(ended, array, since, until)
+        return ClusterStatus(self.cfg.policy, self.clock.now(), [n.info() for n in self.nodes.by_index], jobs,
+                             self.sched.decisions, self.sched.failures, omitted)
 
     def utilization(self) -> Series:
         pts = list(self._util)

@@ -129,7 +129,7 @@ const WHY = ["preempt", "preempted", "requeue", "straggler", "regroup", "migrate
              "cancel", "start", "resume", "finish", "group", "assumed", "profiled", "deferred"];
 async function clusterView() {
   let c;
-  try { c = await get("/v1/cluster"); } catch (e) {
+  try { c = await get("/v1/cluster?ended=30"); } catch (e) {
     if (/409|policy/.test(e.message)) { $("cluster").textContent = "no scheduling policy on this coordinator";
       $("queue").textContent = "-"; $("groups").textContent = "-"; return null; }
     throw e;
@@ -159,7 +159,7 @@ async function clusterView() {
   const where = (q) => q.placement.map((p) => p.node + ":" + (p.gpus.length ? p.gpus.join(",") : p.slots)).join(" ");
   const running = c.jobs.filter((q) => q.status === "running");
   const waiting = c.jobs.filter((q) => q.status === "queued" || q.status === "preempted");
-  const ended = c.jobs.filter((q) => ENDED.includes(q.status)).slice(-30);
+  const ended = c.jobs.filter((q) => ENDED.includes(q.status));
   const prog = (q) => q.step + (q.steps ? "/" + q.steps : "");
   const who = (q) => q.user + (q.priority ? " (priority " + q.priority + ")" : "");
   let qh = "<h3>Running</h3>" + (running.length ? table(["job", "name", "user", "gpus", "placement", "group", "step",
@@ -192,7 +192,9 @@ async function clusterView() {
 async function jobView(c) {
   const id = encodeURIComponent(chosen);
   let h = "";
-  const q = c && c.jobs.find((x) => x.id === chosen);
+  // (a job that ended before the 30 the cluster view lists is read on its own)
+  const q = c && (c.jobs.find((x) => x.id === chosen) ||
+                  await get("/v1/cluster/jobs/" + id).catch(() => undefined));
   if (q) {
     h += "<p>" + esc(q.name) + " (" + esc(q.user) + "): " + esc(q.status) + (q.reason ? ": " + esc(q.reason) : "") +
       "; step " + esc(q.step) + (q.steps ? " of " + esc(q.steps) : "") + "; run " + esc(q.run) + "; " + esc(q.preemptions) +
@@ -240,12 +242,12 @@ async function jobView(c) {
 async function refresh() {
   try {
     const c = await clusterView();
-    const scheduled = new Set(c ? c.jobs.map((q) => q.id) : []);  // (shown above, with the scheduler's view)
-    const jobs = (await get("/v1/jobs")).jobs.filter((j) => !j.job.startsWith("g.") && !scheduled.has(j.job));
+    // (the scheduler's jobs are shown above, with its view of them)
+    const jobs = (await get("/v1/jobs?scheduled=0")).jobs.filter((j) => !j.job.startsWith("g."));
     $("jobs").innerHTML = jobs.length ? table(["job", "status", "generation", "world size", "nodes", "--nnodes"],
       jobs.map((j) => [j.job, j.status + (j.detail ? ": " + j.detail : ""), j.generation, j.world_size, j.nodes,
                        j.min_nodes + ":" + j.max_nodes]), true, jobs.map((j) => j.job)) :
-      (scheduled.size ? "none besides the scheduled jobs" : "no jobs yet");
+      (c && c.jobs.length ? "none besides the scheduled jobs" : "no jobs yet");
     pick("jobs");
     if (chosen) await jobView(c);
     $("err").textContent = "";

@@ -15,7 +15,8 @@ import os
 import random
 import threading
 import time
-from typing import Optional, TypeVar
+import urllib.parse
+from typing import Optional, TypeVar, Union
 
 import msgspec
 
@@ -288,11 +289,18 @@ class CoordinatorClient:
     def submit(self, req: JobSubmit) -> ClusterJobInfo:
         return self._call("POST", "/v1/cluster/jobs", ClusterJobInfo, req)
 
-    def cluster_status(self) -> ClusterStatus:
-        return self._call("GET", "/v1/cluster", ClusterStatus)
+    def cluster_status(self, ended: Union[int, str, None] = None, array: str = "", since: Optional[float] = None,
+                       until: Optional[float] = None) -> ClusterStatus:
+        """The policy, the nodes and the jobs: every job that has not ended, and of the ended ones
+        the ``ended`` that ended last (an int, ``"all"``, or None: the coordinator's default, 1000);
+        ``array``: only that job array's tasks; ``since``/``until``: only jobs submitted then
+        (epoch seconds). ``ended_omitted`` says how many ended jobs were left out."""
+        return self._call("GET", "/v1/cluster" + _listing(ended, array, since, until), ClusterStatus)
 
-    def cluster_jobs(self) -> ClusterJobList:
-        return self._call("GET", "/v1/cluster/jobs", ClusterJobList)
+    def cluster_jobs(self, ended: Union[int, str, None] = None, array: str = "", since: Optional[float] = None,
+                     until: Optional[float] = None) -> ClusterJobList:
+        """The jobs :meth:`cluster_status` lists, without the nodes."""
+        return self._call("GET", "/v1/cluster/jobs" + _listing(ended, array, since, until), ClusterJobList)
 
     def cluster_job(self, job: str) -> ClusterJobInfo:
         return self._call("GET", f"/v1/cluster/jobs/{job}", ClusterJobInfo)
@@ -400,3 +408,11 @@ class CoordinatorClient:
         from their checkpoints); ``at``: from that UNIX time instead of now (a maintenance window)."""
         return self._call("POST", f"/v1/cluster/nodes/{name}/cordon", NodeInfo,
                           NodeCordon(seconds, reason, drain, at))
+
+
+def _listing(ended, array: str, since: Optional[float], until: Optional[float]) -> str:
+    """The query string of a job listing (:meth:`CoordinatorClient.cluster_status`)."""
+    q = [f"ended={ended if ended == 'all' else int(ended)}"] if ended is not None else []
+    q += [f"array={urllib.parse.quote(array, safe='')}"] if array else []
+    q += [f"{k}={v!r}" for k, v in (("since", since), ("until", until)) if v is not None]
+    return f"?{'&'.join(q)}" if q else ""

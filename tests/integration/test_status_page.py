@@ -26,11 +26,12 @@ def test_the_status_page_and_the_reads_it_makes(coordinator, client):
     assert "Authorization" in page
     client.create_job("web", 1, 2)
     client.register_dataset("web", __import__("elastictrain").DatasetSpec("train", 100, 10))
-    paths = set(re.findall(r'get\("(/v1/[a-z]+)"\)', page))
-    assert {"/v1/jobs", "/v1/cluster"} <= paths, paths
-    status, ctype, body = _get(coordinator.url + "/v1/jobs", coordinator.token)
-    jobs = json.loads(body)["jobs"]
-    assert ctype.startswith("application/json") and [j["job"] for j in jobs] == ["web"]
+    paths = set(re.findall(r'get\("(/v1/[a-z]+(?:\?[^"]*)?)"\)', page))
+    assert {"/v1/jobs?scheduled=0", "/v1/cluster?ended=30"} <= paths, paths
+    for path in ("/v1/jobs", "/v1/jobs?scheduled=0"):
+        status, ctype, body = _get(coordinator.url + path, coordinator.token)
+        jobs = json.loads(body)["jobs"]
+        assert ctype.startswith("application/json") and [j["job"] for j in jobs] == ["web"]
     for path in ("/v1/jobs/web", "/v1/jobs/web/datasets/train", "/v1/jobs/web/resources"):
         status, ctype, body = _get(coordinator.url + path, coordinator.token)
         assert status == 200 and ctype.startswith("application/json"), path

@@ -1,0 +1,129 @@
+"""Job listings on a coordinator with a long history: ``GET /v1/cluster`` (``elastictrain status``,
+the status page) as it is now, against the reply every listing gave before, which carried every
+job the coordinator ever had (``?ended=all``, measured in the same run).
+
+Starts a real coordinator process (SQLite, ``--policy fifo``, no nodes), submits ``--jobs`` jobs as
+job arrays and cancels them (ended jobs, as a busy cluster's history is), then 20 waiting jobs, and
+times:
+
+* ``listing_default_median``: ``GET /v1/cluster``: the jobs that have not ended and the 1000 that
+  ended last; ``listing_status_cli_median``: what ``elastictrain status`` asks for (``ended=10``);
+* ``listing_all_median``: ``GET /v1/cluster?ended=all``, the baseline;
+* ``health_p99_*``: ``GET /v1/health`` latency from a second client while the first lists jobs in a
+  loop (``idle``: while nothing else is asked): the coordinator answers every client on one event
+  loop, so a big listing holds up a worker's shard lease or heartbeat as long as it takes.
+
+Prints ``name: value unit`` lines; ``--quick`` submits 3,000 jobs instead of 30,000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from elastictrain import CoordinatorClient  # noqa: E402
+from elastictrain.coordinator.process import CoordinatorProcess  # noqa: E402
+from elastictrain.wire import JobSubmit  # noqa: E402
+
+
+def fill(c: CoordinatorClient, jobs: int) -> None:
+    """``jobs`` ended jobs (arrays of up to 1,000 tasks, each cancelled while held), then 20 waiting."""
+    left = jobs
+    while left > 0:
+        n = min(1000, left)
+        for j in c.submit_array(JobSubmit(["sweep.py"], "/tmp", array=f"0-{n - 1}", hold=True)).jobs:
+            c.cancel(j.id)
+        left -= n
+    for _ in range(20):
+        c.submit(JobSubmit(["train.py"], "/tmp"))
+
+
+def timed(call, repeat: int) -> float:
+    out = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        call()
+        out.append(time.perf_counter() - t)
+    return statistics.median(out)
+
+
+def health_under(url: str, token: str, listing, window: float) -> float:
+    """The 99th percentile of health-check latency while ``listing`` (None: nothing) runs in a loop."""
+    stop = threading.Event()
+
+    def load():
+        c = CoordinatorClient(url, token, timeout=60.0)
+        while not stop.is_set():
+            listing(c)
+        c.close()
+
+    t = threading.Thread(target=load, daemon=True) if listing is not None else None
+    if t is not None:
+        t.start()
+        time.sleep(0.2)
+    probe = CoordinatorClient(url, token, timeout=60.0)
+    lat, end = [], time.monotonic() + window
+    while time.monotonic() < end:
+        t0 = time.perf_counter()
+        probe.health()
+        lat.append(time.perf_counter() - t0)
+        time.sleep(0.005)
+    stop.set()
+    if t is not None:
+        t.join(timeout=120)
+    probe.close()
+    lat.sort()
+    return lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--jobs", type=int, default=None, help="ended jobs (default 30,000; --quick 3,000)")
+    ap.add_argument("--repeat", type=int, default=None, help="listings of each kind (the median is printed)")
+    args = ap.parse_args()
+    jobs = args.jobs or (3_000 if args.quick else 30_000)
+    repeat = args.repeat or (5 if args.quick else 9)
+    window = 2.0 if args.quick else 5.0
+    with tempfile.TemporaryDirectory(prefix="et-bench-listing-") as tmp:
+        proc = CoordinatorProcess(os.path.join(tmp, "c.db"), os.path.join(tmp, "token"),
+                                  log_file=os.path.join(tmp, "c.log"), extra_args=("--policy", "fifo"))
+        proc.start()
+        try:
+            c = CoordinatorClient(proc.url, proc.token, timeout=120.0)
+            t = time.perf_counter()
+            fill(c, jobs)
+            print(f"# {jobs:,} ended jobs and 20 waiting, submitted and cancelled in {time.perf_counter() - t:.1f} s; "
+                  "a coordinator (SQLite) on this machine")
+            full = c.cluster_status(ended="all")
+            assert len(full.jobs) == jobs + 20, len(full.jobs)
+            default = timed(lambda: c.cluster_status(), repeat)
+            cli = timed(lambda: c.cluster_status(ended=10), repeat)
+            every = timed(lambda: c.cluster_status(ended="all"), repeat)
+            idle = health_under(proc.url, proc.token, None, window)
+            under_default = health_under(proc.url, proc.token, lambda x: x.cluster_status(), window)
+            under_all = health_under(proc.url, proc.token, lambda x: x.cluster_status(ended="all"), window)
+            c.close()
+        finally:
+            proc.stop()
+    print(f"listing_ended_jobs: {jobs} jobs")
+    print(f"listing_default_median: {default:.4f} s")
+    print(f"listing_status_cli_median: {cli:.4f} s")
+    print(f"listing_all_median: {every:.4f} s")
+    print(f"listing_default_vs_all: {default / every:.3f} x")
+    print(f"listing_status_cli_vs_all: {cli / every:.3f} x")
+    print(f"health_p99_idle: {idle * 1000:.2f} ms")
+    print(f"health_p99_while_listing_default: {under_default * 1000:.2f} ms")
+    print(f"health_p99_while_listing_all: {under_all * 1000:.2f} ms")
+    print(f"health_p99_listing_default_vs_all: {under_default / under_all:.3f} x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Which jobs a listing carries (``GET /v1/cluster``, ``/v1/cluster/jobs``; squeue's habit, which
+forgets a job soon after it ends): every job that has not ended, and of the ended ones the N that
+ended last, in submission order.
+
+A coordinator keeps every job's record, so a long history makes a listing of them all big, and
+the event loop answers no other client (a worker's shard lease, a node's poll) while it is built.
+:class:`JobIndex` keeps the jobs not ended and the ended ones apart, each in its order, as records
+are added and written, so that the common listing reads the jobs not ended and the N it shows, not
+the whole history. A listing of an array's tasks or of a period of submission (``history``, an
+array's ``cancel``) reads every record: those are asked for, not polled.
+"""
+
+from __future__ import annotations
+
+import heapq
+from itertools import islice
+from typing import Iterable, Optional
+
+from .live import ENDED_NAMES, JobRecord
+
+__all__ = ["JobIndex", "LIST_ENDED"]
+
+#: ended jobs a listing shows unless it asks for another count (``ended=N``; ``all``: every one)
+LIST_ENDED = 1000
+
+
+class JobIndex:
+    """The scheduler's records (``records``: job id -> record, in submission order), split into
+    the jobs not ended, in submission order, and the ended ones, in the order their ends were
+    written (:meth:`wrote`; at a restart, by end time)."""
+
+    def __init__(self, records: dict[str, JobRecord]) -> None:
+        self.records = records
+        self._order: dict[str, int] = {}  # job -> its place in ``records``
+        self._open: dict[str, None] = {}
+        self._ended: dict[str, None] = {}
+        done = []
+        for rec in records.values():
+            self._order[rec.id] = len(self._order)
+            if rec.status in ENDED_NAMES:
+                done.append(rec)
+            else:
+                self._open[rec.id] = None
+        done.sort(key=self._end_key)
+        self._ended = dict.fromkeys(r.id for r in done)
+
+    def _end_key(self, rec: JobRecord) -> tuple:
+        return (rec.end_time or 0.0, self._order[rec.id])
+
+    def added(self, rec: JobRecord) -> None:
+        """``rec`` was just added to the records (a submission)."""
+        self._order[rec.id] = len(self._order)
+        self._open[rec.id] = None
+
+    def wrote(self, recs: Iterable[JobRecord]) -> None:
+        """``recs`` were written as they are now: those that ended move to the ended jobs (those
+        that ended together by end time)."""
+        ended = []
+        for rec in recs:
+            if rec.status in ENDED_NAMES:
+                if rec.id in self._open:
+                    del self._open[rec.id]
+                    ended.append(rec)
+            elif rec.id in self._ended:  # (no job ends twice; kept exact all the same)
+                del self._ended[rec.id]
+                self._open[rec.id] = None
+        for rec in sorted(ended, key=self._end_key):
+            self._ended[rec.id] = None
+
+    def pick(self, ended: Optional[int] = LIST_ENDED, array: str = "", since: Optional[float] = None,
+             until: Optional[float] = None) -> tuple[list[JobRecord], int]:
+        """The records a listing carries, in submission order: every job not ended and the
+        ``ended`` that ended last (None: all), or with ``array`` (only that job array's tasks)
+        or ``since``/``until`` (only the jobs submitted in that period), those of them. Returns
+        them and how many ended jobs ``ended`` left out."""
+        records = self.records
+        if array or since is not None or until is not None:
+            return self._scan(ended, array, since, until)
+        if ended is None:
+            return list(records.values()), 0
+        omitted = max(0, len(self._ended) - ended)
+        # (a job that ended since the last write is still among the open ones: listed, not counted)
+        ids = list(self._open) + list(islice(reversed(self._ended), ended))
+        ids.sort(key=self._order.__getitem__)
+        return [records[i] for i in ids], omitted
+
+    def _scan(self, ended: Optional[int], array: str, since: Optional[float],
+              until: Optional[float]) -> tuple[list[JobRecord], int]:
+        recs: Iterable[JobRecord] = self.records.values()
+        if array:
+            head = array + "_"
+            recs = [r for r in recs if r.id.startswith(head) and r.id[len(head):].isdigit()]
+        if since is not None or until is not None:
+            lo = since if since is not None else float("-inf")
+            hi = until if until is not None else float("inf")
+            recs = [r for r in recs if lo <= r.submit_time < hi]
+        recs = list(recs)
+        if ended is None:
+            return recs, 0
+        done = [r for r in recs if r.status in ENDED_NAMES]
+        if len(done) <= ended:
+            return recs, 0
+        keep = {r.id for r in heapq.nlargest(ended, done, key=self._end_key)}
+        return [r for r in recs if r.status not in ENDED_NAMES or r.id in keep], len(done) - ended

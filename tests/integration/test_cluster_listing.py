@@ -1,0 +1,78 @@
+"""Job listings on a real coordinator process: ``GET /v1/cluster`` and ``/v1/cluster/jobs`` list
+every job that has not ended and the 1000 (or ``ended=N``) that ended last, say how many ended
+jobs they left out, take an array and a period, refuse a bad query with a 400 and its reason;
+``GET /v1/jobs?scheduled=0`` leaves out the scheduler's jobs; ``elastictrain status`` asks for
+the last 10 ended jobs and says how many more there are."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from elastictrain import CoordinatorClient
+from elastictrain.coordinator.process import CoordinatorProcess
+from elastictrain.wire import JobSubmit
+
+from .test_coordinator_bad_input import raw
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    proc = CoordinatorProcess(str(tmp_path / "c.db"), str(tmp_path / "token"), log_file=str(tmp_path / "c.log"),
+                              extra_args=("--policy", "fifo"))
+    proc.start()
+    client = CoordinatorClient(proc.url, proc.token, timeout=10.0, retry_for=10.0)
+    try:
+        yield proc, client
+    finally:
+        client.close()
+        proc.stop()
+
+
+def test_listings_keep_the_last_ended_jobs_and_say_how_many_they_left_out(cluster, tmp_path):
+    proc, c = cluster
+    tasks = []
+    for _ in range(2):  # 2,000 ended tasks, then 3 waiting jobs
+        arr = c.submit_array(JobSubmit(["sweep.py"], str(tmp_path), array="0-999", hold=True)).jobs
+        tasks += [j.id for j in arr]
+        for j in arr:
+            c.cancel(j.id)
+    waiting = [c.submit(JobSubmit(["train.py"], str(tmp_path))).id for _ in range(3)]
+    st = c.cluster_status()
+    assert len(st.jobs) == 1003 and st.ended_omitted == 1000
+    assert [j.id for j in st.jobs] == tasks[1000:] + waiting  # the last 1000 to end, in submission order
+    st = c.cluster_status(ended=5)
+    assert [j.id for j in st.jobs] == tasks[-5:] + waiting and st.ended_omitted == 1995
+    assert len(c.cluster_jobs(ended="all").jobs) == 2003 and c.cluster_jobs(ended=0).ended_omitted == 2000
+    base = tasks[0].split("_")[0]
+    assert [j.id for j in c.cluster_jobs(ended="all", array=base).jobs] == tasks[:1000]
+    t = c.cluster_job(waiting[0]).submit_time
+    assert [j.id for j in c.cluster_jobs(ended="all", since=t).jobs] == waiting
+    for query, word in (("ended=-1", "'ended' must be a whole number"), ("ended=lots", "'ended' must be a whole"),
+                        ("array=..%2F", "'array': job name '../' is invalid"), ("since=yesterday", "'since' must")):
+        for path in ("/v1/cluster", "/v1/cluster/jobs"):
+            code, body = raw(proc, "GET", f"{path}?{query}")
+            assert code == 400 and word in body["reason"], (path, query, body)
+    code, body = raw(proc, "GET", "/v1/jobs?scheduled=maybe")
+    assert code == 400 and "'scheduled' must be 0 or 1" in body["reason"]
+
+    env = dict(os.environ, ET_COORDINATOR=proc.url, ET_TOKEN_FILE=str(tmp_path / "token"))
+    out = subprocess.run([sys.executable, "-m", "elastictrain", "status"], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "1990 earlier ended job(s) not shown: `status --all`, or `history`" in out.stdout
+    assert tasks[-1] in out.stdout and tasks[-11] not in out.stdout and waiting[0] in out.stdout
+    out = subprocess.run([sys.executable, "-m", "elastictrain", "status", "--all"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert tasks[0] in out.stdout and "not shown" not in out.stdout
+
+
+def test_the_job_list_without_the_schedulers_jobs(cluster, tmp_path):
+    proc, c = cluster
+    c.create_job("lib-job", 1, 4)
+    sched = c.submit(JobSubmit(["train.py"], str(tmp_path))).id
+    c.create_job(sched, 1, 4)  # (as etrun does when the scheduler starts it)
+    assert {j.job for j in c.jobs()} == {"lib-job", sched}
+    code, body = raw(proc, "GET", "/v1/jobs?scheduled=0")
+    assert code == 200 and [j["job"] for j in body["jobs"]] == ["lib-job"]

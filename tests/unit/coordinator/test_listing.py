@@ -1,0 +1,77 @@
+"""Job listings (GET /v1/cluster, /v1/cluster/jobs; ClusterScheduler.listing): every job that has
+not ended, and of the ended ones only the N that ended last unless all are asked for, in
+submission order; an array's tasks; a period of submission; the same job details as one job's
+own reply (the nodes' tasks are indexed once per listing)."""
+
+from elastictrain.wire import JobSubmit
+
+from .test_cluster_scheduler import World
+
+
+def _ids(jobs):
+    return [j.id for j in jobs]
+
+
+def test_ended_jobs_are_the_last_n_to_end_and_the_rest_stay_listed(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=2)
+    ids = [w.submit() for _ in range(12)]
+    w.s.tick()
+    w.run_all()
+    assert [w.status(j) for j in ids[:3]] == ["running", "running", "queued"]
+    for j in reversed(ids[4:12]):  # the last submitted ends first
+        w.clock.advance(1.0)
+        w.s.cancel(j)
+    jobs, omitted = w.s.listing(3)
+    assert omitted == 5
+    assert _ids(jobs) == ids[:4] + ids[4:7]  # the three that ended last, in submission order
+    jobs, omitted = w.s.listing(None)
+    assert (_ids(jobs), omitted) == (ids, 0)
+    jobs, omitted = w.s.listing(0)
+    assert (_ids(jobs), omitted) == (ids[:4], 8)
+    assert _ids(w.s.jobs(100).jobs) == ids and w.s.jobs(2).ended_omitted == 6
+    st = w.s.status(1)
+    assert _ids(st.jobs) == ids[:5] and st.ended_omitted == 7 and [n.name for n in st.nodes] == ["n1"]
+    w.clock.advance(1.0)
+    w.exit(ids[1], 0)  # a running job finishes: the last to end
+    w.s.tick()
+    assert w.status(ids[1]) == "finished"
+    jobs, omitted = w.s.listing(2)
+    assert (_ids(jobs), omitted) == ([ids[0], ids[1], ids[2], ids[3], ids[4]], 7)
+    w.restart()  # the same listing from the stored records (ordered by their end times)
+    again, omitted = w.s.listing(2)
+    assert (_ids(again), omitted) == (_ids(jobs), 7) and _ids(w.s.listing(None)[0]) == ids
+
+
+def test_a_listed_job_says_what_its_own_reply_says(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=2, slots=2)
+    ids = [w.submit(gpus=g) for g in (1, 2, 1, 1)]
+    w.s.tick()
+    w.run_all()
+    w.clock.advance(5.0)
+    listed = {j.id: j for j in w.s.listing(None)[0]}
+    for j in ids:
+        one = w.s.job(j)
+        assert listed[j] == one
+    running = [j for j in ids if listed[j].status == "running"]
+    assert len(running) == 3 and all(listed[j].placement and all(p.gpus for p in listed[j].placement)
+                                     for j in running)  # the GPUs come from the nodes' tasks
+    assert all(listed[j].attained > 0 for j in running)  # service accrued to now
+
+
+def test_an_arrays_tasks_and_a_period_of_submission(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=1)
+    lone = w.submit()
+    w.clock.advance(10.0)
+    tasks = _ids(w.s.submit_array(JobSubmit(["sweep.py"], str(tmp_path), array="0-11", hold=True)).jobs)
+    base = tasks[0].split("_")[0]
+    other = _ids(w.s.submit_array(JobSubmit(["sweep.py"], str(tmp_path), array="0-1", hold=True)).jobs)
+    for t in tasks[:6]:
+        w.s.cancel(t)
+    assert _ids(w.s.listing(None, array=base)[0]) == tasks
+    jobs, omitted = w.s.listing(2, array=base)
+    assert (_ids(jobs), omitted) == (tasks[4:], 4)
+    assert w.s.listing(None, array=lone)[0] == [] and w.s.listing(None, array="nope")[0] == []
+    t0 = w.s.records[lone].submit_time
+    assert _ids(w.s.listing(None, since=t0 + 5)[0]) == tasks + other
+    assert _ids(w.s.listing(None, until=t0 + 5)[0]) == [lone]
+    assert _ids(w.s.listing(None, since=t0, until=t0 + 0.001)[0]) == [lone]

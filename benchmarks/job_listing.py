@@ -9,7 +9,7 @@ times:
 * ``listing_default_median``: ``GET /v1/cluster``: the jobs that have not ended and the 1000 that
   ended last; ``listing_status_cli_median``: what ``elastictrain status`` asks for (``ended=10``);
 * ``listing_all_median``: ``GET /v1/cluster?ended=all``, the baseline;
-* ``health_p99_*``: ``GET /v1/health`` latency from a second client while the first lists jobs in a
+* ``health_p99_*``: ``GET /v1/health`` latency from this process while another one lists jobs in a
   loop (``idle``: while nothing else is asked): the coordinator answers every client on one event
   loop, so a big listing holds up a worker's shard lease or heartbeat as long as it takes.
 
@@ -22,8 +22,8 @@ import argparse
 import os
 import statistics
 import sys
+import multiprocessing
 import tempfile
-import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -54,20 +54,23 @@ def timed(call, repeat: int) -> float:
     return statistics.median(out)
 
 
-def health_under(url: str, token: str, listing, window: float) -> float:
-    """The 99th percentile of health-check latency while ``listing`` (None: nothing) runs in a loop."""
-    stop = threading.Event()
+def _load(url: str, token: str, ended, stop) -> None:
+    """(In a process of its own, so that the probe shares no interpreter with it.)"""
+    c = CoordinatorClient(url, token, timeout=60.0)
+    while not stop.is_set():
+        c.cluster_status(ended=ended)
+    c.close()
 
-    def load():
-        c = CoordinatorClient(url, token, timeout=60.0)
-        while not stop.is_set():
-            listing(c)
-        c.close()
 
-    t = threading.Thread(target=load, daemon=True) if listing is not None else None
-    if t is not None:
-        t.start()
-        time.sleep(0.2)
+def health_under(url: str, token: str, ended, window: float) -> float:
+    """The 99th percentile of health-check latency while another process lists jobs in a loop
+    (``ended``: its listing's ``ended``; ``"none"``: no listing)."""
+    ctx = multiprocessing.get_context("spawn")
+    stop = ctx.Event()
+    load = ctx.Process(target=_load, args=(url, token, ended, stop), daemon=True) if ended != "none" else None
+    if load is not None:
+        load.start()
+        time.sleep(3.0)  # (its interpreter's start)
     probe = CoordinatorClient(url, token, timeout=60.0)
     lat, end = [], time.monotonic() + window
     while time.monotonic() < end:
@@ -76,8 +79,8 @@ def health_under(url: str, token: str, listing, window: float) -> float:
         lat.append(time.perf_counter() - t0)
         time.sleep(0.005)
     stop.set()
-    if t is not None:
-        t.join(timeout=120)
+    if load is not None:
+        load.join(timeout=120)
     probe.close()
     lat.sort()
     return lat[min(len(lat) - 1, int(0.99 * len(lat)))]
@@ -107,9 +110,9 @@ def main() -> None:
             default = timed(lambda: c.cluster_status(), repeat)
             cli = timed(lambda: c.cluster_status(ended=10), repeat)
             every = timed(lambda: c.cluster_status(ended="all"), repeat)
-            idle = health_under(proc.url, proc.token, None, window)
-            under_default = health_under(proc.url, proc.token, lambda x: x.cluster_status(), window)
-            under_all = health_under(proc.url, proc.token, lambda x: x.cluster_status(ended="all"), window)
+            idle = health_under(proc.url, proc.token, "none", window)
+            under_default = health_under(proc.url, proc.token, None, window)
+            under_all = health_under(proc.url, proc.token, "all", window)
             c.close()
         finally:
             proc.stop()

@@ -45,6 +45,7 @@ from ..wire import (
     Version,
 )
 from .access import ADMIN, ANONYMOUS, PUBLIC_ROUTES, Access, Credentials, Identity
+from .gc_pacing import Freezer
 from .listing import LIST_ENDED
 from .membership import Membership
 from .profiles import ProfileBook
@@ -268,10 +269,12 @@ class CoordinatorApp:
             routes, as the admin sees it).
         max_body: bodies larger than this get 413.
         reap_interval: seconds between sweeps that return expired leases.
+        gc_freeze: keep the long-lived state out of the garbage collector's sight
+            (:mod:`.gc_pacing`; off for a coordinator embedded in another program's process).
     """
 
     def __init__(self, coordinator: Coordinator, token: str, *, max_body: int = MAX_BODY,
-                 reap_interval: float = 0.5, public_read: bool = False) -> None:
+                 reap_interval: float = 0.5, public_read: bool = False, gc_freeze: bool = True) -> None:
         if not token:
             raise ValueError("the coordinator needs a non-empty token")
         self.c = coordinator
@@ -280,6 +283,7 @@ class CoordinatorApp:
         self._reap_interval = reap_interval
         self._public_read = public_read
         self._tasks: list[asyncio.Task] = []
+        self.freezer = Freezer() if gc_freeze else None
         self._barrier = getattr(coordinator.store, "barrier", None)
         s = coordinator.shards
         sched = coordinator.scheduler
@@ -392,7 +396,7 @@ class CoordinatorApp:
         """Prometheus' text format (coordinator/metrics.py)."""
         from .metrics import CONTENT_TYPE, render
 
-        text = render(__version__, self.c.store.kind, self.c.cluster)
+        text = render(__version__, self.c.store.kind, self.c.cluster, freezer=self.freezer)
         return _Text(text.encode(), CONTENT_TYPE)
 
     def _users(self, query: dict):
@@ -532,10 +536,15 @@ class CoordinatorApp:
                 return
 
     def start_background(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Start the lease sweeps, the scheduler and the engine (and a store's group commit)."""
+        """Start the lease sweeps, the scheduler and the engine (and a store's group commit), and
+        move the loaded state out of the garbage collector's sight (coordinator/gc_pacing.py)."""
         start = getattr(self.c.store, "start", None)
         if start is not None:
             start(loop)
+        if self.freezer is not None:
+            self.freezer.freeze()
+            self.freezer.install(loop)
+            self._tasks.append(loop.create_task(self._freeze_loop()))
         self._tasks.append(loop.create_task(self._reap_loop()))
         if self.c.cluster is not None:
             self._tasks.append(loop.create_task(self.c.cluster.run()))
@@ -545,6 +554,15 @@ class CoordinatorApp:
     def stop_background(self) -> None:
         for task in self._tasks:
             task.cancel()
+        if self.freezer is not None:
+            self.freezer.uninstall()
+
+    async def _freeze_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.freezer.every)
+            pause = self.freezer.freeze()
+            if pause > 1.0:
+                log.warning("a full garbage collection held the coordinator for %.2f s", pause)
 
     async def _reap_loop(self) -> None:
         while True:

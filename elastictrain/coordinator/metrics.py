@@ -111,12 +111,21 @@ def _num(value) -> str:
     return repr(float(value)) if isinstance(value, float) else str(int(value))
 
 
-def render(version: str, store: str, sched: Optional[object], now: Optional[float] = None) -> str:
-    """The exposition text: ``sched`` is the ClusterScheduler (None without ``--policy``)."""
+def render(version: str, store: str, sched: Optional[object], now: Optional[float] = None,
+           freezer: Optional[object] = None) -> str:
+    """The exposition text: ``sched`` is the ClusterScheduler (None without ``--policy``);
+    ``freezer``: the garbage collector's pacing (coordinator/gc_pacing.py)."""
     out = _Out()
     policy = sched.cfg.policy if sched is not None else ""
     out.family("elastictrain_info", "gauge", "The coordinator's version, store and policy.",
                [({"version": version, "store": store, "policy": policy}, 1)])
+    if freezer is not None:
+        out.family("elastictrain_gc_frozen_objects", "gauge", "Objects moved out of the garbage collector's sight "
+                   "(the loaded state, every hour what survived a full collection).", [({}, freezer.frozen())])
+        out.family("elastictrain_gc_full_collections_total", "counter", "Full garbage collections (each holds "
+                   "the event loop).", [({}, freezer.full_collections())])
+        out.family("elastictrain_gc_freeze_pause_seconds", "gauge", "How long the last scheduled full collection "
+                   "held the event loop.", [({}, freezer.last_pause)])
     if sched is not None:
         _cluster(out, sched, sched.clock.now() if now is None else now)
     return "\n".join(out.lines) + "\n"

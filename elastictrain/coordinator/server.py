@@ -57,6 +57,9 @@ class ServerConfig:
     lease: float = 5.0
     #: the address clients reach this coordinator at, named to them by a standby (default: the bound one)
     advertise_url: Optional[str] = None
+    #: keep long-lived objects out of the garbage collector's sight (coordinator/gc_pacing.py); off
+    #: for a coordinator embedded in etrun (one job, and its process is etrun's)
+    gc_freeze: bool = True
 
 
 @dataclass(frozen=True)
@@ -175,7 +178,8 @@ def build_server(cfg: ServerConfig, coordinator: Coordinator, token: str) -> tup
     """A bound, not yet serving uvicorn server for ``coordinator``; returns (server, socket, url)."""
     sock = _bind(cfg.host, cfg.port)
     url = _url_of(sock)
-    app = CoordinatorApp(coordinator, token, max_body=cfg.max_body, public_read=cfg.public_read)
+    app = CoordinatorApp(coordinator, token, max_body=cfg.max_body, public_read=cfg.public_read,
+                         gc_freeze=cfg.gc_freeze)
     return _uvicorn(cfg, app), sock, url
 
 

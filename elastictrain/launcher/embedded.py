@@ -46,8 +46,8 @@ class EmbeddedCoordinator:
             tx.delete_all_rdzv()
         self._coordinator = Coordinator(store)
         try:
-            self._server, self._sock, self.url = build_server(ServerConfig(host=host, port=port),
-                                                              self._coordinator, self.token)
+            cfg = ServerConfig(host=host, port=port, gc_freeze=False)  # (etrun's own process: left as it is)
+            self._server, self._sock, self.url = build_server(cfg, self._coordinator, self.token)
         except BaseException:
             self._coordinator.close()
             raise

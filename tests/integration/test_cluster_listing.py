@@ -4,7 +4,9 @@ jobs they left out, take an array and a period, refuse a bad query with a 400 an
 ``GET /v1/jobs?scheduled=0`` leaves out the scheduler's jobs; ``elastictrain status`` asks for
 the last 10 ended jobs and says how many more there are."""
 
+import http.client
 import os
+import re
 import subprocess
 import sys
 
@@ -56,6 +58,9 @@ def test_listings_keep_the_last_ended_jobs_and_say_how_many_they_left_out(cluste
             assert code == 400 and word in body["reason"], (path, query, body)
     code, body = raw(proc, "GET", "/v1/jobs?scheduled=maybe")
     assert code == 400 and "'scheduled' must be 0 or 1" in body["reason"]
+    text = _metrics(proc)
+    frozen = float(re.search(r"^elastictrain_gc_frozen_objects (\S+)$", text, re.M).group(1))
+    assert frozen > 10_000  # the state loaded at start (and what the imports made) is out of the collector's sight
 
     env = dict(os.environ, ET_COORDINATOR=proc.url, ET_TOKEN_FILE=str(tmp_path / "token"))
     out = subprocess.run([sys.executable, "-m", "elastictrain", "status"], env=env, capture_output=True, text=True,
@@ -76,3 +81,12 @@ def test_the_job_list_without_the_schedulers_jobs(cluster, tmp_path):
     assert {j.job for j in c.jobs()} == {"lib-job", sched}
     code, body = raw(proc, "GET", "/v1/jobs?scheduled=0")
     assert code == 200 and [j["job"] for j in body["jobs"]] == ["lib-job"]
+
+
+def _metrics(proc) -> str:
+    host, port = proc.url.split("//")[1].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {proc.token}"})
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return text

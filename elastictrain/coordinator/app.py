@@ -34,7 +34,7 @@ from ..errors import (
 )
 from ..model import DatasetSpec, check_name
 from ..wire import (
-    API_VERSION, AccountCreate, AccountInfo, AccountList, AgentAction, AgentJoin, ClusterJobInfo, ClusterJobList,
+    API_VERSION, AccountCreate, AccountInfo, AccountList, AgentAction, AgentJoin, ClusterJobInfo,
     Credential,
     WhoAmI, AgentPoll, AgentReport, CommitList, CommitRequest, Error, GenerationCreate,
     GenerationInfo, Health, JobCreate, JobInfo, JobList, JobRequeue, JobSubmit, JobUpdate, LeaseRequest, MemberResult,
@@ -434,9 +434,7 @@ class CoordinatorApp:
 
         if isinstance(out, ClusterJobInfo):
             return one(out)
-        if isinstance(out, ClusterJobList):
-            return msgspec.structs.replace(out, jobs=[one(j) for j in out.jobs])
-        return msgspec.structs.replace(out, jobs=[one(j) for j in out.jobs])
+        return msgspec.structs.replace(out, jobs=[one(j) for j in out.jobs])  # a job list, the cluster's status
 
     # ------------------------------------------------------------------ credentials
     def _add_user(self, who: Identity, user: str, body: AccountCreate) -> Credential:

@@ -37,7 +37,7 @@ from typing import Optional
 import msgspec
 
 from ..errors import BadRequestError, ConfigError, ConflictError, ForbiddenError, NotFoundError, PolicyError
-from ..model import MAX_PRIORITY, check_name
+from ..model import MAX_PRIORITY
 from ..policies.api import EMPTY, create, options_of
 from ..policies.tiers import BORROW_TIER, PriorityTiers
 from ..policies.placement import one_type_room, type_matches

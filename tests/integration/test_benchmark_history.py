@@ -2,21 +2,13 @@
 give every job of the last day the GPU-seconds that folding the whole event log gives (the script
 checks it, and exits non-zero where they disagree)."""
 
-import os
-import re
-import subprocess
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from .bench_kit import run_benchmark
 
 
 def test_history_period_benchmark_prints_every_figure_and_agrees_with_the_event_log():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "history_period.py"), "--quick",
-                          "--jobs", "600", "--repeat", "1"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    figures = dict(re.findall(r"^(\S+): (-?[0-9.]+) \S+", out.stdout, re.M))
+    stdout, figures = run_benchmark("history_period.py", "--quick", "--jobs", "600", "--repeat", "1")
     want = ["history_period_events", "history_period_jobs_in_last_day", "history_period_catch_up",
             "history_period_events_path", "history_period_spans_path", "history_period_spans_path_whole_30_days",
             "history_period_spans_vs_events_path"]
-    assert not [w for w in want if w not in figures], out.stdout
+    assert not [w for w in want if w not in figures], stdout
     assert int(figures["history_period_events"]) == 600 * 7 and int(figures["history_period_jobs_in_last_day"]) > 0

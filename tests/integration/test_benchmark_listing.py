@@ -1,21 +1,13 @@
 """benchmarks/job_listing.py prints every figure as a `name: value unit` line, on a coordinator whose
 listing leaves ended jobs out (a reply of 1020 jobs of 1220)."""
 
-import os
-import re
-import subprocess
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from .bench_kit import run_benchmark
 
 
 def test_job_listing_benchmark_prints_every_figure():
-    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "job_listing.py"), "--quick",
-                          "--jobs", "1200", "--repeat", "1"], capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    figures = dict(re.findall(r"^(\S+): (-?[0-9.]+) \S+", out.stdout, re.M))
+    stdout, figures = run_benchmark("job_listing.py", "--quick", "--jobs", "1200", "--repeat", "1")
     want = ["listing_ended_jobs", "listing_default_median", "listing_status_cli_median", "listing_all_median",
             "listing_default_vs_all", "listing_status_cli_vs_all", "health_p99_idle",
             "health_p99_while_listing_default", "health_p99_while_listing_all", "health_p99_listing_default_vs_all"]
-    assert not [w for w in want if w not in figures], out.stdout
+    assert not [w for w in want if w not in figures], stdout
     assert int(figures["listing_ended_jobs"]) == 1200

@@ -542,7 +542,7 @@ class CoordinatorApp:
         if self.freezer is not None:
             self.freezer.freeze()
             self.freezer.install(loop)
-            self._tasks.append(loop.create_task(self._freeze_loop()))
+            self._tasks.append(loop.create_task(self.freezer.run()))
         self._tasks.append(loop.create_task(self._reap_loop()))
         if self.c.cluster is not None:
             self._tasks.append(loop.create_task(self.c.cluster.run()))
@@ -554,13 +554,6 @@ class CoordinatorApp:
             task.cancel()
         if self.freezer is not None:
             self.freezer.uninstall()
-
-    async def _freeze_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.freezer.every)
-            pause = self.freezer.freeze()
-            if pause > 1.0:
-                log.warning("a full garbage collection held the coordinator for %.2f s", pause)
 
     async def _reap_loop(self) -> None:
         while True:

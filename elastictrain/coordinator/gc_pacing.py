@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
 from typing import Optional
 
 __all__ = ["Freezer", "REFREEZE"]
+
+log = logging.getLogger(__name__)
 
 REFREEZE = 3600.0  # seconds between full collections over everything (each then freezes what survived)
 
@@ -50,6 +53,13 @@ class Freezer:
         self.last_pause = time.perf_counter() - t
         self.passes += 1
         return self.last_pause
+
+    async def run(self) -> None:
+        """A full pass every ``every`` seconds (until cancelled)."""
+        while True:
+            await asyncio.sleep(self.every)
+            if self.freeze() > 1.0:
+                log.warning("a full garbage collection held the coordinator for %.2f s", self.last_pause)
 
     def install(self, loop: asyncio.AbstractEventLoop) -> None:
         """Freeze the survivors of each full collection the interpreter makes, on ``loop``."""

@@ -33,7 +33,6 @@ class JobIndex:
         self.records = records
         self._order: dict[str, int] = {}  # job -> its place in ``records``
         self._open: dict[str, None] = {}
-        self._ended: dict[str, None] = {}
         done = []
         for rec in records.values():
             self._order[rec.id] = len(self._order)
@@ -42,7 +41,7 @@ class JobIndex:
             else:
                 self._open[rec.id] = None
         done.sort(key=self._end_key)
-        self._ended = dict.fromkeys(r.id for r in done)
+        self._ended: dict[str, None] = dict.fromkeys(r.id for r in done)
 
     def _end_key(self, rec: JobRecord) -> tuple:
         return (rec.end_time or 0.0, self._order[rec.id])

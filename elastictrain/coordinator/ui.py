@@ -189,12 +189,12 @@ async function clusterView() {
     : '<span class="muted">no job runs interleaved now</span>';
   return c;
 }
-async function jobView(c) {
+async function jobView(c, unscheduled) {
   const id = encodeURIComponent(chosen);
   let h = "";
-  // (a job that ended before the 30 the cluster view lists is read on its own)
-  const q = c && (c.jobs.find((x) => x.id === chosen) ||
-                  await get("/v1/cluster/jobs/" + id).catch(() => undefined));
+  // (a scheduled job that ended before the 30 the cluster view lists is read on its own)
+  const q = c && (c.jobs.find((x) => x.id === chosen) || (unscheduled.has(chosen) ? undefined :
+                  await get("/v1/cluster/jobs/" + id).catch(() => undefined)));
   if (q) {
     h += "<p>" + esc(q.name) + " (" + esc(q.user) + "): " + esc(q.status) + (q.reason ? ": " + esc(q.reason) : "") +
       "; step " + esc(q.step) + (q.steps ? " of " + esc(q.steps) : "") + "; run " + esc(q.run) + "; " + esc(q.preemptions) +
@@ -249,7 +249,7 @@ async function refresh() {
                        j.min_nodes + ":" + j.max_nodes]), true, jobs.map((j) => j.job)) :
       (c && c.jobs.length ? "none besides the scheduled jobs" : "no jobs yet");
     pick("jobs");
-    if (chosen) await jobView(c);
+    if (chosen) await jobView(c, new Set(jobs.map((j) => j.job)));
     $("err").textContent = "";
   } catch (e) { $("err").textContent = e.message; }
 }

@@ -38,9 +38,6 @@ __all__ = ["CoordinatorClient", "read_token", "token_from_file", "write_token_fi
 T = TypeVar("T")
 _ENC = msgspec.msgpack.Encoder()
 _RETRY_STATUS = {500, 502, 503, 504}
-# Every way a request can fail in transport is retried alike (TransportError): a refused or reset
-# connection, a timeout, and a reply cut off mid-body (a coordinator killed while answering: the
-# body ends early, or a msgpack body is short).
 
 
 def token_from_file(path: str, what: str = "the token file") -> str:
@@ -134,7 +131,8 @@ class CoordinatorClient:
                     except (msgspec.DecodeError, msgspec.ValidationError):
                         raise error_from_status(r.status, "", r.text[:200]) from None
                 last = f"HTTP {r.status}"
-            except TransportError as exc:
+            except TransportError as exc:  # refused, reset, timed out, or a reply cut off mid-body (a
+                # coordinator killed while answering: the body ends early, or a msgpack body is short)
                 last = str(exc)[:120]
                 self._http.close()  # drop a half-dead keep-alive connection
                 self._next_address(None)

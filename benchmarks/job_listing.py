@@ -8,6 +8,9 @@ times:
 
 * ``listing_default_median``: ``GET /v1/cluster``: the jobs that have not ended and the 1000 that
   ended last; ``listing_status_cli_median``: what ``elastictrain status`` asks for (``ended=10``);
+* ``listing_user_filter_median``: what ``elastictrain status -u alice`` asks for (``ended=10&user=alice``:
+  squeue's filter, applied by the coordinator; the first tenth of the jobs are hers), which before asked
+  for every job and filtered them itself;
 * ``listing_all_median``: ``GET /v1/cluster?ended=all``, the baseline;
 * ``health_p99_*``: ``GET /v1/health`` latency from this process while another one lists jobs in a
   loop (``idle``: while nothing else is asked): the coordinator answers every client on one event
@@ -34,13 +37,14 @@ from elastictrain.wire import JobSubmit  # noqa: E402
 
 
 def fill(c: CoordinatorClient, jobs: int) -> None:
-    """``jobs`` ended jobs (arrays of up to 1,000 tasks, each cancelled while held), then 20 waiting."""
-    left = jobs
-    while left > 0:
-        n = min(1000, left)
-        for j in c.submit_array(JobSubmit(["sweep.py"], "/tmp", array=f"0-{n - 1}", hold=True)).jobs:
-            c.cancel(j.id)
-        left -= n
+    """``jobs`` ended jobs (arrays of up to 1,000 tasks, each cancelled while held; the first tenth
+    alice's), then 20 waiting."""
+    for user, left in (("alice", jobs // 10), ("default", jobs - jobs // 10)):
+        while left > 0:
+            n = min(1000, left)
+            for j in c.submit_array(JobSubmit(["sweep.py"], "/tmp", array=f"0-{n - 1}", hold=True, user=user)).jobs:
+                c.cancel(j.id)
+            left -= n
     for _ in range(20):
         c.submit(JobSubmit(["train.py"], "/tmp"))
 
@@ -109,6 +113,10 @@ def main() -> None:
             assert len(full.jobs) == jobs + 20, len(full.jobs)
             default = timed(lambda: c.cluster_status(), repeat)
             cli = timed(lambda: c.cluster_status(ended=10), repeat)
+            hers = [j.id for j in full.jobs if j.user == "alice"]
+            mine = c.cluster_status(ended=10, user="alice")
+            assert [j.id for j in mine.jobs] == hers[-10:] and mine.ended_omitted == len(hers) - 10, mine.ended_omitted
+            user = timed(lambda: c.cluster_status(ended=10, user="alice"), repeat)
             every = timed(lambda: c.cluster_status(ended="all"), repeat)
             idle = health_under(proc.url, proc.token, "none", window)
             under_default = health_under(proc.url, proc.token, None, window)
@@ -119,9 +127,11 @@ def main() -> None:
     print(f"listing_ended_jobs: {jobs} jobs")
     print(f"listing_default_median: {default:.4f} s")
     print(f"listing_status_cli_median: {cli:.4f} s")
+    print(f"listing_user_filter_median: {user:.4f} s")
     print(f"listing_all_median: {every:.4f} s")
     print(f"listing_default_vs_all: {default / every:.3f} x")
     print(f"listing_status_cli_vs_all: {cli / every:.3f} x")
+    print(f"listing_user_filter_vs_all: {user / every:.3f} x")
     print(f"health_p99_idle: {idle * 1000:.2f} ms")
     print(f"health_p99_while_listing_default: {under_default * 1000:.2f} ms")
     print(f"health_p99_while_listing_all: {under_all * 1000:.2f} ms")

@@ -21,7 +21,7 @@ import msgspec
 
 from ._text import table
 from .errors import ConfigError, ConflictError, NotFoundError
-from .model import check_gpu_type
+from .model import JOB_STATES, check_gpu_type, check_states
 
 __all__ = ["add_commands", "run_command"]
 
@@ -302,41 +302,38 @@ def add_commands(sub) -> None:
 
 
 def _filters(p: argparse.ArgumentParser, verb: str = "only") -> None:
-    """squeue's, sacct's and scancel's job filters (see :func:`_job_filter`)."""
+    """squeue's, sacct's and scancel's job filters (see :func:`_match`)."""
     p.add_argument("-u", "--user", default=None, help=f"{verb} this user's jobs (comma-separated for several)")
     p.add_argument("--me", action="store_true", help=f"{verb} my jobs (the token's user), as squeue --me")
     p.add_argument("-t", "--state", default=None,
-                   help=f"{verb} jobs in these states, comma-separated: " + ",".join(_STATES)
+                   help=f"{verb} jobs in these states, comma-separated: " + ",".join(JOB_STATES)
                    + " (or Slurm's: PENDING/PD, RUNNING/R, COMPLETED/CD, FAILED/F, CANCELLED/CA)")
     p.add_argument("-A", "--project", "--account", dest="project", default=None,
                    help=f"{verb} jobs charged to these projects (comma-separated)")
     p.add_argument("-n", "--name", default=None, help=f"{verb} jobs of these names (comma-separated), as squeue -n")
 
 
-_SLURM_STATES = {"pending": ("queued", "preempted"), "pd": ("queued", "preempted"), "r": ("running",),
-                 "completed": ("finished",), "cd": ("finished",), "f": ("failed",), "ca": ("cancelled",),
-                 "canceled": ("cancelled",)}
-
-
-def _job_filter(args, client):
-    """The ``--user``/``--me``/``--state``/``--project`` filter of ``status`` and ``history``: a
-    predicate on ClusterJobInfo."""
+def _match(args, client) -> dict:
+    """The ``--user``/``--me``/``--state``/``--project``/``--name`` filter of ``status``, ``history``
+    and ``cancel``: each a set of names (None: any), as the listings take it
+    (:meth:`CoordinatorClient.cluster_status`)."""
     states = None
     if args.state:
-        states = set()
-        for s in (x.strip().lower() for x in args.state.split(",") if x.strip()):
-            if s in _STATES:
-                states.add(s)
-            elif s in _SLURM_STATES:
-                states.update(_SLURM_STATES[s])
-            else:
-                raise ConfigError(f"--state {args.state!r}: states are {', '.join(_STATES)} (or Slurm's PENDING, "
-                                  "RUNNING, COMPLETED, FAILED, CANCELLED, and PD, R, CD, F, CA)")
+        try:
+            states = check_states(args.state)
+        except ConfigError as exc:
+            raise ConfigError(f"--state {args.state!r}: {exc}") from None
     users = set(u for u in args.user.split(",") if u) if args.user else None
     if args.me:
         users = (users or set()) | {client.whoami().name}
     projects = set(p for p in args.project.split(",") if p) if args.project else None
     names = set(n for n in args.name.split(",") if n) if args.name else None
+    return {"user": users, "state": states, "project": projects, "name": names}
+
+
+def _keep(match: dict):
+    """:func:`_match`'s filter as a predicate on ClusterJobInfo."""
+    users, states, projects, names = (match[k] for k in ("user", "state", "project", "name"))
     return lambda j: ((states is None or j.status in states) and (users is None or j.user in users)
                       and (projects is None or j.project in projects) and (names is None or j.name in names))
 
@@ -384,11 +381,12 @@ def _bulk(args, client, call, skip: tuple, said, none_left) -> int:
                 print(f"elastictrain: error: job {job}: {exc}", file=sys.stderr)
                 failed += 1
         return 1 if failed else 0
-    keep = _job_filter(args, client)
+    match = _match(args, client)
+    keep = _keep(match)
     wanted = set(args.jobs)
     me = client.whoami()  # a user's filter without -u selects its own jobs (the others would be refused)
     mine = me.name if me.role == "user" and not args.user else None
-    picked = [j for j in client.cluster_jobs(ended=0).jobs if keep(j) and j.status not in skip
+    picked = [j for j in client.cluster_jobs(ended=0, **match).jobs if keep(j) and j.status not in skip
               and (not wanted or j.id in wanted or j.id.rpartition("_")[0] in wanted)
               and (mine is None or j.user == mine)]
     if not picked:
@@ -586,12 +584,13 @@ def _status(args) -> int:
         return _forecast(client, job, args.json)
     if job:
         return _job_status(client, job, args.json)
-    try:  # (ended jobs: the last 10 unless --all or a filter asks; a long history makes a big reply)
-        st = client.cluster_status(ended="all" if args.all or _filtered(args) else 10)
+    match = _match(args, client) if _filtered(args) else {}
+    try:  # (ended jobs: the last 10 the filter matches unless --all; a long history makes a big reply)
+        st = client.cluster_status(ended="all" if args.all else 10, **match)
     except ConflictError:  # no scheduler: the jobs etrun and the library created
         return _job_list(client, args.json)
-    keep = _job_filter(args, client)
-    jobs = [j for j in st.jobs if keep(j)]
+    keep = _keep(match) if match else None
+    jobs = [j for j in st.jobs if keep is None or keep(j)]
     if args.json:
         print(msgspec.json.encode(msgspec.structs.replace(st, jobs=jobs)).decode())
         return 0
@@ -975,7 +974,6 @@ def _short(text: str, n: int = 60) -> str:
 
 
 # ---------------------------------------------------------------------- cancel, logs
-_STATES = ("queued", "running", "preempted", "finished", "failed", "cancelled")
 _SPAN = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
@@ -1059,9 +1057,10 @@ def summarize_history(rows: list[dict], by: str, hours: Optional[dict] = None) -
 
 def _history(args) -> int:
     client = _client(args)
-    keep = _job_filter(args, client)
+    match = _match(args, client)
+    keep = _keep(match)
     try:
-        st = client.cluster_status(ended="all")  # (its time is the coordinator's clock)
+        st = client.cluster_status(ended="all", **match)  # (its time is the coordinator's clock)
     except ConflictError:
         raise ConfigError(f"the coordinator at {client.url} runs no scheduler: history covers the jobs it schedules "
                           "(start it with --policy, and submit with `elastictrain submit`)") from None

@@ -13,8 +13,8 @@ from functools import cached_property
 
 from .errors import ConfigError
 
-__all__ = ["DatasetSpec", "JobSpec", "NAME_RE", "CHECKPOINT_RE", "NAME_PATTERN", "check_name", "GPU_TYPE_RE",
-           "check_gpu_type"]
+__all__ = ["DatasetSpec", "JobSpec", "NAME_RE", "CHECKPOINT_RE", "NAME_PATTERN", "check_name", "JOB_STATES",
+           "check_states", "GPU_TYPE_RE", "check_gpu_type"]
 
 #: The one rule for names that become part of a URL, a file name or a database key: jobs,
 #: datasets, nodes, users (1-128 characters) and checkpoint ids (1-255). ASCII letters, digits and
@@ -47,6 +47,33 @@ def check_name(kind: str, value: str) -> str:
             "starting with a letter or digit"
         )
     return value
+
+
+#: a scheduled job's states, and Slurm's names for them (squeue -t)
+JOB_STATES = ("queued", "running", "preempted", "finished", "failed", "cancelled")
+_SLURM_STATES = {"pending": ("queued", "preempted"), "pd": ("queued", "preempted"), "r": ("running",),
+                 "completed": ("finished",), "cd": ("finished",), "f": ("failed",), "ca": ("cancelled",),
+                 "canceled": ("cancelled",)}
+
+
+def check_states(text: str) -> frozenset[str]:
+    """The states a comma-separated ``--state``/``?state=`` names (ours or Slurm's, any case).
+
+    Raises:
+        ConfigError: a name is neither.
+    """
+    out: set = set()
+    for s in (x.strip().lower() for x in text.split(",")):
+        if s in JOB_STATES:
+            out.add(s)
+        elif s in _SLURM_STATES:
+            out.update(_SLURM_STATES[s])
+        elif s:
+            raise ConfigError(f"state {s[:40]!r} is not one of {', '.join(JOB_STATES)} (or Slurm's PENDING, RUNNING, "
+                              "COMPLETED, FAILED, CANCELLED, and PD, R, CD, F, CA)")
+    if not out:
+        raise ConfigError("give at least one state (comma-separated)")
+    return frozenset(out)
 
 
 def check_gpu_type(value: str) -> str:

@@ -32,7 +32,7 @@ from ..clock import Clock, WallClock
 from ..errors import (
     AuthError, BadRequestError, ConfigError, ConflictError, ElasticTrainError, NotFoundError, PayloadTooLargeError,
 )
-from ..model import DatasetSpec, check_name
+from ..model import DatasetSpec, check_name, check_states
 from ..wire import (
     API_VERSION, AccountCreate, AccountInfo, AccountList, AgentAction, AgentJoin, ClusterJobInfo,
     Credential,
@@ -46,7 +46,7 @@ from ..wire import (
 )
 from .access import ADMIN, ANONYMOUS, PUBLIC_ROUTES, Access, Credentials, Identity
 from .gc_pacing import Freezer
-from .listing import LIST_ENDED
+from .listing import LIST_ENDED, JobFilter
 from .membership import Membership
 from .profiles import ProfileBook
 from .resources import ResourceBook
@@ -710,22 +710,34 @@ def _int_arg(query: dict, name: str, default: int = 0) -> int:
 MAX_TIME = 1e11  # the latest time a query may name (epoch seconds: about the year 5138)
 
 
-def _listing_args(query: dict) -> tuple:
+def _listing_args(query: dict) -> tuple[Optional[int], JobFilter]:
     """A job listing's query (``GET /v1/cluster``, ``/v1/cluster/jobs``): ``ended=N`` (the N jobs
-    that ended last, default ``LIST_ENDED``) or ``ended=all``; ``array=JOB`` (only its tasks);
-    ``since``/``until`` (only jobs submitted in that period, epoch seconds)."""
+    that ended last, default ``LIST_ENDED``) or ``ended=all``, and its filter: ``array=JOB`` (only
+    its tasks); ``since``/``until`` (only jobs submitted in that period, epoch seconds); ``user``,
+    ``state``, ``project``, ``name`` (comma-separated: any of them; states ours or Slurm's)."""
     ended: Optional[int] = LIST_ENDED
     if query.get("ended") == "all":
         ended = None
     elif "ended" in query:
         ended = _int_arg(query, "ended")
-    array = query.get("array", "")
-    if array:
-        try:
-            check_name("job", array)
-        except ConfigError as exc:
-            raise BadRequestError(f"query parameter 'array': {exc}") from None
-    return ended, array, _time_arg(query, "since"), _time_arg(query, "until")
+    def names(key: str, kind: str) -> frozenset:
+        return _filter_arg(query, key, lambda v: frozenset(check_name(kind, x) for x in v.split(","))) or frozenset()
+
+    array = _filter_arg(query, "array", lambda v: check_name("job", v)) or ""
+    return ended, JobFilter(array, _time_arg(query, "since"), _time_arg(query, "until"), names("user", "user"),
+                            _filter_arg(query, "state", check_states) or frozenset(), names("project", "project"),
+                            names("name", "job"))
+
+
+def _filter_arg(query: dict, name: str, parse):
+    """``parse`` of query parameter ``name`` (None where it is not given, or empty)."""
+    raw = query.get(name)
+    if not raw:
+        return None
+    try:
+        return parse(raw)
+    except ConfigError as exc:
+        raise BadRequestError(f"query parameter {name!r}: {exc}") from None
 
 
 def _time_arg(query: dict, name: str) -> Optional[float]:

@@ -6,8 +6,10 @@ A coordinator keeps every job's record, so a long history makes a listing of the
 the event loop answers no other client (a worker's shard lease, a node's poll) while it is built.
 :class:`JobIndex` keeps the jobs not ended and the ended ones apart, each in its order, as records
 are added and written, so that the common listing reads the jobs not ended and the N it shows, not
-the whole history. A listing of an array's tasks or of a period of submission (``history``, an
-array's ``cancel``) reads every record: those are asked for, not polled.
+the whole history. A filtered listing (:class:`JobFilter`: squeue's ``-u``/``-t``/``-A``/``-n``,
+an array's tasks, a period of submission) reads every record but builds the reply of the jobs it
+matches only, and its ``ended`` counts the ended jobs it matches: ``status -u alice`` shows her
+last ten, not the last ten of everyone.
 """
 
 from __future__ import annotations
@@ -16,12 +18,35 @@ import heapq
 from itertools import islice
 from typing import Iterable, Optional
 
+import msgspec
+
 from .live import ENDED_NAMES, JobRecord
 
-__all__ = ["JobIndex", "LIST_ENDED"]
+__all__ = ["JobIndex", "JobFilter", "LIST_ENDED"]
 
 #: ended jobs a listing shows unless it asks for another count (``ended=N``; ``all``: every one)
 LIST_ENDED = 1000
+
+
+class JobFilter(msgspec.Struct, frozen=True):
+    """Which jobs a listing carries; each field left empty matches every job: ``array`` (only
+    that job array's tasks), ``since``/``until`` (submitted in that period), and ``users``,
+    ``states``, ``projects``, ``names`` (any of them)."""
+
+    array: str = ""
+    since: Optional[float] = None
+    until: Optional[float] = None
+    users: frozenset = frozenset()
+    states: frozenset = frozenset()
+    projects: frozenset = frozenset()
+    names: frozenset = frozenset()
+
+    def __bool__(self) -> bool:
+        return bool(self.array or self.since is not None or self.until is not None or self.users or self.states
+                    or self.projects or self.names)
+
+
+ALL = JobFilter()
 
 
 class JobIndex:
@@ -66,15 +91,13 @@ class JobIndex:
         for rec in sorted(ended, key=self._end_key):
             self._ended[rec.id] = None
 
-    def pick(self, ended: Optional[int] = LIST_ENDED, array: str = "", since: Optional[float] = None,
-             until: Optional[float] = None) -> tuple[list[JobRecord], int]:
+    def pick(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL) -> tuple[list[JobRecord], int]:
         """The records a listing carries, in submission order: every job not ended and the
-        ``ended`` that ended last (None: all), or with ``array`` (only that job array's tasks)
-        or ``since``/``until`` (only the jobs submitted in that period), those of them. Returns
+        ``ended`` that ended last (None: all), or of those ``match`` matches, the same. Returns
         them and how many ended jobs ``ended`` left out."""
         records = self.records
-        if array or since is not None or until is not None:
-            return self._scan(ended, array, since, until)
+        if match:
+            return self._scan(ended, match)
         if ended is None:
             return list(records.values()), 0
         omitted = max(0, len(self._ended) - ended)
@@ -83,16 +106,23 @@ class JobIndex:
         ids.sort(key=self._order.__getitem__)
         return [records[i] for i in ids], omitted
 
-    def _scan(self, ended: Optional[int], array: str, since: Optional[float],
-              until: Optional[float]) -> tuple[list[JobRecord], int]:
+    def _scan(self, ended: Optional[int], m: JobFilter) -> tuple[list[JobRecord], int]:
         recs: Iterable[JobRecord] = self.records.values()
-        if array:
-            head = array + "_"
+        if m.array:
+            head = m.array + "_"
             recs = [r for r in recs if r.id.startswith(head) and r.id[len(head):].isdigit()]
-        if since is not None or until is not None:
-            lo = since if since is not None else float("-inf")
-            hi = until if until is not None else float("inf")
+        if m.since is not None or m.until is not None:
+            lo = m.since if m.since is not None else float("-inf")
+            hi = m.until if m.until is not None else float("inf")
             recs = [r for r in recs if lo <= r.submit_time < hi]
+        if m.users:
+            recs = [r for r in recs if r.user in m.users]
+        if m.projects:
+            recs = [r for r in recs if r.project in m.projects]
+        if m.names:
+            recs = [r for r in recs if r.name in m.names]
+        if m.states:
+            recs = [r for r in recs if r.status in m.states]
         recs = list(recs)
         if ended is None:
             return recs, 0

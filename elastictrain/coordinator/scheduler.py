@@ -54,7 +54,7 @@ from ..wire import (
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
 from .events import EventLog, LogBook
-from .listing import LIST_ENDED, JobIndex
+from .listing import ALL, LIST_ENDED, JobFilter, JobIndex
 from .live import ENDED_NAMES as _ENDED_NAMES
 from .live import JobRecord, LiveBackend
 from .metrics import Timings
@@ -1093,17 +1093,14 @@ class ClusterScheduler:
     def job(self, job: str) -> ClusterJobInfo:
         return self.info(self._rec(job))
 
-    def jobs(self, ended: Optional[int] = LIST_ENDED, array: str = "", since: Optional[float] = None,
-             until: Optional[float] = None) -> ClusterJobList:
+    def jobs(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL) -> ClusterJobList:
         """The jobs :meth:`listing` picks."""
-        return ClusterJobList(*self.listing(ended, array, since, until))
+        return ClusterJobList(*self.listing(ended, match))
 
-    def listing(self, ended: Optional[int] = LIST_ENDED, array: str = "", since: Optional[float] = None,
-                until: Optional[float] = None) -> tuple[list[ClusterJobInfo], int]:
-        """The jobs a listing carries (:meth:`JobIndex.pick`: those not ended, the ``ended`` that
-        ended last, or an array's tasks, or those submitted in a period) and how many ended jobs it
-        left out."""
-        recs, omitted = self.index.pick(ended, array, since, until)
+    def listing(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL) -> tuple[list[ClusterJobInfo], int]:
+        """The jobs a listing carries (:meth:`JobIndex.pick`: those not ended and the ``ended`` that
+        ended last, of those ``match`` matches) and how many ended jobs it left out."""
+        recs, omitted = self.index.pick(ended, match)
         self.table.accrue(self.clock.now())  # (once for them all)
         tasks = self._tasks_by_job()
         return [self.info(r, tasks) for r in recs], omitted
@@ -1221,10 +1218,9 @@ class ClusterScheduler:
         return (f"{sum(free)} of {total} {unit} are free; policy {policy} has not placed it (it keeps them for "
                 "other jobs, or it is placed at its next decision)")
 
-    def status(self, ended: Optional[int] = LIST_ENDED, array: str = "", since: Optional[float] = None,
-               until: Optional[float] = None) -> ClusterStatus:
+    def status(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL) -> ClusterStatus:
         """The policy, the nodes, and the jobs :meth:`listing` picks."""
-        jobs, omitted = self.listing(ended, array, since, until)
+        jobs, omitted = self.listing(ended, match)
         return ClusterStatus(self.cfg.policy, self.clock.now(), [n.info() for n in self.nodes.by_index], jobs,
                              self.sched.decisions, self.sched.failures, omitted)
 

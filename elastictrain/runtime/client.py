@@ -16,7 +16,7 @@ import random
 import threading
 import time
 import urllib.parse
-from typing import Optional, TypeVar, Union
+from typing import Iterable, Optional, TypeVar, Union
 
 import msgspec
 
@@ -288,17 +288,20 @@ class CoordinatorClient:
         return self._call("POST", "/v1/cluster/jobs", ClusterJobInfo, req)
 
     def cluster_status(self, ended: Union[int, str, None] = None, array: str = "", since: Optional[float] = None,
-                       until: Optional[float] = None) -> ClusterStatus:
+                       until: Optional[float] = None, **match: Union[str, Iterable[str], None]) -> ClusterStatus:
         """The policy, the nodes and the jobs: every job that has not ended, and of the ended ones
         the ``ended`` that ended last (an int, ``"all"``, or None: the coordinator's default, 1000);
         ``array``: only that job array's tasks; ``since``/``until``: only jobs submitted then
-        (epoch seconds). ``ended_omitted`` says how many ended jobs were left out."""
-        return self._call("GET", "/v1/cluster" + _listing(ended, array, since, until), ClusterStatus)
+        (epoch seconds); ``user``, ``state``, ``project``, ``name`` (each a name, comma-separated
+        names or a list; states ours or Slurm's): only jobs with any of them, as squeue's -u, -t,
+        -A, -n (``ended`` then counts the ended jobs they match). ``ended_omitted`` says how many
+        ended jobs were left out."""
+        return self._call("GET", "/v1/cluster" + _listing(ended, array, since, until, match), ClusterStatus)
 
     def cluster_jobs(self, ended: Union[int, str, None] = None, array: str = "", since: Optional[float] = None,
-                     until: Optional[float] = None) -> ClusterJobList:
+                     until: Optional[float] = None, **match: Union[str, Iterable[str], None]) -> ClusterJobList:
         """The jobs :meth:`cluster_status` lists, without the nodes."""
-        return self._call("GET", "/v1/cluster/jobs" + _listing(ended, array, since, until), ClusterJobList)
+        return self._call("GET", "/v1/cluster/jobs" + _listing(ended, array, since, until, match), ClusterJobList)
 
     def cluster_job(self, job: str) -> ClusterJobInfo:
         return self._call("GET", f"/v1/cluster/jobs/{job}", ClusterJobInfo)
@@ -408,9 +411,20 @@ class CoordinatorClient:
                           NodeCordon(seconds, reason, drain, at))
 
 
-def _listing(ended, array: str, since: Optional[float], until: Optional[float]) -> str:
-    """The query string of a job listing (:meth:`CoordinatorClient.cluster_status`)."""
+_MATCH = ("user", "state", "project", "name")
+
+
+def _listing(ended, array: str, since: Optional[float], until: Optional[float], match: dict) -> str:
+    """The query string of a job listing (:meth:`CoordinatorClient.cluster_status`).
+
+    Raises:
+        TypeError: a filter other than ``user``, ``state``, ``project``, ``name``."""
     q = [f"ended={ended if ended == 'all' else int(ended)}"] if ended is not None else []
     q += [f"array={urllib.parse.quote(array, safe='')}"] if array else []
     q += [f"{k}={v!r}" for k, v in (("since", since), ("until", until)) if v is not None]
+    for key, v in match.items():
+        if key not in _MATCH:
+            raise TypeError(f"unknown job filter {key!r}: the filters are {', '.join(_MATCH)}")
+        if v:
+            q.append(f"{key}={urllib.parse.quote(v if isinstance(v, str) else ','.join(v), safe=',')}")
     return f"?{'&'.join(q)}" if q else ""

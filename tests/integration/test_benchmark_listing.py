@@ -6,7 +6,8 @@ from .bench_kit import run_benchmark
 
 def test_job_listing_benchmark_prints_every_figure():
     stdout, figures = run_benchmark("job_listing.py", "--quick", "--jobs", "1200", "--repeat", "1")
-    want = ["listing_ended_jobs", "listing_default_median", "listing_status_cli_median", "listing_all_median",
+    want = ["listing_ended_jobs", "listing_default_median", "listing_status_cli_median", "listing_user_filter_median",
+            "listing_all_median", "listing_user_filter_vs_all",
             "listing_default_vs_all", "listing_status_cli_vs_all", "health_p99_idle",
             "health_p99_while_listing_default", "health_p99_while_listing_all", "health_p99_listing_default_vs_all"]
     assert not [w for w in want if w not in figures], stdout

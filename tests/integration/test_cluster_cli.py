@@ -301,7 +301,7 @@ def test_a_projects_quota_is_shared_by_its_members(tmp_path):
         assert a in ids and b in ids and other not in ids, ids
         assert [j["id"] for j in json.loads(c.cli("status", "--json", "--state", "running").stdout)["jobs"]] == [a]
         bad = c.cli("status", "--state", "sleeping", check=False)
-        assert bad.returncode == 2 and "states are queued" in bad.stderr, bad.stderr
+        assert bad.returncode == 2 and "is not one of queued, running" in bad.stderr, bad.stderr
         c.cli("cancel", other)
         bad = c.cli("submit", "--user", "carol", "--account", "nope", "--", "nap.py", check=False)
         assert bad.returncode == 2 and "no project 'nope'" in bad.stderr, bad.stderr

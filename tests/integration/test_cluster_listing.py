@@ -2,7 +2,8 @@
 every job that has not ended and the 1000 (or ``ended=N``) that ended last, say how many ended
 jobs they left out, take an array and a period, refuse a bad query with a 400 and its reason;
 ``GET /v1/jobs?scheduled=0`` leaves out the scheduler's jobs; ``elastictrain status`` asks for
-the last 10 ended jobs and says how many more there are."""
+the last 10 ended jobs and says how many more there are; squeue's filters (-u, -t, -A, -n) are the
+coordinator's, so a filtered status shows the last 10 ended jobs it matches."""
 
 import http.client
 import os
@@ -81,6 +82,33 @@ def test_the_job_list_without_the_schedulers_jobs(cluster, tmp_path):
     assert {j.job for j in c.jobs()} == {"lib-job", sched}
     code, body = raw(proc, "GET", "/v1/jobs?scheduled=0")
     assert code == 200 and [j["job"] for j in body["jobs"]] == ["lib-job"]
+
+
+def test_a_filtered_listing_is_made_by_the_coordinator(cluster, tmp_path):
+    proc, c = cluster
+    alice = [c.submit(JobSubmit(["prep.py"], str(tmp_path), user="alice", hold=True)).id for _ in range(14)]
+    bob = [c.submit(JobSubmit(["eval.py"], str(tmp_path), user="bob", hold=True)).id for _ in range(3)]
+    for j in alice[:12] + bob[:1]:
+        c.cancel(j)
+    st = c.cluster_status(ended=3, user="alice")
+    assert [j.id for j in st.jobs] == alice[9:] and st.ended_omitted == 9  # her last 3 ended (not bob's) and the rest
+    assert [j.id for j in c.cluster_jobs(ended="all", user=["alice", "bob"], state="PD").jobs] == alice[12:] + bob[1:]
+    assert [j.id for j in c.cluster_jobs(ended=0, name="eval").jobs] == bob[1:]
+    assert c.cluster_jobs(ended="all", state="r").jobs == [] and c.cluster_jobs(project="none-yet").jobs == []
+    for query, word in (("state=sleeping", "'state': state 'sleeping' is not one of queued"),
+                        ("user=..%2F", "'user': user name '../' is invalid"), ("state=,", "at least one state"),
+                        ("name=a,%20b", "'name': job name ' b' is invalid"), ("project=p%00", "'project'")):
+        code, body = raw(proc, "GET", f"/v1/cluster/jobs?{query}")
+        assert code == 400 and word in body["reason"], (query, body)
+
+    env = dict(os.environ, ET_COORDINATOR=proc.url, ET_TOKEN_FILE=str(tmp_path / "token"))
+    out = subprocess.run([sys.executable, "-m", "elastictrain", "status", "-u", "alice"], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "2 earlier ended job(s) not shown" in out.stdout  # 12 of hers ended: the last 10 shown
+    rows = [row.split() for row in out.stdout.splitlines()]
+    ids = [r[0] for r in rows if r[1:3] in (["prep", "alice"], ["eval", "bob"])]
+    assert alice[2] in ids and alice[1] not in ids and bob[2] not in ids, out.stdout
 
 
 def _metrics(proc) -> str:

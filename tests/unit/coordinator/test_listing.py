@@ -3,6 +3,7 @@ not ended, and of the ended ones only the N that ended last unless all are asked
 submission order; an array's tasks; a period of submission; the same job details as one job's
 own reply (the nodes' tasks are indexed once per listing)."""
 
+from elastictrain.coordinator.listing import JobFilter
 from elastictrain.wire import JobSubmit
 
 from .test_cluster_scheduler import World
@@ -67,11 +68,31 @@ def test_an_arrays_tasks_and_a_period_of_submission(tmp_path):
     other = _ids(w.s.submit_array(JobSubmit(["sweep.py"], str(tmp_path), array="0-1", hold=True)).jobs)
     for t in tasks[:6]:
         w.s.cancel(t)
-    assert _ids(w.s.listing(None, array=base)[0]) == tasks
-    jobs, omitted = w.s.listing(2, array=base)
+    assert _ids(w.s.listing(None, JobFilter(array=base))[0]) == tasks
+    jobs, omitted = w.s.listing(2, JobFilter(array=base))
     assert (_ids(jobs), omitted) == (tasks[4:], 4)
-    assert w.s.listing(None, array=lone)[0] == [] and w.s.listing(None, array="nope")[0] == []
+    assert w.s.listing(None, JobFilter(array=lone))[0] == [] and w.s.listing(None, JobFilter(array="nope"))[0] == []
     t0 = w.s.records[lone].submit_time
-    assert _ids(w.s.listing(None, since=t0 + 5)[0]) == tasks + other
-    assert _ids(w.s.listing(None, until=t0 + 5)[0]) == [lone]
-    assert _ids(w.s.listing(None, since=t0, until=t0 + 0.001)[0]) == [lone]
+    assert _ids(w.s.listing(None, JobFilter(since=t0 + 5))[0]) == tasks + other
+    assert _ids(w.s.listing(None, JobFilter(until=t0 + 5))[0]) == [lone]
+    assert _ids(w.s.listing(None, JobFilter(since=t0, until=t0 + 0.001))[0]) == [lone]
+
+
+def test_a_filtered_listing_counts_only_the_ended_jobs_it_matches(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=1)
+    alice = [w.submit(user="alice", name="prep") for _ in range(6)]
+    bob = [w.submit(user="bob", name="eval") for _ in range(4)]
+    w.s.tick()
+    w.run_all()
+    for j in alice[1:5] + bob[:2]:
+        w.clock.advance(1.0)
+        w.s.cancel(j)
+    jobs, omitted = w.s.listing(2, JobFilter(users=frozenset({"alice"})))
+    assert (_ids(jobs), omitted) == ([alice[0], alice[3], alice[4], alice[5]], 2)  # her last two ended, not bob's
+    assert _ids(w.s.listing(None, JobFilter(states=frozenset({"running"})))[0]) == [alice[0]]
+    jobs, omitted = w.s.listing(1, JobFilter(users=frozenset({"bob"}), states=frozenset({"cancelled", "queued"})))
+    assert (_ids(jobs), omitted) == ([bob[1], bob[2], bob[3]], 1)
+    assert _ids(w.s.listing(0, JobFilter(names=frozenset({"eval", "nope"})))[0]) == bob[2:]
+    assert w.s.listing(None, JobFilter(users=frozenset({"carol"}))) == ([], 0)
+    listed = {j.id: j for j in w.s.listing(None)[0]}
+    assert w.s.listing(None, JobFilter(users=frozenset({"alice"})))[0] == [listed[j] for j in alice]

@@ -720,6 +720,7 @@ def _listing_args(query: dict) -> tuple[Optional[int], JobFilter]:
         ended = None
     elif "ended" in query:
         ended = _int_arg(query, "ended")
+
     def names(key: str, kind: str) -> frozenset:
         return _filter_arg(query, key, lambda v: frozenset(check_name(kind, x) for x in v.split(","))) or frozenset()
 

@@ -95,3 +95,12 @@ def test_a_reply_cut_off_mid_body_is_retried(cut):
     finally:
         c.close()
         srv.close()
+
+
+def test_a_listings_filters_go_in_its_query_and_an_unknown_one_is_refused():
+    from elastictrain.runtime.client import _listing
+
+    q = _listing(10, "", None, None, {"user": ["alice", "bob"], "state": "PD,R", "project": None, "name": "a b"})
+    assert q == "?ended=10&user=alice,bob&state=PD,R&name=a%20b"
+    with pytest.raises(TypeError, match="unknown job filter 'users': the filters are user, state, project, name"):
+        _listing(None, "", None, None, {"users": "alice"})

@@ -31,12 +31,13 @@ def browse(url: str, *args: str) -> str:
 def test_the_status_page_in_headless_chromium(tmp_path):
     with Cluster(tmp_path, "muri-s", nodes=2, slots=1) as c:
         ids = []
+        # 1500 steps: none ends before the page is read (the users table counts 3 GPUs admitted)
         for name, stages in (("io", (60, 0, 8)), ("gpu", (4, 0, 60)), ("cpu", (4, 40, 8))):
-            args = [MURI_JOB, "--steps", "400", "--load-ms", str(stages[0]), "--cpu-ms", str(stages[1]),
+            args = [MURI_JOB, "--steps", "1500", "--load-ms", str(stages[0]), "--cpu-ms", str(stages[1]),
                     "--compute-ms", str(stages[2]), "--ckpt-dir", os.path.join(c.tmp, f"ckpt-{name}"),
                     "--out", os.path.join(c.tmp, f"{name}.json")]
             given = {"load": stages[0] / 1000, "preprocess": stages[1] / 1000, "compute": stages[2] / 1000}
-            ids.append(c.client.submit(JobSubmit(args, c.tmp, name=name, steps=400, env={"OMP_NUM_THREADS": "1"},
+            ids.append(c.client.submit(JobSubmit(args, c.tmp, name=name, steps=1500, env={"OMP_NUM_THREADS": "1"},
                                                  stage_times=given, priority=int(name == "cpu"))).id)
             time.sleep(0.5)
         c.client.set_quota("default", gpus=8)  # the users table shows it, and what the jobs count

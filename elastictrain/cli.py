@@ -477,6 +477,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
             cluster = None
+            retain = _span(args.retain, "--retain")
             if args.policy:
                 from .coordinator.notify import check_patterns
                 from .coordinator.scheduler import ClusterConfig
@@ -489,9 +490,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                         quota_gpus=args.quota_gpus, quota_jobs=args.quota_jobs,
                                         priority_preemption=args.priority_preemption,
                                         quota_borrow=args.quota_borrow,
-                                        notify_allow=check_patterns(args.notify_allow),
-                                        retain=_span(args.retain, "--retain"))
-            elif _span(args.retain, "--retain"):
+                                        notify_allow=check_patterns(args.notify_allow), retain=retain)
+            elif retain:
                 raise ConfigError("--retain needs --policy: without it the coordinator keeps no event log nor jobs' "
                                   "output")
             engine = _engine_config(args)

@@ -631,7 +631,7 @@ class ClusterJobInfo(_Msg):
 
 class ClusterJobList(_Msg):
     jobs: list[ClusterJobInfo]
-    #: ended jobs the listing left out (its ``ended=N``: only the N that ended last are listed)
+    #: ended jobs the listing left out (its ``ended=N``: only the N that ended last, of those its filter matches)
     ended_omitted: int = 0
 
 
@@ -968,5 +968,6 @@ class ClusterStatus(_Msg):
     jobs: list[ClusterJobInfo]
     decisions: int
     failures: int
-    #: ended jobs the listing left out (``GET /v1/cluster?ended=N``: only the N that ended last)
+    #: ended jobs the listing left out (``GET /v1/cluster?ended=N``: only the N that ended last, of those its
+    #: filter matches)
     ended_omitted: int = 0

@@ -134,10 +134,11 @@ class Coordinator:
     def job_list(self, unscheduled: bool = False) -> JobList:
         """Every job etrun or the library created (``unscheduled``: but those the scheduler placed,
         which its own listing shows)."""
-        names = sorted(self.members.jobs)
+        names = self.members.jobs
         if unscheduled and self.cluster is not None:
-            names = [n for n in names if n not in self.cluster.records]
-        return JobList([self.job_info(name) for name in names])
+            records = self.cluster.records
+            names = [n for n in names if n not in records]
+        return JobList([self.job_info(name) for name in sorted(names)])
 
     def put_resources(self, job: str, req: ResourceReport) -> ResourceList:
         """A worker's resource samples; they may flag it a straggler. It is then given fewer

@@ -863,7 +863,8 @@ class ClusterScheduler:
         self.admission.admit(submitted=tuple(r.id for r in out))
         self._flush()
         self.wake()
-        return [self.info(rec) for rec in out]
+        tasks = self._tasks_by_job()  # (once for an array's tasks)
+        return [self.info(rec, tasks) for rec in out]
 
     def cancel(self, job: str, who: Identity = ADMIN) -> ClusterJobInfo:
         rec = self._rec(job)
@@ -1101,7 +1102,6 @@ class ClusterScheduler:
         """The jobs a listing carries (:meth:`JobIndex.pick`: those not ended and the ``ended`` that
         ended last, of those ``match`` matches) and how many ended jobs it left out."""
         recs, omitted = self.index.pick(ended, match)
-        self.table.accrue(self.clock.now())  # (once for them all)
         tasks = self._tasks_by_job()
         return [self.info(r, tasks) for r in recs], omitted
 
@@ -1116,11 +1116,13 @@ class ClusterScheduler:
         return out
 
     def info(self, rec: JobRecord, tasks_of: Optional[dict] = None) -> ClusterJobInfo:
-        """``rec`` as the API shows it (``tasks_of``: :meth:`_tasks_by_job`, when a listing built
-        it once for every job)."""
+        """``rec`` as the API shows it (``tasks_of``: :meth:`_tasks_by_job`, when the caller built
+        it once for several jobs)."""
         e = self.table.get(rec.id)
-        if e is not None and tasks_of is None:
-            self.table.accrue(self.clock.now())
+        if e is not None and (e.running or e.stopping):  # its service up to now (once for all the jobs listed)
+            now = self.clock.now()
+            if e.accrued_at < now:
+                self.table.accrue(now)
         self._sync(rec)
         where = []
         if tasks_of is None:

@@ -11,10 +11,13 @@ times:
 * ``listing_user_filter_median``: what ``elastictrain status -u alice`` asks for (``ended=10&user=alice``:
   squeue's filter, applied by the coordinator; the first tenth of the jobs are hers), which before asked
   for every job and filtered them itself;
-* ``listing_all_median``: ``GET /v1/cluster?ended=all``, the baseline;
+* ``listing_all_median``: ``GET /v1/cluster?ended=all`` in one reply, the baseline;
+* ``listing_all_paged_median``: every job as ``status --all`` and ``history`` ask for them now: in
+  pages of 2,000 (``limit=2000``, then ``after=`` the last page's ``next``), joined by the client;
 * ``health_p99_*``: ``GET /v1/health`` latency from this process while another one lists jobs in a
   loop (``idle``: while nothing else is asked): the coordinator answers every client on one event
-  loop, so a big listing holds up a worker's shard lease or heartbeat as long as it takes.
+  loop, so a big listing holds up a worker's shard lease or heartbeat as long as it takes
+  (``while_listing_all``: every job in one reply, the baseline; ``_paged``: in pages).
 
 Prints ``name: value unit`` lines; ``--quick`` submits 3,000 jobs instead of 30,000.
 """
@@ -58,20 +61,21 @@ def timed(call, repeat: int) -> float:
     return statistics.median(out)
 
 
-def _load(url: str, token: str, ended, stop) -> None:
+def _load(url: str, token: str, ended, page, stop) -> None:
     """(In a process of its own, so that the probe shares no interpreter with it.)"""
     c = CoordinatorClient(url, token, timeout=60.0)
     while not stop.is_set():
-        c.cluster_status(ended=ended)
+        c.cluster_status(ended=ended, page=page)
     c.close()
 
 
-def health_under(url: str, token: str, ended, window: float) -> float:
+def health_under(url: str, token: str, ended, window: float, page=None) -> float:
     """The 99th percentile of health-check latency while another process lists jobs in a loop
-    (``ended``: its listing's ``ended``; ``"none"``: no listing)."""
+    (``ended``: its listing's ``ended``, in pages of ``page`` jobs, None: in one reply; ``"none"``:
+    no listing)."""
     ctx = multiprocessing.get_context("spawn")
     stop = ctx.Event()
-    load = ctx.Process(target=_load, args=(url, token, ended, stop), daemon=True) if ended != "none" else None
+    load = ctx.Process(target=_load, args=(url, token, ended, page, stop), daemon=True) if ended != "none" else None
     if load is not None:
         load.start()
         time.sleep(3.0)  # (its interpreter's start)
@@ -109,8 +113,9 @@ def main() -> None:
             fill(c, jobs)
             print(f"# {jobs:,} ended jobs and 20 waiting, submitted and cancelled in {time.perf_counter() - t:.1f} s; "
                   "a coordinator (SQLite) on this machine")
-            full = c.cluster_status(ended="all")
+            full = c.cluster_status(ended="all", page=None)
             assert len(full.jobs) == jobs + 20, len(full.jobs)
+            assert [j.id for j in c.cluster_status(ended="all").jobs] == [j.id for j in full.jobs]  # (pages: the same)
             default = timed(lambda: c.cluster_status(), repeat)
             cli = timed(lambda: c.cluster_status(ended=10), repeat)
             hers = [j.id for j in full.jobs if j.user == "alice"]
@@ -118,10 +123,12 @@ def main() -> None:
             assert [j.id for j in mine.jobs] == hers[-10:], mine.jobs
             assert mine.ended_omitted == max(0, len(hers) - 10), mine.ended_omitted
             user = timed(lambda: c.cluster_status(ended=10, user="alice"), repeat)
-            every = timed(lambda: c.cluster_status(ended="all"), repeat)
+            every = timed(lambda: c.cluster_status(ended="all", page=None), repeat)
+            paged = timed(lambda: c.cluster_status(ended="all", page=2000), repeat)
             idle = health_under(proc.url, proc.token, "none", window)
             under_default = health_under(proc.url, proc.token, None, window)
             under_all = health_under(proc.url, proc.token, "all", window)
+            under_paged = health_under(proc.url, proc.token, "all", window, page=2000)
             c.close()
         finally:
             proc.stop()
@@ -130,13 +137,17 @@ def main() -> None:
     print(f"listing_status_cli_median: {cli:.4f} s")
     print(f"listing_user_filter_median: {user:.4f} s")
     print(f"listing_all_median: {every:.4f} s")
+    print(f"listing_all_paged_median: {paged:.4f} s")
     print(f"listing_default_vs_all: {default / every:.3f} x")
     print(f"listing_status_cli_vs_all: {cli / every:.3f} x")
     print(f"listing_user_filter_vs_all: {user / every:.3f} x")
+    print(f"listing_all_paged_vs_all: {paged / every:.3f} x")
     print(f"health_p99_idle: {idle * 1000:.2f} ms")
     print(f"health_p99_while_listing_default: {under_default * 1000:.2f} ms")
     print(f"health_p99_while_listing_all: {under_all * 1000:.2f} ms")
+    print(f"health_p99_while_listing_all_paged: {under_paged * 1000:.2f} ms")
     print(f"health_p99_listing_default_vs_all: {under_default / under_all:.3f} x")
+    print(f"health_p99_listing_all_paged_vs_all: {under_paged / under_all:.3f} x")
 
 
 if __name__ == "__main__":

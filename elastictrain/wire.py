@@ -105,8 +105,10 @@ class JobInfo(_Msg):
     nodes: int = 0  # agents in the current generation
 
 
-class JobList(_Msg):
+class JobList(_Msg, omit_defaults=True):  # (a CLI of the previous release reads an unpaged reply)
     jobs: list[JobInfo]
+    #: a page (``limit=N``) that is not the last: the job the next page follows (ask again with ``after=`` it)
+    next: str = ""
 
 
 class GenerationCreate(_Msg):
@@ -629,10 +631,12 @@ class ClusterJobInfo(_Msg):
     gpu_type: str = ""  # the GPU type it must run on ("": any)
 
 
-class ClusterJobList(_Msg):
+class ClusterJobList(_Msg, omit_defaults=True):  # (a CLI of the previous release reads an unpaged reply)
     jobs: list[ClusterJobInfo]
     #: ended jobs the listing left out (its ``ended=N``: only the N that ended last, of those its filter matches)
     ended_omitted: int = 0
+    #: a page (``limit=N``) that is not the last: the job the next page follows (ask again with ``after=`` it)
+    next: str = ""
 
 
 class NodeRegister(_Msg):
@@ -961,7 +965,7 @@ class Series(_Msg):
     values: dict[str, list[float]]
 
 
-class ClusterStatus(_Msg):
+class ClusterStatus(_Msg, omit_defaults=True):  # (a CLI of the previous release reads an unpaged reply)
     policy: Optional[str]
     now: float
     nodes: list[NodeInfo]
@@ -971,3 +975,6 @@ class ClusterStatus(_Msg):
     #: ended jobs the listing left out (``GET /v1/cluster?ended=N``: only the N that ended last, of those its
     #: filter matches)
     ended_omitted: int = 0
+    #: a page (``limit=N``) that is not the last: the job the next page follows (``after=`` it; the next
+    #: pages' jobs come from ``/v1/cluster/jobs``, which takes the same query)
+    next: str = ""

@@ -18,6 +18,7 @@ calls. Cluster mode (``/v1/cluster/...``) exists when the coordinator runs a pol
 from __future__ import annotations
 
 import asyncio
+import bisect
 import inspect
 import logging
 import math
@@ -46,7 +47,7 @@ from ..wire import (
 )
 from .access import ADMIN, ANONYMOUS, PUBLIC_ROUTES, Access, Credentials, Identity
 from .gc_pacing import Freezer
-from .listing import LIST_ENDED, JobFilter
+from .listing import LIST_ENDED, MAX_PAGE, JobFilter
 from .membership import Membership
 from .profiles import ProfileBook
 from .resources import ResourceBook
@@ -131,14 +132,25 @@ class Coordinator:
         return JobInfo(r.job, r.generation, r.world_size, r.min_workers, r.max_workers, self.shards.datasets(job),
                        *shape)
 
-    def job_list(self, unscheduled: bool = False) -> JobList:
-        """Every job etrun or the library created (``unscheduled``: but those the scheduler placed,
-        which its own listing shows)."""
+    def job_list(self, unscheduled: bool = False, after: str = "", limit: Optional[int] = None,
+                 sees: Optional[Callable[[str], bool]] = None) -> JobList:
+        """Every job etrun or the library created, by name (``unscheduled``: but those the scheduler
+        placed, which its own listing shows; ``sees``: those it passes); a page of them: at most
+        ``limit``, the names after ``after`` (``next``: the name the next page follows)."""
         names = self.members.jobs
         if unscheduled and self.cluster is not None:
             records = self.cluster.records
             names = [n for n in names if n not in records]
-        return JobList([self.job_info(name) for name in sorted(names)])
+        if sees is not None:
+            names = [n for n in names if sees(n)]
+        names = sorted(names)
+        if after:
+            names = names[bisect.bisect_right(names, after):]
+        more = ""
+        if limit is not None and len(names) > limit:
+            names = names[:limit]
+            more = names[-1]
+        return JobList([self.job_info(name) for name in names], more)
 
     def put_resources(self, job: str, req: ResourceReport) -> ResourceList:
         """A worker's resource samples; they may flag it a straggler. It is then given fewer
@@ -413,14 +425,14 @@ class CoordinatorApp:
         return WhoAmI(who.role, who.name, who.run, sorted(who.jobs), acct.unix_user if acct else "")
 
     def _job_list(self, who: Identity, query: dict) -> JobList:
-        """``GET /v1/jobs[?scheduled=0]`` (0: leave out the jobs the scheduler placed)."""
+        """``GET /v1/jobs[?scheduled=0&limit=N&after=JOB]`` (0: leave out the jobs the scheduler
+        placed; a page: at most N, those named after JOB, the previous page's ``next``)."""
         scheduled = query.get("scheduled", "1")
         if scheduled not in ("0", "1"):
             raise BadRequestError(f"query parameter 'scheduled' must be 0 or 1, got {scheduled[:40]!r}")
-        out = self.c.job_list(unscheduled=scheduled == "0")
-        if who.role == "admin":
-            return out
-        return JobList([j for j in out.jobs if self._sees(who, j.job)])
+        after, limit = _page_args(query)
+        return self.c.job_list(scheduled == "0", after, limit,
+                               None if who.role == "admin" else lambda job: self._sees(who, job))
 
     def _view(self, who: Identity, out):
         """``out`` (a job, a job list, the cluster's status) as ``who`` may see it: other users'
@@ -711,11 +723,13 @@ def _int_arg(query: dict, name: str, default: int = 0) -> int:
 MAX_TIME = 1e11  # the latest time a query may name (epoch seconds: about the year 5138)
 
 
-def _listing_args(query: dict) -> tuple[Optional[int], JobFilter]:
+def _listing_args(query: dict) -> tuple[Optional[int], JobFilter, str, Optional[int]]:
     """A job listing's query (``GET /v1/cluster``, ``/v1/cluster/jobs``): ``ended=N`` (the N jobs
     that ended last, default ``LIST_ENDED``) or ``ended=all``, and its filter: ``array=JOB`` (only
     its tasks); ``since``/``until`` (only jobs submitted in that period, epoch seconds); ``user``,
-    ``state``, ``project``, ``name`` (comma-separated: any of them; states ours or Slurm's)."""
+    ``state``, ``project``, ``name`` (comma-separated: any of them; states ours or Slurm's); and its
+    page: ``limit=N`` (at most N jobs, 1 to ``MAX_PAGE``), ``after=JOB`` (those after it: the
+    previous page's ``next``)."""
     ended: Optional[int] = LIST_ENDED
     if query.get("ended") == "all":
         ended = None
@@ -726,9 +740,18 @@ def _listing_args(query: dict) -> tuple[Optional[int], JobFilter]:
         return _filter_arg(query, key, lambda v: frozenset(check_name(kind, x) for x in v.split(","))) or frozenset()
 
     array = _filter_arg(query, "array", lambda v: check_name("job", v)) or ""
-    return ended, JobFilter(array, _time_arg(query, "since"), _time_arg(query, "until"), names("user", "user"),
-                            _filter_arg(query, "state", check_states) or frozenset(), names("project", "project"),
-                            names("name", "job"))
+    return (ended, JobFilter(array, _time_arg(query, "since"), _time_arg(query, "until"), names("user", "user"),
+                             _filter_arg(query, "state", check_states) or frozenset(), names("project", "project"),
+                             names("name", "job")), *_page_args(query))
+
+
+def _page_args(query: dict) -> tuple[str, Optional[int]]:
+    """A listing's page: ``after=JOB`` ("" where not given: from the start) and ``limit=N`` (1 to
+    ``MAX_PAGE``; None where not given: every job)."""
+    limit = _int_arg(query, "limit") if "limit" in query else None
+    if limit is not None and not 1 <= limit <= MAX_PAGE:
+        raise BadRequestError(f"query parameter 'limit' must be 1 to {MAX_PAGE} (jobs per page), got {limit}")
+    return _filter_arg(query, "after", lambda v: check_name("job", v)) or "", limit
 
 
 def _filter_arg(query: dict, name: str, parse):

@@ -10,11 +10,19 @@ the whole history. A filtered listing (:class:`JobFilter`: squeue's ``-u``/``-t`
 an array's tasks, a period of submission) reads every record but builds the reply of the jobs it
 matches only, and its ``ended`` counts the ended jobs it matches: ``status -u alice`` shows her
 last ten, not the last ten of everyone.
+
+A listing comes in pages where it is asked for them (``limit=N``, then ``after=`` the ``next``
+job the previous page named: Kubernetes' ``limit``/``continue``), so that a history of 100,000
+jobs (``history``, ``status --all``) holds the loop up for one page at a time. The pages are cut
+from the same order (submission order; at a restart, the records are loaded in it): a job is
+never listed twice, one that ends meanwhile is listed where it stands, and one submitted
+meanwhile comes last.
 """
 
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from itertools import islice
 from typing import Iterable, Optional
 
@@ -22,10 +30,18 @@ import msgspec
 
 from .live import ENDED_NAMES, JobRecord
 
-__all__ = ["JobIndex", "JobFilter", "LIST_ENDED"]
+__all__ = ["JobIndex", "JobFilter", "LIST_ENDED", "MAX_PAGE", "submission_order"]
 
 #: ended jobs a listing shows unless it asks for another count (``ended=N``; ``all``: every one)
 LIST_ENDED = 1000
+#: the most jobs one page may ask for (``limit=N``)
+MAX_PAGE = 100_000
+
+
+def submission_order(rec: JobRecord) -> tuple[int, int]:
+    """A record's place in submission order: its submission's number, then (the tasks of one array
+    share it) its task index."""
+    return rec.seq, int(rec.id.rpartition("_")[2]) if rec.array else 0
 
 
 class JobFilter(msgspec.Struct, frozen=True):
@@ -105,6 +121,21 @@ class JobIndex:
         ids = list(self._open) + list(islice(reversed(self._ended), ended))
         ids.sort(key=self._order.__getitem__)
         return [records[i] for i in ids], omitted
+
+    def page(self, recs: list[JobRecord], after: str = "", limit: Optional[int] = None) -> tuple[list[JobRecord], str]:
+        """The part of listing ``recs`` (:meth:`pick`'s, in submission order) that follows job
+        ``after`` ("": from the start), at most ``limit`` jobs (None: all); and the job the next
+        page follows ("" where none is left).
+
+        Raises:
+            KeyError: ``after`` is no job here.
+        """
+        if after:
+            order = self._order
+            recs = recs[bisect_right(recs, order[after], key=lambda r: order[r.id]):]
+        if limit is not None and len(recs) > limit:
+            return recs[:limit], recs[limit - 1].id
+        return recs, ""
 
     def _scan(self, ended: Optional[int], m: JobFilter) -> tuple[list[JobRecord], int]:
         recs: Iterable[JobRecord] = self.records.values()

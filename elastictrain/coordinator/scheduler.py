@@ -54,7 +54,7 @@ from ..wire import (
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
 from .events import EventLog, LogBook
-from .listing import ALL, LIST_ENDED, JobFilter, JobIndex
+from .listing import ALL, LIST_ENDED, JobFilter, JobIndex, submission_order
 from .live import ENDED_NAMES as _ENDED_NAMES
 from .live import JobRecord, LiveBackend
 from .metrics import Timings
@@ -172,8 +172,8 @@ class ClusterScheduler:
         self.backend = LiveBackend(self.table, self.nodes, coordinator.rendezvous, self.events, self.clock,
                                    self.records, self._dirty.add)
         now = self.clock.now()
-        for _, raw in loaded.cluster_jobs:
-            rec = _DEC.decode(raw)
+        # (in submission order: the store orders them by submission, not an array's tasks within one)
+        for rec in sorted((_DEC.decode(raw) for _, raw in loaded.cluster_jobs), key=submission_order):
             self.records[rec.id] = rec
             if rec.status not in _ENDED_NAMES and not rec.admitted:
                 self.admission.waiting[rec.id] = rec
@@ -1094,16 +1094,32 @@ class ClusterScheduler:
     def job(self, job: str) -> ClusterJobInfo:
         return self.info(self._rec(job))
 
-    def jobs(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL) -> ClusterJobList:
+    def jobs(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL, after: str = "",
+             limit: Optional[int] = None) -> ClusterJobList:
         """The jobs :meth:`listing` picks."""
-        return ClusterJobList(*self.listing(ended, match))
+        return ClusterJobList(*self.listing(ended, match, after, limit))
 
-    def listing(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL) -> tuple[list[ClusterJobInfo], int]:
+    def listing(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL, after: str = "",
+                limit: Optional[int] = None) -> tuple[list[ClusterJobInfo], int, str]:
         """The jobs a listing carries (:meth:`JobIndex.pick`: those not ended and the ``ended`` that
-        ended last, of those ``match`` matches) and how many ended jobs it left out."""
+        ended last, of those ``match`` matches), how many ended jobs it left out, and the job its
+        next page follows ("": none; :meth:`JobIndex.page`: the page after job ``after``, of at most
+        ``limit`` jobs).
+
+        Raises:
+            ConfigError: ``after`` is no job here.
+        """
         recs, omitted = self.index.pick(ended, match)
+        if after or limit is not None:
+            try:
+                recs, more = self.index.page(recs, after, limit)
+            except KeyError:
+                raise ConfigError(f"query parameter 'after': no job {after!r} here; a page follows the job the "
+                                  "previous page named as its 'next' (leave 'after' out for the first page)") from None
+        else:
+            more = ""
         tasks = self._tasks_by_job()
-        return [self.info(r, tasks) for r in recs], omitted
+        return [self.info(r, tasks) for r in recs], omitted, more
 
     def _tasks_by_job(self) -> dict[str, list[tuple[int, TaskRec]]]:
         """Every node's tasks by job, each with its place in the nodes' order (:meth:`info`)."""
@@ -1220,11 +1236,12 @@ class ClusterScheduler:
         return (f"{sum(free)} of {total} {unit} are free; policy {policy} has not placed it (it keeps them for "
                 "other jobs, or it is placed at its next decision)")
 
-    def status(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL) -> ClusterStatus:
+    def status(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL, after: str = "",
+               limit: Optional[int] = None) -> ClusterStatus:
         """The policy, the nodes, and the jobs :meth:`listing` picks."""
-        jobs, omitted = self.listing(ended, match)
+        jobs, omitted, more = self.listing(ended, match, after, limit)
         return ClusterStatus(self.cfg.policy, self.clock.now(), [n.info() for n in self.nodes.by_index], jobs,
-                             self.sched.decisions, self.sched.failures, omitted)
+                             self.sched.decisions, self.sched.failures, omitted, more)
 
     def utilization(self) -> Series:
         pts = list(self._util)

@@ -37,6 +37,8 @@ __all__ = ["CoordinatorClient", "read_token", "token_from_file", "write_token_fi
 
 T = TypeVar("T")
 _ENC = msgspec.msgpack.Encoder()
+#: jobs per page of a listing (:meth:`CoordinatorClient.cluster_status`)
+PAGE = 2000
 _RETRY_STATUS = {500, 502, 503, 504}
 
 
@@ -194,9 +196,15 @@ class CoordinatorClient:
     def job(self, job: str) -> JobInfo:
         return self._call("GET", f"/v1/jobs/{job}", JobInfo)
 
-    def jobs(self) -> list[JobInfo]:
-        """Every job the coordinator knows (``GET /v1/jobs``)."""
-        return self._call("GET", "/v1/jobs", JobList).jobs
+    def jobs(self, page: Optional[int] = PAGE) -> list[JobInfo]:
+        """Every job the coordinator knows (``GET /v1/jobs``), by name (in pages of ``page``, joined;
+        None: in one reply)."""
+        out = self._call("GET", "/v1/jobs" + _page("", page, ""), JobList)
+        jobs = list(out.jobs)
+        while out.next:
+            out = self._call("GET", "/v1/jobs" + _page("", page, out.next), JobList)
+            jobs += out.jobs
+        return jobs
 
     def open_generation(self, job: str, expected: int, world_size: int, reason: str = "start") -> GenerationInfo:
         return self._call("POST", f"/v1/jobs/{job}/generations", GenerationInfo,
@@ -288,20 +296,41 @@ class CoordinatorClient:
         return self._call("POST", "/v1/cluster/jobs", ClusterJobInfo, req)
 
     def cluster_status(self, ended: Union[int, str, None] = None, array: str = "", since: Optional[float] = None,
-                       until: Optional[float] = None, **match: Union[str, Iterable[str], None]) -> ClusterStatus:
+                       until: Optional[float] = None, page: Optional[int] = PAGE,
+                       **match: Union[str, Iterable[str], None]) -> ClusterStatus:
         """The policy, the nodes and the jobs: every job that has not ended, and of the ended ones
         the ``ended`` that ended last (an int, ``"all"``, or None: the coordinator's default, 1000);
         ``array``: only that job array's tasks; ``since``/``until``: only jobs submitted then
         (epoch seconds); ``user``, ``state``, ``project``, ``name`` (each a name, comma-separated
         names or a list; states ours or Slurm's): only jobs with any of them, as squeue's -u, -t,
         -A, -n (``ended`` then counts the ended jobs they match). ``ended_omitted`` says how many
-        ended jobs were left out."""
-        return self._call("GET", "/v1/cluster" + _listing(ended, array, since, until, match), ClusterStatus)
+        ended jobs were left out.
+
+        The jobs come in pages of ``page`` (the coordinator builds one page at a time, and answers
+        its other clients in between: a history of 100,000 jobs does not hold it up for a second),
+        joined here into one listing; ``page=None``: in one reply."""
+        query = _listing(ended, array, since, until, match)
+        st = self._call("GET", "/v1/cluster" + _page(query, page, ""), ClusterStatus)
+        if not st.next:
+            return st
+        rest = self._pages(query, page, st)
+        return msgspec.structs.replace(st, jobs=rest.jobs, ended_omitted=rest.ended_omitted, next="")
 
     def cluster_jobs(self, ended: Union[int, str, None] = None, array: str = "", since: Optional[float] = None,
-                     until: Optional[float] = None, **match: Union[str, Iterable[str], None]) -> ClusterJobList:
-        """The jobs :meth:`cluster_status` lists, without the nodes."""
-        return self._call("GET", "/v1/cluster/jobs" + _listing(ended, array, since, until, match), ClusterJobList)
+                     until: Optional[float] = None, page: Optional[int] = PAGE,
+                     **match: Union[str, Iterable[str], None]) -> ClusterJobList:
+        """The jobs :meth:`cluster_status` lists, without the nodes (in pages of ``page``, joined)."""
+        query = _listing(ended, array, since, until, match)
+        first = self._call("GET", "/v1/cluster/jobs" + _page(query, page, ""), ClusterJobList)
+        return self._pages(query, page, first) if first.next else first
+
+    def _pages(self, query: str, page: Optional[int], first) -> ClusterJobList:
+        """The listing's pages that follow ``first`` (a page whose ``next`` is set), joined to its jobs."""
+        jobs, last = list(first.jobs), first
+        while last.next:
+            last = self._call("GET", "/v1/cluster/jobs" + _page(query, page, last.next), ClusterJobList)
+            jobs += last.jobs
+        return ClusterJobList(jobs, last.ended_omitted)
 
     def cluster_job(self, job: str) -> ClusterJobInfo:
         return self._call("GET", f"/v1/cluster/jobs/{job}", ClusterJobInfo)
@@ -412,6 +441,14 @@ class CoordinatorClient:
 
 
 _MATCH = ("user", "state", "project", "name")
+
+
+def _page(query: str, page: Optional[int], after: str) -> str:
+    """``query`` (:func:`_listing`'s) asking for the page of ``page`` jobs after job ``after``."""
+    if page is None:
+        return query
+    more = f"limit={int(page)}" + (f"&after={urllib.parse.quote(after, safe='')}" if after else "")
+    return f"{query}&{more}" if query else f"?{more}"
 
 
 def _listing(ended, array: str, since: Optional[float], until: Optional[float], match: dict) -> str:

@@ -9,6 +9,8 @@ def test_job_listing_benchmark_prints_every_figure():
     want = ["listing_ended_jobs", "listing_default_median", "listing_status_cli_median", "listing_user_filter_median",
             "listing_all_median", "listing_user_filter_vs_all",
             "listing_default_vs_all", "listing_status_cli_vs_all", "health_p99_idle",
-            "health_p99_while_listing_default", "health_p99_while_listing_all", "health_p99_listing_default_vs_all"]
+            "health_p99_while_listing_default", "health_p99_while_listing_all", "health_p99_listing_default_vs_all",
+            "listing_all_paged_median", "listing_all_paged_vs_all", "health_p99_while_listing_all_paged",
+            "health_p99_listing_all_paged_vs_all"]
     assert not [w for w in want if w not in figures], stdout
     assert int(figures["listing_ended_jobs"]) == 1200

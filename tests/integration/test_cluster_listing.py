@@ -1,9 +1,10 @@
 """Job listings on a real coordinator process: ``GET /v1/cluster`` and ``/v1/cluster/jobs`` list
 every job that has not ended and the 1000 (or ``ended=N``) that ended last, say how many ended
 jobs they left out, take an array and a period, refuse a bad query with a 400 and its reason;
-``GET /v1/jobs?scheduled=0`` leaves out the scheduler's jobs; ``elastictrain status`` asks for
+``GET /v1/jobs?scheduled=0`` leaves out the scheduler's jobs (and comes in pages too); ``elastictrain status`` asks for
 the last 10 ended jobs and says how many more there are; squeue's filters (-u, -t, -A, -n) are the
-coordinator's, so a filtered status shows the last 10 ended jobs it matches."""
+coordinator's, so a filtered status shows the last 10 ended jobs it matches; a listing comes in pages
+(limit=N, after=JOB), which the client joins."""
 
 import http.client
 import os
@@ -74,7 +75,7 @@ def test_listings_keep_the_last_ended_jobs_and_say_how_many_they_left_out(cluste
     assert tasks[0] in out.stdout and "not shown" not in out.stdout
 
 
-def test_the_job_list_without_the_schedulers_jobs(cluster, tmp_path):
+def test_the_job_list_without_the_schedulers_jobs_and_in_pages(cluster, tmp_path):
     proc, c = cluster
     c.create_job("lib-job", 1, 4)
     sched = c.submit(JobSubmit(["train.py"], str(tmp_path))).id
@@ -82,6 +83,17 @@ def test_the_job_list_without_the_schedulers_jobs(cluster, tmp_path):
     assert {j.job for j in c.jobs()} == {"lib-job", sched}
     code, body = raw(proc, "GET", "/v1/jobs?scheduled=0")
     assert code == 200 and [j["job"] for j in body["jobs"]] == ["lib-job"]
+    names = sorted(f"lib-{i:02d}" for i in range(23)) + ["lib-job"]
+    for name in names[:-1]:
+        c.create_job(name, 1, 2)
+    assert [j.job for j in c.jobs(page=5)] == sorted(names + [sched]) == [j.job for j in c.jobs(page=None)]
+    code, body = raw(proc, "GET", "/v1/jobs?scheduled=0&limit=10")
+    assert code == 200 and [j["job"] for j in body["jobs"]] == names[:10] and body["next"] == names[9]
+    code, body = raw(proc, "GET", f"/v1/jobs?scheduled=0&limit=10&after={names[19]}")
+    assert code == 200 and [j["job"] for j in body["jobs"]] == names[20:] and body.get("next", "") == ""
+    for query, word in (("limit=0", "'limit' must be 1 to 100000"), ("after=a%2Fb", "'after': job name 'a/b'")):
+        code, body = raw(proc, "GET", f"/v1/jobs?{query}")
+        assert code == 400 and word in body["reason"], (query, body)
 
 
 def test_a_filtered_listing_is_made_by_the_coordinator(cluster, tmp_path):
@@ -109,6 +121,29 @@ def test_a_filtered_listing_is_made_by_the_coordinator(cluster, tmp_path):
     rows = [row.split() for row in out.stdout.splitlines()]
     ids = [r[0] for r in rows if r[1:3] in (["prep", "alice"], ["eval", "bob"])]
     assert alice[2] in ids and alice[1] not in ids and bob[2] not in ids, out.stdout
+
+
+def test_a_listing_comes_in_pages_the_client_joins(cluster, tmp_path):
+    proc, c = cluster
+    tasks = [j.id for j in c.submit_array(JobSubmit(["sweep.py"], str(tmp_path), array="0-24", hold=True)).jobs]
+    for j in tasks[:20]:
+        c.cancel(j)
+    whole = c.cluster_status(ended=12, page=None)
+    assert whole.next == "" and len(whole.jobs) == 17 and whole.ended_omitted == 8
+    for page in (1, 7, 17, 2000):
+        st = c.cluster_status(ended=12, page=page)
+        assert ([j.id for j in st.jobs], st.ended_omitted, st.next) == ([j.id for j in whole.jobs], 8, "")
+        assert [j.id for j in c.cluster_jobs(ended="all", page=page).jobs] == tasks
+    code, body = raw(proc, "GET", "/v1/cluster?ended=all&limit=10")
+    assert code == 200 and [j["id"] for j in body["jobs"]] == tasks[:10] and body["next"] == tasks[9]
+    code, body = raw(proc, "GET", f"/v1/cluster/jobs?ended=all&limit=10&after={tasks[19]}")
+    assert code == 200 and [j["id"] for j in body["jobs"]] == tasks[20:] and body.get("next", "") == ""
+    for query, word in (("limit=0", "'limit' must be 1 to 100000"), ("limit=100001", "'limit' must be 1 to 100000"),
+                        ("limit=ten", "'limit' must be a whole number"), ("after=nope", "'after': no job 'nope' here"),
+                        ("after=..%2F", "'after': job name '../' is invalid")):
+        for path in ("/v1/cluster", "/v1/cluster/jobs"):
+            code, body = raw(proc, "GET", f"{path}?{query}")
+            assert code == 400 and word in body["reason"], (path, query, body)
 
 
 def _metrics(proc) -> str:

@@ -1,6 +1,8 @@
 """Messages that agents, workers, node daemons and the CLI send leave out fields at their defaults,
 so a peer of the previous release (which refuses fields it does not know) still reads them."""
 
+from typing import Optional
+
 import msgspec
 
 from elastictrain.wire import AgentReport, Assignment, ResourceSample
@@ -76,3 +78,27 @@ def test_an_agents_node_and_a_nodes_cordon_reach_an_old_peer_only_when_set():
         raise AssertionError("a node name outside the names' rule must be refused")
     except msgspec.ValidationError:
         pass
+
+
+def test_an_unpaged_listing_reaches_a_cli_of_the_previous_release():
+    from elastictrain.wire import ClusterJobList, ClusterStatus, JobInfo, JobList
+
+    class OldJobList(msgspec.Struct, forbid_unknown_fields=True):  # before pages (``next``)
+        jobs: list
+
+    class OldClusterJobList(OldJobList, forbid_unknown_fields=True):
+        ended_omitted: int = 0
+
+    class OldClusterStatus(OldClusterJobList, forbid_unknown_fields=True, kw_only=True):
+        policy: Optional[str]
+        now: float
+        nodes: list
+        decisions: int
+        failures: int
+
+    one = [JobInfo("j", 1, 2, 1, 2, [])]
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(JobList(one)), type=OldJobList).jobs[0]["job"] == "j"
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(ClusterJobList([], 7)), type=OldClusterJobList).ended_omitted == 7
+    st = ClusterStatus("fifo", 1.0, [], [], 3, 0, 5)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(st), type=OldClusterStatus).ended_omitted == 5
+    assert msgspec.json.decode(msgspec.json.encode(ClusterJobList([], 0, "12_3")))["next"] == "12_3"  # (a page)

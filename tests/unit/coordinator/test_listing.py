@@ -1,9 +1,13 @@
 """Job listings (GET /v1/cluster, /v1/cluster/jobs; ClusterScheduler.listing): every job that has
 not ended, and of the ended ones only the N that ended last unless all are asked for, in
 submission order; an array's tasks; a period of submission; the same job details as one job's
-own reply (the nodes' tasks are indexed once per listing)."""
+own reply (the nodes' tasks are indexed once per listing); pages of a listing, which list each job
+once while jobs end and arrive between them, in the same order after a restart."""
+
+import pytest
 
 from elastictrain.coordinator.listing import JobFilter
+from elastictrain.errors import ConfigError
 from elastictrain.wire import JobSubmit
 
 from .test_cluster_scheduler import World
@@ -22,12 +26,12 @@ def test_ended_jobs_are_the_last_n_to_end_and_the_rest_stay_listed(tmp_path):
     for j in reversed(ids[4:12]):  # the last submitted ends first
         w.clock.advance(1.0)
         w.s.cancel(j)
-    jobs, omitted = w.s.listing(3)
+    jobs, omitted, _ = w.s.listing(3)
     assert omitted == 5
     assert _ids(jobs) == ids[:4] + ids[4:7]  # the three that ended last, in submission order
-    jobs, omitted = w.s.listing(None)
+    jobs, omitted, _ = w.s.listing(None)
     assert (_ids(jobs), omitted) == (ids, 0)
-    jobs, omitted = w.s.listing(0)
+    jobs, omitted, _ = w.s.listing(0)
     assert (_ids(jobs), omitted) == (ids[:4], 8)
     assert _ids(w.s.jobs(100).jobs) == ids and w.s.jobs(2).ended_omitted == 6
     st = w.s.status(1)
@@ -36,10 +40,10 @@ def test_ended_jobs_are_the_last_n_to_end_and_the_rest_stay_listed(tmp_path):
     w.exit(ids[1], 0)  # a running job finishes: the last to end
     w.s.tick()
     assert w.status(ids[1]) == "finished"
-    jobs, omitted = w.s.listing(2)
+    jobs, omitted, _ = w.s.listing(2)
     assert (_ids(jobs), omitted) == ([ids[0], ids[1], ids[2], ids[3], ids[4]], 7)
     w.restart()  # the same listing from the stored records (ordered by their end times)
-    again, omitted = w.s.listing(2)
+    again, omitted, _ = w.s.listing(2)
     assert (_ids(again), omitted) == (_ids(jobs), 7) and _ids(w.s.listing(None)[0]) == ids
 
 
@@ -69,7 +73,7 @@ def test_an_arrays_tasks_and_a_period_of_submission(tmp_path):
     for t in tasks[:6]:
         w.s.cancel(t)
     assert _ids(w.s.listing(None, JobFilter(array=base))[0]) == tasks
-    jobs, omitted = w.s.listing(2, JobFilter(array=base))
+    jobs, omitted, _ = w.s.listing(2, JobFilter(array=base))
     assert (_ids(jobs), omitted) == (tasks[4:], 4)
     assert w.s.listing(None, JobFilter(array=lone))[0] == [] and w.s.listing(None, JobFilter(array="nope"))[0] == []
     t0 = w.s.records[lone].submit_time
@@ -87,12 +91,76 @@ def test_a_filtered_listing_counts_only_the_ended_jobs_it_matches(tmp_path):
     for j in alice[1:5] + bob[:2]:
         w.clock.advance(1.0)
         w.s.cancel(j)
-    jobs, omitted = w.s.listing(2, JobFilter(users=frozenset({"alice"})))
+    jobs, omitted, _ = w.s.listing(2, JobFilter(users=frozenset({"alice"})))
     assert (_ids(jobs), omitted) == ([alice[0], alice[3], alice[4], alice[5]], 2)  # her last two ended, not bob's
     assert _ids(w.s.listing(None, JobFilter(states=frozenset({"running"})))[0]) == [alice[0]]
-    jobs, omitted = w.s.listing(1, JobFilter(users=frozenset({"bob"}), states=frozenset({"cancelled", "queued"})))
+    jobs, omitted, _ = w.s.listing(1, JobFilter(users=frozenset({"bob"}), states=frozenset({"cancelled", "queued"})))
     assert (_ids(jobs), omitted) == ([bob[1], bob[2], bob[3]], 1)
     assert _ids(w.s.listing(0, JobFilter(names=frozenset({"eval", "nope"})))[0]) == bob[2:]
-    assert w.s.listing(None, JobFilter(users=frozenset({"carol"}))) == ([], 0)
+    assert w.s.listing(None, JobFilter(users=frozenset({"carol"}))) == ([], 0, "")
     listed = {j.id: j for j in w.s.listing(None)[0]}
     assert w.s.listing(None, JobFilter(users=frozenset({"alice"})))[0] == [listed[j] for j in alice]
+
+
+def _paged(s, limit, ended=None, match=JobFilter(), between=None):
+    """Every page of a listing of at most ``limit`` jobs, joined (``between(i)`` runs before page i > 0)."""
+    jobs, more, i = [], "", 0
+    while True:
+        if i and between is not None:
+            between(i)
+        page, omitted, more = s.listing(ended, match, more, limit)
+        assert len(page) <= limit and (len(page) == limit or not more)
+        jobs += page
+        i += 1
+        if not more:
+            return _ids(jobs), omitted, i
+
+
+def test_a_listing_in_pages_is_the_listing(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=1)
+    lone = w.submit(user="bob")
+    tasks = _ids(w.s.submit_array(JobSubmit(["sweep.py"], str(tmp_path), array="0-16", hold=True)).jobs)
+    for t in tasks[2:15]:
+        w.clock.advance(1.0)
+        w.s.cancel(t)
+    for ended, match in ((None, JobFilter()), (4, JobFilter()), (0, JobFilter()), (None, JobFilter(users=frozenset({"bob"}))),
+                         (3, JobFilter(array=tasks[0].split("_")[0]))):
+        whole, omitted, _ = w.s.listing(ended, match)
+        for limit in (1, 3, 5, 18, 100):
+            ids, last_omitted, pages = _paged(w.s, limit, ended, match)
+            assert (ids, last_omitted) == (_ids(whole), omitted), (ended, match, limit)
+            assert pages == max(1, -(-len(whole) // limit))
+    jobs, _, more = w.s.listing(None, JobFilter(), tasks[-1], 5)  # after the last job: an empty last page
+    assert (jobs, more) == ([], "")
+    with pytest.raises(ConfigError, match="'after': no job 'nope' here"):
+        w.s.listing(None, JobFilter(), "nope", 5)
+    st = w.s.status(None, JobFilter(), "", 4)
+    assert _ids(st.jobs) == [lone] + tasks[:3] and st.next == tasks[2] and w.s.jobs(None, after=tasks[2]).next == ""
+
+
+def test_pages_list_each_job_once_while_jobs_end_and_arrive(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=1)
+    tasks = _ids(w.s.submit_array(JobSubmit(["sweep.py"], str(tmp_path), array="0-19", hold=True)).jobs)
+    late = []
+
+    def between(i):  # before each page: the first job still waiting ends, and a job arrives
+        w.clock.advance(1.0)
+        w.s.cancel(next(t for t in tasks if w.status(t) == "queued"))
+        late.append(w.submit())
+
+    ids, _, pages = _paged(w.s, 4, ended=2, between=between)
+    assert len(ids) == len(set(ids))  # nobody twice
+    # every job still waiting, and every late one, is listed (each page sees the listing as it is)
+    assert {t for t in tasks if w.status(t) == "queued"} | set(late) <= set(ids) and pages >= 6
+
+
+def test_an_arrays_tasks_keep_their_order_after_a_restart(tmp_path):
+    w = World(tmp_path, policy="fifo", nodes=1, slots=1)
+    tasks = _ids(w.s.submit_array(JobSubmit(["sweep.py"], str(tmp_path), array="0-11", hold=True)).jobs)
+    for t in reversed(tasks[::2]):  # rows written again, last task first
+        w.s.cancel(t)
+    before = _ids(w.s.listing(None)[0])
+    assert before == tasks
+    w.restart()
+    assert _ids(w.s.listing(None)[0]) == before
+    assert _ids(w.s.listing(None, JobFilter(), tasks[4], 3)[0]) == tasks[5:8]

@@ -104,3 +104,11 @@ def test_a_listings_filters_go_in_its_query_and_an_unknown_one_is_refused():
     assert q == "?ended=10&user=alice,bob&state=PD,R&name=a%20b"
     with pytest.raises(TypeError, match="unknown job filter 'users': the filters are user, state, project, name"):
         _listing(None, "", None, None, {"users": "alice"})
+
+
+def test_a_listings_page_goes_after_its_query():
+    from elastictrain.runtime.client import _page
+
+    assert _page("?ended=10", 500, "") == "?ended=10&limit=500"
+    assert _page("", 500, "12_3") == "?limit=500&after=12_3"
+    assert _page("?ended=all", None, "") == "?ended=all"

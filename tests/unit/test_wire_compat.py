@@ -98,7 +98,8 @@ def test_an_unpaged_listing_reaches_a_cli_of_the_previous_release():
 
     one = [JobInfo("j", 1, 2, 1, 2, [])]
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(JobList(one)), type=OldJobList).jobs[0]["job"] == "j"
-    assert msgspec.msgpack.decode(msgspec.msgpack.encode(ClusterJobList([], 7)), type=OldClusterJobList).ended_omitted == 7
+    old = msgspec.msgpack.decode(msgspec.msgpack.encode(ClusterJobList([], 7)), type=OldClusterJobList)
+    assert old.ended_omitted == 7
     st = ClusterStatus("fifo", 1.0, [], [], 3, 0, 5)
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(st), type=OldClusterStatus).ended_omitted == 5
     assert msgspec.json.decode(msgspec.json.encode(ClusterJobList([], 0, "12_3")))["next"] == "12_3"  # (a page)

@@ -123,8 +123,8 @@ def test_a_listing_in_pages_is_the_listing(tmp_path):
     for t in tasks[2:15]:
         w.clock.advance(1.0)
         w.s.cancel(t)
-    for ended, match in ((None, JobFilter()), (4, JobFilter()), (0, JobFilter()), (None, JobFilter(users=frozenset({"bob"}))),
-                         (3, JobFilter(array=tasks[0].split("_")[0]))):
+    bob, array = JobFilter(users=frozenset({"bob"})), JobFilter(array=tasks[0].split("_")[0])
+    for ended, match in ((None, JobFilter()), (4, JobFilter()), (0, JobFilter()), (None, bob), (3, array)):
         whole, omitted, _ = w.s.listing(ended, match)
         for limit in (1, 3, 5, 18, 100):
             ids, last_omitted, pages = _paged(w.s, limit, ended, match)

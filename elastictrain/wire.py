@@ -59,9 +59,9 @@ class _Msg(msgspec.Struct, forbid_unknown_fields=True, frozen=True, omit_default
 
 
 # The messages that etrun agents, workers, node daemons and the CLI send, and the assignment agents
-# receive, leave out fields at their defaults (``omit_defaults=True``): a field added later then
-# reaches a peer of the previous release only when it is used, so a cluster can be upgraded one
-# process at a time (each side still refuses fields it does not know).
+# and the job listings the CLI receive, leave out fields at their defaults (``omit_defaults=True``):
+# a field added later then reaches a peer of the previous release only when it is used, so a cluster
+# can be upgraded one process at a time (each side still refuses fields it does not know).
 
 
 class Error(_Msg):
@@ -105,7 +105,7 @@ class JobInfo(_Msg):
     nodes: int = 0  # agents in the current generation
 
 
-class JobList(_Msg, omit_defaults=True):  # (a CLI of the previous release reads an unpaged reply)
+class JobList(_Msg, omit_defaults=True):
     jobs: list[JobInfo]
     #: a page (``limit=N``) that is not the last: the job the next page follows (ask again with ``after=`` it)
     next: str = ""
@@ -631,7 +631,7 @@ class ClusterJobInfo(_Msg):
     gpu_type: str = ""  # the GPU type it must run on ("": any)
 
 
-class ClusterJobList(_Msg, omit_defaults=True):  # (a CLI of the previous release reads an unpaged reply)
+class ClusterJobList(_Msg, omit_defaults=True):
     jobs: list[ClusterJobInfo]
     #: ended jobs the listing left out (its ``ended=N``: only the N that ended last, of those its filter matches)
     ended_omitted: int = 0
@@ -965,7 +965,7 @@ class Series(_Msg):
     values: dict[str, list[float]]
 
 
-class ClusterStatus(_Msg, omit_defaults=True):  # (a CLI of the previous release reads an unpaged reply)
+class ClusterStatus(_Msg, omit_defaults=True):
     policy: Optional[str]
     now: float
     nodes: list[NodeInfo]

@@ -121,7 +121,7 @@ def render(version: str, store: str, sched: Optional[object], now: Optional[floa
                [({"version": version, "store": store, "policy": policy}, 1)])
     if freezer is not None:
         out.family("elastictrain_gc_frozen_objects", "gauge", "Objects moved out of the garbage collector's sight "
-                   "(the loaded state, every hour what survived a full collection).", [({}, freezer.frozen())])
+                   "(the loaded state, and what survived each full collection).", [({}, freezer.frozen())])
         out.family("elastictrain_gc_full_collections_total", "counter", "Full garbage collections (each holds "
                    "the event loop).", [({}, freezer.full_collections())])
         out.family("elastictrain_gc_freeze_pause_seconds", "gauge", "How long the last scheduled full collection "

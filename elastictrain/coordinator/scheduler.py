@@ -1110,14 +1110,11 @@ class ClusterScheduler:
             ConfigError: ``after`` is no job here.
         """
         recs, omitted = self.index.pick(ended, match)
-        if after or limit is not None:
-            try:
-                recs, more = self.index.page(recs, after, limit)
-            except KeyError:
-                raise ConfigError(f"query parameter 'after': no job {after!r} here; a page follows the job the "
-                                  "previous page named as its 'next' (leave 'after' out for the first page)") from None
-        else:
-            more = ""
+        try:
+            recs, more = self.index.page(recs, after, limit)
+        except KeyError:
+            raise ConfigError(f"query parameter 'after': no job {after!r} here; a page follows the job the "
+                              "previous page named as its 'next' (leave 'after' out for the first page)") from None
         tasks = self._tasks_by_job()
         return [self.info(r, tasks) for r in recs], omitted, more
 

@@ -199,12 +199,8 @@ class CoordinatorClient:
     def jobs(self, page: Optional[int] = PAGE) -> list[JobInfo]:
         """Every job the coordinator knows (``GET /v1/jobs``), by name (in pages of ``page``, joined;
         None: in one reply)."""
-        out = self._call("GET", "/v1/jobs" + _page("", page, ""), JobList)
-        jobs = list(out.jobs)
-        while out.next:
-            out = self._call("GET", "/v1/jobs" + _page("", page, out.next), JobList)
-            jobs += out.jobs
-        return jobs
+        return self._follow("/v1/jobs", "", page, self._call("GET", "/v1/jobs" + _page("", page, ""), JobList),
+                            JobList)[0]
 
     def open_generation(self, job: str, expected: int, world_size: int, reason: str = "start") -> GenerationInfo:
         return self._call("POST", f"/v1/jobs/{job}/generations", GenerationInfo,
@@ -313,8 +309,8 @@ class CoordinatorClient:
         st = self._call("GET", "/v1/cluster" + _page(query, page, ""), ClusterStatus)
         if not st.next:
             return st
-        rest = self._pages(query, page, st)
-        return msgspec.structs.replace(st, jobs=rest.jobs, ended_omitted=rest.ended_omitted, next="")
+        jobs, last = self._follow("/v1/cluster/jobs", query, page, st, ClusterJobList)
+        return msgspec.structs.replace(st, jobs=jobs, ended_omitted=last.ended_omitted, next="")
 
     def cluster_jobs(self, ended: Union[int, str, None] = None, array: str = "", since: Optional[float] = None,
                      until: Optional[float] = None, page: Optional[int] = PAGE,
@@ -322,15 +318,19 @@ class CoordinatorClient:
         """The jobs :meth:`cluster_status` lists, without the nodes (in pages of ``page``, joined)."""
         query = _listing(ended, array, since, until, match)
         first = self._call("GET", "/v1/cluster/jobs" + _page(query, page, ""), ClusterJobList)
-        return self._pages(query, page, first) if first.next else first
+        if not first.next:
+            return first
+        jobs, last = self._follow("/v1/cluster/jobs", query, page, first, ClusterJobList)
+        return ClusterJobList(jobs, last.ended_omitted)
 
-    def _pages(self, query: str, page: Optional[int], first) -> ClusterJobList:
-        """The listing's pages that follow ``first`` (a page whose ``next`` is set), joined to its jobs."""
+    def _follow(self, path: str, query: str, page: Optional[int], first, reply: type):
+        """The jobs of listing page ``first`` and of the pages that follow it (from ``path``), and
+        the last page."""
         jobs, last = list(first.jobs), first
         while last.next:
-            last = self._call("GET", "/v1/cluster/jobs" + _page(query, page, last.next), ClusterJobList)
+            last = self._call("GET", path + _page(query, page, last.next), reply)
             jobs += last.jobs
-        return ClusterJobList(jobs, last.ended_omitted)
+        return jobs, last
 
     def cluster_job(self, job: str) -> ClusterJobInfo:
         return self._call("GET", f"/v1/cluster/jobs/{job}", ClusterJobInfo)

@@ -2,8 +2,8 @@
 the status page) as it is now, against the reply every listing gave before, which carried every
 job the coordinator ever had (``?ended=all``, measured in the same run).
 
-Starts a real coordinator process (SQLite, ``--policy fifo``, no nodes), submits ``--jobs`` jobs as
-job arrays and cancels them (ended jobs, as a busy cluster's history is), then 20 waiting jobs, and
+Starts a real coordinator process (SQLite, ``--policy fifo``, no nodes), submits 20 jobs that wait,
+then ``--jobs`` jobs as job arrays and cancels them (ended jobs, as a busy cluster's history is), and
 times:
 
 * ``listing_default_median``: ``GET /v1/cluster``: the jobs that have not ended and the 1000 that
@@ -17,7 +17,12 @@ times:
 * ``health_p99_*``: ``GET /v1/health`` latency from this process while another one lists jobs in a
   loop (``idle``: while nothing else is asked): the coordinator answers every client on one event
   loop, so a big listing holds up a worker's shard lease or heartbeat as long as it takes
-  (``while_listing_all``: every job in one reply, the baseline; ``_paged``: in pages).
+  (``while_listing_all``: every job in one reply, the baseline; ``_paged``: in pages);
+* ``metrics_median``, ``users_median``, ``projects_median``: ``GET /metrics`` (a Prometheus scrape),
+  ``/v1/cluster/users`` and ``/v1/cluster/projects`` with that history, against the same requests
+  before it (``*_fresh_median``, the 20 waiting jobs only; ``*_vs_fresh``): the coordinator sums the
+  ended jobs as they end, so these read the jobs not ended, not the history (as its users' usage
+  samples do every 5 s).
 
 Prints ``name: value unit`` lines; ``--quick`` submits 3,000 jobs instead of 30,000.
 """
@@ -25,6 +30,7 @@ Prints ``name: value unit`` lines; ``--quick`` submits 3,000 jobs instead of 30,
 from __future__ import annotations
 
 import argparse
+import http.client
 import os
 import statistics
 import sys
@@ -41,15 +47,31 @@ from elastictrain.wire import JobSubmit  # noqa: E402
 
 def fill(c: CoordinatorClient, jobs: int) -> None:
     """``jobs`` ended jobs (arrays of up to 1,000 tasks, each cancelled while held; the first tenth
-    alice's), then 20 waiting."""
+    alice's)."""
     for user, left in (("alice", max(1, jobs // 10)), ("default", jobs - max(1, jobs // 10))):
         while left > 0:
             n = min(1000, left)
             for j in c.submit_array(JobSubmit(["sweep.py"], "/tmp", array=f"0-{n - 1}", hold=True, user=user)).jobs:
                 c.cancel(j.id)
             left -= n
-    for _ in range(20):
-        c.submit(JobSubmit(["train.py"], "/tmp"))
+
+
+def scrapes(c: CoordinatorClient, url: str, token: str, repeat: int) -> tuple[float, float, float]:
+    """Median seconds of ``GET /metrics`` (a Prometheus scrape, on a kept connection), ``GET
+    /v1/cluster/users`` and ``GET /v1/cluster/projects`` (``elastictrain users``, ``projects``)."""
+    host, port = url.split("//")[1].rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+
+    def scrape() -> None:
+        conn.request("GET", "/metrics", headers={"Authorization": f"Bearer {token}"})
+        reply = conn.getresponse()
+        text = reply.read()
+        assert reply.status == 200 and b"elastictrain_jobs{" in text, (reply.status, text[:200])
+
+    try:
+        return timed(scrape, repeat), timed(lambda: c.users(), repeat), timed(lambda: c.projects(), repeat)
+    finally:
+        conn.close()
 
 
 def timed(call, repeat: int) -> float:
@@ -109,10 +131,14 @@ def main() -> None:
         proc.start()
         try:
             c = CoordinatorClient(proc.url, proc.token, timeout=120.0)
+            for _ in range(20):
+                c.submit(JobSubmit(["train.py"], "/tmp"))
+            fresh = scrapes(c, proc.url, proc.token, repeat)  # (the baseline: this coordinator before its history)
             t = time.perf_counter()
             fill(c, jobs)
-            print(f"# {jobs:,} ended jobs and 20 waiting, submitted and cancelled in {time.perf_counter() - t:.1f} s; "
-                  "a coordinator (SQLite) on this machine")
+            print(f"# 20 waiting jobs, then {jobs:,} ended ones, submitted and cancelled in "
+                  f"{time.perf_counter() - t:.1f} s; a coordinator (SQLite) on this machine")
+            history = scrapes(c, proc.url, proc.token, repeat)
             full = c.cluster_status(ended="all", page=None)
             assert len(full.jobs) == jobs + 20, len(full.jobs)
             assert [j.id for j in c.cluster_status(ended="all").jobs] == [j.id for j in full.jobs]  # (pages: the same)
@@ -148,6 +174,10 @@ def main() -> None:
     print(f"health_p99_while_listing_all_paged: {under_paged * 1000:.2f} ms")
     print(f"health_p99_listing_default_vs_all: {under_default / under_all:.3f} x")
     print(f"health_p99_listing_all_paged_vs_all: {under_paged / under_all:.3f} x")
+    for i, name in enumerate(("metrics", "users", "projects")):
+        print(f"{name}_median: {history[i]:.4f} s")
+        print(f"{name}_fresh_median: {fresh[i]:.4f} s")
+        print(f"{name}_vs_fresh: {history[i] / fresh[i]:.2f} x")
 
 
 if __name__ == "__main__":

@@ -21,14 +21,13 @@ meanwhile comes last.
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_right
 from itertools import islice
 from typing import Iterable, Optional
 
 import msgspec
 
-from .live import ENDED_NAMES, JobRecord
+from .live import ENDED_NAMES, JobRecord, submission_order
 
 __all__ = ["JobIndex", "JobFilter", "LIST_ENDED", "MAX_PAGE", "submission_order"]
 
@@ -36,12 +35,6 @@ __all__ = ["JobIndex", "JobFilter", "LIST_ENDED", "MAX_PAGE", "submission_order"
 LIST_ENDED = 1000
 #: the most jobs one page may ask for (``limit=N``)
 MAX_PAGE = 100_000
-
-
-def submission_order(rec: JobRecord) -> tuple[int, int]:
-    """A record's place in submission order: its submission's number, then (the tasks of one array
-    share it) its task index."""
-    return rec.seq, int(rec.id.rpartition("_")[2]) if rec.array else 0
 
 
 class JobFilter(msgspec.Struct, frozen=True):
@@ -68,7 +61,12 @@ ALL = JobFilter()
 class JobIndex:
     """The scheduler's records (``records``: job id -> record, in submission order), split into
     the jobs not ended, in submission order, and the ended ones, in the order their ends were
-    written (:meth:`wrote`; at a restart, by end time)."""
+    written (:meth:`wrote`; at a restart, by end time).
+
+    It also keeps what the ended jobs add up to (:attr:`ended_states`, :meth:`ended_usage`,
+    :meth:`ended_project_usage`), so that what the coordinator does every few seconds or at every
+    scrape (the users' usage samples, ``/metrics``, the users' and projects' reports) reads the
+    jobs not ended (:meth:`open`) and those sums, not the whole history."""
 
     def __init__(self, records: dict[str, JobRecord]) -> None:
         self.records = records
@@ -82,10 +80,28 @@ class JobIndex:
             else:
                 self._open[rec.id] = None
         done.sort(key=self._end_key)
-        self._ended: dict[str, None] = dict.fromkeys(r.id for r in done)
+        # ended job -> (its state, its GPU-seconds) as the sums below count it
+        self._ended: dict[str, tuple[str, float]] = {}
+        self.ended_states: dict[str, int] = {}  # ended jobs by state
+        self._gpu_user: dict[str, float] = {}  # the ended jobs' GPU-seconds by user ...
+        self._gpu_project: dict[str, float] = {}  # ... and by project
+        for rec in done:
+            self._count(rec)
 
     def _end_key(self, rec: JobRecord) -> tuple:
         return (rec.end_time or 0.0, self._order[rec.id])
+
+    def _count(self, rec: JobRecord) -> None:
+        """``rec`` ended: last in the ended order, and in the sums."""
+        self._ended[rec.id] = counted = (rec.status, rec.attained_gpu)
+        self._add(rec, counted, 1)
+
+    def _add(self, rec: JobRecord, counted: tuple[str, float], sign: int) -> None:
+        status, gpu = counted
+        self.ended_states[status] = self.ended_states.get(status, 0) + sign
+        self._gpu_user[rec.user] = self._gpu_user.get(rec.user, 0.0) + sign * gpu
+        if rec.project:
+            self._gpu_project[rec.project] = self._gpu_project.get(rec.project, 0.0) + sign * gpu
 
     def added(self, rec: JobRecord) -> None:
         """``rec`` was just added to the records (a submission)."""
@@ -101,11 +117,32 @@ class JobIndex:
                 if rec.id in self._open:
                     del self._open[rec.id]
                     ended.append(rec)
-            elif rec.id in self._ended:  # (no job ends twice; kept exact all the same)
-                del self._ended[rec.id]
+                else:
+                    counted = self._ended.get(rec.id)
+                    if counted is not None and counted != (rec.status, rec.attained_gpu):  # (kept exact)
+                        self._add(rec, counted, -1)
+                        self._ended[rec.id] = counted = (rec.status, rec.attained_gpu)
+                        self._add(rec, counted, 1)
+            elif rec.id in self._ended:  # requeued after it ended: not ended any more
+                self._add(rec, self._ended.pop(rec.id), -1)
                 self._open[rec.id] = None
+                self._open = dict.fromkeys(sorted(self._open, key=self._order.__getitem__))  # (rare)
         for rec in sorted(ended, key=self._end_key):
-            self._ended[rec.id] = None
+            self._count(rec)
+
+    def open(self) -> Iterable[JobRecord]:
+        """The records of the jobs not ended, in submission order (a job that ended since its
+        record was last written among them, with its state)."""
+        records = self.records
+        return [records[i] for i in self._open]
+
+    def ended_usage(self) -> Iterable[tuple[str, float]]:
+        """(user, GPU-seconds) of the ended jobs, a pair per user."""
+        return self._gpu_user.items()
+
+    def ended_project_usage(self) -> dict[str, float]:
+        """The ended jobs' GPU-seconds by project."""
+        return self._gpu_project
 
     def pick(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL) -> tuple[list[JobRecord], int]:
         """The records a listing carries, in submission order: every job not ended and the
@@ -157,8 +194,10 @@ class JobIndex:
         recs = list(recs)
         if ended is None:
             return recs, 0
-        done = [r for r in recs if r.status in ENDED_NAMES]
+        # (ended and ranked as pick has them: in the ended order, one that ended since the last write not yet)
+        finished = self._ended
+        done = {r.id for r in recs if r.id in finished}
         if len(done) <= ended:
             return recs, 0
-        keep = {r.id for r in heapq.nlargest(ended, done, key=self._end_key)}
-        return [r for r in recs if r.status not in ENDED_NAMES or r.id in keep], len(done) - ended
+        keep = set(islice((i for i in reversed(finished) if i in done), ended))
+        return [r for r in recs if r.id not in done or r.id in keep], len(done) - ended

@@ -39,7 +39,7 @@ from .events import EventLog
 from .nodes import Exit, NodeBook, TaskRec
 from .rendezvous import Rendezvous
 
-__all__ = ["JobRecord", "LiveBackend", "FORMING"]
+__all__ = ["JobRecord", "LiveBackend", "FORMING", "submission_order"]
 
 FORMING = "forming"  # JobRecord.grun of a member whose group task waits for the other members
 
@@ -124,6 +124,12 @@ class JobRecord(msgspec.Struct):
     def grouped(self) -> bool:
         """Its run is part of a group task that exists (not one still forming)."""
         return bool(self.grun) and self.grun != FORMING
+
+
+def submission_order(rec: JobRecord) -> tuple[int, int]:
+    """A record's place in submission order: its submission's number, then (the tasks of one array
+    share it) its task index."""
+    return rec.seq, int(rec.id.rpartition("_")[2]) if rec.array else 0
 
 
 class LiveBackend:
@@ -250,12 +256,13 @@ class LiveBackend:
             self._emit("member_failed", rec, run=rec.run, group=rec.grun, restarts=rec.restarts,
                        reason=detail[-1000:])
             gid = rec.grun
-            for m in self.records.values():  # the group stops (every member checkpoints); all wait to be placed
-                if m.grun == gid and m.id in self.table.running:
-                    m.resume_reason = "failure" if m is rec else "regroup"
-                    self.table.stop(m.id, now)
-                    self._leave_group(m)
-                    self._touched(m.id)
+            records = self.records
+            group = sorted((records[k] for k in self.table.running if records[k].grun == gid), key=submission_order)
+            for m in group:  # the group stops (every member checkpoints); all wait to be placed
+                m.resume_reason = "failure" if m is rec else "regroup"
+                self.table.stop(m.id, now)
+                self._leave_group(m)
+                self._touched(m.id)
         else:
             rec.reason = f"failed inside its group {rec.grun}: {detail[-1500:]}"
             self._fail(rec, group=rec.grun)

@@ -133,10 +133,12 @@ def render(version: str, store: str, sched: Optional[object], now: Optional[floa
 
 def _cluster(out: _Out, sched, now: float) -> None:
     states = dict.fromkeys((s.value for s in JobStatus), 0)
+    for s, n in sched.index.ended_states.items():  # (summed as jobs end: a scrape reads no history)
+        states[s] = states.get(s, 0) + n
     waits = dict.fromkeys(WAITS, 0)
     queued_by_user: dict[str, int] = {}
     oldest = None
-    for rec in sched.records.values():
+    for rec in sched.index.open():
         states[rec.status] = states.get(rec.status, 0) + 1
         if rec.status in ("queued", "preempted"):
             adm = sched.admission  # (admitted: the policy has not placed it)

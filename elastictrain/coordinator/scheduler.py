@@ -304,7 +304,7 @@ class ClusterScheduler:
                                     budget=FORECAST_BUDGET, min_run=self.cfg.min_run, now=now, memory=memory,
                                     quotas=quotas, windows=windows)
         out = []
-        for rec in self.records.values():
+        for rec in self.index.open():
             if rec.status in _ENDED_NAMES:
                 continue
             start, end = f.start.get(rec.id), f.end.get(rec.id)
@@ -431,6 +431,10 @@ class ClusterScheduler:
                 self._profiles_saved, self._profiles_dirty = len(self._profiles), False
             tx.put_meta("job_seq", str(self._seq))
         self.index.wrote(self.records[key] for key in self._dirty)
+        for key in self._dirty:  # (what is kept per job while it runs goes when it ends)
+            if self.records[key].status in _ENDED_NAMES:
+                self._pkeys.pop(key, None)
+                self._rates.pop(key, None)
         self._policy_state = state
         self._dirty.clear()
         self.nodes.dirty.clear()
@@ -1252,8 +1256,11 @@ class ClusterScheduler:
 
     # ------------------------------------------------------------------ users
     def _usage(self):
+        """(user, GPU-seconds) pairs that add up to each user's service, ended jobs' included (the
+        ended ones' as the index sums them: this runs every few seconds, whatever the history)."""
+        yield from self.index.ended_usage()
         get = self.table.get
-        for rec in self.records.values():
+        for rec in self.index.open():
             e = get(rec.id)
             yield rec.user, e.attained_gpu if e is not None else rec.attained_gpu
 
@@ -1268,7 +1275,7 @@ class ClusterScheduler:
         tickets (``projects``) and its member)."""
         out: dict[str, int] = {}
         parents = self.projects.parents()
-        for rec in self.records.values():
+        for rec in self.index.open():
             if rec.status not in _ENDED_NAMES:
                 a = account(rec.user, rec.project, projects, parents)
                 out[a] = out.get(a, 0) + 1
@@ -1376,8 +1383,8 @@ class ClusterScheduler:
             if rec.project:
                 queued[rec.project] = queued.get(rec.project, 0) + 1
         self.table.accrue(self.clock.now())
-        gpu_s: dict[str, float] = {}
-        for rec in self.records.values():
+        gpu_s = dict(self.index.ended_project_usage())
+        for rec in self.index.open():
             if rec.project:
                 e = self.table.get(rec.id)
                 gpu_s[rec.project] = gpu_s.get(rec.project, 0.0) + (e.attained_gpu if e is not None else

@@ -11,6 +11,7 @@ def test_job_listing_benchmark_prints_every_figure():
             "listing_default_vs_all", "listing_status_cli_vs_all", "health_p99_idle",
             "health_p99_while_listing_default", "health_p99_while_listing_all", "health_p99_listing_default_vs_all",
             "listing_all_paged_median", "listing_all_paged_vs_all", "health_p99_while_listing_all_paged",
-            "health_p99_listing_all_paged_vs_all"]
+            "health_p99_listing_all_paged_vs_all"] + [f"{n}_{k}" for n in ("metrics", "users", "projects")
+                                                      for k in ("median", "fresh_median", "vs_fresh")]
     assert not [w for w in want if w not in figures], stdout
     assert int(figures["listing_ended_jobs"]) == 1200

@@ -32,11 +32,15 @@ def test_a_pass_freezes_what_survives_and_frees_frozen_garbage_at_the_next(freez
     ref = weakref.ref(dropped)
     assert freezer.freeze() >= 0.0 and freezer.passes == 1
     assert freezer.frozen() >= len(kept)
+    counted = freezer.frozen()
+    newer = [Node() for _ in range(500)]
+    assert freezer.frozen() == counted  # counted once per freeze (a scrape does not walk them all again)
     del dropped
     gc.collect()
     assert ref() is not None  # frozen: the collector does not see it
     freezer.freeze()
     assert ref() is None and freezer.passes == 2  # the next pass puts it back first, and collects it
+    assert freezer.frozen() >= counted + len(newer) - 1  # (and counts what it froze anew)
     freezer.uninstall()
     assert freezer.frozen() == 0
     with pytest.raises(ValueError, match="every must be > 0"):

@@ -6,7 +6,8 @@ once while jobs end and arrive between them, in the same order after a restart."
 
 import pytest
 
-from elastictrain.coordinator.listing import JobFilter
+from elastictrain.coordinator.listing import JobFilter, JobIndex
+from elastictrain.coordinator.live import ENDED_NAMES, JobRecord
 from elastictrain.errors import ConfigError
 from elastictrain.wire import JobSubmit
 
@@ -164,3 +165,89 @@ def test_an_arrays_tasks_keep_their_order_after_a_restart(tmp_path):
     w.restart()
     assert _ids(w.s.listing(None)[0]) == before
     assert _ids(w.s.listing(None, JobFilter(), tasks[4], 3)[0]) == tasks[5:8]
+
+
+def _rec(i, user="u", project="", status="queued"):
+    return JobRecord(f"j{i}", i, "train", user, 0, 1, 1, ["train.py"], "/tmp", {}, False, None, None, 3, 30.0,
+                     float(i), status=status, project=project)
+
+
+def _recount(index):
+    """What the index's sums must be: the ended jobs' states and GPU-seconds, counted afresh."""
+    states, users, projects = {}, {}, {}
+    for rec in index.records.values():
+        if rec.id in index._ended:
+            states[rec.status] = states.get(rec.status, 0) + 1
+            users[rec.user] = users.get(rec.user, 0.0) + rec.attained_gpu
+            if rec.project:
+                projects[rec.project] = projects.get(rec.project, 0.0) + rec.attained_gpu
+    return states, users, projects
+
+
+def _sums(index):
+    nonzero = {s: n for s, n in index.ended_states.items() if n}
+    return nonzero, dict(index.ended_usage()), dict(index.ended_project_usage())
+
+
+def test_the_index_sums_the_ended_jobs_as_they_end_and_come_back():
+    """What the scrapes and the usage samples read instead of the whole history: the ended jobs'
+    states and GPU-seconds by user and project, kept as records are written (a job that ends, one
+    rewritten after its end, one requeued after it), equal to a recount at every step, and the
+    same when built afresh from the records (a restart)."""
+    import random
+
+    rng = random.Random(7)
+    records = {}
+    index = JobIndex(records)
+    for i in range(200):
+        rec = _rec(i, user=f"u{i % 5}", project=("vision", "", "nlp")[i % 3])
+        records[rec.id] = rec
+        index.added(rec)
+    for _ in range(600):
+        rec = records[f"j{rng.randrange(200)}"]
+        move = rng.random()
+        if rec.status in ENDED_NAMES and move < 0.2:
+            rec.status = "queued"  # requeued
+        elif rec.status in ENDED_NAMES and move < 0.4:
+            rec.attained_gpu += 3.0  # rewritten after its end
+        elif rec.status not in ENDED_NAMES:
+            rec.status = rng.choice(("finished", "failed", "cancelled", "timeout"))
+            rec.attained_gpu = float(rng.randrange(1, 1000))
+            rec.end_time = float(rng.randrange(50))  # (ties on purpose)
+        index.wrote([rec])
+        states, users, projects = _recount(index)
+        got = _sums(index)
+        assert got[0] == states
+        assert {u: pytest.approx(v) for u, v in users.items()} == {u: v for u, v in got[1].items() if u in users}
+        assert all(v == pytest.approx(0.0, abs=1e-6) for u, v in got[1].items() if u not in users)
+        assert {p: pytest.approx(v) for p, v in projects.items()} == {p: v for p, v in got[2].items() if p in projects}
+        assert [r.id for r in index.open()] == [r.id for r in records.values() if r.id not in index._ended]
+    fresh = JobIndex(records)
+    assert fresh.ended_states == {s: n for s, n in _recount(fresh)[0].items()}
+    assert sorted(fresh._ended) == sorted(index._ended)
+
+
+def test_pick_and_a_filtered_listing_rank_jobs_that_ended_at_one_instant_alike():
+    """The ended jobs a listing shows are the last written, filtered or not: two jobs that ended at
+    the same instant, written in turn, show the same one whether or not a filter was given (a
+    filter ranked them by submission order, the plain listing by when each was written)."""
+    records = {}
+    index = JobIndex(records)
+    a, b = _rec(1), _rec(2)
+    for rec in (a, b):
+        records[rec.id] = rec
+        index.added(rec)
+    for rec in (b, a):  # b written first, a (submitted first) last
+        rec.status, rec.end_time = "finished", 5.0
+        index.wrote([rec])
+    plain, omitted = index.pick(1)
+    assert [r.id for r in plain] == ["j1"] and omitted == 1
+    mine, omitted = index.pick(1, JobFilter(users=frozenset({"u"})))
+    assert [r.id for r in mine] == ["j1"] and omitted == 1
+    c = _rec(3)
+    records[c.id] = c
+    index.added(c)
+    c.status, c.end_time = "finished", 6.0  # ended, not written yet: listed, not counted (both ways)
+    assert [r.id for r in index.pick(0)[0]] == ["j3"] and index.pick(0)[1] == 2
+    assert [r.id for r in index.pick(0, JobFilter(users=frozenset({"u"})))[0]] == ["j3"]
+    assert index.pick(0, JobFilter(users=frozenset({"u"})))[1] == 2

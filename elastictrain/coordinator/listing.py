@@ -130,7 +130,7 @@ class JobIndex:
         for rec in sorted(ended, key=self._end_key):
             self._count(rec)
 
-    def open(self) -> Iterable[JobRecord]:
+    def open(self) -> list[JobRecord]:
         """The records of the jobs not ended, in submission order (a job that ended since its
         record was last written among them, with its state)."""
         records = self.records

@@ -47,7 +47,7 @@ from ..wire import (
 )
 from .access import ADMIN, ANONYMOUS, PUBLIC_ROUTES, Access, Credentials, Identity
 from .gc_pacing import Freezer
-from .listing import LIST_ENDED, MAX_PAGE, JobFilter
+from .listing import LIST_ENDED, MAX_PAGE, JobFilter, cut
 from .membership import Membership
 from .profiles import ProfileBook
 from .resources import ResourceBook
@@ -146,10 +146,7 @@ class Coordinator:
         names = sorted(names)
         if after:
             names = names[bisect.bisect_right(names, after):]
-        more = ""
-        if limit is not None and len(names) > limit:
-            names = names[:limit]
-            more = names[-1]
+        names, more = cut(names, limit)
         return JobList([self.job_info(name) for name in names], more)
 
     def put_resources(self, job: str, req: ResourceReport) -> ResourceList:

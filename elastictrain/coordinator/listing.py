@@ -23,13 +23,14 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from itertools import islice
-from typing import Iterable, Optional
+from operator import attrgetter
+from typing import Callable, Iterable, Optional
 
 import msgspec
 
 from .live import ENDED_NAMES, JobRecord, submission_order
 
-__all__ = ["JobIndex", "JobFilter", "LIST_ENDED", "MAX_PAGE", "submission_order"]
+__all__ = ["JobIndex", "JobFilter", "LIST_ENDED", "MAX_PAGE", "cut", "submission_order"]
 
 #: ended jobs a listing shows unless it asks for another count (``ended=N``; ``all``: every one)
 LIST_ENDED = 1000
@@ -56,6 +57,15 @@ class JobFilter(msgspec.Struct, frozen=True):
 
 
 ALL = JobFilter()
+_ID = attrgetter("id")
+
+
+def cut(items: list, limit: Optional[int], name: Callable = str) -> tuple[list, str]:
+    """A page of a listing already past its ``after``: at most ``limit`` of ``items`` (None: all),
+    and the ``name`` of the last one taken where more are left, which the next page follows ("")."""
+    if limit is not None and len(items) > limit:
+        return items[:limit], name(items[limit - 1])
+    return items, ""
 
 
 class JobIndex:
@@ -108,9 +118,9 @@ class JobIndex:
         self._order[rec.id] = len(self._order)
         self._open[rec.id] = None
 
-    def wrote(self, recs: Iterable[JobRecord]) -> None:
+    def wrote(self, recs: Iterable[JobRecord]) -> list[JobRecord]:
         """``recs`` were written as they are now: those that ended move to the ended jobs (those
-        that ended together by end time)."""
+        that ended together by end time). Returns those."""
         ended = []
         for rec in recs:
             if rec.status in ENDED_NAMES:
@@ -127,8 +137,10 @@ class JobIndex:
                 self._add(rec, self._ended.pop(rec.id), -1)
                 self._open[rec.id] = None
                 self._open = dict.fromkeys(sorted(self._open, key=self._order.__getitem__))  # (rare)
-        for rec in sorted(ended, key=self._end_key):
+        ended.sort(key=self._end_key)
+        for rec in ended:
             self._count(rec)
+        return ended
 
     def open(self) -> list[JobRecord]:
         """The records of the jobs not ended, in submission order (a job that ended since its
@@ -170,9 +182,7 @@ class JobIndex:
         if after:
             order = self._order
             recs = recs[bisect_right(recs, order[after], key=lambda r: order[r.id]):]
-        if limit is not None and len(recs) > limit:
-            return recs[:limit], recs[limit - 1].id
-        return recs, ""
+        return cut(recs, limit, _ID)
 
     def _scan(self, ended: Optional[int], m: JobFilter) -> tuple[list[JobRecord], int]:
         # (one pass per filter given: each narrows the next, which is faster than one pass testing all)

@@ -430,11 +430,9 @@ class ClusterScheduler:
                 tx.put_meta(PROFILES_META, json.dumps([[k, list(v)] for k, v in self._profiles.items()]))
                 self._profiles_saved, self._profiles_dirty = len(self._profiles), False
             tx.put_meta("job_seq", str(self._seq))
-        self.index.wrote(self.records[key] for key in self._dirty)
-        for key in self._dirty:  # (what is kept per job while it runs goes when it ends)
-            if self.records[key].status in _ENDED_NAMES:
-                self._pkeys.pop(key, None)
-                self._rates.pop(key, None)
+        for rec in self.index.wrote(self.records[key] for key in self._dirty):  # (those that ended)
+            self._pkeys.pop(rec.id, None)  # (what is kept per job while it runs goes when it ends)
+            self._rates.pop(rec.id, None)
         self._policy_state = state
         self._dirty.clear()
         self.nodes.dirty.clear()

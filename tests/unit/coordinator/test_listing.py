@@ -211,7 +211,7 @@ def test_the_index_sums_the_ended_jobs_as_they_end_and_come_back():
         elif rec.status in ENDED_NAMES and move < 0.4:
             rec.attained_gpu += 3.0  # rewritten after its end
         elif rec.status not in ENDED_NAMES:
-            rec.status = rng.choice(("finished", "failed", "cancelled", "timeout"))
+            rec.status = rng.choice(sorted(ENDED_NAMES))
             rec.attained_gpu = float(rng.randrange(1, 1000))
             rec.end_time = float(rng.randrange(50))  # (ties on purpose)
         index.wrote([rec])

@@ -498,3 +498,14 @@ def test_min_run_counts_an_interleaving_groups_gpus_once():
     policy.run, policy.groups = {"a": ((0, 2),), "b": ((0, 2),)}, (("a", "b"),)
     kinds = sorted(a.kind.value for a in sched.tick())
     assert kinds == ["start", "start"] and table.get("y").running and sched.kept_until == {"y": 60.0}
+
+
+def test_the_state_names_filters_check_are_the_cores_states():
+    """``model.JOB_STATES`` (what ``--state``/``?state=`` accept; the CLI does not import the core,
+    which costs it 19 ms) lists the core's states, and Slurm's names map onto them."""
+    from elastictrain.model import JOB_STATES, check_states
+
+    assert JOB_STATES == tuple(s.value for s in JobStatus)
+    assert check_states("PD,R,cd,F,CA") == frozenset(s.value for s in JobStatus)
+    with pytest.raises(ConfigError, match="is not one of"):
+        check_states("timeout")

@@ -24,6 +24,13 @@ times:
   ended jobs as they end, so these read the jobs not ended, not the history (as its users' usage
   samples do every 5 s).
 
+* ``memory_per_ended_job``: the coordinator's resident memory after the history, less before it, per
+  ended job; ``_after_restart``: the same for a coordinator started again on that database (against
+  its memory with the 20 waiting jobs only; ``restart_seconds``: how long that start took);
+  ``record_bytes_packed`` against ``record_bytes_unpacked``: what an ended job's record takes as the
+  coordinator keeps it (all but the 1000 that ended last are packed: coordinator/records.py) and as a
+  record, measured in this process on the same records (``record_packed_vs_unpacked``).
+
 Prints ``name: value unit`` lines; ``--quick`` submits 3,000 jobs instead of 30,000.
 """
 
@@ -134,11 +141,13 @@ def main() -> None:
             for _ in range(20):
                 c.submit(JobSubmit(["train.py"], "/tmp"))
             fresh = scrapes(c, proc.url, proc.token, repeat)  # (the baseline: this coordinator before its history)
+            rss0 = rss(proc.proc.pid)
             t = time.perf_counter()
             fill(c, jobs)
             print(f"# 20 waiting jobs, then {jobs:,} ended ones, submitted and cancelled in "
                   f"{time.perf_counter() - t:.1f} s; a coordinator (SQLite) on this machine")
             history = scrapes(c, proc.url, proc.token, repeat)
+            rss1 = rss(proc.proc.pid)
             full = c.cluster_status(ended="all", page=None)
             assert len(full.jobs) == jobs + 20, len(full.jobs)
             assert [j.id for j in c.cluster_status(ended="all").jobs] == [j.id for j in full.jobs]  # (pages: the same)
@@ -156,8 +165,17 @@ def main() -> None:
             under_all = health_under(proc.url, proc.token, "all", window)
             under_paged = health_under(proc.url, proc.token, "all", window, page=2000)
             c.close()
+            proc.stop()
+            t = time.perf_counter()
+            proc.start()  # (on the same database: the history loaded, the older ended records packed)
+            restart = time.perf_counter() - t
+            c = CoordinatorClient(proc.url, proc.token, timeout=120.0)
+            assert len(c.cluster_status(ended=10).jobs) == 30
+            rss2 = rss(proc.proc.pid)
+            c.close()
         finally:
             proc.stop()
+        packed, unpacked = record_bytes(os.path.join(tmp, "c.db"))
     print(f"listing_ended_jobs: {jobs} jobs")
     print(f"listing_default_median: {default:.4f} s")
     print(f"listing_status_cli_median: {cli:.4f} s")
@@ -178,6 +196,56 @@ def main() -> None:
         print(f"{name}_median: {history[i]:.4f} s")
         print(f"{name}_fresh_median: {fresh[i]:.4f} s")
         print(f"{name}_vs_fresh: {history[i] / fresh[i]:.2f} x")
+    print(f"memory_per_ended_job: {(rss1 - rss0) / jobs:.0f} B")
+    print(f"memory_per_ended_job_after_restart: {(rss2 - rss0) / jobs:.0f} B")
+    print(f"restart_seconds: {restart:.2f} s")
+    print(f"record_bytes_packed: {packed:.0f} B")
+    print(f"record_bytes_unpacked: {unpacked:.0f} B")
+    print(f"record_packed_vs_unpacked: {packed / unpacked:.3f} x")
+
+
+def rss(pid: int) -> int:
+    """A process's resident memory in bytes (Linux: /proc/PID/status)."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS line in /proc/PID/status")
+
+
+def record_bytes(db: str, sample: int = 5000) -> tuple[float, float]:
+    """Bytes per ended job's record (the first ``sample`` of the database's), as the coordinator keeps
+    it packed and as a record (decoded as the coordinator decodes them), measured with tracemalloc."""
+    import sqlite3
+    import tracemalloc
+
+    import msgspec
+
+    from elastictrain.coordinator.live import JobRecord
+    from elastictrain.coordinator.records import _pack
+
+    conn = sqlite3.connect(db)
+    try:
+        raws = [r[0] for r in conn.execute("SELECT record FROM cluster_jobs WHERE status = 'cancelled' LIMIT ?",
+                                           (sample,))]
+    finally:
+        conn.close()
+    dec = msgspec.msgpack.Decoder(JobRecord)
+    tracemalloc.start()
+    try:
+        a = tracemalloc.take_snapshot()
+        recs = [dec.decode(r) for r in raws]
+        b = tracemalloc.take_snapshot()
+        cold = [_pack(r) for r in recs]
+        c = tracemalloc.take_snapshot()
+    finally:
+        tracemalloc.stop()
+    assert len(cold) == len(recs) > 0
+
+    def grew(x, y) -> float:
+        return sum(d.size_diff for d in y.compare_to(x, "filename")) / len(recs)
+
+    return grew(b, c), grew(a, b)
 
 
 if __name__ == "__main__":

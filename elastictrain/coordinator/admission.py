@@ -59,7 +59,7 @@ class Admission:
                 raise ConfigError(f"--after {item!r}: write JOB (it must finish first), JOB:any (it must end, "
                                   "however) or JOB:notok (it must fail or be cancelled)")
             dep = records.get(job)
-            tasks = [r.id for r in records.values() if r.array == job] if dep is None else []
+            tasks = [r.id for r in records.peek() if r.array == job] if dep is None else []
             if tasks:  # a job array: every task of it (Slurm's dependency on an array)
                 out += [t for t in self.dependencies([f"{t}:{kind}" for t in tasks]) if t not in out]
                 continue

@@ -103,7 +103,7 @@ class Coordinator:
         first used its name (an etrun job); "" for a job of the admin's or the scheduler's; None
         for a job the coordinator does not know."""
         if self.cluster is not None:
-            rec = self.cluster.records.get(job)
+            rec = self.cluster.records.kept(job)  # (an old one packed: its user read, not unpacked)
             if rec is not None:
                 return rec.user
         known = self.creds.owners.get(job)

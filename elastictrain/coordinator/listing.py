@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Optional
 import msgspec
 
 from .live import ENDED_NAMES, JobRecord, submission_order
+from .records import Cold, JobRecords
 
 __all__ = ["JobIndex", "JobFilter", "LIST_ENDED", "MAX_PAGE", "cut", "submission_order"]
 
@@ -69,21 +70,22 @@ def cut(items: list, limit: Optional[int], name: Callable = str) -> tuple[list, 
 
 
 class JobIndex:
-    """The scheduler's records (``records``: job id -> record, in submission order), split into
-    the jobs not ended, in submission order, and the ended ones, in the order their ends were
-    written (:meth:`wrote`; at a restart, by end time).
+    """The scheduler's records (``records``: :class:`JobRecords`, in submission order, the older
+    ended ones packed), split into the jobs not ended, in submission order, and the ended ones, in
+    the order their ends were written (:meth:`wrote`; at a restart, by end time). A listing reads
+    the packed ones as they are (what it filters on is in them) and hands them on so.
 
     It also keeps what the ended jobs add up to (:attr:`ended_states`, :meth:`ended_usage`,
     :meth:`ended_project_usage`), so that what the coordinator does every few seconds or at every
     scrape (the users' usage samples, ``/metrics``, the users' and projects' reports) reads the
     jobs not ended (:meth:`open`) and those sums, not the whole history."""
 
-    def __init__(self, records: dict[str, JobRecord]) -> None:
+    def __init__(self, records: JobRecords) -> None:
         self.records = records
         self._order: dict[str, int] = {}  # job -> its place in ``records``
         self._open: dict[str, None] = {}
         done = []
-        for rec in records.values():
+        for rec in records.peek():
             self._order[rec.id] = len(self._order)
             if rec.status in ENDED_NAMES:
                 done.append(rec)
@@ -98,15 +100,15 @@ class JobIndex:
         for rec in done:
             self._count(rec)
 
-    def _end_key(self, rec: JobRecord) -> tuple:
+    def _end_key(self, rec: JobRecord | Cold) -> tuple:
         return (rec.end_time or 0.0, self._order[rec.id])
 
-    def _count(self, rec: JobRecord) -> None:
+    def _count(self, rec: JobRecord | Cold) -> None:
         """``rec`` ended: last in the ended order, and in the sums."""
         self._ended[rec.id] = counted = (rec.status, rec.attained_gpu)
         self._add(rec, counted, 1)
 
-    def _add(self, rec: JobRecord, counted: tuple[str, float], sign: int) -> None:
+    def _add(self, rec: JobRecord | Cold, counted: tuple[str, float], sign: int) -> None:
         status, gpu = counted
         self.ended_states[status] = self.ended_states.get(status, 0) + sign
         self._gpu_user[rec.user] = self._gpu_user.get(rec.user, 0.0) + sign * gpu
@@ -148,6 +150,10 @@ class JobIndex:
         records = self.records
         return [records[i] for i in self._open]
 
+    def last_ended(self, n: int) -> list[str]:
+        """The ``n`` jobs that ended last (of those written), in the order they ended."""
+        return list(islice(reversed(self._ended), n))[::-1]
+
     def ended_usage(self) -> Iterable[tuple[str, float]]:
         """(user, GPU-seconds) of the ended jobs, a pair per user."""
         return self._gpu_user.items()
@@ -156,22 +162,23 @@ class JobIndex:
         """The ended jobs' GPU-seconds by project."""
         return self._gpu_project
 
-    def pick(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL) -> tuple[list[JobRecord], int]:
+    def pick(self, ended: Optional[int] = LIST_ENDED, match: JobFilter = ALL) -> tuple[list[JobRecord | Cold], int]:
         """The records a listing carries, in submission order: every job not ended and the
         ``ended`` that ended last (None: all), or of those ``match`` matches, the same. Returns
-        them and how many ended jobs ``ended`` left out."""
+        them, as kept (a packed one :class:`Cold`: ``records.full`` unpacks it), and how many
+        ended jobs ``ended`` left out."""
         records = self.records
         if match:
             return self._scan(ended, match)
         if ended is None:
-            return list(records.values()), 0
+            return list(records.peek()), 0
         omitted = max(0, len(self._ended) - ended)
         # (a job that ended since the last write is still among the open ones: listed, not counted)
         ids = list(self._open) + list(islice(reversed(self._ended), ended))
         ids.sort(key=self._order.__getitem__)
-        return [records[i] for i in ids], omitted
+        return [records.kept(i) for i in ids], omitted
 
-    def page(self, recs: list[JobRecord], after: str = "", limit: Optional[int] = None) -> tuple[list[JobRecord], str]:
+    def page(self, recs: list, after: str = "", limit: Optional[int] = None) -> tuple[list, str]:
         """The part of listing ``recs`` (:meth:`pick`'s, in submission order) that follows job
         ``after`` ("": from the start), at most ``limit`` jobs (None: all); and the job the next
         page follows ("" where none is left).
@@ -184,9 +191,9 @@ class JobIndex:
             recs = recs[bisect_right(recs, order[after], key=lambda r: order[r.id]):]
         return cut(recs, limit, _ID)
 
-    def _scan(self, ended: Optional[int], m: JobFilter) -> tuple[list[JobRecord], int]:
+    def _scan(self, ended: Optional[int], m: JobFilter) -> tuple[list[JobRecord | Cold], int]:
         # (one pass per filter given: each narrows the next, which is faster than one pass testing all)
-        recs: Iterable[JobRecord] = self.records.values()
+        recs: Iterable[JobRecord | Cold] = self.records.peek()
         if m.array:
             recs = [r for r in recs if r.array == m.array]
         if m.since is not None or m.until is not None:

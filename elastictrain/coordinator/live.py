@@ -27,7 +27,7 @@ the preempted code when nobody asked, requeues the job (its other tasks stop).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import msgspec
 
@@ -38,6 +38,9 @@ from ..policies.interleaving import best_ordering
 from .events import EventLog
 from .nodes import Exit, NodeBook, TaskRec
 from .rendezvous import Rendezvous
+
+if TYPE_CHECKING:
+    from .records import JobRecords
 
 __all__ = ["JobRecord", "LiveBackend", "FORMING", "submission_order"]
 
@@ -134,7 +137,7 @@ def submission_order(rec: JobRecord) -> tuple[int, int]:
 
 class LiveBackend:
     def __init__(self, table: JobTable, nodes: NodeBook, rendezvous: Rendezvous, events: EventLog, clock: Clock,
-                 records: dict[str, JobRecord], touched: Callable[[str], None]) -> None:
+                 records: JobRecords, touched: Callable[[str], None]) -> None:
         self.table, self.nodes, self.rdzv, self.events, self.clock = table, nodes, rendezvous, events, clock
         self.records, self._touched = records, touched
         self._codes: dict = {}
@@ -211,9 +214,9 @@ class LiveBackend:
         whose members had all started before the restart but whose task was not made."""
         for t in [t for n in self.nodes.by_index for t in n.tasks if t.members]:
             self.rdzv.expect(t.job, t.run, "start", 0)  # its agents (re)join the group's own round
-        for rec in self.records.values():
+        for rec in self.records.peek():  # (an ended job's may be packed: it has no grun)
             e = self.table.get(rec.id)
-            if rec.grun == FORMING and e is not None and e.group and e.group[0] == rec.id:
+            if type(rec) is JobRecord and rec.grun == FORMING and e is not None and e.group and e.group[0] == rec.id:
                 self._form_group(tuple(e.group), e.placement)
 
     def _form_group(self, group: tuple, placement: tuple) -> None:

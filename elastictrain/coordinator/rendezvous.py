@@ -29,6 +29,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from sys import intern
 from typing import Optional
 
 import msgspec
@@ -70,7 +71,7 @@ class _JobRdzv:
     accumulate: int = 1  # gradient accumulation of the job's generations (the OOM plan raises it)
     excluded: dict = field(default_factory=dict)  # agent -> until when it may not join (a straggler's node)
     cooldowns: dict = field(default_factory=dict)  # agent -> its last cooldown (each exclusion doubles it)
-    ended: bool = False  # cluster mode: the job ended; a tombstone that refuses every later join
+    ended: bool = False  # cluster mode: the job ended; a tombstone that refuses every later join (as stored)
 
 
 @dataclass
@@ -84,6 +85,19 @@ class _Expect:
 
 _ENC = msgspec.msgpack.Encoder()
 _DEC = msgspec.msgpack.Decoder(_JobRdzv)
+_TOMBSTONE = "job {} already {}; a stale run starts no new generation"
+
+
+def _tombstone(job: str, why: str) -> str:
+    """What an agent of an ended job is told (and the stored tombstone's detail)."""
+    return _TOMBSTONE.format(job, why)
+
+
+def _why(detail: str) -> str:
+    """The ``why`` of a stored tombstone's detail (it says "ended" where it is not of this form)."""
+    head, _, rest = detail.partition(" already ")
+    why, sep, _ = rest.partition("; a stale run")
+    return intern(why) if head.startswith("job ") and sep and why else "ended"
 
 
 class Rendezvous:
@@ -93,6 +107,9 @@ class Rendezvous:
         self._clock = clock
         self._store = store
         self._jobs: dict[str, _JobRdzv] = {}
+        # ended jobs (cluster mode) -> why: a tombstone each, which refuses every later join (kept
+        # apart from the rounds, and small: a long history has one per job)
+        self._ended: dict[str, str] = {}
         self._expect: dict[str, _Expect] = {}
         self._changed: dict[str, asyncio.Event] = {}  # wakes the long polls of a job
         now = clock.now()
@@ -104,12 +121,16 @@ class Rendezvous:
                 continue
             for a in j.agents.values():  # a restarted coordinator gives every agent a fresh timeout
                 a.last_seen = now
+            if j.ended:
+                self._ended[job] = _why(j.detail)
+                continue
             if j.round_started is not None:
                 j.round_started = now
             self._jobs[job] = j
         # jobs that ran before this coordinator started but whose round is not on disk (a database
         # from before rounds were kept): their next generation says why it formed
-        self._restarted = {name for name, row in membership.jobs.items() if row.generation > 0} - set(self._jobs)
+        self._restarted = {name for name, row in membership.jobs.items()
+                           if row.generation > 0 and name not in self._jobs and name not in self._ended}
 
     def _save(self, job: str, j: _JobRdzv) -> None:
         if self._store is not None:
@@ -160,7 +181,7 @@ class Rendezvous:
     def outcome(self, job: str) -> Optional[tuple[str, str, int]]:
         """``(status, detail, restarts used)`` of the job's current round, or None."""
         j = self._jobs.get(job)
-        return None if j is None or j.ended else (j.status, j.detail, j.restarts)
+        return None if j is None else (j.status, j.detail, j.restarts)
 
     def generation(self, job: str) -> int:
         """The job's current membership generation (0 before its first)."""
@@ -171,16 +192,16 @@ class Rendezvous:
         """The scheduler's job ended (finished, failed, cancelled): its round is dropped and a
         durable tombstone stays, so that a stale agent (a node frozen while the job ended
         elsewhere) can never open another generation of it."""
-        self._jobs[job] = j = _JobRdzv(1, 1, 0, status="preempted", ended=True,
-                                       detail=f"job {job} already {why}; a stale run starts no new generation")
-        self._save(job, j)
+        self._jobs.pop(job, None)
+        self._ended[job] = why
+        self._save(job, _JobRdzv(1, 1, 0, status="preempted", ended=True, detail=_tombstone(job, why)))
         self._expect.pop(job, None)
 
     def shape(self, job: str) -> Optional[tuple[str, str, int, int, int]]:
         """``(status, detail, min nodes, max nodes, nodes in the generation)``, or None for a job
         no agent joined."""
         j = self._jobs.get(job)
-        if j is None or j.ended:
+        if j is None:
             return None
         return j.status, j.detail, j.min_nodes, j.max_nodes, len(j.members)
 
@@ -202,11 +223,11 @@ class Rendezvous:
                 not 0 <= req.last_call <= 3600 or not 0 <= req.port <= 65535 or not -1 <= req.node_rank < 65536:
             raise ConfigError(f"agent {req.agent}: max_restarts must be in [0, 100000], agent_timeout in [0.1, 86400] s, "
                               "last_call in [0, 3600] s, port in [0, 65535] and node_rank in [-1, 65535]")
-        ended = self._jobs.get(job)
-        if ended is not None and ended.ended:
+        why = self._ended.get(job)
+        if why is not None:
             log.warning("job %s: agent %s (run %d) tried to join after the job ended; told to exit", job, req.agent,
                         req.run)
-            return AgentAction("exit", status=ended.status, detail=ended.detail)
+            return AgentAction("exit", status="preempted", detail=_tombstone(job, why))
         exp = self._expect.get(job)
         if req.run and exp is not None and req.run < exp.run:
             return AgentAction("exit", status="preempted", detail=f"run {req.run} was superseded by run {exp.run}")

@@ -54,7 +54,7 @@ from ..wire import (
 )
 from .access import ADMIN, DEFAULT_ENV_ALLOW, Identity, check_job_command, check_job_env
 from .events import EventLog, LogBook
-from .listing import ALL, LIST_ENDED, JobFilter, JobIndex, submission_order
+from .listing import ALL, LIST_ENDED, JobFilter, JobIndex
 from .live import ENDED_NAMES as _ENDED_NAMES
 from .live import JobRecord, LiveBackend
 from .metrics import Timings
@@ -65,6 +65,7 @@ from .arrays import parse_array
 from .projects import META_KEY as PROJECTS_META
 from .projects import ProjectBook
 from .quotas import MAX_QUOTA, Quota, QuotaBook
+from .records import JobRecords
 from .quotas import CAPS_KEY as CAPS_META
 from .quotas import META_KEY as QUOTAS_META
 from .retention import MAX_RETAIN, MIN_RETAIN, Retention
@@ -148,7 +149,7 @@ class ClusterScheduler:
         self.timings = Timings()  # GET /metrics' histograms (since this coordinator started)
         self.logs = LogBook(self.store, loaded.log_bytes, clock=self.clock.now)
         self.nodes = NodeBook(loaded.nodes, self._emit, cfg.node_timeout, self._task)
-        self.records: dict[str, JobRecord] = {}
+        self.records = JobRecords()  # (the ended jobs' packed: records.py)
         self.table = JobTable()
         self._dirty: set[str] = set()
         self._rates: dict[str, tuple] = {}  # job -> (run, [(time, samples consumed)]): throughput
@@ -173,11 +174,13 @@ class ClusterScheduler:
                                    self.records, self._dirty.add)
         now = self.clock.now()
         # (in submission order: the store orders them by submission, not an array's tasks within one)
-        for rec in sorted((_DEC.decode(raw) for _, raw in loaded.cluster_jobs), key=submission_order):
-            self.records[rec.id] = rec
-            if rec.status not in _ENDED_NAMES and not rec.admitted:
+        self.records.load(_DEC.decode(raw) for _, raw in loaded.cluster_jobs)
+        for rec in self.records.peek():
+            if rec.status in _ENDED_NAMES:
+                continue
+            if not rec.admitted:
                 self.admission.waiting[rec.id] = rec
-            elif rec.status not in _ENDED_NAMES:
+            else:
                 self.table.add(self._entry(rec))
                 if rec.status == "running" and rec.step_run != rec.run:  # its run has not trained yet
                     self.table.restarting(rec.id)
@@ -189,6 +192,7 @@ class ClusterScheduler:
                     coordinator.rendezvous.expect(rec.id, rec.run, rec.resume_reason if rec.run > 1 else "start",
                                                   rec.restarts)
         self.index = JobIndex(self.records)  # (the listings' view of them)
+        self.records.thaw(self.index.last_ended(self.records.keep))
         self.backend.recover()
         self.sched = Scheduler(self.policy, self.table, self.backend, self.clock, strict=False,
                                on_error=self._policy_error, protect_startup=cfg.protect_startup,
@@ -413,6 +417,7 @@ class ClusterScheduler:
         state = self._memory(everything)
         if not (self._dirty or self.nodes.dirty or self.events.dirty or self.logs.pending
                 or state != self._policy_state):
+            self.records.settle(())  # (records read since: packed again)
             return
         with self.store.transaction() as tx:
             for key in self._dirty:
@@ -430,9 +435,11 @@ class ClusterScheduler:
                 tx.put_meta(PROFILES_META, json.dumps([[k, list(v)] for k, v in self._profiles.items()]))
                 self._profiles_saved, self._profiles_dirty = len(self._profiles), False
             tx.put_meta("job_seq", str(self._seq))
-        for rec in self.index.wrote(self.records[key] for key in self._dirty):  # (those that ended)
+        ended = self.index.wrote(self.records[key] for key in self._dirty)
+        for rec in ended:
             self._pkeys.pop(rec.id, None)  # (what is kept per job while it runs goes when it ends)
             self._rates.pop(rec.id, None)
+        self.records.settle(ended)  # (the older ended ones packed)
         self._policy_state = state
         self._dirty.clear()
         self.nodes.dirty.clear()
@@ -1117,8 +1124,8 @@ class ClusterScheduler:
         except KeyError:
             raise ConfigError(f"query parameter 'after': no job {after!r} here; a page follows the job the "
                               "previous page named as its 'next' (leave 'after' out for the first page)") from None
-        tasks = self._tasks_by_job()
-        return [self.info(r, tasks) for r in recs], omitted, more
+        tasks, full = self._tasks_by_job(), self.records.full
+        return [self.info(full(r), tasks) for r in recs], omitted, more
 
     def _tasks_by_job(self) -> dict[str, list[tuple[int, TaskRec]]]:
         """Every node's tasks by job, each with its place in the nodes' order (:meth:`info`)."""
@@ -1583,7 +1590,7 @@ class ClusterScheduler:
 
         def ended(cutoff: float):
             for job in self.logs.jobs():
-                rec = self.records.get(job)
+                rec = self.records.kept(job)  # (an old one packed: read, not unpacked)
                 if rec is None:  # a group's own output: once it has printed nothing for that long
                     if self.logs.heard(job) < cutoff:
                         yield job

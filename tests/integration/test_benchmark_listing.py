@@ -1,5 +1,5 @@
 """benchmarks/job_listing.py prints every figure as a `name: value unit` line, on a coordinator whose
-listing leaves ended jobs out (a reply of 1020 jobs of 1220)."""
+listing leaves ended jobs out (a reply of 1020 jobs of 1220), and how much memory an ended job takes."""
 
 from .bench_kit import run_benchmark
 
@@ -13,5 +13,8 @@ def test_job_listing_benchmark_prints_every_figure():
             "listing_all_paged_median", "listing_all_paged_vs_all", "health_p99_while_listing_all_paged",
             "health_p99_listing_all_paged_vs_all"] + [f"{n}_{k}" for n in ("metrics", "users", "projects")
                                                       for k in ("median", "fresh_median", "vs_fresh")]
+    want += ["memory_per_ended_job", "memory_per_ended_job_after_restart", "restart_seconds", "record_bytes_packed",
+             "record_bytes_unpacked", "record_packed_vs_unpacked"]
     assert not [w for w in want if w not in figures], stdout
     assert int(figures["listing_ended_jobs"]) == 1200
+    assert 0 < float(figures["record_bytes_packed"]) < float(figures["record_bytes_unpacked"])

@@ -8,6 +8,8 @@ import pytest
 
 from elastictrain.coordinator.listing import JobFilter, JobIndex
 from elastictrain.coordinator.live import ENDED_NAMES, JobRecord
+from elastictrain.coordinator import records as records_mod
+from elastictrain.coordinator.records import Cold, JobRecords
 from elastictrain.errors import ConfigError
 from elastictrain.wire import JobSubmit
 
@@ -18,7 +20,11 @@ def _ids(jobs):
     return [j.id for j in jobs]
 
 
-def test_ended_jobs_are_the_last_n_to_end_and_the_rest_stay_listed(tmp_path):
+@pytest.mark.parametrize("hot", [1000, 2])
+def test_ended_jobs_are_the_last_n_to_end_and_the_rest_stay_listed(tmp_path, monkeypatch, hot):
+    """(``hot``: the ended jobs kept unpacked, records.py; with 2 most ended records are packed,
+    and every listing, reply and restart is the same.)"""
+    monkeypatch.setattr(records_mod, "HOT_ENDED", hot)
     w = World(tmp_path, policy="fifo", nodes=1, slots=2)
     ids = [w.submit() for _ in range(12)]
     w.s.tick()
@@ -30,6 +36,12 @@ def test_ended_jobs_are_the_last_n_to_end_and_the_rest_stay_listed(tmp_path):
     jobs, omitted, _ = w.s.listing(3)
     assert omitted == 5
     assert _ids(jobs) == ids[:4] + ids[4:7]  # the three that ended last, in submission order
+    assert w.s.records.packed() == (0 if hot > 8 else 6)
+    listed = w.s.listing(None)[0]
+    assert w.s.records.packed() == (0 if hot > 8 else 6)  # (a listing reads them without unpacking)
+    assert listed == [w.s.job(j) for j in ids]  # (a job's own reply unpacks it: the same)
+    assert w.s.listing(None, JobFilter(users=frozenset({"alice"})))[0] == []
+    assert w.s.listing(None, JobFilter(states=frozenset({"cancelled"})))[0] == listed[4:]
     jobs, omitted, _ = w.s.listing(None)
     assert (_ids(jobs), omitted) == (ids, 0)
     jobs, omitted, _ = w.s.listing(0)
@@ -43,9 +55,11 @@ def test_ended_jobs_are_the_last_n_to_end_and_the_rest_stay_listed(tmp_path):
     assert w.status(ids[1]) == "finished"
     jobs, omitted, _ = w.s.listing(2)
     assert (_ids(jobs), omitted) == ([ids[0], ids[1], ids[2], ids[3], ids[4]], 7)
+    before = w.s.listing(None)[0]
     w.restart()  # the same listing from the stored records (ordered by their end times)
     again, omitted, _ = w.s.listing(2)
     assert (_ids(again), omitted) == (_ids(jobs), 7) and _ids(w.s.listing(None)[0]) == ids
+    assert w.s.records.packed() == (0 if hot > 9 else 7) and w.s.listing(None)[0] == before
 
 
 def test_a_listed_job_says_what_its_own_reply_says(tmp_path):
@@ -175,7 +189,7 @@ def _rec(i, user="u", project="", status="queued"):
 def _recount(index):
     """What the index's sums must be: the ended jobs' states and GPU-seconds, counted afresh."""
     states, users, projects = {}, {}, {}
-    for rec in index.records.values():
+    for rec in index.records.peek():
         if rec.id in index._ended:
             states[rec.status] = states.get(rec.status, 0) + 1
             users[rec.user] = users.get(rec.user, 0.0) + rec.attained_gpu
@@ -193,11 +207,12 @@ def test_the_index_sums_the_ended_jobs_as_they_end_and_come_back():
     """What the scrapes and the usage samples read instead of the whole history: the ended jobs'
     states and GPU-seconds by user and project, kept as records are written (a job that ends, one
     rewritten after its end, one requeued after it), equal to a recount at every step, and the
-    same when built afresh from the records (a restart)."""
+    same when built afresh from the records (a restart). All but the last three ended are packed as
+    they are written, and unpacked again to change."""
     import random
 
     rng = random.Random(7)
-    records = {}
+    records = JobRecords(keep=3)
     index = JobIndex(records)
     for i in range(200):
         rec = _rec(i, user=f"u{i % 5}", project=("vision", "", "nlp")[i % 3])
@@ -214,14 +229,17 @@ def test_the_index_sums_the_ended_jobs_as_they_end_and_come_back():
             rec.status = rng.choice(sorted(ENDED_NAMES))
             rec.attained_gpu = float(rng.randrange(1, 1000))
             rec.end_time = float(rng.randrange(50))  # (ties on purpose)
-        index.wrote([rec])
+        records.settle(index.wrote([rec]))
+        packed = {r.id for r in records.peek() if type(r) is Cold}
+        assert packed == set(index._ended) - set(records._hot) and records.packed() == len(packed)
+        assert len(records._hot) <= 3
         states, users, projects = _recount(index)
         got = _sums(index)
         assert got[0] == states
         assert {u: pytest.approx(v) for u, v in users.items()} == {u: v for u, v in got[1].items() if u in users}
         assert all(v == pytest.approx(0.0, abs=1e-6) for u, v in got[1].items() if u not in users)
         assert {p: pytest.approx(v) for p, v in projects.items()} == {p: v for p, v in got[2].items() if p in projects}
-        assert [r.id for r in index.open()] == [r.id for r in records.values() if r.id not in index._ended]
+        assert [r.id for r in index.open()] == [r.id for r in records.peek() if r.id not in index._ended]
     fresh = JobIndex(records)
     assert fresh.ended_states == {s: n for s, n in _recount(fresh)[0].items()}
     assert sorted(fresh._ended) == sorted(index._ended)
@@ -231,7 +249,7 @@ def test_pick_and_a_filtered_listing_rank_jobs_that_ended_at_one_instant_alike()
     """The ended jobs a listing shows are the last written, filtered or not: two jobs that ended at
     the same instant, written in turn, show the same one whether or not a filter was given (a
     filter ranked them by submission order, the plain listing by when each was written)."""
-    records = {}
+    records = JobRecords()
     index = JobIndex(records)
     a, b = _rec(1), _rec(2)
     for rec in (a, b):

@@ -46,7 +46,7 @@ def test_the_metrics_say_what_the_scheduler_holds(tmp_path):
     w.s.set_project("vision", ProjectSet(gpus=3, users=["alice"]))
     a = w.submit(2)  # alice's 2 GPUs: her quota is full
     w.submit(1)  # waits for the quota
-    w.submit(1, user="bob", hold=True)
+    b = w.submit(1, user="bob", hold=True)
     w.submit(1, user="bob", begin=w.clock.now() + 3600)
     w.s.tick()
     w.run_all()
@@ -74,6 +74,12 @@ def test_the_metrics_say_what_the_scheduler_holds(tmp_path):
     m = parse(render("1.2.3", "sqlite", w.s))
     assert m[("elastictrain_jobs", (("state", "finished"),))] == 1
     assert m[("elastictrain_events_total", (("kind", "start"),))] == 2  # the quota's job started
+    assert m[("elastictrain_job_records_packed", ())] == 0  # (one ended: among the last 1000, kept unpacked)
+    w.s.records.keep = 0  # (so that the next to end is packed once written)
+    w.s.cancel(b)
+    w.s.tick()
+    m = parse(render("1.2.3", "sqlite", w.s))
+    assert m[("elastictrain_job_records_packed", ())] == 2 and m[("elastictrain_jobs", (("state", "cancelled"),))] == 1
     assert not [k for k in m if k[0] == "elastictrain_node_maintenance_start_seconds"]
     at = w.clock.now() + 600
     w.s.cordon("n2", NodeCordon(3600.0, "firmware", True, at))  # planned: only a gauge until it begins

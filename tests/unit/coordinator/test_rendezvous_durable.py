@@ -80,6 +80,6 @@ def test_an_ended_job_accepts_no_new_generation_ever(tmp_path):
     c.store.close()
     c = _coord(tmp_path, clock)
     again = c.rendezvous.join("j", AgentJoin("agent-2", "h", 1, 1000, last_call=0.0, run=2))
-    assert again.action == "exit"
+    assert again.action == "exit" and "job j already finished" in again.detail
     assert c.members.get("j").generation == gen  # no generation was opened
     c.store.close()

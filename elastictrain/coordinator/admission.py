@@ -58,7 +58,7 @@ class Admission:
             if kind not in ("ok", "any", "notok"):
                 raise ConfigError(f"--after {item!r}: write JOB (it must finish first), JOB:any (it must end, "
                                   "however) or JOB:notok (it must fail or be cancelled)")
-            dep = records.get(job)
+            dep = records.kept(job)  # (its state: an old one is read packed, not unpacked)
             tasks = [r.id for r in records.peek() if r.array == job] if dep is None else []
             if tasks:  # a job array: every task of it (Slurm's dependency on an array)
                 out += [t for t in self.dependencies([f"{t}:{kind}" for t in tasks]) if t not in out]
@@ -84,7 +84,7 @@ class Admission:
                 left += [k for k, r in self._alive() if _order(r) < order and _single(r) == me and k not in left]
                 continue
             job, _, kind = item.partition(":")
-            dep = self.s.records.get(job)
+            dep = self.s.records.kept(job)  # (its state: an old one is read packed, not unpacked)
             status = dep.status if dep is not None else "cancelled"
             ended = status in _ENDED_NAMES
             if ended and (kind == "any" or (status == "finished") == (kind == "ok")):

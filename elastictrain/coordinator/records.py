@@ -1,17 +1,18 @@
 """The scheduler's job records (job id -> record, in submission order), the ended ones packed.
 
-A coordinator keeps every job's record, and a decoded record is about 2 KB of small objects
+A coordinator keeps every job's record, and a decoded record is about 2.3 KB of small objects
 (69 fields: strings, floats, lists), which a long history of ended jobs multiplies: 100,000 jobs
-were 200 MB of them, every one walked by the garbage collector's full passes. :class:`JobRecords`
+would be 230 MB of them, every one walked by the garbage collector's full passes. :class:`JobRecords`
 keeps the jobs not ended, and the :data:`HOT_ENDED` that ended last (what the common listing
 shows), as records; every other ended job is a :class:`Cold` one: the fields a listing filters and
 the index sums (user, project, name, state, array, times, GPU-seconds) and the rest packed as
-msgpack values without their names (about 600 bytes in all, none of it tracked by the collector).
+msgpack values without their names (about 500 bytes in all, none of it tracked by the collector).
 
-Reading a cold record by id (:meth:`JobRecords.get`: ``status JOB``, a dependency's state, a
-notification) unpacks it and keeps it unpacked until the next :meth:`JobRecords.settle`, so a
-change to it is never lost; :meth:`JobRecords.peek` reads without unpacking (what a listing
-filters), and :meth:`JobRecords.full` unpacks for reading only (what a listing's page shows).
+Reading a cold record by id (:meth:`JobRecords.get`: ``status JOB``, a notification, a change)
+unpacks it and keeps it unpacked until the next :meth:`JobRecords.settle`, so a change to it is
+never lost; :meth:`JobRecords.kept` and :meth:`JobRecords.peek` read one as kept, without
+unpacking (a dependency's state, a job's owner, retention; what a listing filters), and
+:meth:`JobRecords.full` unpacks one for reading only (what a listing's page shows).
 Slurm drops a job from slurmctld's memory ``MinJobAge`` after it ends and answers ``sacct`` from
 its database; these records stay in memory, packed, so every listing and lookup still answers
 from memory without a query.
@@ -120,13 +121,12 @@ class JobRecords:
         """How many records are packed."""
         return self._cold
 
-    def settle(self, ended: Iterable[JobRecord], busy: Iterable[str] = ()) -> None:
-        """Pack what may be packed: ``ended`` (records written just as they ended, in the order they
-        ended) join the unpacked last ones, those beyond :data:`HOT_ENDED` of them are packed, and so
-        are the cold ones :meth:`get` unpacked meanwhile; not those in ``busy`` (changed, not yet
-        written: the next settle packs them)."""
+    def settle(self, ended: Iterable[JobRecord]) -> None:
+        """Pack what may be packed, right after a write (every change is written): ``ended``
+        (records written just as they ended, in the order they ended) join the unpacked last ones,
+        those beyond :attr:`keep` of them are packed, and so are the cold ones :meth:`get` unpacked
+        meanwhile (a change to them written)."""
         hot, d = self._hot, self._d
-        busy = set(busy)
         for rec in ended:
             hot.pop(rec.id, None)  # (one requeued and ended again is last again)
             hot[rec.id] = None
@@ -135,16 +135,12 @@ class JobRecords:
             del hot[job]
             self._warm.add(job)
         if self._warm:
-            left = set()
             for job in self._warm:
                 rec = d.get(job)
-                if type(rec) is JobRecord and job not in hot:
-                    if job in busy:
-                        left.add(job)
-                    elif rec.status in ENDED_NAMES:
-                        d[job] = _pack(rec)
-                        self._cold += 1
-            self._warm = left
+                if type(rec) is JobRecord and job not in hot and rec.status in ENDED_NAMES:
+                    d[job] = _pack(rec)
+                    self._cold += 1
+            self._warm = set()
 
     def load(self, recs: Iterable[JobRecord]) -> None:
         """At a start: ``recs`` (as stored), every ended one packed as it comes, put in submission

@@ -65,9 +65,9 @@ from .arrays import parse_array
 from .projects import META_KEY as PROJECTS_META
 from .projects import ProjectBook
 from .quotas import MAX_QUOTA, Quota, QuotaBook
-from .records import JobRecords
 from .quotas import CAPS_KEY as CAPS_META
 from .quotas import META_KEY as QUOTAS_META
+from .records import JobRecords
 from .retention import MAX_RETAIN, MIN_RETAIN, Retention
 from .store import LoadedState
 from .users import META_KEY as USERS_META

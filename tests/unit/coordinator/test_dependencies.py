@@ -3,6 +3,7 @@
 
 import pytest
 
+from elastictrain.coordinator.records import Cold
 from elastictrain.errors import ConfigError, ConflictError
 from elastictrain.wire import AgentJoin, JobSubmit
 
@@ -53,10 +54,14 @@ def test_dependencies_are_checked_at_submission(tmp_path):
         _submit(w, after=[f"{a}:ok-ish"])
     with pytest.raises(ConfigError, match="job name '../x' is invalid"):
         _submit(w, after=["../x"])
+    w.s.records.keep = 0  # (every ended record packed once written: records.py)
     w.s.cancel(a)
+    assert type(w.s.records.kept(a)) is Cold
     with pytest.raises(ConfigError, match=f"job {a} already cancelled, so it will never finish; use {a}:any"):
         _submit(w, after=[a])
+    assert type(w.s.records.kept(a)) is Cold  # (its state read as packed, not unpacked)
     b = _submit(w, after=[f"{a}:any", f"{a}:any"])  # an ended job satisfies :any at once
+    assert type(w.s.records.kept(a)) is Cold
     w.s.tick()
     assert w.status(b) == "running" and w.s.records[b].after == [f"{a}:any"]
 

@@ -75,9 +75,8 @@ def test_ended_records_beyond_the_last_ones_are_packed_and_a_read_keeps_its_chan
     rec = records[ids[0]]  # by id: unpacked, and kept so
     assert type(rec) is JobRecord and records.packed() == 1 and records.get(ids[0]) is rec
     rec.reason = "rewritten"
-    records.settle([], busy=[ids[0]])  # changed and not yet written: not packed yet
     assert records.get(ids[0]) is rec and records.packed() == 1
-    records.settle([])
+    records.settle([])  # (after the write of the change)
     assert records.packed() == 2 and type(records.kept(ids[0])) is Cold
     assert records[ids[0]].reason == "rewritten"  # the change is in the packed record
     records[ids[0]].status = "queued"  # requeued after its end: not ended, so never packed

@@ -45,6 +45,8 @@ import multiprocessing
 import tempfile
 import time
 
+import psutil
+
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from elastictrain import CoordinatorClient  # noqa: E402
@@ -205,12 +207,8 @@ def main() -> None:
 
 
 def rss(pid: int) -> int:
-    """A process's resident memory in bytes (Linux: /proc/PID/status)."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS line in /proc/PID/status")
+    """A process's resident memory in bytes (psutil, as the workers' resource monitor reads it)."""
+    return psutil.Process(pid).memory_info().rss
 
 
 def record_bytes(db: str, sample: int = 5000) -> tuple[float, float]:

@@ -28,10 +28,10 @@ from typing import Callable, Iterable, Optional
 
 import msgspec
 
-from .live import ENDED_NAMES, JobRecord, submission_order
+from .live import ENDED_NAMES, JobRecord
 from .records import Cold, JobRecords
 
-__all__ = ["JobIndex", "JobFilter", "LIST_ENDED", "MAX_PAGE", "cut", "submission_order"]
+__all__ = ["JobIndex", "JobFilter", "LIST_ENDED", "MAX_PAGE", "cut"]
 
 #: ended jobs a listing shows unless it asks for another count (``ended=N``; ``all``: every one)
 LIST_ENDED = 1000

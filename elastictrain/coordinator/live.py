@@ -214,9 +214,8 @@ class LiveBackend:
         whose members had all started before the restart but whose task was not made."""
         for t in [t for n in self.nodes.by_index for t in n.tasks if t.members]:
             self.rdzv.expect(t.job, t.run, "start", 0)  # its agents (re)join the group's own round
-        for rec in self.records.peek():  # (an ended job's may be packed: it has no grun)
-            e = self.table.get(rec.id)
-            if type(rec) is JobRecord and rec.grun == FORMING and e is not None and e.group and e.group[0] == rec.id:
+        for e in list(self.table.entries()):
+            if e.group and e.group[0] == e.key and self.records[e.key].grun == FORMING:
                 self._form_group(tuple(e.group), e.placement)
 
     def _form_group(self, group: tuple, placement: tuple) -> None:

@@ -149,7 +149,8 @@ def _cluster(out: _Out, sched, now: float) -> None:
     out.family("elastictrain_jobs", "gauge", "Jobs the coordinator keeps, by state.",
                [({"state": s}, n) for s, n in states.items()])
     out.family("elastictrain_job_records_packed", "gauge", "Ended jobs whose records are kept packed (all but the "
-               "1000 that ended last; a read by id unpacks one until the next write).", [({}, sched.records.packed())])
+               f"{sched.records.keep} that ended last; a read by id unpacks one until the next write).",
+               [({}, sched.records.packed())])
     out.family("elastictrain_jobs_waiting", "gauge", "Queued or preempted jobs by what they wait for: the policy "
                "(admitted, not placed), a hold, a begin time, a dependency, their array's %N, a quota.",
                [({"reason": r}, n) for r, n in waits.items()])

@@ -175,9 +175,9 @@ class ClusterScheduler:
         now = self.clock.now()
         # (in submission order: the store orders them by submission, not an array's tasks within one)
         self.records.load(_DEC.decode(raw) for _, raw in loaded.cluster_jobs)
-        for rec in self.records.peek():
-            if rec.status in _ENDED_NAMES:
-                continue
+        self.index = JobIndex(self.records)  # (the listings' view of them)
+        self.records.thaw(self.index.last_ended(self.records.keep))
+        for rec in self.index.open():
             if not rec.admitted:
                 self.admission.waiting[rec.id] = rec
             else:
@@ -191,8 +191,6 @@ class ClusterScheduler:
                 if rec.run:  # agents of this run that (re)join after the restart form its round
                     coordinator.rendezvous.expect(rec.id, rec.run, rec.resume_reason if rec.run > 1 else "start",
                                                   rec.restarts)
-        self.index = JobIndex(self.records)  # (the listings' view of them)
-        self.records.thaw(self.index.last_ended(self.records.keep))
         self.backend.recover()
         self.sched = Scheduler(self.policy, self.table, self.backend, self.clock, strict=False,
                                on_error=self._policy_error, protect_startup=cfg.protect_startup,

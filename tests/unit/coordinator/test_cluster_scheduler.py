@@ -747,3 +747,23 @@ def test_under_backfill_an_elastic_job_starts_on_the_gpus_free_now(tmp_path):
     placed = w.run_all()
     assert [(job, len(gpus)) for job, _, gpus in placed["n1"] if job == b] == [(b, 2)], placed
     assert w.status(a) == w.status(b) == "running" and w.s.table.get(b).num_gpu == 2
+
+
+def test_a_restart_makes_the_group_task_of_members_that_all_started_before_it(tmp_path):
+    """LiveBackend.recover: every member of a group had started its run (each ``forming``) when
+    the coordinator stopped, before the group task was made: the restart makes it."""
+    from elastictrain.coordinator.live import FORMING
+
+    w = World(tmp_path, policy="muri-s", nodes=1, slots=1)
+    a, b = w.submit(1, steps=1000), w.submit(1, steps=1000)
+    w.c.put_profile(a, _profile(0.06, 0.0, 0.008, 0.0))
+    w.c.put_profile(b, _profile(0.004, 0.0, 0.06, 0.0))
+    w.s.tick()
+    (gt,) = w.poll("n1").tasks
+    node = w.s.nodes.by_index[0]
+    node.tasks = [t for t in node.tasks if t.job != gt.job]  # (as if the coordinator stopped just before it)
+    for j in (a, b):
+        w.s.records[j].grun = FORMING
+    w.s.backend.recover()
+    (made,) = [t for t in node.tasks if t.members]
+    assert sorted(made.members) == sorted([a, b]) and {w.s.records[j].grun for j in (a, b)} == {made.job}

@@ -30,8 +30,8 @@ from typing import Callable, Iterator, Optional
 from ..errors import ConfigError, CoordinatorUnavailableError
 from .store import _SCHEMA as _SQLITE_SCHEMA
 from .store import (
-    CommitRow, DatasetRow, EventRow, JobRow, LiveRow, LoadedState, LogRow, PartRow, ProfileRow, _SCHEMA_VERSION,
-    gpu_time_query,
+    LOAD_PAGE, CommitRow, DatasetRow, EventRow, JobRow, LiveRow, LoadedState, LogRow, PartRow, ProfileRow,
+    _SCHEMA_VERSION, gpu_time_query,
 )
 
 __all__ = ["PostgresStore", "FencedError"]
@@ -376,7 +376,7 @@ class PostgresStore:
                 "SELECT job, ds, checkpoint, seq, step, generation, frontier, time FROM commits ORDER BY seq")],
             profiles=[ProfileRow(r[0], r[1], bytes(r[2]), r[3]) for r in q(
                 "SELECT * FROM profiles ORDER BY job, worker")],
-            cluster_jobs=[(r[0], bytes(r[1])) for r in q("SELECT id, record FROM cluster_jobs ORDER BY seq")],
+            cluster_jobs=self._cluster_jobs(),
             nodes=[(r[0], bytes(r[1])) for r in q("SELECT name, record FROM nodes ORDER BY idx")],
             rdzv=[(r[0], bytes(r[1])) for r in q("SELECT job, record FROM rdzv")],
             meta={k: v for k, v in q("SELECT key, value FROM meta")},
@@ -384,6 +384,19 @@ class PostgresStore:
             log_bytes={r[0]: (int(r[1]), r[2]) for r in q(
                 "SELECT job, SUM(octet_length(data)), MAX(seq) FROM logs GROUP BY job")},
         )
+
+    def _cluster_jobs(self, page: int = LOAD_PAGE) -> Iterator[tuple[str, bytes]]:
+        """(id, record) of every scheduled job, read ``page`` rows at a time in id order (the
+        primary key's index: each page a query of its own)."""
+        last = None
+        while True:
+            rows = self._rows("SELECT id, record FROM cluster_jobs ORDER BY id LIMIT %s", (page,)) if last is None \
+                else self._rows("SELECT id, record FROM cluster_jobs WHERE id>%s ORDER BY id LIMIT %s", (last, page))
+            for r in rows:
+                yield r[0], bytes(r[1])
+            if len(rows) < page:
+                return
+            last = rows[-1][0]
 
     def read_gpu_time(self, since: Optional[float] = None, until: Optional[float] = None,
                       open_only: bool = False) -> list[tuple]:

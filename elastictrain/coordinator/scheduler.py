@@ -173,7 +173,7 @@ class ClusterScheduler:
         self.backend = LiveBackend(self.table, self.nodes, coordinator.rendezvous, self.events, self.clock,
                                    self.records, self._dirty.add)
         now = self.clock.now()
-        # (in submission order: the store orders them by submission, not an array's tasks within one)
+        # (read a page at a time, each one packed as it comes if it ended; put in submission order)
         self.records.load(_DEC.decode(raw) for _, raw in loaded.cluster_jobs)
         self.index = JobIndex(self.records)  # (the listings' view of them)
         self.records.thaw(self.index.last_ended(self.records.keep))

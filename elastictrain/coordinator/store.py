@@ -18,12 +18,15 @@ import fcntl
 import os
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Protocol
+from typing import Iterable, Iterator, Optional, Protocol
 
 from ..errors import ConfigError
 
 __all__ = ["Store", "Tx", "SQLiteStore", "LoadedState", "JobRow", "DatasetRow", "LiveRow", "PartRow",
            "CommitRow", "ProfileRow", "EventRow", "LogRow", "open_store"]
+
+#: scheduled jobs' records read per query at a start (LoadedState.cluster_jobs)
+LOAD_PAGE = 500
 
 
 @dataclass
@@ -125,8 +128,10 @@ class LoadedState:
     parts: list[PartRow] = field(default_factory=list)
     commits: list[CommitRow] = field(default_factory=list)
     profiles: list[ProfileRow] = field(default_factory=list)
-    #: cluster mode: scheduled jobs and nodes (msgpack records), rendezvous rounds, key/values
-    cluster_jobs: list[tuple[str, bytes]] = field(default_factory=list)
+    #: cluster mode: scheduled jobs and nodes (msgpack records), rendezvous rounds, key/values.
+    #: The jobs are read in pages as they are consumed, once, at the start (a long history's
+    #: records are not all held at once; their order is the store's, not submission order)
+    cluster_jobs: Iterable[tuple[str, bytes]] = ()
     nodes: list[tuple[str, bytes]] = field(default_factory=list)
     rdzv: list[tuple[str, bytes]] = field(default_factory=list)
     meta: dict[str, str] = field(default_factory=dict)
@@ -399,7 +404,7 @@ class SQLiteStore:
                 "SELECT job, ds, checkpoint, seq, step, generation, frontier, x'', time "
                 "FROM commits ORDER BY seq")],
             profiles=[ProfileRow(*r) for r in c.execute("SELECT * FROM profiles ORDER BY job, worker")],
-            cluster_jobs=[(r[0], r[1]) for r in c.execute("SELECT id, record FROM cluster_jobs ORDER BY seq")],
+            cluster_jobs=self._cluster_jobs(),
             nodes=[(r[0], r[1]) for r in c.execute("SELECT name, record FROM nodes ORDER BY idx")],
             rdzv=[(r[0], r[1]) for r in c.execute("SELECT job, record FROM rdzv")],
             meta={k: v for k, v in c.execute("SELECT key, value FROM meta")},
@@ -407,6 +412,19 @@ class SQLiteStore:
             log_bytes={r[0]: (r[1], r[2]) for r in c.execute(
                 "SELECT job, SUM(LENGTH(data)), MAX(seq) FROM logs GROUP BY job")},
         )
+
+    def _cluster_jobs(self, page: int = LOAD_PAGE) -> Iterator[tuple[str, bytes]]:
+        """(id, record) of every scheduled job, read ``page`` rows at a time in rowid order (each
+        page a statement of its own: none stays open between them)."""
+        last = 0
+        while True:
+            rows = self._conn.execute("SELECT rowid, id, record FROM cluster_jobs WHERE rowid>? ORDER BY rowid "
+                                      "LIMIT ?", (last, page)).fetchall()
+            for r in rows:
+                yield r[1], r[2]
+            if len(rows) < page:
+                return
+            last = rows[-1][0]
 
     def read_events(self, after: int, limit: int, job: Optional[str] = None) -> list[EventRow]:
         if job is None:

@@ -61,7 +61,7 @@ def test_the_same_state_on_every_store(store):
     assert st.parts == []
     assert [(c.checkpoint, c.seq, c.partial) for c in st.commits] == [("ck0", 1, b""), ("ck1", 2, b"")]
     assert st.profiles == [ProfileRow("j", 0, b"prof", 3.0)]
-    assert st.cluster_jobs == [("1", b"rec1")] and st.nodes == [("n1", b"node")] and st.rdzv == [("j", b"round")]
+    assert list(st.cluster_jobs) == [("1", b"rec1")] and st.nodes == [("n1", b"node")] and st.rdzv == [("j", b"round")]
     assert st.meta["k"] == "w" and "gone" not in st.meta and "schema" in st.meta
     assert st.last_event == 3 and st.log_bytes == {"j": (200, 3)}
     assert store.load_commit("j", "train", "ck1") == CommitRow("j", "train", "ck1", 2, 10, 2, 4, b"partial-1", 2.5)
@@ -71,6 +71,22 @@ def test_the_same_state_on_every_store(store):
     assert [r.seq for r in store.read_logs("j", 0, 150)] == [2]
     assert [r.seq for r in store.read_logs("j", 0, 10_000)] == [2, 3]
     assert store.log_seq_at("j", 150) == 3
+
+
+def test_the_scheduled_jobs_are_read_in_pages_each_once(store):
+    """A start reads the job records a page at a time (a long history is not held at once): every
+    record once, replaced ones as they are now, on the page boundaries too."""
+    with store.transaction() as tx:
+        for i in range(7):
+            tx.put_cluster_job(f"job-{i}", i, "finished", b"old%d" % i)
+    with store.transaction() as tx:
+        tx.put_cluster_job("job-2", 2, "running", b"new2")  # (a replace: SQLite gives it a new rowid)
+    got = list(store._cluster_jobs(page=3))
+    assert sorted(got) == sorted([(f"job-{i}", b"old%d" % i) for i in range(7) if i != 2] + [("job-2", b"new2")])
+    assert len(got) == 7
+    assert sorted(store.load().cluster_jobs) == sorted(got)
+    for page in (1, 7, 8):
+        assert sorted(store._cluster_jobs(page=page)) == sorted(got)
 
 
 def test_a_transaction_that_raises_leaves_nothing(store):

@@ -13,7 +13,8 @@ times:
   for every job and filtered them itself;
 * ``listing_all_median``: ``GET /v1/cluster?ended=all`` in one reply, the baseline;
 * ``listing_all_paged_median``: every job as ``status --all`` and ``history`` ask for them now: in
-  pages of 2,000 (``limit=2000``, then ``after=`` the last page's ``next``), joined by the client;
+  pages of the client's size (``PAGE``, 500: ``limit=500``, then ``after=`` the last page's ``next``),
+  joined by the client;
 * ``health_p99_*``: ``GET /v1/health`` latency from this process while another one lists jobs in a
   loop (``idle``: while nothing else is asked): the coordinator answers every client on one event
   loop, so a big listing holds up a worker's shard lease or heartbeat as long as it takes
@@ -51,6 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from elastictrain import CoordinatorClient  # noqa: E402
 from elastictrain.coordinator.process import CoordinatorProcess  # noqa: E402
+from elastictrain.runtime.client import PAGE  # noqa: E402
 from elastictrain.wire import JobSubmit  # noqa: E402
 
 
@@ -161,11 +163,11 @@ def main() -> None:
             assert mine.ended_omitted == max(0, len(hers) - 10), mine.ended_omitted
             user = timed(lambda: c.cluster_status(ended=10, user="alice"), repeat)
             every = timed(lambda: c.cluster_status(ended="all", page=None), repeat)
-            paged = timed(lambda: c.cluster_status(ended="all", page=2000), repeat)
+            paged = timed(lambda: c.cluster_status(ended="all", page=PAGE), repeat)
             idle = health_under(proc.url, proc.token, "none", window)
             under_default = health_under(proc.url, proc.token, None, window)
             under_all = health_under(proc.url, proc.token, "all", window)
-            under_paged = health_under(proc.url, proc.token, "all", window, page=2000)
+            under_paged = health_under(proc.url, proc.token, "all", window, page=PAGE)
             c.close()
             proc.stop()
             t = time.perf_counter()

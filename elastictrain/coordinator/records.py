@@ -147,8 +147,8 @@ class JobRecords:
         order (then :meth:`thaw` the last ones to end, which the index knows)."""
         kept = [_pack(rec) if rec.status in ENDED_NAMES else rec for rec in recs]
         kept.sort(key=submission_order)
-        self._d = {rec.id: rec for rec in kept}
-        self._cold = sum(1 for rec in kept if type(rec) is Cold)
+        self._d = {rec.id: rec for rec in kept}  # (a record read twice, rewritten meanwhile: the later one)
+        self._cold = sum(1 for rec in self._d.values() if type(rec) is Cold)
 
     def thaw(self, ended: Iterable[str]) -> None:
         """Unpack ``ended``, the :data:`HOT_ENDED` jobs that ended last, in the order they ended."""

@@ -258,8 +258,8 @@ class LiveBackend:
             self._emit("member_failed", rec, run=rec.run, group=rec.grun, restarts=rec.restarts,
                        reason=detail[-1000:])
             gid = rec.grun
-            records = self.records
-            group = sorted((records[k] for k in self.table.running if records[k].grun == gid), key=submission_order)
+            running = (self.records[k] for k in self.table.running)
+            group = sorted((m for m in running if m.grun == gid), key=submission_order)
             for m in group:  # the group stops (every member checkpoints); all wait to be placed
                 m.resume_reason = "failure" if m is rec else "regroup"
                 self.table.stop(m.id, now)

@@ -31,7 +31,7 @@ from ..errors import ConfigError, CoordinatorUnavailableError
 from .store import _SCHEMA as _SQLITE_SCHEMA
 from .store import (
     LOAD_PAGE, CommitRow, DatasetRow, EventRow, JobRow, LiveRow, LoadedState, LogRow, PartRow, ProfileRow,
-    _SCHEMA_VERSION, gpu_time_query,
+    _SCHEMA_VERSION, gpu_time_query, keyset_pages,
 )
 
 __all__ = ["PostgresStore", "FencedError"]
@@ -387,16 +387,10 @@ class PostgresStore:
 
     def _cluster_jobs(self, page: int = LOAD_PAGE) -> Iterator[tuple[str, bytes]]:
         """(id, record) of every scheduled job, read ``page`` rows at a time in id order (the
-        primary key's index: each page a query of its own)."""
-        last = None
-        while True:
-            rows = self._rows("SELECT id, record FROM cluster_jobs ORDER BY id LIMIT %s", (page,)) if last is None \
-                else self._rows("SELECT id, record FROM cluster_jobs WHERE id>%s ORDER BY id LIMIT %s", (last, page))
-            for r in rows:
-                yield r[0], bytes(r[1])
-            if len(rows) < page:
-                return
-            last = rows[-1][0]
+        primary key's index: each page a query of its own; every id follows "")."""
+        for r in keyset_pages(lambda last: self._rows("SELECT id, record FROM cluster_jobs WHERE id>%s ORDER BY id "
+                                                      "LIMIT %s", (last, page)), "", page):
+            yield r[0], bytes(r[1])
 
     def read_gpu_time(self, since: Optional[float] = None, until: Optional[float] = None,
                       open_only: bool = False) -> list[tuple]:

@@ -18,7 +18,7 @@ import fcntl
 import os
 import sqlite3
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator, Optional, Protocol
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol
 
 from ..errors import ConfigError
 
@@ -249,6 +249,18 @@ _SCHEMA_VERSION = "2"
 _UPGRADABLE = ("1",)
 
 
+def keyset_pages(fetch: Callable[[Any], list], first: Any, page: int) -> Iterator[tuple]:
+    """Every row of a table read a page at a time: ``fetch(last)`` gives the (at most ``page``)
+    rows whose key, their first column, follows ``last`` in key order, starting after ``first``."""
+    last = first
+    while True:
+        rows = fetch(last)
+        yield from rows
+        if len(rows) < page:
+            return
+        last = rows[-1][0]
+
+
 class _SQLiteTx:
     def __init__(self, conn: sqlite3.Connection) -> None:
         self._c = conn
@@ -416,15 +428,10 @@ class SQLiteStore:
     def _cluster_jobs(self, page: int = LOAD_PAGE) -> Iterator[tuple[str, bytes]]:
         """(id, record) of every scheduled job, read ``page`` rows at a time in rowid order (each
         page a statement of its own: none stays open between them)."""
-        last = 0
-        while True:
-            rows = self._conn.execute("SELECT rowid, id, record FROM cluster_jobs WHERE rowid>? ORDER BY rowid "
-                                      "LIMIT ?", (last, page)).fetchall()
-            for r in rows:
-                yield r[1], r[2]
-            if len(rows) < page:
-                return
-            last = rows[-1][0]
+        c = self._conn
+        for r in keyset_pages(lambda last: c.execute("SELECT rowid, id, record FROM cluster_jobs WHERE rowid>? "
+                                                     "ORDER BY rowid LIMIT ?", (last, page)).fetchall(), 0, page):
+            yield r[1], r[2]
 
     def read_events(self, after: int, limit: int, job: Optional[str] = None) -> list[EventRow]:
         if job is None:
